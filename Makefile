@@ -1,0 +1,33 @@
+# The two commands of the README: `make run` (gateway + local Postgres + bqemulator) and
+# `make test` (the whole suite against the same). Everything else is a helper.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+ENV_RUN := build/run-services.env
+ENV_TEST := build/test-services.env
+
+.PHONY: help run test lint fmt openapi clean
+
+help:
+	@echo "make run    build and serve the gateway on 127.0.0.1:8080 against local Postgres and bqemulator"
+	@echo "make test   provision the same and run lints, unit, integration and end-to-end tests"
+	@echo "make lint   cargo fmt --check and clippy -D warnings"
+	@echo "make openapi  regenerate openapi/openapi.json from the handlers"
+
+run:
+	cargo build --release --locked
+	scripts/run.sh
+
+test:
+	scripts/test.sh
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --locked --all-targets -- -D warnings
+
+openapi:
+	cargo run --locked -- openapi > openapi/openapi.json
+
+clean:
+	-scripts/services.sh stop $(ENV_RUN)
+	-scripts/services.sh stop $(ENV_TEST)
+	rm -rf build target

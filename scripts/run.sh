@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Serves the release gateway on 127.0.0.1:8080 against a local Postgres (unless DATABASE_URL is
+# set) and bqemulator (REST 9050, gRPC 9060 when free). A development token is generated and
+# printed; stop with Ctrl-C, which also stops the services started here.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ENV_FILE=build/run-services.env
+
+scripts/services.sh start "$ENV_FILE" fixed
+trap 'scripts/services.sh stop "$ENV_FILE"' EXIT
+# shellcheck disable=SC1090
+source "$ENV_FILE"
+echo "[run] bqemulator REST: http://$BIGQUERY_EMULATOR_HOST (query it with: $FILAMENT_TOOLS_PYTHON examples/query.py)"
+FILAMENT_LISTEN="${FILAMENT_LISTEN:-127.0.0.1:8080}" target/release/filament-bigquery serve --dev-generate-token

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# Provisions the local services the gateway and its tests run against, under build/:
+#   - a throwaway PostgreSQL cluster (only when DATABASE_URL is not set), via initdb/pg_ctl,
+#     installing Debian's `postgresql` package when the binaries are missing;
+#   - the bqemulator BigQuery emulator in its own pinned virtualenv (offline-safe install:
+#     the DuckDB spatial extension comes from PyPI, not from a download at start-up);
+#   - a tools virtualenv (pyarrow, requests, openapi-spec-validator) for the example extractor
+#     and the OpenAPI check.
+#
+# Usage: scripts/services.sh start <env-file> [fixed|random]   writes export lines to <env-file>
+#        scripts/services.sh stop  <env-file>
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="$ROOT/build"
+BQEMULATOR_VERSION=1.4.0
+DUCKDB_VERSION=1.5.5
+EMULATOR_VENV="$BUILD/venv-bqemulator"
+TOOLS_VENV="$BUILD/venv-tools"
+PYTHON="${PYTHON:-python3}"
+
+log() { printf '[services] %s\n' "$*" >&2; }
+
+free_port() {
+  "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+port_is_free() {
+  "$PYTHON" -c 'import socket,sys; s=socket.socket(); s.bind(("127.0.0.1",int(sys.argv[1])))' "$1" 2>/dev/null
+}
+
+wait_for_port() { # host port seconds
+  local deadline=$((SECONDS + $3))
+  until "$PYTHON" -c 'import socket,sys; socket.create_connection((sys.argv[1],int(sys.argv[2])),1)' "$1" "$2" 2>/dev/null; do
+    if ((SECONDS > deadline)); then return 1; fi
+    sleep 0.3
+  done
+}
+
+as_pg_user() {
+  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+find_pg_bin() {
+  local dir
+  if command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1; then
+    dirname "$(readlink -f "$(command -v initdb)")"
+    return
+  fi
+  dir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
+  if [ -n "$dir" ] && [ -x "$dir/initdb" ]; then echo "$dir"; return; fi
+  return 1
+}
+
+ensure_pg_binaries() {
+  if find_pg_bin >/dev/null; then return; fi
+  log "PostgreSQL binaries not found: installing Debian's postgresql package"
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql >/dev/null
+}
+
+start_postgres() { # env-file
+  ensure_pg_binaries
+  local bin data port
+  bin=$(find_pg_bin)
+  data="$BUILD/pg/data"
+  mkdir -p "$BUILD/pg"
+  if [ "$(id -u)" = 0 ]; then chown postgres "$BUILD/pg"; fi
+  if [ ! -f "$data/PG_VERSION" ]; then
+    log "initdb $data"
+    as_pg_user "$bin/initdb" -D "$data" -U postgres --auth=trust -E UTF8 --no-sync >"$BUILD/pg/initdb.log"
+  fi
+  if as_pg_user "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then
+    port=$(cat "$BUILD/pg/port")
+  else
+    port=$(free_port)
+    echo "$port" >"$BUILD/pg/port"
+    as_pg_user "$bin/pg_ctl" -D "$data" -l "$BUILD/pg/server.log" -w -t 60 \
+      -o "-p $port -k $BUILD/pg -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c max_connections=300" \
+      start >/dev/null
+  fi
+  log "postgres on 127.0.0.1:$port (data in $data)"
+  echo "export DATABASE_URL=postgres://postgres@127.0.0.1:$port/postgres" >>"$1"
+  echo "export FILAMENT_LOCAL_PG_DATA=$data FILAMENT_LOCAL_PG_BIN=$bin" >>"$1"
+}
+
+ensure_emulator_venv() {
+  local stamp="$EMULATOR_VENV/.installed-$BQEMULATOR_VERSION-$DUCKDB_VERSION"
+  if [ ! -f "$stamp" ]; then
+    log "installing bqemulator $BQEMULATOR_VERSION into $EMULATOR_VENV"
+    rm -rf "$EMULATOR_VENV"
+    "$PYTHON" -m venv "$EMULATOR_VENV"
+    "$EMULATOR_VENV/bin/pip" install -q --disable-pip-version-check \
+      "bqemulator==$BQEMULATOR_VERSION" numpy "duckdb==$DUCKDB_VERSION" "duckdb-extension-spatial==$DUCKDB_VERSION"
+    touch "$stamp"
+  fi
+  # DuckDB loads extensions from $HOME/.duckdb; give the emulator its own HOME under build/
+  # so that nothing outside the project is touched.
+  local ext_dir="$BUILD/bqemulator-home/.duckdb/extensions/v$DUCKDB_VERSION/linux_amd64"
+  if [ ! -f "$ext_dir/spatial.duckdb_extension" ]; then
+    mkdir -p "$ext_dir"
+    cp "$EMULATOR_VENV"/lib/python3*/site-packages/duckdb_extension_spatial/extensions/v$DUCKDB_VERSION/spatial.duckdb_extension "$ext_dir/"
+  fi
+}
+
+ensure_tools_venv() {
+  local stamp="$TOOLS_VENV/.installed-1"
+  if [ ! -f "$stamp" ]; then
+    log "installing the tools virtualenv into $TOOLS_VENV"
+    rm -rf "$TOOLS_VENV"
+    "$PYTHON" -m venv "$TOOLS_VENV"
+    "$TOOLS_VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/examples/requirements.txt" "openapi-spec-validator==0.9.0"
+    touch "$stamp"
+  fi
+  echo "export FILAMENT_TOOLS_PYTHON=$TOOLS_VENV/bin/python" >>"$1"
+}
+
+start_emulator() { # env-file mode
+  ensure_emulator_venv
+  local rest grpc
+  if [ "$2" = fixed ] && port_is_free 9050 && port_is_free 9060; then
+    rest=9050 grpc=9060
+  else
+    rest=$(free_port) grpc=$(free_port)
+  fi
+  mkdir -p "$BUILD/bqemulator"
+  HOME="$BUILD/bqemulator-home" nohup "$EMULATOR_VENV/bin/bqemulator" start \
+    --rest-port "$rest" --grpc-port "$grpc" --project demo --log-level warning \
+    >"$BUILD/bqemulator/emulator-$rest.log" 2>&1 &
+  echo $! >"$BUILD/bqemulator/pid-$rest"
+  if ! wait_for_port 127.0.0.1 "$rest" 60 || ! wait_for_port 127.0.0.1 "$grpc" 30; then
+    log "bqemulator did not start; its log:"
+    tail -n 30 "$BUILD/bqemulator/emulator-$rest.log" >&2
+    exit 1
+  fi
+  log "bqemulator REST on 127.0.0.1:$rest, gRPC on 127.0.0.1:$grpc"
+  echo "export BIGQUERY_EMULATOR_HOST=127.0.0.1:$rest BIGQUERY_STORAGE_EMULATOR_HOST=127.0.0.1:$grpc" >>"$1"
+  echo "export FILAMENT_EMULATOR_PID=$(cat "$BUILD/bqemulator/pid-$rest")" >>"$1"
+}
+
+cmd_start() {
+  local env_file="$1" mode="${2:-random}"
+  mkdir -p "$BUILD"
+  : >"$env_file"
+  if [ -n "${DATABASE_URL:-}" ]; then
+    log "using DATABASE_URL from the environment"
+    echo "export DATABASE_URL=$DATABASE_URL" >>"$env_file"
+  else
+    start_postgres "$env_file"
+  fi
+  ensure_tools_venv "$env_file"
+  start_emulator "$env_file" "$mode"
+}
+
+cmd_stop() {
+  local env_file="$1"
+  [ -f "$env_file" ] || return 0
+  # shellcheck disable=SC1090
+  source "$env_file"
+  if [ -n "${FILAMENT_EMULATOR_PID:-}" ]; then kill "$FILAMENT_EMULATOR_PID" 2>/dev/null || true; fi
+  if [ -n "${FILAMENT_LOCAL_PG_DATA:-}" ]; then
+    as_pg_user "$FILAMENT_LOCAL_PG_BIN/pg_ctl" -D "$FILAMENT_LOCAL_PG_DATA" -m fast stop >/dev/null 2>&1 || true
+  fi
+}
+
+case "${1:-}" in
+  start) cmd_start "$2" "${3:-random}" ;;
+  stop) cmd_stop "$2" ;;
+  *) echo "usage: $0 start|stop <env-file> [fixed|random]" >&2; exit 2 ;;
+esac

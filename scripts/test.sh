@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The whole suite: formatting, clippy, then unit, integration and end-to-end tests against a
+# throwaway Postgres (unless DATABASE_URL is set) and a fresh bqemulator on random ports.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ENV_FILE=build/test-services.env
+
+cargo fmt --all -- --check
+cargo clippy --locked --all-targets -- -D warnings
+
+scripts/services.sh start "$ENV_FILE" random
+trap 'scripts/services.sh stop "$ENV_FILE"' EXIT
+# shellcheck disable=SC1090
+source "$ENV_FILE"
+
+"$FILAMENT_TOOLS_PYTHON" -m openapi_spec_validator openapi/openapi.json
+cargo test --locked --all-targets -- --test-threads "${FILAMENT_TEST_THREADS:-4}"

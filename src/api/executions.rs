@@ -1,0 +1,332 @@
+//! Executions: open (and redeliver), read, checkpoint, pause, commit, abort. State transitions
+//! take the execution's gate exclusively so they never interleave with a batch being accepted.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::SharedState;
+use super::error::{ApiJson, ApiPath, ApiQuery, ProblemDocument};
+use super::runs::load_run;
+use super::views::{ExecutionView, execution_view};
+use crate::error::{ErrorCode, Problem};
+use crate::model::{ExecutionState, validate_id};
+use crate::pipeline::ExecutionKey;
+use crate::store::{ExecutionRecord, OpenExecution};
+
+/// Body of `POST /v1/runs/{run_id}/executions`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenExecutionRequest {
+    /// `[A-Za-z0-9_-]{1,64}`; generated when absent. An existing id starts a new delivery.
+    pub execution_id: Option<String>,
+}
+
+/// Body of `POST .../checkpoints`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointRequest {
+    /// Opaque JSON from the source (a cursor, a position). Durable once the execution commits.
+    #[schema(value_type = Object)]
+    pub checkpoint: serde_json::Value,
+}
+
+/// Answer of `POST .../checkpoints`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CheckpointResponse {
+    /// 0, 1, 2, ... within the current delivery.
+    pub checkpoint_seq: i64,
+    /// Rows of this delivery queued for upload when the checkpoint was recorded.
+    pub flushed_rows: i64,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+pub struct CommitParams {
+    /// Wait for the terminal state and answer 200 with it.
+    #[serde(default)]
+    pub wait: bool,
+}
+
+pub(super) async fn load_execution(
+    state: &SharedState,
+    run_id: &str,
+    execution_id: &str,
+) -> Result<ExecutionRecord, Problem> {
+    load_run(state, run_id).await?;
+    validate_id("execution_id", execution_id)?;
+    state
+        .store
+        .get_execution(run_id, execution_id)
+        .await?
+        .ok_or_else(|| Problem::not_found(format!("execution {execution_id} of run {run_id}")))
+}
+
+fn not_extracting(execution: &ExecutionRecord, action: &str) -> Problem {
+    Problem::new(
+        ErrorCode::ExecutionNotExtracting,
+        format!("cannot {action}: execution {} is {}", execution.execution_id, execution.state),
+    )
+}
+
+/// Open an execution, or start a new delivery of an existing one.
+#[utoipa::path(
+    post, path = "/v1/runs/{run_id}/executions", tag = "executions", security(("bearer" = [])),
+    params(("run_id" = String, Path, description = "Run id")),
+    request_body(content = OpenExecutionRequest, description = "Optional; `{}` generates an id"),
+    responses(
+        (status = 201, description = "Execution created (state `extracting`)", body = ExecutionView),
+        (status = 200, description = "Existing execution: a new delivery started", body = ExecutionView),
+        (status = 400, description = "Malformed body", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 404, description = "No such run", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 409, description = "`execution_not_extracting`: the execution is committing", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 415, description = "Not JSON", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
+    )
+)]
+pub async fn open_execution(
+    State(state): State<SharedState>,
+    ApiPath(run_id): ApiPath<String>,
+    ApiJson(request): ApiJson<OpenExecutionRequest>,
+) -> Result<(StatusCode, axum::Json<ExecutionView>), Problem> {
+    load_run(&state, &run_id).await?;
+    let execution_id = match request.execution_id {
+        Some(id) => {
+            validate_id("execution_id", &id)?;
+            id
+        }
+        None => format!("exec_{}", hex::encode(rand::random::<[u8; 12]>())),
+    };
+    let key = ExecutionKey { run_id: run_id.clone(), execution_id: execution_id.clone() };
+    // Hold the current delivery's gate so no batch is half-accepted while the delivery changes.
+    let previous = state.store.get_execution(&run_id, &execution_id).await?;
+    let uploads = previous.as_ref().map(|p| state.pipeline.execution(&key, p.delivery));
+    let _gate = match &uploads {
+        Some(uploads) => Some(uploads.gate.write().await),
+        None => None,
+    };
+    let (status, record) = match state.store.open_execution(&run_id, &execution_id).await? {
+        OpenExecution::Created(record) => (StatusCode::CREATED, record),
+        OpenExecution::Redelivered(record) => {
+            // The previous delivery's uploads are abandoned: their pending streams are never
+            // committed, so none of their rows can become visible.
+            state.pipeline.cancel(&key);
+            (StatusCode::OK, record)
+        }
+        OpenExecution::Committing(record) => return Err(not_extracting(&record, "redeliver while committing")),
+    };
+    Ok((status, axum::Json(execution_view(&state.store, record).await?)))
+}
+
+/// An execution with per-resource progress and publications.
+#[utoipa::path(
+    get, path = "/v1/runs/{run_id}/executions/{execution_id}", tag = "executions", security(("bearer" = [])),
+    params(("run_id" = String, Path, description = "Run id"), ("execution_id" = String, Path, description = "Execution id")),
+    responses(
+        (status = 200, description = "The execution", body = ExecutionView),
+        (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 404, description = "No such run or execution", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_execution(
+    State(state): State<SharedState>,
+    ApiPath((run_id, execution_id)): ApiPath<(String, String)>,
+) -> Result<axum::Json<ExecutionView>, Problem> {
+    let execution = load_execution(&state, &run_id, &execution_id).await?;
+    Ok(axum::Json(execution_view(&state.store, execution).await?))
+}
+
+/// Record a checkpoint after every resource's buffered rows were queued for upload.
+#[utoipa::path(
+    post, path = "/v1/runs/{run_id}/executions/{execution_id}/checkpoints", tag = "executions", security(("bearer" = [])),
+    params(("run_id" = String, Path, description = "Run id"), ("execution_id" = String, Path, description = "Execution id")),
+    request_body = CheckpointRequest,
+    responses(
+        (status = 200, description = "Checkpoint recorded", body = CheckpointResponse),
+        (status = 400, description = "Malformed body", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 404, description = "No such run or execution", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 409, description = "`execution_not_extracting`", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 415, description = "Not JSON", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
+    )
+)]
+pub async fn post_checkpoint(
+    State(state): State<SharedState>,
+    ApiPath((run_id, execution_id)): ApiPath<(String, String)>,
+    ApiJson(request): ApiJson<CheckpointRequest>,
+) -> Result<axum::Json<CheckpointResponse>, Problem> {
+    let execution = load_execution(&state, &run_id, &execution_id).await?;
+    let key = ExecutionKey { run_id: run_id.clone(), execution_id: execution_id.clone() };
+    let uploads = state.pipeline.execution(&key, execution.delivery);
+    let _gate = uploads.gate.write().await;
+    let execution = load_execution(&state, &run_id, &execution_id).await?;
+    if !matches!(execution.state, ExecutionState::Extracting | ExecutionState::Paused)
+        || execution.delivery != uploads.delivery
+    {
+        return Err(not_extracting(&execution, "checkpoint"));
+    }
+    // Uploads are queued as batches are accepted, so nothing is buffered here: every received
+    // row of this delivery is queued once the gate is held.
+    let flushed_rows: i64 = state
+        .store
+        .resource_progress(&run_id, &execution_id, execution.delivery)
+        .await?
+        .iter()
+        .map(|p| p.rows_received)
+        .sum();
+    let checkpoint_seq = state
+        .store
+        .add_checkpoint(&run_id, &execution_id, execution.delivery, &request.checkpoint, flushed_rows)
+        .await?;
+    Ok(axum::Json(CheckpointResponse { checkpoint_seq, flushed_rows }))
+}
+
+/// Stop accepting batches; accepted uploads keep running so commit can drain them.
+#[utoipa::path(
+    post, path = "/v1/runs/{run_id}/executions/{execution_id}/pause", tag = "executions", security(("bearer" = [])),
+    params(("run_id" = String, Path, description = "Run id"), ("execution_id" = String, Path, description = "Execution id")),
+    responses(
+        (status = 200, description = "Execution paused", body = ExecutionView),
+        (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 404, description = "No such run or execution", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 409, description = "`execution_not_extracting`", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
+    )
+)]
+pub async fn pause_execution(
+    State(state): State<SharedState>,
+    ApiPath((run_id, execution_id)): ApiPath<(String, String)>,
+) -> Result<axum::Json<ExecutionView>, Problem> {
+    let execution = load_execution(&state, &run_id, &execution_id).await?;
+    let key = ExecutionKey { run_id: run_id.clone(), execution_id: execution_id.clone() };
+    let uploads = state.pipeline.execution(&key, execution.delivery);
+    let _gate = uploads.gate.write().await;
+    let paused = state
+        .store
+        .transition_execution(
+            &run_id,
+            &execution_id,
+            uploads.delivery,
+            &[ExecutionState::Extracting, ExecutionState::Paused],
+            ExecutionState::Paused,
+        )
+        .await?;
+    match paused {
+        Some(record) => Ok(axum::Json(execution_view(&state.store, record).await?)),
+        None => Err(not_extracting(&load_execution(&state, &run_id, &execution_id).await?, "pause")),
+    }
+}
+
+/// Finish extraction and publish: drain uploads, commit streams, run one query job per table.
+#[utoipa::path(
+    post, path = "/v1/runs/{run_id}/executions/{execution_id}/commit", tag = "executions", security(("bearer" = [])),
+    params(("run_id" = String, Path, description = "Run id"), ("execution_id" = String, Path, description = "Execution id"), CommitParams),
+    responses(
+        (status = 202, description = "Committing (poll the execution)", body = ExecutionView),
+        (status = 200, description = "With `wait=true`, or already committed: the terminal execution", body = ExecutionView),
+        (status = 400, description = "Malformed query", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 404, description = "No such run or execution", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 409, description = "`execution_not_extracting`: failed or aborted", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
+    )
+)]
+pub async fn commit_execution(
+    State(state): State<SharedState>,
+    ApiPath((run_id, execution_id)): ApiPath<(String, String)>,
+    ApiQuery(params): ApiQuery<CommitParams>,
+) -> Result<(StatusCode, axum::Json<ExecutionView>), Problem> {
+    let run = load_run(&state, &run_id).await?;
+    let execution = load_execution(&state, &run_id, &execution_id).await?;
+    let key = ExecutionKey { run_id: run_id.clone(), execution_id: execution_id.clone() };
+    let uploads = state.pipeline.execution(&key, execution.delivery);
+    let gate = uploads.gate.write().await;
+    let committing = state
+        .store
+        .transition_execution(
+            &run_id,
+            &execution_id,
+            uploads.delivery,
+            &[ExecutionState::Extracting, ExecutionState::Paused],
+            ExecutionState::Committing,
+        )
+        .await?;
+    drop(gate);
+    let Some(committing) = committing else {
+        let current = load_execution(&state, &run_id, &execution_id).await?;
+        return match current.state {
+            ExecutionState::Committed => Ok((StatusCode::OK, axum::Json(execution_view(&state.store, current).await?))),
+            ExecutionState::Committing => {
+                let record =
+                    if params.wait { wait_for_terminal(&state, &run_id, &execution_id).await? } else { current };
+                let status = if record.state.is_terminal() { StatusCode::OK } else { StatusCode::ACCEPTED };
+                Ok((status, axum::Json(execution_view(&state.store, record).await?)))
+            }
+            _ => Err(not_extracting(&current, "commit")),
+        };
+    };
+    let publisher = state.publisher.clone();
+    let task_execution = committing.clone();
+    let task = state.commits.spawn(async move { publisher.commit(&run, &task_execution).await });
+    if !params.wait {
+        return Ok((StatusCode::ACCEPTED, axum::Json(execution_view(&state.store, committing).await?)));
+    }
+    let record = match task.await {
+        Ok(result) => result?,
+        Err(e) => return Err(Problem::internal(format!("commit task stopped: {e}"))),
+    };
+    Ok((StatusCode::OK, axum::Json(execution_view(&state.store, record).await?)))
+}
+
+/// Polls until another request's commit ends.
+async fn wait_for_terminal(state: &SharedState, run_id: &str, execution_id: &str) -> Result<ExecutionRecord, Problem> {
+    loop {
+        let record = load_execution(state, run_id, execution_id).await?;
+        if record.state.is_terminal() {
+            return Ok(record);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// Abandon the execution: uploads are cancelled; nothing of it is published.
+#[utoipa::path(
+    post, path = "/v1/runs/{run_id}/executions/{execution_id}/abort", tag = "executions", security(("bearer" = [])),
+    params(("run_id" = String, Path, description = "Run id"), ("execution_id" = String, Path, description = "Execution id")),
+    responses(
+        (status = 200, description = "Execution aborted", body = ExecutionView),
+        (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 404, description = "No such run or execution", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 409, description = "`execution_not_extracting`: already terminal", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
+    )
+)]
+pub async fn abort_execution(
+    State(state): State<SharedState>,
+    ApiPath((run_id, execution_id)): ApiPath<(String, String)>,
+) -> Result<axum::Json<ExecutionView>, Problem> {
+    let execution = load_execution(&state, &run_id, &execution_id).await?;
+    let key = ExecutionKey { run_id: run_id.clone(), execution_id: execution_id.clone() };
+    let uploads = state.pipeline.execution(&key, execution.delivery);
+    let _gate = uploads.gate.write().await;
+    let aborted = state
+        .store
+        .transition_execution(
+            &run_id,
+            &execution_id,
+            uploads.delivery,
+            &[ExecutionState::Extracting, ExecutionState::Paused, ExecutionState::Committing],
+            ExecutionState::Aborted,
+        )
+        .await?;
+    match aborted {
+        Some(record) => {
+            state.pipeline.cancel(&key);
+            Ok(axum::Json(execution_view(&state.store, record).await?))
+        }
+        None => Err(not_extracting(&load_execution(&state, &run_id, &execution_id).await?, "abort")),
+    }
+}

@@ -1,0 +1,78 @@
+//! Operations endpoints (no token): liveness, readiness, Prometheus metrics, the OpenAPI document.
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::SharedState;
+use super::error::ProblemDocument;
+use crate::error::{ErrorCode, Problem};
+
+/// Readiness of one dependency.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ReadinessCheck {
+    pub name: String,
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Readiness report.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Readiness {
+    pub ready: bool,
+    pub checks: Vec<ReadinessCheck>,
+}
+
+/// 200 while the process serves.
+#[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, description = "Serving", body = String)))]
+pub async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// 200 when Postgres and BigQuery are reachable (and credentials yield a token), else 503.
+#[utoipa::path(
+    get, path = "/readyz", tag = "operations",
+    responses(
+        (status = 200, description = "Ready", body = Readiness),
+        (status = 503, description = "A dependency is not reachable", body = Readiness),
+    )
+)]
+pub async fn readyz(State(state): State<SharedState>) -> (StatusCode, axum::Json<Readiness>) {
+    let (postgres, bigquery) =
+        tokio::join!(state.store.ping(), state.bigquery.probe(&state.settings.readiness_project));
+    let checks = vec![
+        ReadinessCheck { name: "postgres".into(), ok: postgres.is_ok(), error: postgres.err().map(|e| e.to_string()) },
+        ReadinessCheck {
+            name: "bigquery".into(),
+            ok: bigquery.is_ok(),
+            error: bigquery.err().map(|e| e.to_problem(ErrorCode::BigqueryUnavailable).to_string()),
+        },
+    ];
+    let ready = checks.iter().all(|c| c.ok);
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, axum::Json(Readiness { ready, checks }))
+}
+
+/// Prometheus text exposition.
+#[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
+pub async fn metrics(State(state): State<SharedState>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+}
+
+/// This document.
+#[utoipa::path(
+    get, path = "/openapi.json", tag = "operations",
+    responses(
+        (status = 200, description = "The OpenAPI 3.1 document", body = Object),
+        (status = 500, description = "Unexpected", body = ProblemDocument, content_type = "application/problem+json"),
+    )
+)]
+pub async fn openapi_document() -> Response {
+    match serde_json::from_str::<serde_json::Value>(&super::openapi_json()) {
+        Ok(document) => axum::Json(document).into_response(),
+        Err(e) => Problem::internal(format!("OpenAPI document: {e}")).into_response(),
+    }
+}

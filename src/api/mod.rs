@@ -1,0 +1,181 @@
+//! The HTTP API of the contract (`../shared/docs/api-v1.md`): axum routes, one file per
+//! resource, each handler carrying its `#[utoipa::path]`. Bearer auth guards `/v1`; every error
+//! is a problem+json rendered by [`error`]. Handlers call into [`crate::ingest`],
+//! [`crate::pipeline`], [`crate::publish`] and [`crate::store`].
+
+pub mod batches;
+pub mod connections;
+pub mod error;
+pub mod executions;
+pub mod health;
+pub mod runs;
+pub mod views;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use metrics_exporter_prometheus::PrometheusHandle;
+use sha2::{Digest as _, Sha256};
+use subtle::ConstantTimeEq as _;
+use tokio_util::task::TaskTracker;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::bigquery::BigQuery;
+use crate::error::{ErrorCode, Problem};
+use crate::pipeline::Pipeline;
+use crate::publish::Publisher;
+use crate::store::Store;
+use crate::telemetry;
+
+/// Limits and settings handlers need.
+#[derive(Debug, Clone)]
+pub struct ApiSettings {
+    pub max_batch_body_bytes: usize,
+    pub max_append_request_bytes: usize,
+    pub readiness_project: String,
+}
+
+/// Shared state of every handler.
+#[derive(Debug)]
+pub struct ApiState {
+    pub store: Store,
+    pub bigquery: BigQuery,
+    pub pipeline: Pipeline,
+    pub publisher: Publisher,
+    pub settings: ApiSettings,
+    /// SHA-256 digests of the accepted tokens: comparing fixed-size digests in constant time
+    /// leaks neither content nor length.
+    pub token_digests: Vec<[u8; 32]>,
+    pub metrics: PrometheusHandle,
+    /// Commits run as tracked tasks, so shutdown can wait for them.
+    pub commits: TaskTracker,
+}
+
+pub type SharedState = Arc<ApiState>;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "filament-bigquery",
+        description = "HTTP ingestion gateway: extractors POST Apache Arrow IPC streams, the gateway loads them into BigQuery through the Storage Write API.",
+        license(name = "Apache-2.0")
+    ),
+    components(schemas(error::ProblemDocument)),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "runs", description = "Runs and their resources"),
+        (name = "executions", description = "Executions: batches, checkpoints, pause, commit, abort"),
+        (name = "connections", description = "Connection checks against BigQuery"),
+        (name = "operations", description = "Health, readiness, metrics")
+    )
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+fn v1_routes() -> OpenApiRouter<SharedState> {
+    OpenApiRouter::new()
+        .routes(routes!(runs::create_run))
+        .routes(routes!(runs::get_run))
+        .routes(routes!(runs::put_resource))
+        .routes(routes!(executions::open_execution))
+        .routes(routes!(executions::get_execution))
+        .routes(routes!(batches::post_batch))
+        .routes(routes!(executions::post_checkpoint))
+        .routes(routes!(executions::pause_execution))
+        .routes(routes!(executions::commit_execution))
+        .routes(routes!(executions::abort_execution))
+        .routes(routes!(connections::test_connection))
+}
+
+fn operations_routes() -> OpenApiRouter<SharedState> {
+    OpenApiRouter::new()
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::readyz))
+        .routes(routes!(health::metrics))
+        .routes(routes!(health::openapi_document))
+}
+
+/// The OpenAPI document, generated from the handlers.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    OpenApiRouter::<SharedState>::with_openapi(ApiDoc::openapi())
+        .merge(v1_routes())
+        .merge(operations_routes())
+        .into_openapi()
+}
+
+/// The OpenAPI document as the checked-in `openapi/openapi.json` holds it.
+pub fn openapi_json() -> String {
+    // Serialising a generated document cannot fail.
+    openapi().to_pretty_json().unwrap_or_default()
+}
+
+/// The complete router with its middleware.
+pub fn router(state: SharedState) -> axum::Router {
+    let v1 = v1_routes().route_layer(middleware::from_fn_with_state(Arc::clone(&state), require_bearer_token));
+    let (router, _) =
+        OpenApiRouter::with_openapi(ApiDoc::openapi()).merge(v1).merge(operations_routes()).split_for_parts();
+    router
+        // Route layers run after routing, so requests are counted by their route template.
+        .route_layer(middleware::from_fn(record_request))
+        .fallback(|| async { Problem::new(ErrorCode::NotFound, "no such route") })
+        .method_not_allowed_fallback(|| async {
+            Problem::new(ErrorCode::MethodNotAllowed, "the route does not accept this method")
+        })
+        .layer(tower_http::decompression::RequestDecompressionLayer::new().pass_through_unaccepted(true))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+async fn require_bearer_token(State(state): State<SharedState>, request: Request, next: Next) -> Response {
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(|token| Sha256::digest(token.trim().as_bytes()));
+    let authorised = presented.is_some_and(|digest| {
+        // Compare against every token so timing does not reveal which one matched.
+        state.token_digests.iter().fold(false, |ok, known| ok | bool::from(known.as_slice().ct_eq(digest.as_slice())))
+    });
+    if !authorised {
+        let mut response =
+            Problem::new(ErrorCode::Unauthorized, "send Authorization: Bearer <token> with a configured token")
+                .into_response();
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        return response;
+    }
+    next.run(request).await
+}
+
+async fn record_request(request: Request, next: Next) -> Response {
+    let method = request.method().to_string();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".to_string());
+    let started = Instant::now();
+    let response = next.run(request).await;
+    metrics::counter!(telemetry::HTTP_REQUESTS, "method" => method, "route" => route, "status" => response.status().as_u16().to_string())
+        .increment(1);
+    metrics::histogram!("filament_http_request_duration_seconds").record(started.elapsed().as_secs_f64());
+    response
+}

@@ -1,0 +1,183 @@
+//! `POST /v1/runs`, `GET /v1/runs/{run_id}`, `PUT /v1/runs/{run_id}/resources/{resource}`.
+
+use std::collections::HashSet;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::Deserialize;
+use sha2::{Digest as _, Sha256};
+use utoipa::ToSchema;
+
+use super::SharedState;
+use super::error::{ApiJson, ApiPath, ProblemDocument};
+use super::views::{ResourceView, RunView, run_view};
+use crate::error::{ErrorCode, Problem};
+use crate::model::{
+    Batching, Destination, WriteMode, default_table_name, validate_column_name, validate_id, validate_resource_name,
+    validate_table_name,
+};
+use crate::store::{NewRun, ResourceRecord, ResourceUpsert};
+
+/// Body of `POST /v1/runs`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRunRequest {
+    /// `[A-Za-z0-9_-]{1,64}`; generated when absent.
+    pub run_id: Option<String>,
+    pub destination: Destination,
+    pub batching: Option<Batching>,
+}
+
+/// Body of `PUT /v1/runs/{run_id}/resources/{resource}`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PutResourceRequest {
+    /// Destination table (`[A-Za-z0-9_]{1,1024}`); default: the resource name with every other
+    /// character replaced by `_`.
+    pub table: Option<String>,
+    pub write_mode: WriteMode,
+    /// Key columns (1 to 16), required by the upsert, delete and merge modes.
+    pub primary_key: Option<Vec<String>>,
+}
+
+pub(super) async fn load_run(state: &SharedState, run_id: &str) -> Result<crate::store::RunRecord, Problem> {
+    validate_id("run_id", run_id)?;
+    state.store.get_run(run_id).await?.ok_or_else(|| Problem::not_found(format!("run {run_id}")))
+}
+
+/// Create a run (idempotent for the same definition).
+#[utoipa::path(
+    post, path = "/v1/runs", tag = "runs", security(("bearer" = [])),
+    request_body = CreateRunRequest,
+    responses(
+        (status = 201, description = "Run created", body = RunView),
+        (status = 200, description = "The same run already exists", body = RunView),
+        (status = 400, description = "Malformed body", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 409, description = "`run_conflict`: the id exists with another definition", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 415, description = "Not JSON", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "`invalid_identifier`, `invalid_dataset_id`", body = ProblemDocument, content_type = "application/problem+json"),
+    )
+)]
+pub async fn create_run(
+    State(state): State<SharedState>,
+    ApiJson(request): ApiJson<CreateRunRequest>,
+) -> Result<(StatusCode, axum::Json<RunView>), Problem> {
+    let run_id = match request.run_id {
+        Some(id) => {
+            validate_id("run_id", &id)?;
+            id
+        }
+        None => format!("run_{}", hex::encode(rand::random::<[u8; 12]>())),
+    };
+    request.destination.validate()?;
+    let batching = request.batching.unwrap_or_default();
+    batching.validate()?;
+    let destination =
+        Destination { location: request.destination.location().map(str::to_string), ..request.destination };
+    let definition = serde_json::json!({"destination": destination, "batching": batching});
+    let definition_sha256 = hex::encode(Sha256::digest(definition.to_string().as_bytes()));
+    let (run, created) = state
+        .store
+        .create_run(&NewRun {
+            run_id: run_id.clone(),
+            destination,
+            batching,
+            definition_sha256: definition_sha256.clone(),
+        })
+        .await?;
+    if !created && run.definition_sha256 != definition_sha256 {
+        return Err(Problem::new(
+            ErrorCode::RunConflict,
+            format!("run {run_id} already exists with another destination or batching"),
+        ));
+    }
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, axum::Json(run_view(&state.store, run).await?)))
+}
+
+/// A run with its resources, executions and durable checkpoint.
+#[utoipa::path(
+    get, path = "/v1/runs/{run_id}", tag = "runs", security(("bearer" = [])),
+    params(("run_id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, description = "The run", body = RunView),
+        (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 404, description = "No such run", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid run id", body = ProblemDocument, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_run(
+    State(state): State<SharedState>,
+    ApiPath(run_id): ApiPath<String>,
+) -> Result<axum::Json<RunView>, Problem> {
+    let run = load_run(&state, &run_id).await?;
+    Ok(axum::Json(run_view(&state.store, run).await?))
+}
+
+fn validate_primary_key(write_mode: WriteMode, primary_key: &[String]) -> Result<(), Problem> {
+    if write_mode.requires_primary_key() && primary_key.is_empty() {
+        return Err(Problem::new(
+            ErrorCode::PrimaryKeyRequired,
+            format!("write mode {write_mode} needs a primary_key"),
+        ));
+    }
+    if primary_key.len() > 16 {
+        return Err(Problem::new(ErrorCode::InvalidPrimaryKey, "a primary key has at most 16 columns"));
+    }
+    let mut seen = HashSet::new();
+    for column in primary_key {
+        validate_column_name(column).map_err(|p| Problem::new(ErrorCode::InvalidPrimaryKey, p.detail))?;
+        if !seen.insert(column.to_ascii_lowercase()) {
+            return Err(Problem::new(ErrorCode::InvalidPrimaryKey, format!("key column {column:?} appears twice")));
+        }
+    }
+    Ok(())
+}
+
+/// Declare a resource (idempotent; its mode, key and table are fixed once it has batches).
+#[utoipa::path(
+    put, path = "/v1/runs/{run_id}/resources/{resource}", tag = "runs", security(("bearer" = [])),
+    params(("run_id" = String, Path, description = "Run id"), ("resource" = String, Path, description = "Resource name")),
+    request_body = PutResourceRequest,
+    responses(
+        (status = 200, description = "The resource as declared", body = ResourceView),
+        (status = 400, description = "Malformed body", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 404, description = "No such run", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 409, description = "`resource_conflict`: batches exist and the declaration changes", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 415, description = "Not JSON", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "`invalid_identifier`, `unsupported_write_mode`, `primary_key_required`, `invalid_primary_key`", body = ProblemDocument, content_type = "application/problem+json"),
+    )
+)]
+pub async fn put_resource(
+    State(state): State<SharedState>,
+    ApiPath((run_id, resource)): ApiPath<(String, String)>,
+    ApiJson(request): ApiJson<PutResourceRequest>,
+) -> Result<axum::Json<ResourceView>, Problem> {
+    validate_id("run_id", &run_id)?;
+    validate_resource_name(&resource)?;
+    let table_name = request.table.unwrap_or_else(|| default_table_name(&resource));
+    validate_table_name(&table_name)?;
+    if !request.write_mode.is_supported() {
+        return Err(Problem::new(
+            ErrorCode::UnsupportedWriteMode,
+            format!("write mode {} is not supported yet; use full_append or incremental_append", request.write_mode),
+        ));
+    }
+    let primary_key = request.primary_key.unwrap_or_default();
+    validate_primary_key(request.write_mode, &primary_key)?;
+    load_run(&state, &run_id).await?;
+    let declared =
+        ResourceRecord { resource: resource.clone(), table_name, write_mode: request.write_mode, primary_key };
+    match state.store.upsert_resource(&run_id, &declared).await? {
+        ResourceUpsert::Stored(stored) => Ok(axum::Json(stored.into())),
+        ResourceUpsert::Conflict(current) => Err(Problem::new(
+            ErrorCode::ResourceConflict,
+            format!(
+                "resource {resource} already has batches as {} into {} (key {:?}); its declaration cannot change",
+                current.write_mode, current.table_name, current.primary_key
+            ),
+        )),
+    }
+}

@@ -1,0 +1,178 @@
+//! Response bodies of the API (the contract's Run, Resource, Execution, Receipt) and their
+//! construction from stored records.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::error::Problem;
+use crate::model::{Batching, Destination, ExecutionState, PublicationState, WriteMode};
+use crate::store::{
+    ExecutionRecord, PublicationRecord, ReceiptRecord, ResourceProgress, ResourceRecord, RunRecord, Store,
+};
+
+/// A declared resource.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ResourceView {
+    pub resource: String,
+    /// Destination table in the run's dataset.
+    pub table: String,
+    pub write_mode: WriteMode,
+    pub primary_key: Vec<String>,
+}
+
+impl From<ResourceRecord> for ResourceView {
+    fn from(r: ResourceRecord) -> Self {
+        Self { resource: r.resource, table: r.table_name, write_mode: r.write_mode, primary_key: r.primary_key }
+    }
+}
+
+/// An execution's id and state, as listed on its run.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ExecutionSummary {
+    pub execution_id: String,
+    pub state: ExecutionState,
+}
+
+/// A run.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RunView {
+    pub run_id: String,
+    pub destination: Destination,
+    pub batching: Batching,
+    pub resources: Vec<ResourceView>,
+    pub executions: Vec<ExecutionSummary>,
+    /// The last checkpoint of the last execution that committed, or null.
+    #[schema(value_type = Option<Object>)]
+    pub durable_checkpoint: Option<serde_json::Value>,
+    /// The execution that made `durable_checkpoint` durable.
+    pub durable_checkpoint_execution_id: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// The publication (query job) of one destination table.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PublicationView {
+    pub job_id: String,
+    pub state: PublicationState,
+    pub rows_affected: Option<i64>,
+    pub error: Option<Problem>,
+}
+
+impl From<PublicationRecord> for PublicationView {
+    fn from(p: PublicationRecord) -> Self {
+        Self { job_id: p.job_id, state: p.state, rows_affected: p.rows_affected, error: p.error }
+    }
+}
+
+/// Progress of one resource in the execution's current delivery.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ExecutionResourceView {
+    pub resource: String,
+    pub table: String,
+    pub write_mode: WriteMode,
+    pub batches: i64,
+    pub rows_received: i64,
+    pub bytes_received: i64,
+    /// Rows BigQuery acknowledged into the pending stream.
+    pub rows_acknowledged: i64,
+    pub publication: Option<PublicationView>,
+}
+
+/// An execution.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ExecutionView {
+    pub run_id: String,
+    pub execution_id: String,
+    /// Current delivery (1 for the first POST, +1 for each redelivery).
+    pub delivery: i32,
+    pub state: ExecutionState,
+    pub error: Option<Problem>,
+    pub resources: Vec<ExecutionResourceView>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// The answer to an accepted batch: the rows are encoded and queued for upload.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Receipt {
+    pub resource: String,
+    pub seq: i64,
+    pub rows: i64,
+    /// Bytes of the Arrow IPC stream after content decoding.
+    pub uncompressed_bytes: i64,
+    /// Lowercase hex SHA-256 of the Arrow IPC bytes as received (after content decoding).
+    pub arrow_ipc_sha256: String,
+    /// Always `queued`: accepted, not yet queryable.
+    #[schema(example = "queued")]
+    pub state: String,
+}
+
+impl From<ReceiptRecord> for Receipt {
+    fn from(r: ReceiptRecord) -> Self {
+        Self {
+            resource: r.resource,
+            seq: r.seq,
+            rows: r.rows,
+            uncompressed_bytes: r.uncompressed_bytes,
+            arrow_ipc_sha256: r.arrow_ipc_sha256,
+            state: "queued".into(),
+        }
+    }
+}
+
+pub async fn run_view(store: &Store, run: RunRecord) -> Result<RunView, Problem> {
+    let resources = store.list_resources(&run.run_id).await?;
+    let executions = store.list_executions(&run.run_id).await?;
+    Ok(RunView {
+        run_id: run.run_id,
+        destination: run.destination,
+        batching: run.batching,
+        resources: resources.into_iter().map(ResourceView::from).collect(),
+        executions: executions
+            .into_iter()
+            .map(|e| ExecutionSummary { execution_id: e.execution_id, state: e.state })
+            .collect(),
+        durable_checkpoint: run.durable_checkpoint,
+        durable_checkpoint_execution_id: run.durable_checkpoint_execution_id,
+        created_at: run.created_at,
+    })
+}
+
+pub async fn execution_view(store: &Store, execution: ExecutionRecord) -> Result<ExecutionView, Problem> {
+    let resources = store.list_resources(&execution.run_id).await?;
+    let progress: Vec<ResourceProgress> =
+        store.resource_progress(&execution.run_id, &execution.execution_id, execution.delivery).await?;
+    let publications = store.list_publications(&execution.run_id, &execution.execution_id).await?;
+    let views = progress
+        .into_iter()
+        .map(|p| {
+            let declared = resources.iter().find(|r| r.resource == p.resource);
+            let publication = publications
+                .iter()
+                .find(|publication| publication.resource == p.resource)
+                .cloned()
+                .map(PublicationView::from);
+            ExecutionResourceView {
+                table: declared.map(|r| r.table_name.clone()).unwrap_or_default(),
+                write_mode: declared.map(|r| r.write_mode).unwrap_or(WriteMode::FullAppend),
+                resource: p.resource,
+                batches: p.batches,
+                rows_received: p.rows_received,
+                bytes_received: p.bytes_received,
+                rows_acknowledged: p.rows_acknowledged,
+                publication,
+            }
+        })
+        .collect();
+    Ok(ExecutionView {
+        run_id: execution.run_id,
+        execution_id: execution.execution_id,
+        delivery: execution.delivery,
+        state: execution.state,
+        error: execution.error,
+        resources: views,
+        created_at: execution.created_at,
+        updated_at: execution.updated_at,
+    })
+}

@@ -1,0 +1,31 @@
+//! Credentials: Application Default Credentials through google-cloud-auth, or anonymous
+//! credentials for the emulator. ADC lookup does not fail until a token is fetched, hence
+//! [`probe`] at start-up and in `/readyz`.
+
+use google_cloud_auth::credentials::{Builder, CacheableResource, Credentials, anonymous};
+use http::{Extensions, HeaderMap};
+
+use super::{BigQueryError, BigQueryResult};
+
+/// BigQuery's OAuth scope (covers the Storage Write API).
+const SCOPES: &[&str] = &["https://www.googleapis.com/auth/bigquery"];
+
+pub fn build(emulator: bool) -> anyhow::Result<Credentials> {
+    if emulator {
+        return Ok(anonymous::Builder::new().build());
+    }
+    Ok(Builder::default().with_scopes(SCOPES.iter().copied()).build()?)
+}
+
+/// Authorization headers for one gRPC call (cached and refreshed before expiry by the crate).
+pub async fn headers(credentials: &Credentials) -> BigQueryResult<HeaderMap> {
+    match credentials.headers(Extensions::new()).await {
+        Ok(CacheableResource::New { data, .. }) => Ok(data),
+        Ok(CacheableResource::NotModified) => Ok(HeaderMap::new()),
+        Err(e) => Err(BigQueryError::Credentials(e.to_string())),
+    }
+}
+
+pub async fn probe(credentials: &Credentials) -> BigQueryResult<()> {
+    headers(credentials).await.map(|_| ())
+}

@@ -1,0 +1,81 @@
+//! Query jobs with caller-chosen, deterministic job ids (`jobs.insert`, then `jobs.get` until
+//! DONE). A 409 on insert means the job exists already: it is fetched and awaited, never re-run.
+
+use std::time::Duration;
+
+use google_cloud_bigquery_v2::model::{Job, JobConfiguration, JobConfigurationQuery, JobReference};
+
+use super::{BigQuery, BigQueryError, BigQueryResult};
+
+/// How a finished job ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobOutcome {
+    /// `statistics.query.numDmlAffectedRows`, when BigQuery reports it.
+    pub rows_affected: Option<i64>,
+    /// Whether the job already existed (submitted earlier under the same id).
+    pub reused: bool,
+}
+
+fn job_error(job: &Job) -> Option<BigQueryError> {
+    let error = job.status.as_ref()?.error_result.as_ref()?;
+    Some(BigQueryError::InResponse {
+        operation: "query job",
+        code: 0,
+        message: format!("{} ({})", error.message, error.reason),
+    })
+}
+
+fn is_done(job: &Job) -> bool {
+    job.status.as_ref().is_some_and(|s| s.state == "DONE")
+}
+
+fn rows_affected(job: &Job) -> Option<i64> {
+    job.statistics.as_ref()?.query.as_ref()?.num_dml_affected_rows
+}
+
+impl BigQuery {
+    /// Runs `sql` (GoogleSQL) as job `job_id` and waits for it, up to `timeout`.
+    pub async fn run_query_job(
+        &self,
+        project: &str,
+        location: Option<&str>,
+        job_id: &str,
+        sql: &str,
+        timeout: Duration,
+    ) -> BigQueryResult<JobOutcome> {
+        let mut reference = JobReference::new().set_project_id(project).set_job_id(job_id);
+        if let Some(location) = location {
+            reference = reference.set_location(location);
+        }
+        let job = Job::new().set_job_reference(reference).set_configuration(
+            JobConfiguration::new().set_query(JobConfigurationQuery::new().set_query(sql).set_use_legacy_sql(false)),
+        );
+        let (mut job, reused) = match self.jobs.insert_job().set_project_id(project).set_job(job).send().await {
+            Ok(job) => (job, false),
+            Err(e) if e.http_status_code() == Some(409) => (self.get_job(project, location, job_id).await?, true),
+            Err(e) => return Err(BigQueryError::rest("jobs.insert")(e)),
+        };
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut poll_interval = Duration::from_millis(100);
+        while !is_done(&job) {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(BigQueryError::Timeout { operation: "query job", seconds: timeout.as_secs() });
+            }
+            tokio::time::sleep(poll_interval).await;
+            poll_interval = (poll_interval * 2).min(Duration::from_secs(2));
+            job = self.get_job(project, location, job_id).await?;
+        }
+        if let Some(error) = job_error(&job) {
+            return Err(error);
+        }
+        Ok(JobOutcome { rows_affected: rows_affected(&job), reused })
+    }
+
+    pub async fn get_job(&self, project: &str, location: Option<&str>, job_id: &str) -> BigQueryResult<Job> {
+        let mut request = self.jobs.get_job().set_project_id(project).set_job_id(job_id);
+        if let Some(location) = location {
+            request = request.set_location(location);
+        }
+        request.send().await.map_err(BigQueryError::rest("jobs.get"))
+    }
+}

@@ -1,0 +1,88 @@
+//! Everything that talks to BigQuery: credentials ([`credentials`]), datasets and tables
+//! ([`metadata`], REST), query jobs ([`jobs`], REST) and the Storage Write API ([`write`],
+//! tonic over the generated googleapis client). Failures are [`BigQueryError`]s, classified once.
+//!
+//! With `BIGQUERY_EMULATOR_HOST` / `BIGQUERY_STORAGE_EMULATOR_HOST` set, every call goes to the
+//! emulator over plain HTTP with anonymous credentials.
+
+pub mod credentials;
+pub mod error;
+pub mod jobs;
+pub mod metadata;
+pub mod write;
+
+pub use error::{BigQueryError, BigQueryResult};
+
+use google_cloud_auth::credentials::Credentials;
+use google_cloud_bigquery_v2::client::{DatasetService, JobService, TableService};
+
+use crate::config::ServeConfig;
+
+const BIGQUERY_REST_ENDPOINT: &str = "https://bigquery.googleapis.com";
+const BIGQUERY_WRITE_ENDPOINT: &str = "https://bigquerystorage.googleapis.com";
+
+/// Where BigQuery is.
+#[derive(Debug, Clone)]
+pub struct Endpoints {
+    pub rest: String,
+    pub grpc: String,
+    pub emulator: bool,
+}
+
+impl Endpoints {
+    pub fn from_config(config: &ServeConfig) -> Self {
+        match (&config.bigquery_emulator_host, &config.bigquery_storage_emulator_host) {
+            (Some(rest), Some(grpc)) => {
+                Self { rest: format!("http://{rest}"), grpc: format!("http://{grpc}"), emulator: true }
+            }
+            _ => Self { rest: BIGQUERY_REST_ENDPOINT.into(), grpc: BIGQUERY_WRITE_ENDPOINT.into(), emulator: false },
+        }
+    }
+}
+
+/// Clients for BigQuery's REST and gRPC APIs sharing one set of credentials. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct BigQuery {
+    pub(crate) datasets: DatasetService,
+    pub(crate) tables: TableService,
+    pub(crate) jobs: JobService,
+    pub(crate) writer: write::WriteClient,
+    pub(crate) credentials: Credentials,
+    pub endpoints: Endpoints,
+}
+
+impl BigQuery {
+    pub async fn connect(endpoints: Endpoints) -> anyhow::Result<Self> {
+        let credentials = credentials::build(endpoints.emulator)?;
+        let datasets = DatasetService::builder()
+            .with_endpoint(&endpoints.rest)
+            .with_credentials(credentials.clone())
+            .build()
+            .await?;
+        let tables = TableService::builder()
+            .with_endpoint(&endpoints.rest)
+            .with_credentials(credentials.clone())
+            .build()
+            .await?;
+        let jobs =
+            JobService::builder().with_endpoint(&endpoints.rest).with_credentials(credentials.clone()).build().await?;
+        let writer = write::WriteClient::connect(&endpoints.grpc, credentials.clone())?;
+        Ok(Self { datasets, tables, jobs, writer, credentials, endpoints })
+    }
+
+    pub fn writer(&self) -> &write::WriteClient {
+        &self.writer
+    }
+
+    /// Readiness: credentials produce a token and the REST API answers (any HTTP status proves
+    /// it is reachable; only transport and credential failures count as not ready).
+    pub async fn probe(&self, project: &str) -> BigQueryResult<()> {
+        credentials::probe(&self.credentials).await?;
+        let result = self.datasets.list_datasets().set_project_id(project).set_max_results(1u32).send().await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) if e.http_status_code().is_some() => Ok(()),
+            Err(e) => Err(BigQueryError::Rest { operation: "datasets.list", source: e }),
+        }
+    }
+}

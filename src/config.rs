@@ -1,0 +1,113 @@
+//! Command-line and environment configuration (clap derive; every flag has an env var).
+//!
+//! `serve` runs the gateway (and applies migrations first); `migrate` only applies migrations;
+//! `openapi` prints the OpenAPI document. Values flow into [`crate::app::App`] at start-up.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// filament-bigquery: HTTP ingestion gateway from Arrow IPC into BigQuery.
+#[derive(Debug, Parser)]
+#[command(name = "filament-bigquery", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Apply migrations, then serve the HTTP API.
+    Serve(Box<ServeConfig>),
+    /// Apply the Postgres migrations and exit.
+    Migrate(DatabaseConfig),
+    /// Print the OpenAPI document (the checked-in `openapi/openapi.json`) and exit.
+    Openapi,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DatabaseConfig {
+    /// Postgres connection URL holding runs, executions, batches and publications.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+
+    /// Maximum number of pooled Postgres connections.
+    #[arg(long, env = "FILAMENT_DATABASE_MAX_CONNECTIONS", default_value_t = 16)]
+    pub database_max_connections: u32,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeConfig {
+    /// Address the HTTP API listens on (`127.0.0.1:0` picks a free port; the bound address is
+    /// printed on standard output).
+    #[arg(long, env = "FILAMENT_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    #[command(flatten)]
+    pub database: DatabaseConfig,
+
+    /// Bearer tokens accepted on `/v1`, comma-separated.
+    #[arg(long = "api-tokens", env = "FILAMENT_API_TOKENS", value_delimiter = ',', hide_env_values = true)]
+    pub api_tokens: Vec<String>,
+
+    /// Development only: when no token is configured, generate one and print it at start-up
+    /// instead of refusing to start.
+    #[arg(long, env = "FILAMENT_DEV_GENERATE_TOKEN", default_value_t = false)]
+    pub dev_generate_token: bool,
+
+    /// REST `host:port` of a BigQuery emulator (plain HTTP, anonymous credentials).
+    #[arg(long, env = "BIGQUERY_EMULATOR_HOST")]
+    pub bigquery_emulator_host: Option<String>,
+
+    /// gRPC `host:port` of the emulator's Storage Write API (plain HTTP/2, anonymous).
+    #[arg(long, env = "BIGQUERY_STORAGE_EMULATOR_HOST")]
+    pub bigquery_storage_emulator_host: Option<String>,
+
+    /// Largest accepted batch body, after content decoding (413 `payload_too_large` beyond).
+    #[arg(long, env = "FILAMENT_MAX_BATCH_BODY_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub max_batch_body_bytes: usize,
+
+    /// Largest uncompressed Arrow payload of one AppendRows request (BigQuery's hard limit is
+    /// 10 MB per request; this leaves room for the request's own framing).
+    #[arg(long, env = "FILAMENT_MAX_APPEND_REQUEST_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub max_append_request_bytes: usize,
+
+    /// Project used by `/readyz` to check that the BigQuery REST API answers.
+    #[arg(long, env = "FILAMENT_READINESS_PROJECT", default_value = "filament-readiness")]
+    pub readiness_project: String,
+
+    /// How long a publication query job may run before the execution fails.
+    #[arg(long, env = "FILAMENT_QUERY_JOB_TIMEOUT_SECS", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub query_job_timeout_secs: u64,
+
+    /// Log format: `text` for people, `json` for log pipelines.
+    #[arg(long, env = "FILAMENT_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+}
+
+impl ServeConfig {
+    pub fn query_job_timeout(&self) -> Duration {
+        Duration::from_secs(self.query_job_timeout_secs)
+    }
+
+    /// Checks what clap cannot: consistent emulator settings and usable tokens.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.bigquery_emulator_host.is_some() != self.bigquery_storage_emulator_host.is_some() {
+            return Err("set both BIGQUERY_EMULATOR_HOST and BIGQUERY_STORAGE_EMULATOR_HOST, or neither".into());
+        }
+        if self.api_tokens.iter().any(|t| t.trim().len() < 16) {
+            return Err("every API token must be at least 16 characters long".into());
+        }
+        if self.api_tokens.is_empty() && !self.dev_generate_token {
+            return Err(
+                "no API token configured: set FILAMENT_API_TOKENS (or pass --dev-generate-token for local development)"
+                    .into(),
+            );
+        }
+        if self.max_append_request_bytes < 64 * 1024 || self.max_append_request_bytes > 9 * 1024 * 1024 {
+            return Err("FILAMENT_MAX_APPEND_REQUEST_BYTES must be between 64 KiB and 9 MiB".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,153 @@
+//! Incremental decoding of a batch body: SHA-256 of the IPC bytes as received (after content
+//! decoding), a byte limit, and arrow-ipc's push-based [`StreamDecoder`].
+
+use arrow_array::RecordBatch;
+use arrow_buffer::Buffer;
+use arrow_ipc::reader::StreamDecoder;
+use arrow_schema::SchemaRef;
+use sha2::{Digest as _, Sha256};
+
+use super::IngestError;
+
+/// What a complete body held.
+#[derive(Debug)]
+pub struct DecodedBody {
+    pub schema: SchemaRef,
+    pub batches: Vec<RecordBatch>,
+    pub rows: usize,
+    /// Bytes of the IPC stream after content decoding.
+    pub uncompressed_bytes: usize,
+    /// Lowercase hex SHA-256 of those bytes.
+    pub arrow_ipc_sha256: String,
+}
+
+/// Push decoder over the chunks of one body.
+#[derive(Debug)]
+pub struct BodyDecoder {
+    decoder: StreamDecoder,
+    hasher: Sha256,
+    batches: Vec<RecordBatch>,
+    received_bytes: usize,
+    max_body_bytes: usize,
+}
+
+impl BodyDecoder {
+    pub fn new(max_body_bytes: usize) -> Self {
+        Self {
+            decoder: StreamDecoder::new(),
+            hasher: Sha256::new(),
+            batches: Vec::new(),
+            received_bytes: 0,
+            max_body_bytes,
+        }
+    }
+
+    /// Consumes one chunk. Record batches are decoded as soon as they are complete, so a body
+    /// is never buffered whole beyond its decoded batches.
+    pub fn push(&mut self, chunk: bytes::Bytes) -> Result<(), IngestError> {
+        self.received_bytes = self.received_bytes.saturating_add(chunk.len());
+        if self.received_bytes > self.max_body_bytes {
+            return Err(IngestError::BodyTooLarge { limit_bytes: self.max_body_bytes });
+        }
+        self.hasher.update(&chunk);
+        let mut buffer = Buffer::from(chunk);
+        while !buffer.is_empty() {
+            match self.decoder.decode(&mut buffer) {
+                Ok(Some(batch)) => self.batches.push(batch),
+                Ok(None) => {}
+                Err(e) => return Err(IngestError::InvalidIpc(e.to_string())),
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the body: a truncated stream or one without a schema is invalid.
+    pub fn finish(mut self) -> Result<DecodedBody, IngestError> {
+        self.decoder.finish().map_err(|e| IngestError::InvalidIpc(format!("truncated stream: {e}")))?;
+        let schema = self
+            .decoder
+            .schema()
+            .ok_or_else(|| IngestError::InvalidIpc("the stream holds no schema message".into()))?;
+        let rows = self.batches.iter().map(RecordBatch::num_rows).sum();
+        Ok(DecodedBody {
+            schema,
+            batches: self.batches,
+            rows,
+            uncompressed_bytes: self.received_bytes,
+            arrow_ipc_sha256: hex::encode(self.hasher.finalize()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::{Int64Array, StringArray};
+    use arrow_ipc::writer::StreamWriter;
+    use arrow_schema::{DataType, Field, Schema};
+
+    use super::*;
+
+    pub(crate) fn ipc_stream(batches: &[RecordBatch]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut writer = StreamWriter::try_new(&mut out, &batches[0].schema()).unwrap();
+        for b in batches {
+            writer.write(b).unwrap();
+        }
+        writer.finish().unwrap();
+        drop(writer);
+        out
+    }
+
+    fn sample() -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, true),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2, 3])),
+                Arc::new(StringArray::from(vec![Some("a"), None, Some("c")])),
+            ],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn decodes_across_arbitrary_chunk_boundaries_and_hashes_the_bytes() {
+        let bytes = ipc_stream(&[sample(), sample()]);
+        for chunk_size in [1, 7, 64, bytes.len()] {
+            let mut decoder = BodyDecoder::new(1 << 20);
+            for chunk in bytes.chunks(chunk_size) {
+                decoder.push(bytes::Bytes::copy_from_slice(chunk)).unwrap();
+            }
+            let body = decoder.finish().unwrap();
+            assert_eq!(body.rows, 6);
+            assert_eq!(body.batches.len(), 2);
+            assert_eq!(body.uncompressed_bytes, bytes.len());
+            assert_eq!(body.arrow_ipc_sha256, hex::encode(Sha256::digest(&bytes)));
+        }
+    }
+
+    #[test]
+    fn rejects_truncated_garbage_empty_and_oversized_bodies() {
+        let bytes = ipc_stream(&[sample()]);
+        let mut truncated = BodyDecoder::new(1 << 20);
+        truncated.push(bytes::Bytes::copy_from_slice(&bytes[..bytes.len() / 2])).unwrap();
+        assert!(matches!(truncated.finish(), Err(IngestError::InvalidIpc(_))));
+
+        let mut garbage = BodyDecoder::new(1 << 20);
+        let result = garbage.push(bytes::Bytes::from_static(b"this is not arrow at all, not even close"));
+        assert!(result.is_err() || matches!(garbage.finish(), Err(IngestError::InvalidIpc(_))));
+
+        assert!(matches!(BodyDecoder::new(10).finish(), Err(IngestError::InvalidIpc(_))));
+
+        let mut small = BodyDecoder::new(16);
+        assert_eq!(
+            small.push(bytes::Bytes::copy_from_slice(&bytes)),
+            Err(IngestError::BodyTooLarge { limit_bytes: 16 })
+        );
+    }
+}

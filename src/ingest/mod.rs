@@ -1,0 +1,72 @@
+//! Batch bodies, from HTTP bytes to AppendRows payloads.
+//!
+//! [`decode::BodyDecoder`] consumes the (content-decoded) body chunk by chunk: it hashes the IPC
+//! bytes as received (SHA-256), counts them against the body limit and feeds arrow-ipc's push
+//! decoder. [`schema`] validates the schema (names, reserved prefix, supported types) and maps
+//! it to BigQuery columns. [`convert`] turns each record batch into the staging representation
+//! (lossless casts, precision checks) and [`encode`] serialises it as encapsulated IPC messages
+//! split below the AppendRows request budget. The result goes to [`crate::pipeline`].
+
+pub mod convert;
+pub mod decode;
+pub mod encode;
+pub mod schema;
+
+use crate::error::{ErrorCode, Problem};
+
+/// Why a batch body was rejected. Every variant is the client's to fix; none is retryable.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum IngestError {
+    #[error("the body is not a valid Arrow IPC stream: {0}")]
+    InvalidIpc(String),
+    #[error("the body exceeds the limit of {limit_bytes} bytes after content decoding")]
+    BodyTooLarge { limit_bytes: usize },
+    #[error("column {column:?} has Arrow type {arrow_type}, which is not supported: {reason}")]
+    UnsupportedType { column: String, arrow_type: String, reason: String },
+    #[error("{0}")]
+    InvalidColumn(String),
+    #[error("column {column:?} row {row}: {reason}")]
+    PrecisionLoss { column: String, row: usize, reason: String },
+    #[error("row {row} encodes to {row_bytes} bytes, above the {limit_bytes}-byte request budget")]
+    RowTooLarge { row: usize, row_bytes: usize, limit_bytes: usize },
+    #[error("arrow: {0}")]
+    Arrow(String),
+}
+
+impl IngestError {
+    pub fn is_retryable(&self) -> bool {
+        false
+    }
+
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            IngestError::InvalidIpc(_) => ErrorCode::InvalidArrowIpc,
+            IngestError::BodyTooLarge { .. } => ErrorCode::PayloadTooLarge,
+            IngestError::UnsupportedType { .. } => ErrorCode::UnsupportedType,
+            IngestError::InvalidColumn(_) => ErrorCode::InvalidIdentifier,
+            IngestError::PrecisionLoss { .. } => ErrorCode::PrecisionLoss,
+            IngestError::RowTooLarge { .. } => ErrorCode::RowTooLarge,
+            IngestError::Arrow(_) => ErrorCode::InvalidArrowIpc,
+        }
+    }
+}
+
+impl From<IngestError> for Problem {
+    fn from(err: IngestError) -> Self {
+        let hint = match &err {
+            IngestError::BodyTooLarge { .. } => Some("split the data into several batch requests"),
+            IngestError::RowTooLarge { .. } => {
+                Some("BigQuery accepts at most 10 MB per append request; shrink or split the row's large values")
+            }
+            IngestError::PrecisionLoss { .. } => {
+                Some("BigQuery stores microseconds at most: truncate or round the values before sending")
+            }
+            _ => None,
+        };
+        let problem = Problem::new(err.code(), err.to_string());
+        match hint {
+            Some(hint) => problem.with_hint(hint),
+            None => problem,
+        }
+    }
+}

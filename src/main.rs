@@ -1,0 +1,28 @@
+//! Thin entry point: parse the configuration, initialise telemetry, run. `anyhow` lives here only.
+
+use anyhow::Context as _;
+use clap::Parser as _;
+use filament_bigquery::config::{Cli, Command};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(config) => {
+            filament_bigquery::telemetry::init_logging(&config.log_format);
+            config.validate().map_err(anyhow::Error::msg).context("invalid configuration")?;
+            filament_bigquery::app::serve(*config).await
+        }
+        Command::Migrate(database) => {
+            filament_bigquery::telemetry::init_logging("text");
+            let store = filament_bigquery::store::Store::connect(&database).await?;
+            store.migrate().await?;
+            tracing::info!("migrations applied");
+            Ok(())
+        }
+        Command::Openapi => {
+            println!("{}", filament_bigquery::api::openapi_json());
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! Deterministic publication job ids: the same run, execution, destination and write mode
+//! always produce the same id, so a redelivered execution finds its earlier job (BigQuery answers
+//! 409 for an existing id) instead of publishing twice.
+
+use sha2::{Digest as _, Sha256};
+
+use crate::model::WriteMode;
+
+/// BigQuery's limit on job id length.
+const MAX_JOB_ID_LEN: usize = 1024;
+
+fn sanitize(part: &str) -> String {
+    part.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect()
+}
+
+/// `filament_{run}_{execution}_{dataset}_{table}_{mode}_{hash}`, in BigQuery's job-id alphabet.
+/// The short hash of the unsanitised parts keeps ids distinct when sanitising or truncating
+/// would make two of them equal.
+pub fn publication_job_id(
+    run_id: &str,
+    execution_id: &str,
+    dataset: &str,
+    table: &str,
+    write_mode: WriteMode,
+) -> String {
+    let digest = Sha256::digest(format!("{run_id}\n{execution_id}\n{dataset}\n{table}\n{write_mode}").as_bytes());
+    let hash = &hex::encode(digest)[..12];
+    let readable = sanitize(&format!("filament_{run_id}_{execution_id}_{dataset}_{table}_{write_mode}"));
+    let budget = MAX_JOB_ID_LEN - hash.len() - 1;
+    let readable: String = readable.chars().take(budget).collect();
+    format!("{readable}_{hash}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_ids_are_deterministic_valid_and_distinct() {
+        let a = publication_job_id("run-1", "exec-1", "raw", "users", WriteMode::FullAppend);
+        assert_eq!(a, publication_job_id("run-1", "exec-1", "raw", "users", WriteMode::FullAppend));
+        assert!(a.starts_with("filament_run-1_exec-1_raw_users_full_append_"));
+        assert_ne!(a, publication_job_id("run-1", "exec-2", "raw", "users", WriteMode::FullAppend));
+        assert_ne!(a, publication_job_id("run-1", "exec-1", "raw", "users", WriteMode::IncrementalAppend));
+        let long = publication_job_id(
+            &"r".repeat(64),
+            &"e".repeat(64),
+            &"d".repeat(1024),
+            &"t".repeat(1024),
+            WriteMode::CdcMerge,
+        );
+        assert!(long.len() <= MAX_JOB_ID_LEN);
+        assert!(long.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'));
+    }
+}

@@ -1,0 +1,279 @@
+//! Commit and publication: after the lanes drain, finalize each PENDING stream (checking its
+//! row count), commit it to its staging table, then publish each destination with one query job
+//! (deterministic job id, fingerprint persisted first), delete the staging tables and mark the
+//! execution committed, which makes its last checkpoint the run's durable checkpoint.
+//!
+//! Pure pieces: [`sql`] (statements per write mode), [`job_id`], [`fingerprint`].
+
+pub mod fingerprint;
+pub mod job_id;
+pub mod sql;
+
+use std::time::Duration;
+
+use crate::bigquery::write::CommitOutcome;
+use crate::bigquery::{BigQuery, BigQueryError};
+use crate::error::{ErrorCode, Problem};
+use crate::model::{ExecutionState, PublicationState};
+use crate::pipeline::table_path;
+use crate::pipeline::{ExecutionKey, LaneReport, Pipeline};
+use crate::store::{ExecutionRecord, ResourceRecord, RunRecord, Store};
+use crate::telemetry;
+
+/// Runs commits. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Publisher {
+    pub store: Store,
+    pub bigquery: BigQuery,
+    pub pipeline: Pipeline,
+    pub query_job_timeout: Duration,
+}
+
+impl Publisher {
+    /// Commits one delivery already moved to `committing`. Any failure fails the execution with
+    /// its problem; the terminal record is returned either way.
+    pub async fn commit(&self, run: &RunRecord, execution: &ExecutionRecord) -> Result<ExecutionRecord, Problem> {
+        let key = ExecutionKey { run_id: run.run_id.clone(), execution_id: execution.execution_id.clone() };
+        let result = self.commit_inner(run, execution, &key).await;
+        self.pipeline.forget(&key, execution.delivery);
+        let (run_id, execution_id, delivery) = (&run.run_id, &execution.execution_id, execution.delivery);
+        let record = match result {
+            Ok(()) => self.store.mark_committed(run_id, execution_id, delivery).await?,
+            Err(problem) => {
+                tracing::warn!(%run_id, %execution_id, code = %problem.code, detail = %problem.detail, "commit failed");
+                self.store.fail_execution(run_id, execution_id, delivery, &problem).await?
+            }
+        };
+        let record = match record {
+            Some(record) => record,
+            // Aborted or failed by an upload lane meanwhile: report what is stored.
+            None => self
+                .store
+                .get_execution(run_id, execution_id)
+                .await?
+                .ok_or_else(|| Problem::not_found(format!("execution {execution_id}")))?,
+        };
+        metrics::counter!(telemetry::EXECUTIONS_FINISHED, "state" => record.state.as_str()).increment(1);
+        Ok(record)
+    }
+
+    async fn commit_inner(
+        &self,
+        run: &RunRecord,
+        execution: &ExecutionRecord,
+        key: &ExecutionKey,
+    ) -> Result<(), Problem> {
+        let reports = self.pipeline.drain(key, execution.delivery).await?;
+        // A lane may have failed the execution after draining started.
+        if let Some(current) = self.store.get_execution(&run.run_id, &execution.execution_id).await?
+            && current.state != ExecutionState::Committing
+        {
+            return Err(current.error.unwrap_or_else(|| {
+                Problem::new(
+                    ErrorCode::ExecutionNotExtracting,
+                    format!("execution is {} instead of committing", current.state),
+                )
+            }));
+        }
+        for report in &reports {
+            self.commit_stream(run, execution, report).await?;
+        }
+        let resources = self.store.list_resources(&run.run_id).await?;
+        for report in &reports {
+            let resource = resources
+                .iter()
+                .find(|r| r.resource == report.resource)
+                .ok_or_else(|| Problem::internal(format!("resource {} is no longer declared", report.resource)))?;
+            self.publish(run, execution, resource, report).await?;
+        }
+        for report in &reports {
+            if let Err(e) = self
+                .bigquery
+                .delete_table(&run.destination.project, &run.destination.dataset, &report.staging_table)
+                .await
+            {
+                // It expires on its own; a leftover is not worth failing a published execution.
+                tracing::warn!(table = %report.staging_table, error = %e, "could not delete a staging table");
+            }
+        }
+        Ok(())
+    }
+
+    /// Finalize (row count must match what was appended), then commit the stream. A commit whose
+    /// answer was lost is resolved by asking BigQuery whether the stream shows a commit time.
+    async fn commit_stream(
+        &self,
+        run: &RunRecord,
+        execution: &ExecutionRecord,
+        report: &LaneReport,
+    ) -> Result<(), Problem> {
+        let writer = self.bigquery.writer();
+        let upload_failed = |e: BigQueryError| e.to_problem(ErrorCode::UploadFailed);
+        let row_count = writer.finalize(&report.stream_name).await.map_err(upload_failed)?;
+        if row_count != report.rows_sent {
+            return Err(Problem::new(
+                ErrorCode::RowCountMismatch,
+                format!(
+                    "resource {}: the stream holds {row_count} rows but the gateway appended {}",
+                    report.resource, report.rows_sent
+                ),
+            ));
+        }
+        let (run_id, execution_id, delivery) = (&run.run_id, &execution.execution_id, execution.delivery);
+        self.store.set_stream_finalized(run_id, execution_id, delivery, &report.resource, row_count).await?;
+        let path = table_path(&run.destination.project, &run.destination.dataset, &report.staging_table);
+        match writer.batch_commit(&path, vec![report.stream_name.clone()]).await {
+            Ok(CommitOutcome::Committed) => {}
+            Ok(CommitOutcome::Rejected(errors)) => {
+                return Err(Problem::new(
+                    ErrorCode::UploadFailed,
+                    format!(
+                        "resource {}: BigQuery refused to commit the stream: {}",
+                        report.resource,
+                        errors.join("; ")
+                    ),
+                ));
+            }
+            Err(e) if e.is_retryable() => {
+                if !writer.is_committed(&report.stream_name).await.map_err(upload_failed)? {
+                    return Err(upload_failed(e));
+                }
+            }
+            Err(e) => return Err(upload_failed(e)),
+        }
+        self.store.set_stream_committed(run_id, execution_id, delivery, &report.resource).await?;
+        Ok(())
+    }
+
+    /// One query job for the destination, unless this execution already published the same
+    /// content (a redelivery), in which case the earlier job stands.
+    async fn publish(
+        &self,
+        run: &RunRecord,
+        execution: &ExecutionRecord,
+        resource: &ResourceRecord,
+        report: &LaneReport,
+    ) -> Result<(), Problem> {
+        let (run_id, execution_id, delivery) = (&run.run_id, &execution.execution_id, execution.delivery);
+        let staging = self
+            .store
+            .get_staging_stream(run_id, execution_id, delivery, &report.resource)
+            .await?
+            .ok_or_else(|| Problem::internal(format!("no staging record for {}", report.resource)))?;
+        let receipts = self.store.list_receipts(run_id, execution_id, delivery, &report.resource).await?;
+        let fingerprint = fingerprint::fingerprint(&fingerprint::FingerprintInput {
+            project: &run.destination.project,
+            dataset: &run.destination.dataset,
+            table: &resource.table_name,
+            write_mode: resource.write_mode,
+            primary_key: &resource.primary_key,
+            arrow_schema_sha256: &staging.arrow_schema_sha256,
+            receipts: &receipts,
+        });
+        let job_id = job_id::publication_job_id(
+            run_id,
+            execution_id,
+            &run.destination.dataset,
+            &resource.table_name,
+            resource.write_mode,
+        );
+        if let Some(previous) = self.store.get_publication(run_id, execution_id, &report.resource).await? {
+            match previous.state {
+                PublicationState::Done if previous.fingerprint == fingerprint => {
+                    tracing::info!(%run_id, %execution_id, resource = %report.resource, job_id = %previous.job_id,
+                        "redelivered execution staged the same content; reusing its publication");
+                    metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "reused").increment(1);
+                    return Ok(());
+                }
+                // Interrupted while its job ran: the same job id re-attaches to that job.
+                PublicationState::Running if previous.fingerprint == fingerprint => {}
+                PublicationState::Failed => {
+                    let detail = previous.error.map(|e| e.detail).unwrap_or_default();
+                    return Err(Problem::new(
+                        ErrorCode::PublicationFailed,
+                        format!(
+                            "resource {}: publication job {} failed earlier: {detail}",
+                            report.resource, previous.job_id
+                        ),
+                    )
+                    .with_hint("a corrected attempt needs a new execution ID"));
+                }
+                PublicationState::Done | PublicationState::Running => {
+                    return Err(Problem::new(
+                        ErrorCode::ReplayMismatch,
+                        format!(
+                            "resource {}: this execution was already published by job {} with other content or batch boundaries",
+                            report.resource, previous.job_id
+                        ),
+                    )
+                    .with_hint("a corrected load needs a new execution ID"));
+                }
+            }
+        }
+        if report.rows_sent == 0 {
+            return Ok(());
+        }
+        let project = &run.destination.project;
+        let destination = sql::TableRef { project, dataset: &run.destination.dataset, table: &resource.table_name };
+        let staging_ref = sql::TableRef { project, dataset: &run.destination.dataset, table: &report.staging_table };
+        let statement = match resource.write_mode {
+            crate::model::WriteMode::FullAppend | crate::model::WriteMode::IncrementalAppend => {
+                sql::insert_select(&destination, &staging_ref, &report.columns)
+            }
+            other => {
+                return Err(Problem::new(
+                    ErrorCode::UnsupportedWriteMode,
+                    format!("write mode {other} is not supported yet"),
+                ));
+            }
+        };
+        let destination_name = format!("{}.{}", run.destination.dataset, resource.table_name);
+        self.store
+            .begin_publication(&crate::store::NewPublication {
+                run_id,
+                execution_id,
+                resource: &report.resource,
+                delivery,
+                destination: &destination_name,
+                job_id: &job_id,
+                fingerprint: &fingerprint,
+            })
+            .await?;
+        tracing::info!(%run_id, %execution_id, resource = %report.resource, %job_id, "bigquery.write.publish.started");
+        let outcome = self
+            .bigquery
+            .run_query_job(project, run.destination.location(), &job_id, &statement, self.query_job_timeout)
+            .await;
+        match outcome {
+            Ok(outcome) => {
+                self.store
+                    .finish_publication(
+                        run_id,
+                        execution_id,
+                        &report.resource,
+                        PublicationState::Done,
+                        outcome.rows_affected,
+                        None,
+                    )
+                    .await?;
+                metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "done").increment(1);
+                Ok(())
+            }
+            Err(e) => {
+                let problem = e.to_problem(ErrorCode::PublicationFailed);
+                self.store
+                    .finish_publication(
+                        run_id,
+                        execution_id,
+                        &report.resource,
+                        PublicationState::Failed,
+                        None,
+                        Some(&problem),
+                    )
+                    .await?;
+                metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "failed").increment(1);
+                Err(problem)
+            }
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! Logging set-up and the Prometheus metrics the gateway exports. Metric names live here so
+//! that `/metrics` and `docs/` have one source; stages record through the `metrics` facade.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tracing_subscriber::EnvFilter;
+
+pub const HTTP_REQUESTS: &str = "filament_http_requests_total";
+pub const ROWS_RECEIVED: &str = "filament_rows_received_total";
+pub const BYTES_RECEIVED: &str = "filament_bytes_received_total";
+pub const BATCHES_QUEUED: &str = "filament_batches_queued_total";
+pub const APPENDS: &str = "filament_appends_total";
+pub const ROWS_APPENDED: &str = "filament_rows_appended_total";
+pub const PUBLICATIONS: &str = "filament_publications_total";
+pub const EXECUTIONS_FINISHED: &str = "filament_executions_finished_total";
+
+/// Logs go to stderr (stdout carries the start-up line with the bound address). `RUST_LOG`
+/// overrides the default `info` filter.
+pub fn init_logging(format: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // A second initialisation (tests) keeps the first subscriber.
+    let _ = if format == "json" { builder.json().try_init() } else { builder.try_init() };
+}
+
+/// Installs the Prometheus recorder once per process and returns the handle `/metrics` renders.
+pub fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            // Fails only when another recorder is installed; the handle still renders ours.
+            let _ = metrics::set_global_recorder(recorder);
+            describe();
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    use metrics::{Unit, describe_counter};
+    describe_counter!(HTTP_REQUESTS, "HTTP requests answered, by method, route and status");
+    describe_counter!(ROWS_RECEIVED, Unit::Count, "Rows accepted in batch requests");
+    describe_counter!(
+        BYTES_RECEIVED,
+        Unit::Bytes,
+        "Arrow IPC bytes accepted in batch requests (after content decoding)"
+    );
+    describe_counter!(BATCHES_QUEUED, Unit::Count, "Batch requests accepted and queued for upload");
+    describe_counter!(APPENDS, Unit::Count, "AppendRows requests, by outcome");
+    describe_counter!(ROWS_APPENDED, Unit::Count, "Rows acknowledged by BigQuery");
+    describe_counter!(PUBLICATIONS, Unit::Count, "Publication query jobs, by outcome");
+    describe_counter!(EXECUTIONS_FINISHED, Unit::Count, "Executions that reached a terminal state, by state");
+}
