@@ -169,8 +169,9 @@ pub struct AppendConnection {
 impl AppendConnection {
     fn request(&self, offset: i64, payload: &AppendPayload, first: bool) -> AppendRowsRequest {
         AppendRowsRequest {
-            // The first request on a connection names the stream and carries the writer schema.
-            write_stream: if first { self.stream_name.clone() } else { String::new() },
+            // Every request names the stream (BigQuery ignores it after the first request on a
+            // connection; bqemulator requires it); only the first carries the writer schema.
+            write_stream: self.stream_name.clone(),
             offset: Some(offset),
             rows: Some(append_rows_request::Rows::ArrowRows(append_rows_request::ArrowData {
                 writer_schema: first.then(|| ArrowSchema { serialized_schema: self.serialized_schema.clone() }),

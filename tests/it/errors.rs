@@ -1,0 +1,346 @@
+//! Every error of this slice: status, stable `code`, and a database that did not change.
+
+use std::sync::Arc;
+
+use arrow_array::{Int64Array, StringArray, TimestampNanosecondArray};
+use arrow_schema::{DataType, Field, TimeUnit};
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use crate::support::arrow::{batch, ids, ipc_stream};
+use crate::support::{Gateway, GatewayOptions, assert_problem, send};
+
+/// A gateway with run `run`, resource `t` (full_append) and execution `e` extracting.
+async fn ready_gateway(options: GatewayOptions) -> Gateway {
+    let gw = Gateway::spawn_with(options).await;
+    gw.create_run("run").await;
+    gw.declare("run", "t", json!({"write_mode": "full_append"})).await;
+    let (status, _) = gw.open_execution("run", "e").await;
+    assert_eq!(status, StatusCode::CREATED);
+    gw
+}
+
+/// Runs `attempt`, asserts its problem, and asserts the database is unchanged.
+macro_rules! rejected_without_trace {
+    ($gw:expr, $status:expr, $code:expr, $attempt:expr) => {{
+        let before = $gw.db_snapshot().await;
+        let body = assert_problem($attempt, $status, $code);
+        assert_eq!($gw.db_snapshot().await, before, "a rejected request changed the state ({})", $code);
+        body
+    }};
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn missing_or_wrong_tokens_are_unauthorized() {
+    let gw = ready_gateway(GatewayOptions::default()).await;
+    rejected_without_trace!(
+        gw,
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        send(gw.unauthenticated(Method::GET, "/v1/runs/run")).await
+    );
+    rejected_without_trace!(
+        gw,
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        send(gw.unauthenticated(Method::GET, "/v1/runs/run").bearer_auth("test-token-wrong")).await
+    );
+    let response = gw.unauthenticated(Method::POST, "/v1/runs").json(&json!({})).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(response.headers()["content-type"], "application/problem+json");
+    assert_eq!(response.headers()["www-authenticate"], "Bearer");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_ids_are_not_found() {
+    let gw = ready_gateway(GatewayOptions::default()).await;
+    rejected_without_trace!(gw, StatusCode::NOT_FOUND, "not_found", gw.json(Method::GET, "/v1/runs/nope", None).await);
+    rejected_without_trace!(
+        gw,
+        StatusCode::NOT_FOUND,
+        "not_found",
+        gw.json(Method::GET, "/v1/runs/run/executions/nope", None).await
+    );
+    rejected_without_trace!(
+        gw,
+        StatusCode::NOT_FOUND,
+        "not_found",
+        gw.post_batch("run", "e", "undeclared", None, ipc_stream(&[ids(0..1)])).await
+    );
+    rejected_without_trace!(
+        gw,
+        StatusCode::NOT_FOUND,
+        "not_found",
+        gw.post_batch("run", "nope", "t", None, ipc_stream(&[ids(0..1)])).await
+    );
+    rejected_without_trace!(
+        gw,
+        StatusCode::NOT_FOUND,
+        "not_found",
+        gw.json(Method::PUT, "/v1/runs/nope/resources/t", Some(json!({"write_mode": "full_append"}))).await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_identifiers_and_dataset_ids_are_unprocessable() {
+    let gw = ready_gateway(GatewayOptions::default()).await;
+    let run =
+        |run_id: &str, dataset: &str| json!({"run_id": run_id, "destination": {"project": "demo", "dataset": dataset}});
+    rejected_without_trace!(
+        gw,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_identifier",
+        gw.json(Method::POST, "/v1/runs", Some(run("bad id!", "ds"))).await
+    );
+    for dataset in ["my-dataset", "my.dataset"] {
+        let body = rejected_without_trace!(
+            gw,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_dataset_id",
+            gw.json(Method::POST, "/v1/runs", Some(run("ok_run", dataset))).await
+        );
+        assert!(body["hint"].as_str().unwrap().contains("letters, numbers, and underscores"), "{body}");
+    }
+    rejected_without_trace!(
+        gw,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_identifier",
+        gw.json(Method::PUT, "/v1/runs/run/resources/bad%20name", Some(json!({"write_mode": "full_append"}))).await
+    );
+    for table in ["users`; DROP TABLE x", "a;b", "_filament_mine"] {
+        rejected_without_trace!(
+            gw,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_identifier",
+            gw.json(
+                Method::PUT,
+                "/v1/runs/run/resources/r2",
+                Some(json!({"table": table, "write_mode": "full_append"}))
+            )
+            .await
+        );
+    }
+    // Columns: reserved prefix and invalid names.
+    for name in ["_filament_op", "has space"] {
+        let body = ipc_stream(&[batch(
+            vec![Field::new(name, DataType::Int64, true)],
+            vec![Arc::new(Int64Array::from(vec![1]))],
+        )]);
+        rejected_without_trace!(
+            gw,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_identifier",
+            gw.post_batch("run", "e", "t", None, body).await
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn wrong_media_types_and_encodings_are_unsupported() {
+    let gw = ready_gateway(GatewayOptions::default()).await;
+    let path = "/v1/runs/run/executions/e/resources/t/batches";
+    let body = ipc_stream(&[ids(0..3)]);
+    rejected_without_trace!(
+        gw,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        send(gw.request(Method::POST, path).header("content-type", "application/json").body(body.clone())).await
+    );
+    rejected_without_trace!(
+        gw,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        send(
+            gw.request(Method::POST, path)
+                .header("content-type", "application/vnd.apache.arrow.stream")
+                .header("content-encoding", "br")
+                .body(body.clone())
+        )
+        .await
+    );
+    rejected_without_trace!(
+        gw,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        send(gw.request(Method::POST, "/v1/runs").header("content-type", "text/plain").body("{}")).await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_or_truncated_ipc_is_invalid() {
+    let gw = ready_gateway(GatewayOptions::default()).await;
+    let body = ipc_stream(&[ids(0..100)]);
+    rejected_without_trace!(
+        gw,
+        StatusCode::BAD_REQUEST,
+        "invalid_arrow_ipc",
+        gw.post_batch("run", "e", "t", None, b"definitely not an arrow stream".to_vec()).await
+    );
+    rejected_without_trace!(
+        gw,
+        StatusCode::BAD_REQUEST,
+        "invalid_arrow_ipc",
+        gw.post_batch("run", "e", "t", None, body[..body.len() - 40].to_vec()).await
+    );
+    rejected_without_trace!(
+        gw,
+        StatusCode::BAD_REQUEST,
+        "invalid_arrow_ipc",
+        gw.post_batch("run", "e", "t", None, vec![]).await
+    );
+    rejected_without_trace!(
+        gw,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        gw.json(Method::POST, "/v1/runs", Some(json!({"destination": {"project": "demo"}}))).await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_schema_change_within_a_resource_is_refused() {
+    let gw = ready_gateway(GatewayOptions::default()).await;
+    let (status, _) = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(0..5)])).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let other = batch(
+        vec![Field::new("id", DataType::Int64, false), Field::new("v", DataType::Utf8, true)],
+        vec![Arc::new(Int64Array::from(vec![1])), Arc::new(StringArray::from(vec!["x"]))],
+    );
+    let body = rejected_without_trace!(
+        gw,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "schema_mismatch",
+        gw.post_batch("run", "e", "t", None, ipc_stream(&[other])).await
+    );
+    assert!(body["detail"].as_str().unwrap().contains("Utf8"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unsupported_types_and_precision_loss_name_the_column() {
+    let gw = ready_gateway(GatewayOptions::default()).await;
+    let duration = batch(
+        vec![Field::new("elapsed", DataType::Duration(TimeUnit::Second), true)],
+        vec![Arc::new(arrow_array::DurationSecondArray::from(vec![1]))],
+    );
+    let body = rejected_without_trace!(
+        gw,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "unsupported_type",
+        gw.post_batch("run", "e", "t", None, ipc_stream(&[duration])).await
+    );
+    assert!(body["detail"].as_str().unwrap().contains("elapsed"), "{body}");
+    let nanos = batch(
+        vec![Field::new("at", DataType::Timestamp(TimeUnit::Nanosecond, None), true)],
+        vec![Arc::new(TimestampNanosecondArray::from(vec![1_000, 2_000, 3_001]))],
+    );
+    let body = rejected_without_trace!(
+        gw,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "precision_loss",
+        gw.post_batch("run", "e", "t", None, ipc_stream(&[nanos])).await
+    );
+    let detail = body["detail"].as_str().unwrap();
+    assert!(detail.contains("\"at\"") && detail.contains("row 2"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn oversized_bodies_and_rows_are_refused() {
+    let options = GatewayOptions {
+        env: vec![
+            ("FILAMENT_MAX_BATCH_BODY_BYTES".into(), "200000".into()),
+            ("FILAMENT_MAX_APPEND_REQUEST_BYTES".into(), "65536".into()),
+        ],
+        ..Default::default()
+    };
+    let gw = ready_gateway(options).await;
+    rejected_without_trace!(
+        gw,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(0..20_000)])).await
+    );
+    let mut values: Vec<String> = (0..10).map(|i| i.to_string()).collect();
+    values[6] = "x".repeat(100_000);
+    let wide = batch(vec![Field::new("s", DataType::Utf8, true)], vec![Arc::new(StringArray::from(values))]);
+    let body = rejected_without_trace!(
+        gw,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "row_too_large",
+        gw.post_batch("run", "e", "t", None, ipc_stream(&[wide])).await
+    );
+    assert!(body["detail"].as_str().unwrap().contains("row 6"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn batches_after_pause_or_commit_conflict() {
+    let gw = ready_gateway(GatewayOptions::default()).await;
+    let (status, paused) = gw.json(Method::POST, "/v1/runs/run/executions/e/pause", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(paused["state"], "paused");
+    rejected_without_trace!(
+        gw,
+        StatusCode::CONFLICT,
+        "execution_not_extracting",
+        gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(0..3)])).await
+    );
+    assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
+    rejected_without_trace!(
+        gw,
+        StatusCode::CONFLICT,
+        "execution_not_extracting",
+        gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(0..3)])).await
+    );
+    rejected_without_trace!(
+        gw,
+        StatusCode::CONFLICT,
+        "execution_not_extracting",
+        gw.json(Method::POST, "/v1/runs/run/executions/e/abort", None).await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn conflicting_definitions_and_unsupported_modes_are_refused() {
+    let gw = ready_gateway(GatewayOptions::default()).await;
+    let (status, _) = gw
+        .json(
+            Method::POST,
+            "/v1/runs",
+            Some(json!({"run_id": "run", "destination": {"project": "demo", "dataset": gw.dataset}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "the same definition again is idempotent");
+    rejected_without_trace!(
+        gw,
+        StatusCode::CONFLICT,
+        "run_conflict",
+        gw.json(
+            Method::POST,
+            "/v1/runs",
+            Some(json!({"run_id": "run", "destination": {"project": "demo", "dataset": "other"}}))
+        )
+        .await
+    );
+    rejected_without_trace!(
+        gw,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "unsupported_write_mode",
+        gw.json(
+            Method::PUT,
+            "/v1/runs/run/resources/u",
+            Some(json!({"write_mode": "full_upsert", "primary_key": ["id"]}))
+        )
+        .await
+    );
+    // Before batches a resource may be re-declared; after, changes conflict.
+    gw.declare("run", "t", json!({"write_mode": "incremental_append"})).await;
+    let (status, _) = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(0..3)])).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    rejected_without_trace!(
+        gw,
+        StatusCode::CONFLICT,
+        "resource_conflict",
+        gw.json(Method::PUT, "/v1/runs/run/resources/t", Some(json!({"write_mode": "full_append"}))).await
+    );
+    let (status, same) =
+        gw.json(Method::PUT, "/v1/runs/run/resources/t", Some(json!({"write_mode": "incremental_append"}))).await;
+    assert_eq!(status, StatusCode::OK, "{same}");
+}

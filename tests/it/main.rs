@@ -1,0 +1,8 @@
+//! The integration suite: one binary, each test spawning the real gateway against a fresh
+//! Postgres database and the bqemulator that `make test` provisions.
+
+mod support;
+
+mod append_e2e;
+mod errors;
+mod operations;

@@ -1,0 +1,97 @@
+//! Operations endpoints, auth on every `/v1` route, and the OpenAPI document's drift.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::support::arrow::{ids, ipc_stream};
+use crate::support::{Gateway, send};
+
+const OPENAPI_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json");
+
+#[test]
+fn the_checked_in_openapi_document_matches_the_handlers() {
+    let generated = filament_bigquery::api::openapi_json();
+    if std::env::var_os("UPDATE_OPENAPI").is_some() {
+        std::fs::write(OPENAPI_PATH, format!("{generated}\n")).unwrap();
+    }
+    let checked_in = std::fs::read_to_string(OPENAPI_PATH).expect("openapi/openapi.json exists");
+    assert_eq!(
+        checked_in.trim_end(),
+        generated,
+        "openapi/openapi.json is stale: run `make openapi` (or UPDATE_OPENAPI=1 cargo test)"
+    );
+    let document: Value = serde_json::from_str(&generated).unwrap();
+    assert_eq!(document["openapi"], "3.1.0");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_served_document_is_the_checked_in_one_and_every_v1_route_needs_a_token() {
+    let gw = Gateway::spawn().await;
+    let (status, served) = send(gw.unauthenticated(Method::GET, "/openapi.json")).await;
+    assert_eq!(status, StatusCode::OK);
+    let checked_in: Value = serde_json::from_str(&std::fs::read_to_string(OPENAPI_PATH).unwrap()).unwrap();
+    assert_eq!(served, checked_in);
+
+    let mut v1_operations = 0;
+    for (path, item) in served["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let method: Method = method.to_uppercase().parse().unwrap();
+            let concrete = path.replace("{run_id}", "r").replace("{execution_id}", "e").replace("{resource}", "x");
+            let response = send(gw.unauthenticated(method.clone(), &concrete)).await;
+            if path.starts_with("/v1/") {
+                v1_operations += 1;
+                assert_eq!(response.0, StatusCode::UNAUTHORIZED, "{method} {path}");
+                assert_eq!(response.1["code"], "unauthorized");
+                assert!(operation["security"].is_array(), "{method} {path} documents its security");
+            } else {
+                assert_ne!(response.0, StatusCode::UNAUTHORIZED, "{method} {path} is public");
+            }
+        }
+    }
+    assert_eq!(v1_operations, 11);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn health_readiness_and_metrics() {
+    let gw = Gateway::spawn().await;
+    let (status, body) = send(gw.unauthenticated(Method::GET, "/healthz")).await;
+    assert_eq!((status, body), (StatusCode::OK, Value::String("ok".into())));
+    let (status, ready) = send(gw.unauthenticated(Method::GET, "/readyz")).await;
+    assert_eq!(status, StatusCode::OK, "{ready}");
+    assert_eq!(ready["checks"].as_array().unwrap().len(), 2);
+
+    gw.create_run("run").await;
+    gw.declare("run", "t", json!({"write_mode": "full_append"})).await;
+    gw.open_execution("run", "e").await;
+    let (status, _) = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(0..42)])).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    gw.commit_and_wait("run", "e").await;
+    let metrics = gw.unauthenticated(Method::GET, "/metrics").send().await.unwrap().text().await.unwrap();
+    for expected in [
+        "filament_rows_received_total 42",
+        "filament_batches_queued_total 1",
+        "filament_rows_appended_total 42",
+        "filament_publications_total{outcome=\"done\"} 1",
+        "filament_appends_total{outcome=\"appended\"}",
+        "filament_http_requests_total{method=\"POST\",route=\"/v1/runs/{run_id}/executions/{execution_id}/resources/{resource}/batches\",status=\"202\"} 1",
+    ] {
+        assert!(metrics.contains(expected), "missing {expected:?} in:\n{metrics}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn readiness_fails_when_bigquery_is_unreachable() {
+    let options = crate::support::GatewayOptions {
+        env: vec![
+            ("BIGQUERY_EMULATOR_HOST".into(), "127.0.0.1:9".into()),
+            ("BIGQUERY_STORAGE_EMULATOR_HOST".into(), "127.0.0.1:9".into()),
+        ],
+        ..Default::default()
+    };
+    let gw = Gateway::spawn_with(options).await;
+    let (status, ready) = send(gw.unauthenticated(Method::GET, "/readyz")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{ready}");
+    assert_eq!(ready["checks"][0]["ok"], true);
+    assert_eq!(ready["checks"][1]["name"], "bigquery");
+    assert_eq!(ready["checks"][1]["ok"], false);
+}

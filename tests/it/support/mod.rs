@@ -1,0 +1,287 @@
+//! Test harness: spawns the real gateway binary against a fresh Postgres database and the
+//! bqemulator that `make test` started (`DATABASE_URL`, `BIGQUERY_EMULATOR_HOST`,
+//! `BIGQUERY_STORAGE_EMULATOR_HOST`), and gives tests an HTTP client, Arrow builders, a
+//! database snapshot (to prove a rejected request changed nothing) and emulator queries.
+
+#![allow(dead_code, unreachable_pub)]
+
+pub mod arrow;
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use sqlx::{Connection as _, PgConnection};
+
+/// Reads a variable `make test` sets, with a message that says how to run the suite.
+pub fn required_env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the suite with `make test`, which starts Postgres and bqemulator and exports it")
+    })
+}
+
+pub fn random_suffix() -> String {
+    hex::encode(rand::random::<[u8; 6]>())
+}
+
+fn database_url_for(admin_url: &str, database: &str) -> String {
+    let (base, query) = match admin_url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (admin_url, None),
+    };
+    let (server, _) = base.rsplit_once('/').expect("DATABASE_URL has a database path");
+    match query {
+        Some(query) => format!("{server}/{database}?{query}"),
+        None => format!("{server}/{database}"),
+    }
+}
+
+/// A gateway process with its own database; killed on drop.
+pub struct Gateway {
+    child: Child,
+    pub base_url: String,
+    pub token: String,
+    pub database_url: String,
+    pub dataset: String,
+    pub project: String,
+    pub stderr_path: std::path::PathBuf,
+    http: reqwest::Client,
+}
+
+/// Options for spawning.
+#[derive(Default, Clone)]
+pub struct GatewayOptions {
+    pub env: Vec<(String, String)>,
+    /// Reuse an existing database (restart scenarios) instead of creating one.
+    pub database_url: Option<String>,
+}
+
+impl Gateway {
+    pub async fn spawn() -> Self {
+        Self::spawn_with(GatewayOptions::default()).await
+    }
+
+    pub async fn spawn_with(options: GatewayOptions) -> Self {
+        let admin_url = required_env("DATABASE_URL");
+        let rest = required_env("BIGQUERY_EMULATOR_HOST");
+        let grpc = required_env("BIGQUERY_STORAGE_EMULATOR_HOST");
+        let suffix = random_suffix();
+        let database_url = match options.database_url {
+            Some(url) => url,
+            None => {
+                let database = format!("fbq_test_{suffix}");
+                let mut admin = PgConnection::connect(&admin_url).await.expect("connect to the admin database");
+                sqlx::query(&format!("CREATE DATABASE {database}")).execute(&mut admin).await.expect("create database");
+                database_url_for(&admin_url, &database)
+            }
+        };
+        let token = format!("test-token-{}", random_suffix());
+        let log_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let stderr_path = log_dir.join(format!("gateway-{suffix}.log"));
+        let stderr = std::fs::File::create(&stderr_path).expect("create log file");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_filament-bigquery"));
+        command
+            .arg("serve")
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("FILAMENT_LISTEN", "127.0.0.1:0")
+            .env("DATABASE_URL", &database_url)
+            .env("FILAMENT_API_TOKENS", &token)
+            .env("BIGQUERY_EMULATOR_HOST", &rest)
+            .env("BIGQUERY_STORAGE_EMULATOR_HOST", &grpc)
+            .env("RUST_LOG", "info,filament_bigquery=debug")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(stderr));
+        for (k, v) in &options.env {
+            command.env(k, v);
+        }
+        let mut child = command.spawn().expect("spawn the gateway binary");
+        let stdout = child.stdout.take().expect("stdout");
+        let first_line = tokio::task::spawn_blocking(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut line = String::new();
+            reader.read_line(&mut line).map(|_| line)
+        });
+        let line = tokio::time::timeout(Duration::from_secs(60), first_line)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("gateway did not start; log: {}", std::fs::read_to_string(&stderr_path).unwrap_or_default())
+            })
+            .expect("join")
+            .expect("read stdout");
+        let base_url = line
+            .trim()
+            .strip_prefix("filament-bigquery listening on ")
+            .unwrap_or_else(|| {
+                panic!(
+                    "unexpected first line {line:?}; log: {}",
+                    std::fs::read_to_string(&stderr_path).unwrap_or_default()
+                )
+            })
+            .to_string();
+        Self {
+            child,
+            base_url,
+            token,
+            database_url,
+            dataset: format!("t_{suffix}"),
+            project: "demo".into(),
+            stderr_path,
+            http: reqwest::Client::builder().timeout(Duration::from_secs(120)).build().expect("http client"),
+        }
+    }
+
+    /// The gateway's log so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// Kills the process abruptly (a crash), keeping its database.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base_url, path)
+    }
+
+    /// A request with the gateway's token.
+    pub fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        self.http.request(method, self.url(path)).bearer_auth(&self.token)
+    }
+
+    pub fn unauthenticated(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        self.http.request(method, self.url(path))
+    }
+
+    pub async fn json(&self, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let mut request = self.request(method, path);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        send(request).await
+    }
+
+    pub async fn post_batch(
+        &self,
+        run: &str,
+        execution: &str,
+        resource: &str,
+        seq: Option<i64>,
+        body: Vec<u8>,
+    ) -> (StatusCode, Value) {
+        let mut path = format!("/v1/runs/{run}/executions/{execution}/resources/{resource}/batches");
+        if let Some(seq) = seq {
+            path.push_str(&format!("?seq={seq}"));
+        }
+        send(self.request(Method::POST, &path).header("content-type", "application/vnd.apache.arrow.stream").body(body))
+            .await
+    }
+
+    /// Creates a run on this gateway's dataset.
+    pub async fn create_run(&self, run_id: &str) -> Value {
+        let (status, body) = self
+            .json(
+                Method::POST,
+                "/v1/runs",
+                Some(json!({"run_id": run_id, "destination": {"project": self.project, "dataset": self.dataset}})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        body
+    }
+
+    pub async fn declare(&self, run: &str, resource: &str, body: Value) -> Value {
+        let (status, body) = self.json(Method::PUT, &format!("/v1/runs/{run}/resources/{resource}"), Some(body)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body
+    }
+
+    pub async fn open_execution(&self, run: &str, execution: &str) -> (StatusCode, Value) {
+        self.json(Method::POST, &format!("/v1/runs/{run}/executions"), Some(json!({"execution_id": execution}))).await
+    }
+
+    pub async fn commit_and_wait(&self, run: &str, execution: &str) -> Value {
+        let (status, body) =
+            self.json(Method::POST, &format!("/v1/runs/{run}/executions/{execution}/commit?wait=true"), None).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body
+    }
+
+    /// Every row of every table of the gateway's database, as text: equal snapshots mean the
+    /// state did not change.
+    pub async fn db_snapshot(&self) -> String {
+        let mut connection = PgConnection::connect(&self.database_url).await.expect("connect");
+        let mut snapshot = String::new();
+        for table in [
+            "runs",
+            "resources",
+            "executions",
+            "deliveries",
+            "staging_streams",
+            "batches",
+            "checkpoints",
+            "publications",
+        ] {
+            let rows: Vec<(String,)> =
+                sqlx::query_as(&format!("SELECT to_jsonb(t)::text FROM {table} t ORDER BY to_jsonb(t)::text"))
+                    .fetch_all(&mut connection)
+                    .await
+                    .expect("snapshot query");
+            snapshot.push_str(&format!("{table}: {}\n", rows.into_iter().map(|r| r.0).collect::<Vec<_>>().join(", ")));
+        }
+        snapshot
+    }
+
+    /// Runs a query on the emulator; rows as arrays of JSON values (strings or nulls).
+    pub async fn query(&self, sql: &str) -> Vec<Vec<Value>> {
+        bigquery_query(&self.project, sql).await
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub async fn send(request: reqwest::RequestBuilder) -> (StatusCode, Value) {
+    let response = request.send().await.expect("request");
+    let status = response.status();
+    let text = response.text().await.expect("body");
+    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, value)
+}
+
+/// Asserts a problem+json answer with `status` and `code`.
+pub fn assert_problem(actual: (StatusCode, Value), status: StatusCode, code: &str) -> Value {
+    let (actual_status, body) = actual;
+    assert_eq!(actual_status, status, "{body}");
+    assert_eq!(body["code"], code, "{body}");
+    assert_eq!(body["status"], status.as_u16(), "{body}");
+    assert!(body["detail"].as_str().is_some_and(|d| !d.is_empty()), "{body}");
+    body
+}
+
+/// Queries the emulator through its REST API (jobs.query).
+pub async fn bigquery_query(project: &str, sql: &str) -> Vec<Vec<Value>> {
+    let host = required_env("BIGQUERY_EMULATOR_HOST");
+    let response = reqwest::Client::new()
+        .post(format!("http://{host}/bigquery/v2/projects/{project}/queries"))
+        .json(&json!({"query": sql, "useLegacySql": false}))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .expect("query request");
+    let status = response.status();
+    let body: Value = response.json().await.expect("query response");
+    assert!(status.is_success(), "query {sql} failed: {body}");
+    body["rows"]
+        .as_array()
+        .map(|rows| rows.iter().map(|r| r["f"].as_array().unwrap().iter().map(|c| c["v"].clone()).collect()).collect())
+        .unwrap_or_default()
+}
