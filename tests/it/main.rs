@@ -1,6 +1,9 @@
 //! The integration suite: one binary, each test spawning the real gateway against a fresh
 //! Postgres database and the bqemulator that `make test` provisions.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 mod append_e2e;
