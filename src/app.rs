@@ -55,7 +55,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         None
     };
 
-    let pipeline = Pipeline::new(bigquery.clone(), store.clone());
+    let pipeline = Pipeline::new(bigquery.clone(), store.clone(), config.pipeline_limits());
     let publisher = Publisher {
         store: store.clone(),
         bigquery: bigquery.clone(),
@@ -72,6 +72,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             max_batch_body_bytes: config.max_batch_body_bytes,
             max_append_request_bytes: config.max_append_request_bytes,
             readiness_project: config.readiness_project.clone(),
+            pending_stream_max_age: Duration::from_secs(config.pending_stream_max_age_secs),
         },
         token_digests: tokens.iter().map(|t| Sha256::digest(t.as_bytes()).into()).collect(),
         metrics: telemetry::metrics_handle(),

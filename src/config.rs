@@ -73,6 +73,40 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_MAX_APPEND_REQUEST_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_append_request_bytes: usize,
 
+    /// Queued plus in-flight encoded upload payloads, gateway-wide. When full, batch requests
+    /// wait up to `backpressure_wait_ms`, then answer 429 `backpressure`.
+    #[arg(long, env = "FILAMENT_MAX_BUFFERED_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub max_buffered_bytes: usize,
+
+    /// How long a batch request waits for room in the upload budget before answering 429.
+    #[arg(long, env = "FILAMENT_BACKPRESSURE_WAIT_MS", default_value_t = 10_000)]
+    pub backpressure_wait_ms: u64,
+
+    /// Outstanding AppendRows requests per stream (a sliding window).
+    #[arg(long, env = "FILAMENT_INFLIGHT_PER_STREAM", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub inflight_per_stream: u32,
+
+    /// Outstanding AppendRows requests across the gateway.
+    #[arg(long, env = "FILAMENT_MAX_INFLIGHT_REQUESTS", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub max_inflight_requests: u32,
+
+    /// Resources creating their tables and stream at once.
+    #[arg(long, env = "FILAMENT_MAX_CONCURRENT_PREPARES", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub max_concurrent_prepares: u32,
+
+    /// Attempts per AppendRows request (first included) before the execution fails.
+    #[arg(long, env = "FILAMENT_APPEND_MAX_ATTEMPTS", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub append_max_attempts: u32,
+
+    /// First retry delay of a failed append, in milliseconds (doubles per attempt, with jitter).
+    #[arg(long, env = "FILAMENT_APPEND_INITIAL_BACKOFF_MS", default_value_t = 200)]
+    pub append_initial_backoff_ms: u64,
+
+    /// Refuse to commit an execution whose oldest PENDING stream is older than this (BigQuery
+    /// garbage-collects uncommitted streams after about 24 hours).
+    #[arg(long, env = "FILAMENT_PENDING_STREAM_MAX_AGE_SECS", default_value_t = 23 * 3600)]
+    pub pending_stream_max_age_secs: u64,
+
     /// Project used by `/readyz` to check that the BigQuery REST API answers.
     #[arg(long, env = "FILAMENT_READINESS_PROJECT", default_value = "filament-readiness")]
     pub readiness_project: String,
@@ -89,6 +123,21 @@ pub struct ServeConfig {
 impl ServeConfig {
     pub fn query_job_timeout(&self) -> Duration {
         Duration::from_secs(self.query_job_timeout_secs)
+    }
+
+    pub fn pipeline_limits(&self) -> crate::pipeline::PipelineLimits {
+        crate::pipeline::PipelineLimits {
+            max_buffered_bytes: self.max_buffered_bytes,
+            backpressure_wait: Duration::from_millis(self.backpressure_wait_ms),
+            inflight_per_stream: self.inflight_per_stream as usize,
+            max_inflight_requests: self.max_inflight_requests as usize,
+            max_concurrent_prepares: self.max_concurrent_prepares as usize,
+            retry: crate::pipeline::retry::RetryPolicy {
+                max_attempts: self.append_max_attempts,
+                initial_backoff: Duration::from_millis(self.append_initial_backoff_ms),
+                max_backoff: Duration::from_secs(10),
+            },
+        }
     }
 
     /// Checks what clap cannot: consistent emulator settings and usable tokens.

@@ -7,6 +7,9 @@ use filament_bigquery::config::{Cli, Command};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // rustls is compiled with two crypto providers (through dependencies); pick one for the
+    // process so TLS to Google never depends on which crate asks first.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     match cli.command {
         Command::Serve(config) => {
             filament_bigquery::telemetry::init_logging(&config.log_format);

@@ -14,6 +14,13 @@ pub const APPENDS: &str = "filament_appends_total";
 pub const ROWS_APPENDED: &str = "filament_rows_appended_total";
 pub const PUBLICATIONS: &str = "filament_publications_total";
 pub const EXECUTIONS_FINISHED: &str = "filament_executions_finished_total";
+pub const BYTES_APPENDED: &str = "filament_bytes_appended_total";
+pub const APPENDS_IN_FLIGHT: &str = "filament_appends_in_flight";
+pub const BUDGET_BYTES_IN_USE: &str = "filament_upload_budget_bytes_in_use";
+pub const BACKPRESSURE_WAITS: &str = "filament_backpressure_waits_total";
+pub const BACKPRESSURE_REJECTIONS: &str = "filament_backpressure_rejections_total";
+pub const APPEND_RETRIES: &str = "filament_append_retries_total";
+pub const APPEND_LATENCY: &str = "filament_append_latency_seconds";
 
 /// Logs go to stderr (stdout carries the start-up line with the bound address). `RUST_LOG`
 /// overrides the default `info` filter.
@@ -40,7 +47,7 @@ pub fn metrics_handle() -> PrometheusHandle {
 }
 
 fn describe() {
-    use metrics::{Unit, describe_counter};
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(HTTP_REQUESTS, "HTTP requests answered, by method, route and status");
     describe_counter!(ROWS_RECEIVED, Unit::Count, "Rows accepted in batch requests");
     describe_counter!(
@@ -52,5 +59,20 @@ fn describe() {
     describe_counter!(APPENDS, Unit::Count, "AppendRows requests, by outcome");
     describe_counter!(ROWS_APPENDED, Unit::Count, "Rows acknowledged by BigQuery");
     describe_counter!(PUBLICATIONS, Unit::Count, "Publication query jobs, by outcome");
+    describe_counter!(BYTES_APPENDED, Unit::Bytes, "Uncompressed Arrow bytes acknowledged by BigQuery");
+    describe_gauge!(APPENDS_IN_FLIGHT, Unit::Count, "AppendRows requests sent and not yet answered, gateway-wide");
+    describe_gauge!(
+        BUDGET_BYTES_IN_USE,
+        Unit::Bytes,
+        "Encoded payload bytes queued or in flight (bounded by the upload budget)"
+    );
+    describe_counter!(BACKPRESSURE_WAITS, Unit::Count, "Batch requests that waited for the upload budget");
+    describe_counter!(
+        BACKPRESSURE_REJECTIONS,
+        Unit::Count,
+        "Batch requests answered 429 because the budget stayed full"
+    );
+    describe_counter!(APPEND_RETRIES, Unit::Count, "Failed AppendRows attempts that were retried, by gRPC code");
+    describe_histogram!(APPEND_LATENCY, Unit::Seconds, "From sending an AppendRows request to its response");
     describe_counter!(EXECUTIONS_FINISHED, Unit::Count, "Executions that reached a terminal state, by state");
 }

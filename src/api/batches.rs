@@ -5,6 +5,8 @@
 //! AppendRows payloads, and only then record the receipt and queue the payloads, both under
 //! the execution's gate.
 
+use std::time::Duration;
+
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -22,13 +24,18 @@ use crate::ingest::encode::{AppendPayload, REQUEST_FRAMING_BYTES, schema_message
 use crate::ingest::schema::{MappedSchema, map_schema, schema_sha256};
 use crate::ingest::{IngestError, convert};
 use crate::model::{ExecutionState, validate_resource_name};
-use crate::pipeline::{ExecutionKey, LaneTarget, staging_table_name};
+use crate::pipeline::{BatchingPolicy, ExecutionKey, LaneTarget, QueuedRows, staging_table_name};
 use crate::store::{InsertBatch, NewBatch, ReceiptRecord};
 use crate::telemetry;
 
 pub const ARROW_STREAM_CONTENT_TYPE: &str = "application/vnd.apache.arrow.stream";
 
+/// Upload batches default to 20,000 rows, about 8 MiB (the request budget) and a 10 s flush.
+const DEFAULT_BATCH_ROWS: usize = 20_000;
+const DEFAULT_FLUSH_INTERVAL_MS: u64 = 10_000;
+
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct BatchParams {
     /// 0, 1, 2, ... per resource within the current delivery; the same `seq` with the same body
     /// returns the original receipt. Assigned by the gateway when absent.
@@ -165,6 +172,9 @@ pub async fn post_batch(
         .saturating_sub(REQUEST_FRAMING_BYTES + serialized_schema.len())
         .max(1024);
     let payloads = encode_payloads(&body, &mapped, max_payload_bytes)?;
+    let encoded_bytes: usize = payloads.iter().map(|p| p.serialized_record_batch.len()).sum();
+    // Room in the upload budget first (waiting, then 429): nothing is recorded without it.
+    let permit = state.pipeline.budget.acquire(encoded_bytes, state.pipeline.limits.backpressure_wait).await?;
 
     let key = ExecutionKey { run_id: run_id.clone(), execution_id: execution_id.clone() };
     let uploads = state.pipeline.execution(&key, delivery);
@@ -205,6 +215,11 @@ pub async fn post_batch(
         }
     };
     let columns = mapped.columns.clone();
+    let batching = BatchingPolicy {
+        max_rows: run.batching.max_rows.map_or(DEFAULT_BATCH_ROWS, |rows| rows as usize),
+        max_bytes: run.batching.max_bytes.map_or(max_payload_bytes, |bytes| bytes as usize).min(max_payload_bytes),
+        flush_interval: Duration::from_millis(run.batching.flush_interval_ms.unwrap_or(DEFAULT_FLUSH_INTERVAL_MS)),
+    };
     state.pipeline.enqueue(
         &uploads,
         &resource,
@@ -220,8 +235,9 @@ pub async fn post_batch(
             staging_table,
             columns,
             serialized_schema,
+            batching,
         },
-        payloads,
+        QueuedRows { payloads, permit },
     );
     metrics::counter!(telemetry::BATCHES_QUEUED).increment(1);
     metrics::counter!(telemetry::ROWS_RECEIVED).increment(body.rows as u64);

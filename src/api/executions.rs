@@ -42,6 +42,7 @@ pub struct CheckpointResponse {
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct CommitParams {
     /// Wait for the terminal state and answer 200 with it.
     #[serde(default)]
@@ -168,8 +169,8 @@ pub async fn post_checkpoint(
     {
         return Err(not_extracting(&execution, "checkpoint"));
     }
-    // Uploads are queued as batches are accepted, so nothing is buffered here: every received
-    // row of this delivery is queued once the gate is held.
+    // With the gate held no batch is being accepted: queue what the lanes accumulated.
+    state.pipeline.flush(&uploads).await;
     let flushed_rows: i64 = state
         .store
         .resource_progress(&run_id, &execution_id, execution.delivery)
@@ -244,6 +245,7 @@ pub async fn commit_execution(
     let key = ExecutionKey { run_id: run_id.clone(), execution_id: execution_id.clone() };
     let uploads = state.pipeline.execution(&key, execution.delivery);
     let gate = uploads.gate.write().await;
+    refuse_expired_streams(&state, &execution).await?;
     let committing = state
         .store
         .transition_execution(
@@ -279,6 +281,36 @@ pub async fn commit_execution(
         Err(e) => return Err(Problem::internal(format!("commit task stopped: {e}"))),
     };
     Ok((StatusCode::OK, axum::Json(execution_view(&state.store, record).await?)))
+}
+
+/// Pending streams must be committed within 24 hours: refuse (and fail) an execution whose
+/// oldest stream is older than the configured limit, before anything is published.
+async fn refuse_expired_streams(state: &SharedState, execution: &ExecutionRecord) -> Result<(), Problem> {
+    if !matches!(execution.state, ExecutionState::Extracting | ExecutionState::Paused) {
+        return Ok(());
+    }
+    let streams =
+        state.store.list_staging_streams(&execution.run_id, &execution.execution_id, execution.delivery).await?;
+    let Some(oldest) = streams.iter().filter_map(|s| s.stream_created_at).min() else { return Ok(()) };
+    let age = chrono::Utc::now() - oldest;
+    let limit = state.settings.pending_stream_max_age;
+    if age.to_std().unwrap_or_default() <= limit {
+        return Ok(());
+    }
+    let problem = Problem::new(
+        ErrorCode::PendingStreamExpired,
+        format!(
+            "the execution's oldest pending stream is {} minutes old, beyond the {}-minute limit; BigQuery discards uncommitted streams after about 24 hours",
+            age.num_minutes(),
+            limit.as_secs() / 60
+        ),
+    )
+    .with_hint("deliver the execution again and commit it sooner");
+    state
+        .pipeline
+        .cancel(&ExecutionKey { run_id: execution.run_id.clone(), execution_id: execution.execution_id.clone() });
+    state.store.fail_execution(&execution.run_id, &execution.execution_id, execution.delivery, &problem).await?;
+    Err(problem)
 }
 
 /// Polls until another request's commit ends.

@@ -39,6 +39,7 @@ pub struct ApiSettings {
     pub max_batch_body_bytes: usize,
     pub max_append_request_bytes: usize,
     pub readiness_project: String,
+    pub pending_stream_max_age: std::time::Duration,
 }
 
 /// Shared state of every handler.

@@ -151,86 +151,79 @@ impl WriteClient {
         Ok(stream.commit_time.is_some())
     }
 
-    /// A new AppendRows connection for one stream. Nothing is sent until the first append.
-    pub fn append_connection(&self, stream_name: &str, serialized_schema: Bytes) -> AppendConnection {
-        AppendConnection { client: self.clone(), stream_name: stream_name.to_string(), serialized_schema, open: None }
+    /// Opens an AppendRows call whose first requests are `first` (queued before the call starts:
+    /// some servers send response headers only once they have a message). Later requests go
+    /// through the returned sender; responses arrive in request order, one each.
+    pub async fn open_append_connection(
+        &self,
+        stream_name: &str,
+        first: Vec<AppendRowsRequest>,
+    ) -> BigQueryResult<AppendConnection> {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        for request in first {
+            sender.send(request).map_err(|_| BigQueryError::Connect("request channel closed".into()))?;
+        }
+        let request = self
+            .request(tokio_stream::wrappers::UnboundedReceiverStream::new(receiver), "write_stream", stream_name)
+            .await?;
+        let responses =
+            self.client().append_rows(request).await.map_err(BigQueryError::grpc("AppendRows"))?.into_inner();
+        Ok(AppendConnection { sender, responses })
     }
 }
 
-/// One bidirectional AppendRows call. Requests are answered in order, one response each.
+/// One bidirectional AppendRows call. Dropping it stops both sending and receiving.
 #[derive(Debug)]
 pub struct AppendConnection {
-    client: WriteClient,
-    stream_name: String,
-    serialized_schema: Bytes,
-    open: Option<(mpsc::Sender<AppendRowsRequest>, tonic::Streaming<AppendRowsResponse>)>,
+    sender: mpsc::UnboundedSender<AppendRowsRequest>,
+    responses: tonic::Streaming<AppendRowsResponse>,
 }
 
 impl AppendConnection {
-    fn request(&self, offset: i64, payload: &AppendPayload, first: bool) -> AppendRowsRequest {
-        AppendRowsRequest {
-            // Every request names the stream (BigQuery ignores it after the first request on a
-            // connection; bqemulator requires it); only the first carries the writer schema.
-            write_stream: self.stream_name.clone(),
-            offset: Some(offset),
-            rows: Some(append_rows_request::Rows::ArrowRows(append_rows_request::ArrowData {
-                writer_schema: first.then(|| ArrowSchema { serialized_schema: self.serialized_schema.clone() }),
-                rows: Some(ArrowRecordBatch {
-                    serialized_record_batch: payload.serialized_record_batch.clone(),
-                    ..Default::default()
-                }),
-            })),
-            ..Default::default()
-        }
+    pub fn send(&self, request: AppendRowsRequest) -> BigQueryResult<()> {
+        self.sender.send(request).map_err(|_| BigQueryError::Grpc {
+            operation: "AppendRows",
+            status: tonic::Status::unavailable("the AppendRows connection closed"),
+        })
     }
 
-    /// Appends `payload` at row `offset` and waits for its response.
-    pub async fn append(&mut self, offset: i64, payload: &AppendPayload) -> BigQueryResult<AppendAck> {
-        if self.open.is_none() {
-            let (sender, receiver) = mpsc::channel(4);
-            // Queue the first request before starting the call: some servers send response
-            // headers only once they have a message.
-            let first = self.request(offset, payload, true);
-            sender.send(first).await.map_err(|_| BigQueryError::Connect("request channel closed".into()))?;
-            let request = self
-                .client
-                .request(tokio_stream::wrappers::ReceiverStream::new(receiver), "write_stream", &self.stream_name)
-                .await?;
-            let responses = self
-                .client
-                .client()
-                .append_rows(request)
-                .await
-                .map_err(BigQueryError::grpc("AppendRows"))?
-                .into_inner();
-            self.open = Some((sender, responses));
-        } else if let Some((sender, _)) = &self.open {
-            let next = self.request(offset, payload, false);
-            sender.send(next).await.map_err(|_| BigQueryError::Connect("AppendRows connection closed".into()))?;
+    /// The next response; a closed stream is an `UNAVAILABLE` error (retryable).
+    pub async fn next_response(&mut self) -> BigQueryResult<AppendRowsResponse> {
+        match self.responses.message().await {
+            Ok(Some(response)) => Ok(response),
+            Ok(None) => Err(BigQueryError::Grpc {
+                operation: "AppendRows",
+                status: tonic::Status::unavailable("the server closed the AppendRows stream"),
+            }),
+            Err(status) => Err(BigQueryError::Grpc { operation: "AppendRows", status }),
         }
-        let Some((_, responses)) = self.open.as_mut() else {
-            return Err(BigQueryError::Connect("AppendRows connection not open".into()));
-        };
-        let response = match responses.message().await {
-            Ok(Some(response)) => response,
-            Ok(None) => {
-                self.open = None;
-                return Err(BigQueryError::Grpc {
-                    operation: "AppendRows",
-                    status: tonic::Status::unavailable("the server closed the AppendRows stream"),
-                });
-            }
-            Err(status) => {
-                self.open = None;
-                return Err(BigQueryError::Grpc { operation: "AppendRows", status });
-            }
-        };
-        judge_append_response(offset, response)
+    }
+}
+
+/// One AppendRows request. Every request names the stream (BigQuery ignores it after the first
+/// request on a connection; bqemulator requires it); only the first carries the writer schema.
+pub fn append_request(
+    stream_name: &str,
+    writer_schema: Option<Bytes>,
+    offset: i64,
+    payload: &AppendPayload,
+) -> AppendRowsRequest {
+    AppendRowsRequest {
+        write_stream: stream_name.to_string(),
+        offset: Some(offset),
+        rows: Some(append_rows_request::Rows::ArrowRows(append_rows_request::ArrowData {
+            writer_schema: writer_schema.map(|serialized_schema| ArrowSchema { serialized_schema }),
+            rows: Some(ArrowRecordBatch {
+                serialized_record_batch: payload.serialized_record_batch.clone(),
+                ..Default::default()
+            }),
+        })),
+        ..Default::default()
     }
 }
 
 /// Judges an AppendRows response: errors inside an OK response are errors.
-fn judge_append_response(offset: i64, response: AppendRowsResponse) -> BigQueryResult<AppendAck> {
+pub fn judge_append_response(offset: i64, response: AppendRowsResponse) -> BigQueryResult<AppendAck> {
     if !response.row_errors.is_empty() {
         let rows: Vec<String> =
             response.row_errors.iter().take(5).map(|e| format!("row {}: {}", e.index, e.message)).collect();

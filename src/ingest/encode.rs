@@ -13,11 +13,13 @@ use super::IngestError;
 /// offset, field tags and lengths. Generous on purpose.
 pub const REQUEST_FRAMING_BYTES: usize = 4 * 1024;
 
-/// One AppendRows payload: a record-batch message and the number of rows it holds.
+/// One AppendRows payload: a record-batch message, the number of rows it holds and the staged
+/// rows it encodes (a zero-copy slice), which the pipeline keeps to coalesce small payloads.
 #[derive(Debug, Clone)]
 pub struct AppendPayload {
     pub rows: usize,
     pub serialized_record_batch: Bytes,
+    pub batch: Option<RecordBatch>,
 }
 
 /// One encapsulated schema message (no end-of-stream marker: the emulator, and BigQuery's
@@ -61,7 +63,7 @@ pub fn split_into_payloads(
     }
     let message = record_batch_message(batch)?;
     if message.len() <= max_payload_bytes {
-        out.push(AppendPayload { rows, serialized_record_batch: message });
+        out.push(AppendPayload { rows, serialized_record_batch: message, batch: Some(batch.clone()) });
         return Ok(());
     }
     if rows == 1 {

@@ -1,26 +1,62 @@
-//! Upload lanes: per execution and resource, an ordered queue of encoded AppendRows payloads and
-//! a worker that prepares the tables (dataset, destination, staging table, PENDING stream) on
-//! its first item and appends with explicit row offsets.
+//! The upload pipeline: per execution and resource, a lane that batches accepted rows and
+//! appends them to the resource's PENDING stream with explicit row offsets (see [`lane`]).
 //!
-//! This is the seam of the upload pipeline: the API hands each accepted batch to
-//! [`Pipeline::enqueue`]; commit calls [`Pipeline::drain`] and receives one [`LaneReport`] per
-//! resource. This first slice uploads sequentially (one outstanding append per lane); windows,
-//! the shared byte budget and retries replace [`lane::run_lane`]'s loop without changing the seam.
+//! How the limits relate (docs/architecture.md has the long form):
+//! - [`budget::ByteBudget`]: queued plus in-flight encoded payloads, gateway-wide (64 MiB by
+//!   default). Batch requests acquire it before they are recorded; acknowledgements release it.
+//! - `inflight_per_stream` (4): outstanding AppendRows requests per stream, a sliding window.
+//! - `max_inflight_requests` (8): outstanding AppendRows requests across the gateway.
+//! - `max_concurrent_prepares` (8): resources creating tables and streams at once, separate from
+//!   uploads so new tables get set up while established ones upload.
+//!
+//! The API hands each accepted batch to [`Pipeline::enqueue`], asks for [`Pipeline::flush`] at
+//! checkpoints, and commit calls [`Pipeline::drain`], receiving one [`LaneReport`] per resource.
 
+pub mod budget;
 mod lane;
+pub mod retry;
 
-pub use lane::{LaneReport, LaneTarget, STAGING_TABLE_TTL, staging_table_name, table_path};
+pub use lane::{
+    BatchingPolicy, LaneCommand, LaneContext, LaneReport, LaneTarget, QueuedRows, STAGING_TABLE_TTL,
+    staging_table_name, table_path,
+};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use tokio::sync::{RwLock, mpsc};
+use tokio::sync::{RwLock, Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::bigquery::BigQuery;
 use crate::error::Problem;
-use crate::ingest::encode::AppendPayload;
 use crate::store::Store;
+use budget::ByteBudget;
+use retry::RetryPolicy;
+
+/// Limits of the pipeline (defaults from the product contract).
+#[derive(Debug, Clone, Copy)]
+pub struct PipelineLimits {
+    pub max_buffered_bytes: usize,
+    pub backpressure_wait: Duration,
+    pub inflight_per_stream: usize,
+    pub max_inflight_requests: usize,
+    pub max_concurrent_prepares: usize,
+    pub retry: RetryPolicy,
+}
+
+impl Default for PipelineLimits {
+    fn default() -> Self {
+        Self {
+            max_buffered_bytes: 64 * 1024 * 1024,
+            backpressure_wait: Duration::from_secs(10),
+            inflight_per_stream: 4,
+            max_inflight_requests: 8,
+            max_concurrent_prepares: 8,
+            retry: RetryPolicy::default(),
+        }
+    }
+}
 
 /// Identifies one execution.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -34,8 +70,8 @@ pub struct ExecutionKey {
 pub struct ExecutionUploads {
     pub delivery: i32,
     /// Batch requests hold it shared while they check the state, record and enqueue; pause,
-    /// commit, abort and redelivery hold it exclusively while they change the state. So a batch
-    /// is either fully accepted before a transition or rejected after it.
+    /// commit, abort, checkpoints and redelivery hold it exclusively while they change the
+    /// state. So a batch is either fully accepted before a transition or rejected after it.
     pub gate: RwLock<()>,
     lanes: Mutex<HashMap<String, Lane>>,
     cancel: CancellationToken,
@@ -43,15 +79,16 @@ pub struct ExecutionUploads {
 
 #[derive(Debug)]
 struct Lane {
-    sender: mpsc::UnboundedSender<Vec<AppendPayload>>,
+    commands: mpsc::UnboundedSender<LaneCommand>,
     worker: tokio::task::JoinHandle<Result<LaneReport, Problem>>,
 }
 
-/// Owns every execution's upload lanes.
+/// Owns every execution's upload lanes and the shared limits.
 #[derive(Debug, Clone)]
 pub struct Pipeline {
-    bigquery: BigQuery,
-    store: Store,
+    context: LaneContext,
+    pub budget: ByteBudget,
+    pub limits: PipelineLimits,
     executions: Arc<Mutex<HashMap<ExecutionKey, Arc<ExecutionUploads>>>>,
 }
 
@@ -61,8 +98,28 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Pipeline {
-    pub fn new(bigquery: BigQuery, store: Store) -> Self {
-        Self { bigquery, store, executions: Arc::default() }
+    pub fn new(bigquery: BigQuery, store: Store, limits: PipelineLimits) -> Self {
+        tracing::info!(
+            compression = "gzip",
+            max_inflight_requests = limits.max_inflight_requests,
+            inflight_per_stream = limits.inflight_per_stream,
+            max_concurrent_prepares = limits.max_concurrent_prepares,
+            max_buffered_bytes = limits.max_buffered_bytes,
+            "bigquery.write.ready"
+        );
+        Self {
+            context: LaneContext {
+                bigquery,
+                store,
+                inflight_requests: Arc::new(Semaphore::new(limits.max_inflight_requests)),
+                prepares: Arc::new(Semaphore::new(limits.max_concurrent_prepares)),
+                inflight_per_stream: limits.inflight_per_stream,
+                retry: limits.retry,
+            },
+            budget: ByteBudget::new(limits.max_buffered_bytes),
+            limits,
+            executions: Arc::default(),
+        }
     }
 
     /// The uploads of the execution's current `delivery`, created on first use. A newer delivery
@@ -87,32 +144,43 @@ impl Pipeline {
         uploads
     }
 
-    /// Queues one batch request's payloads (in order) on the resource's lane, starting the lane
-    /// with `target()` on the resource's first batch. Call with the gate held shared.
+    /// Queues one batch request's rows on the resource's lane, starting the lane with
+    /// `target()` on the resource's first batch. Call with the gate held shared.
     pub fn enqueue(
         &self,
         uploads: &ExecutionUploads,
         resource: &str,
         target: impl FnOnce() -> LaneTarget,
-        payloads: Vec<AppendPayload>,
+        rows: QueuedRows,
     ) {
         let mut lanes = lock(&uploads.lanes);
         let lane = lanes.entry(resource.to_string()).or_insert_with(|| {
-            let (sender, receiver) = mpsc::unbounded_channel();
-            let worker = tokio::spawn(lane::run_lane(
-                self.bigquery.clone(),
-                self.store.clone(),
-                target(),
-                receiver,
-                uploads.cancel.clone(),
-            ));
-            Lane { sender, worker }
+            let (commands, receiver) = mpsc::unbounded_channel();
+            let worker = tokio::spawn(lane::run_lane(self.context.clone(), target(), receiver, uploads.cancel.clone()));
+            Lane { commands, worker }
         });
         // A closed lane has failed (and failed its execution) or was cancelled; `drain` reports why.
-        let _ = lane.sender.send(payloads);
+        let _ = lane.commands.send(LaneCommand::Rows(rows));
+        self.budget.record_gauge();
     }
 
-    /// Ends the uploads of an execution: closes every lane and waits for it to drain.
+    /// Queues every lane's accumulated rows for upload (checkpoints). Call with the gate held.
+    pub async fn flush(&self, uploads: &ExecutionUploads) {
+        let waits: Vec<oneshot::Receiver<()>> = lock(&uploads.lanes)
+            .values()
+            .filter_map(|lane| {
+                let (done, wait) = oneshot::channel();
+                lane.commands.send(LaneCommand::Flush(done)).ok().map(|()| wait)
+            })
+            .collect();
+        for wait in waits {
+            // A lane that ended meanwhile has nothing left to flush.
+            let _ = wait.await;
+        }
+    }
+
+    /// Ends the uploads of an execution: closes every lane (flushing what it accumulated) and
+    /// waits for it to drain.
     pub async fn drain(&self, key: &ExecutionKey, delivery: i32) -> Result<Vec<LaneReport>, Problem> {
         let uploads = match lock(&self.executions).get(key) {
             Some(u) if u.delivery == delivery => Arc::clone(u),
@@ -122,7 +190,7 @@ impl Pipeline {
         let mut reports = Vec::with_capacity(lanes.len());
         let mut first_error = None;
         for (resource, lane) in lanes {
-            drop(lane.sender);
+            drop(lane.commands);
             match lane.worker.await {
                 Ok(Ok(report)) => reports.push(report),
                 Ok(Err(problem)) => {
@@ -134,6 +202,7 @@ impl Pipeline {
                 }
             }
         }
+        self.budget.record_gauge();
         match first_error {
             Some(problem) => Err(problem),
             None => {
