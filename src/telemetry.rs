@@ -26,7 +26,11 @@ pub const APPEND_LATENCY: &str = "filament_append_latency_seconds";
 /// overrides the default `info` filter.
 pub fn init_logging(format: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    use std::io::IsTerminal as _;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     // A second initialisation (tests) keeps the first subscriber.
     let _ = if format == "json" { builder.json().try_init() } else { builder.try_init() };
 }

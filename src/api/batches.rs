@@ -174,7 +174,14 @@ pub async fn post_batch(
     let payloads = encode_payloads(&body, &mapped, max_payload_bytes)?;
     let encoded_bytes: usize = payloads.iter().map(|p| p.serialized_record_batch.len()).sum();
     // Room in the upload budget first (waiting, then 429): nothing is recorded without it.
+    let queue_started = std::time::Instant::now();
     let permit = state.pipeline.budget.acquire(encoded_bytes, state.pipeline.limits.backpressure_wait).await?;
+    let backpressure_ms = queue_started.elapsed().as_millis() as u64;
+    if backpressure_ms >= 1000 {
+        tracing::info!(%resource, phase = "queue", backpressure_ms, rows = body.rows, "bigquery.write.timing");
+    } else {
+        tracing::debug!(%resource, phase = "queue", backpressure_ms, rows = body.rows, "bigquery.write.timing");
+    }
 
     let key = ExecutionKey { run_id: run_id.clone(), execution_id: execution_id.clone() };
     let uploads = state.pipeline.execution(&key, delivery);

@@ -130,12 +130,33 @@ pub fn staging_table_name(
     format!("_filament_stg_{readable}_{hash}")
 }
 
-fn log_timing(target: &LaneTarget, phase: &'static str, duration: Duration, fields: &str) {
+/// `bigquery.write.timing` for one phase: INFO when slow, DEBUG otherwise.
+fn log_timing(target: &LaneTarget, phase: &'static str, duration: Duration) {
     let duration_ms = duration.as_millis() as u64;
     if duration >= SLOW_OPERATION {
-        tracing::info!(resource = %target.resource, phase, duration_ms, details = fields, "bigquery.write.timing");
+        tracing::info!(resource = %target.resource, phase, duration_ms, "bigquery.write.timing");
     } else {
-        tracing::debug!(resource = %target.resource, phase, duration_ms, details = fields, "bigquery.write.timing");
+        tracing::debug!(resource = %target.resource, phase, duration_ms, "bigquery.write.timing");
+    }
+}
+
+/// `bigquery.write.timing` for one acknowledged append.
+fn log_append_timing(
+    target: &LaneTarget,
+    rows: usize,
+    uncompressed_bytes: usize,
+    send: Duration,
+    response_wait: Duration,
+) {
+    let duration = send + response_wait;
+    let (duration_ms, send_ms, response_wait_ms) =
+        (duration.as_millis() as u64, send.as_millis() as u64, response_wait.as_millis() as u64);
+    if duration >= SLOW_OPERATION {
+        tracing::info!(resource = %target.resource, phase = "append", duration_ms, rows, uncompressed_bytes, send_ms,
+            response_wait_ms, "bigquery.write.timing");
+    } else {
+        tracing::debug!(resource = %target.resource, phase = "append", duration_ms, rows, uncompressed_bytes, send_ms,
+            response_wait_ms, "bigquery.write.timing");
     }
 }
 
@@ -227,9 +248,9 @@ async fn accumulate(
     }
 }
 
-async fn sleep_until_opt(deadline: Option<Instant>) {
+async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
     match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
     }
 }
@@ -240,14 +261,15 @@ struct Pending {
     permit: Option<BudgetPermit>,
     rows: usize,
     bytes: usize,
-    started: Option<Instant>,
+    /// When the oldest accumulated rows arrived (tokio's clock, so tests can pause time).
+    started: Option<tokio::time::Instant>,
 }
 
 impl Pending {
     fn push(&mut self, payload: AppendPayload, permit: BudgetPermit) {
         self.rows += payload.rows;
         self.bytes += payload.serialized_record_batch.len();
-        self.started.get_or_insert_with(Instant::now);
+        self.started.get_or_insert_with(tokio::time::Instant::now);
         match self.permit.as_mut() {
             Some(held) => held.merge(permit),
             None => self.permit = Some(permit),
@@ -344,7 +366,7 @@ async fn prepare(context: &LaneContext, target: &LaneTarget) -> Result<String, P
         .store
         .set_stream_name(&target.run_id, &target.execution_id, target.delivery, &target.resource, &stream_name)
         .await?;
-    log_timing(target, "prepare", started.elapsed(), "");
+    log_timing(target, "prepare", started.elapsed());
     Ok(stream_name)
 }
 
@@ -398,9 +420,7 @@ async fn upload(
                         }).increment(1);
                         metrics::counter!(telemetry::ROWS_APPENDED).increment(done.upload.rows as u64);
                         metrics::counter!(telemetry::BYTES_APPENDED).increment(done.upload.message.len() as u64);
-                        log_timing(target, "append", done.send_duration + response_wait, &format!(
-                            "rows={} uncompressed_bytes={} send_ms={} response_wait_ms={}",
-                            done.upload.rows, done.upload.message.len(), done.send_duration.as_millis(), response_wait.as_millis()));
+                        log_append_timing(target, done.upload.rows, done.upload.message.len(), done.send_duration, response_wait);
                         acknowledged_rows += done.upload.rows as i64;
                         // Retire the request: its payload and budget are released here.
                         drop(done);
@@ -547,7 +567,62 @@ fn grpc_code_name(code: i32) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    use arrow_array::Int64Array;
+    use arrow_schema::{DataType, Field, Schema};
+
     use super::*;
+
+    fn payload(first_id: i64, rows: usize) -> AppendPayload {
+        let batch = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)])),
+            vec![Arc::new(Int64Array::from_iter_values(first_id..first_id + rows as i64))],
+        )
+        .unwrap();
+        AppendPayload { rows, serialized_record_batch: record_batch_message(&batch).unwrap(), batch: Some(batch) }
+    }
+
+    fn rows(payloads: Vec<AppendPayload>) -> LaneCommand {
+        LaneCommand::Rows(QueuedRows { payloads, permit: BudgetPermit::empty() })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn small_rows_wait_for_the_flush_interval_or_the_row_limit() {
+        let policy = BatchingPolicy { max_rows: 100, max_bytes: 1 << 20, flush_interval: Duration::from_secs(10) };
+        let (commands, receiver) = mpsc::unbounded_channel();
+        let (uploads_tx, mut uploads) = mpsc::unbounded_channel();
+        tokio::spawn(accumulate(policy, receiver, uploads_tx));
+
+        for i in 0..3 {
+            commands.send(rows(vec![payload(i * 10, 10)])).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(9_900)).await;
+        assert!(uploads.try_recv().is_err(), "nothing before the flush interval");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let upload = uploads.try_recv().expect("flushed after 10 s");
+        assert_eq!(upload.rows, 30, "the three requests were coalesced into one upload");
+
+        // The row limit flushes without waiting: 10 x 10 rows fill one batch of 100.
+        for i in 0..11 {
+            commands.send(rows(vec![payload(100 + i * 10, 10)])).unwrap();
+        }
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(uploads.try_recv().expect("full batch").rows, 100);
+        assert!(uploads.try_recv().is_err(), "the 11th request waits for more rows");
+
+        // A flush (checkpoint) queues what is left and then answers.
+        let (done, flushed) = oneshot::channel();
+        commands.send(LaneCommand::Flush(done)).unwrap();
+        flushed.await.unwrap();
+        assert_eq!(uploads.try_recv().expect("flushed remainder").rows, 10);
+
+        // Payloads of at least half a batch go out as they are, in order.
+        commands.send(rows(vec![payload(0, 5), payload(5, 60)])).unwrap();
+        drop(commands);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let sizes: Vec<usize> = std::iter::from_fn(|| uploads.try_recv().ok()).map(|u| u.rows).collect();
+        assert_eq!(sizes, [5, 60]);
+    }
 
     #[test]
     fn staging_names_are_reserved_unique_and_valid() {

@@ -9,3 +9,4 @@ mod support;
 mod append_e2e;
 mod errors;
 mod operations;
+mod pipeline;

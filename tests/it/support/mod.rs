@@ -6,6 +6,8 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod arrow;
+pub mod fake_write;
+pub mod proxy;
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};

@@ -1,0 +1,69 @@
+//! A TCP proxy that forwards to a target and cuts connections at chosen points: connection
+//! number `n` is closed (both directions) once it has carried `cut_after[n]` bytes toward the
+//! target; connections past the list are never cut.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+
+pub struct CuttingProxy {
+    pub address: String,
+    cuts: Arc<AtomicUsize>,
+}
+
+impl CuttingProxy {
+    pub async fn start(target: &str, cut_after: Vec<usize>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let cuts = Arc::new(AtomicUsize::new(0));
+        let target = target.to_string();
+        let counter = Arc::clone(&cuts);
+        tokio::spawn(async move {
+            let mut connection = 0usize;
+            while let Ok((client, _)) = listener.accept().await {
+                let limit = cut_after.get(connection).copied();
+                connection += 1;
+                let target = target.clone();
+                let counter = Arc::clone(&counter);
+                tokio::spawn(async move {
+                    let Ok(server) = TcpStream::connect(&target).await else { return };
+                    let (mut client_read, mut client_write) = client.into_split();
+                    let (mut server_read, mut server_write) = server.into_split();
+                    let upstream = async {
+                        let mut sent = 0usize;
+                        let mut buffer = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = match client_read.read(&mut buffer).await {
+                                Ok(0) | Err(_) => return false,
+                                Ok(n) => n,
+                            };
+                            if server_write.write_all(&buffer[..n]).await.is_err() {
+                                return false;
+                            }
+                            sent += n;
+                            if limit.is_some_and(|limit| sent >= limit) {
+                                return true;
+                            }
+                        }
+                    };
+                    let downstream = tokio::io::copy(&mut server_read, &mut client_write);
+                    // Whichever side ends first, both directions stop (the sockets drop).
+                    let cut = tokio::select! {
+                        cut = upstream => cut,
+                        _ = downstream => false,
+                    };
+                    if cut {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+        Self { address, cuts }
+    }
+
+    pub fn cuts(&self) -> usize {
+        self.cuts.load(Ordering::SeqCst)
+    }
+}
