@@ -131,6 +131,7 @@ async fn lost_responses_and_dropped_connections_neither_lose_nor_duplicate_rows(
         AppendFault::CloseBeforeApply,
         AppendFault::Delay(Duration::ZERO),
         AppendFault::DropResponseAfterApply,
+        AppendFault::Status(tonic::Code::ResourceExhausted),
     ]);
     let gw = gateway_on_fake(&fake, &[]).await;
     prepare_run(&gw, json!({"max_rows": 10}), &["t"]).await;
@@ -162,16 +163,22 @@ async fn lost_responses_and_dropped_connections_neither_lose_nor_duplicate_rows(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn permanent_append_errors_fail_the_execution() {
-    for (code, name) in [(3, "INVALID_ARGUMENT"), (11, "OUT_OF_RANGE")] {
+    let cases = [
+        (AppendFault::InResponseError(3), "INVALID_ARGUMENT"),
+        (AppendFault::InResponseError(11), "OUT_OF_RANGE"),
+        (AppendFault::Status(tonic::Code::PermissionDenied), "PERMISSION_DENIED"),
+    ];
+    for (fault, name) in cases {
         let fake = FakeWrite::start().await;
-        fake.script([AppendFault::InResponseError(code)]);
+        fake.script([fault]);
         let gw = gateway_on_fake(&fake, &[]).await;
         prepare_run(&gw, json!({}), &["t"]).await;
         post_ok(&gw, "t", 0..10).await;
         let (status, body) = gw.json(Method::POST, "/v1/runs/run/executions/e/commit?wait=true", None).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         assert_eq!(body["state"], "failed", "{name}: {body}");
-        assert_eq!(body["error"]["code"], "upload_failed", "{name}: {body}");
+        let expected = if name == "PERMISSION_DENIED" { "permission_denied" } else { "upload_failed" };
+        assert_eq!(body["error"]["code"], expected, "{name}: {body}");
         assert!(gw.logs().contains("retryable=false"), "{name}");
         assert_eq!(fake.with(|s| s.append_requests), 1, "{name}: no retry of a permanent error");
     }
@@ -254,6 +261,7 @@ async fn the_byte_budget_bounds_memory_and_answers_429_instead_of_buffering() {
                     let (status, response) = gw.post_batch("run", "e", "t", Some(batch), body.clone()).await;
                     if status == StatusCode::TOO_MANY_REQUESTS {
                         assert_eq!(response["code"], "backpressure");
+                        assert_eq!(response["status"], 429);
                         rejected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
@@ -302,4 +310,37 @@ async fn connections_cut_mid_stream_to_the_emulator_still_load_every_row_once() 
         gw.query(&format!("SELECT COUNT(*), COUNT(DISTINCT id), MIN(id), MAX(id) FROM {}.t", gw.dataset)).await;
     let counts: Vec<i64> = counts[0].iter().map(|v| v.as_str().unwrap().parse().unwrap()).collect();
     assert_eq!(counts, [200_000, 200_000, 0, 199_999]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_commit_response_is_resolved_by_asking_bigquery() {
+    let fake = FakeWrite::start().await;
+    fake.with(|s| s.lose_commit_response = true);
+    let gw = gateway_on_fake(&fake, &[]).await;
+    prepare_run(&gw, json!({}), &["t"]).await;
+    post_ok(&gw, "t", 0..50).await;
+    let committed = gw.commit_and_wait("run", "e").await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+    assert_eq!(fake.with(|s| s.get_write_stream_calls), 1, "the commit was checked, not redone");
+    assert_exact_stream(&fake.stream_for("_filament_stg_t_"), 0..50);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn commit_refuses_pending_streams_older_than_the_limit() {
+    let fake = FakeWrite::start().await;
+    let gw = gateway_on_fake(&fake, &[("FILAMENT_PENDING_STREAM_MAX_AGE_SECS", "0")]).await;
+    prepare_run(&gw, json!({}), &["t"]).await;
+    post_ok(&gw, "t", 0..5).await;
+    // Wait until the stream exists (and is thus older than 0 s).
+    while fake.with(|s| s.streams.is_empty()) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (status, body) = gw.json(Method::POST, "/v1/runs/run/executions/e/commit", None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["code"], "pending_stream_expired");
+    let (_, execution) = gw.json(Method::GET, "/v1/runs/run/executions/e", None).await;
+    assert_eq!(execution["state"], "failed");
+    assert_eq!(execution["error"]["code"], "pending_stream_expired");
+    assert!(!fake.stream_for("_filament_stg_t_").committed);
 }

@@ -38,6 +38,8 @@ pub enum AppendFault {
     DropResponseAfterApply,
     /// Break the connection before applying.
     CloseBeforeApply,
+    /// End the call with this gRPC status before applying.
+    Status(tonic::Code),
 }
 
 #[derive(Debug, Default, Clone)]
@@ -68,6 +70,9 @@ pub struct FakeState {
     pub max_creates_in_progress: usize,
     pub connections: usize,
     pub append_requests: usize,
+    /// Commit the streams, then answer the BatchCommit call with UNAVAILABLE (a lost response).
+    pub lose_commit_response: bool,
+    pub get_write_stream_calls: usize,
 }
 
 /// Handle to a running fake.
@@ -183,6 +188,9 @@ impl tower::Service<http::Request<tonic::body::Body>> for WriteService {
                                 }
                                 stream.committed = true;
                             }
+                            if s.lose_commit_response {
+                                return Err(Status::unavailable("fake: commit response lost"));
+                            }
                             Ok(Response::new(BatchCommitWriteStreamsResponse {
                                 commit_time: Some(prost_types::Timestamp { seconds: 1, nanos: 0 }),
                                 stream_errors: vec![],
@@ -195,7 +203,8 @@ impl tower::Service<http::Request<tonic::body::Body>> for WriteService {
                     let svc = tower::service_fn(move |r: Request<GetWriteStreamRequest>| {
                         let state = Arc::clone(&state);
                         async move {
-                            let s = state.lock().unwrap();
+                            let mut s = state.lock().unwrap();
+                            s.get_write_stream_calls += 1;
                             let stream =
                                 s.streams.get(&r.get_ref().name).ok_or_else(|| Status::not_found("no stream"))?;
                             Ok(Response::new(WriteStream {
@@ -323,6 +332,11 @@ async fn append_rows(
                 Some(AppendFault::CloseBeforeApply) => {
                     finish(&state);
                     let _ = responses.send(Err(Status::unavailable("fake: connection closed")));
+                    return;
+                }
+                Some(AppendFault::Status(code)) => {
+                    finish(&state);
+                    let _ = responses.send(Err(Status::new(*code, "fake: scripted status")));
                     return;
                 }
                 Some(AppendFault::InResponseError(code)) => {
