@@ -13,5 +13,9 @@ trap 'scripts/services.sh stop "$ENV_FILE"' EXIT
 # shellcheck disable=SC1090
 source "$ENV_FILE"
 
+TOOLS_BIN="$(dirname "$FILAMENT_TOOLS_PYTHON")"
 "$FILAMENT_TOOLS_PYTHON" -m openapi_spec_validator openapi/openapi.json
+"$TOOLS_BIN/yamllint" --strict -c .yamllint.yaml deploy docker-compose.yml .yamllint.yaml
+# Offline schema check of the Kubernetes manifests (CRDs such as PodMonitor are only linted).
+"$TOOLS_BIN/kubernetes-validate" --strict --quiet deploy/kubernetes/*.yaml
 cargo test --locked --all-targets -- --test-threads "${FILAMENT_TEST_THREADS:-4}"
