@@ -138,6 +138,8 @@ start_emulator() { # env-file mode
   log "bqemulator REST on 127.0.0.1:$rest, gRPC on 127.0.0.1:$grpc"
   echo "export BIGQUERY_EMULATOR_HOST=127.0.0.1:$rest BIGQUERY_STORAGE_EMULATOR_HOST=127.0.0.1:$grpc" >>"$1"
   echo "export FILAMENT_EMULATOR_PID=$(cat "$BUILD/bqemulator/pid-$rest")" >>"$1"
+  # Tests that may leave an emulator in a bad state (cut connections) start their own.
+  echo "export FILAMENT_BQEMULATOR_BIN=$EMULATOR_VENV/bin/bqemulator FILAMENT_BQEMULATOR_HOME=$BUILD/bqemulator-home" >>"$1"
 }
 
 cmd_start() {

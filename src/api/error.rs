@@ -17,7 +17,7 @@ impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let status = self.code.status();
         let mut body = serde_json::json!({
-            "type": format!("https://filament.dev/problems/{}", self.code.as_str()),
+            "type": format!("urn:filament:problem:{}", self.code.as_str()),
             "title": self.code.title(),
             "status": status.as_u16(),
             "detail": self.detail,

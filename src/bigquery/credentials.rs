@@ -10,11 +10,17 @@ use super::{BigQueryError, BigQueryResult};
 /// BigQuery's OAuth scope (covers the Storage Write API).
 const SCOPES: &[&str] = &["https://www.googleapis.com/auth/bigquery"];
 
-pub fn build(emulator: bool) -> anyhow::Result<Credentials> {
+/// Anonymous credentials for the emulator, otherwise Application Default Credentials. Fails
+/// here only when ADC points at something unusable (for example a missing key file); a missing
+/// ADC altogether shows when a token is first fetched ([`probe`]).
+pub fn build(emulator: bool) -> BigQueryResult<Credentials> {
     if emulator {
         return Ok(anonymous::Builder::new().build());
     }
-    Ok(Builder::default().with_scopes(SCOPES.iter().copied()).build()?)
+    Builder::default()
+        .with_scopes(SCOPES.iter().copied())
+        .build()
+        .map_err(|e| BigQueryError::Credentials(e.to_string()))
 }
 
 /// Authorization headers for one gRPC call (cached and refreshed before expiry by the crate).

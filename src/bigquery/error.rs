@@ -92,6 +92,30 @@ impl BigQueryError {
         }
     }
 
+    /// `(reason, metadata)` of the `google.rpc.ErrorInfo` details: from the REST error body
+    /// (gax also maps BigQuery's `errors[].reason` to these) or the gRPC status details.
+    pub fn error_infos(&self) -> Vec<(String, std::collections::HashMap<String, String>)> {
+        match self {
+            BigQueryError::Rest { source, .. } => source
+                .status()
+                .map(|status| {
+                    status
+                        .details
+                        .iter()
+                        .filter_map(|detail| match detail {
+                            google_cloud_gax::error::rpc::StatusDetails::ErrorInfo(info) => {
+                                Some((info.reason.clone(), info.metadata.clone()))
+                            }
+                            _ => None,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            BigQueryError::Grpc { status, .. } => grpc_error_infos(status.details()),
+            _ => Vec::new(),
+        }
+    }
+
     /// Maps the failure to the user-facing problem, recognising the failures users can fix.
     pub fn to_problem(&self, fallback: ErrorCode) -> Problem {
         let message = self.message();
@@ -105,20 +129,32 @@ impl BigQueryError {
                 "attach a service account, configure Workload Identity, or run `gcloud auth application-default login`",
             );
         }
-        if lower.contains("service_disabled") || lower.contains("has not been used in project") {
-            return Problem::new(ErrorCode::ServiceDisabled, message)
-                .with_hint("enable bigquery.googleapis.com and bigquerystorage.googleapis.com in the project");
+        let infos = self.error_infos();
+        let reasons: Vec<&str> = infos.iter().map(|(reason, _)| reason.as_str()).collect();
+        if reasons.contains(&"SERVICE_DISABLED")
+            || lower.contains("service_disabled")
+            || lower.contains("has not been used in project")
+        {
+            let service = infos
+                .iter()
+                .find_map(|(_, metadata)| metadata.get("service").cloned())
+                .unwrap_or_else(|| "bigquerystorage.googleapis.com".to_string());
+            return Problem::new(ErrorCode::ServiceDisabled, message).with_hint(format!(
+                "enable {service} in the project (the gateway needs bigquery.googleapis.com and bigquerystorage.googleapis.com): gcloud services enable {service}"
+            ));
         }
+        // From datasets.get (HTTP 404) or a job's errorResult ("notFound").
         if lower.contains("not found: dataset") && lower.contains("in location") {
             return Problem::new(ErrorCode::DatasetLocationMismatch, message).with_hint(
                 "the dataset lives in another location: set the run's location to match it, or leave it empty",
             );
         }
         let permission = self.http_status() == Some(403)
+            || reasons.iter().any(|r| matches!(*r, "accessDenied" | "IAM_PERMISSION_DENIED"))
             || matches!(self, BigQueryError::Grpc { status, .. } if status.code() == tonic::Code::PermissionDenied);
-        if permission || lower.contains("permission") && lower.contains("denied") {
+        if permission {
             return Problem::new(ErrorCode::PermissionDenied, message).with_hint(
-                "grant the gateway's credential roles/bigquery.jobUser on the project and roles/bigquery.dataEditor on the dataset",
+                "grant the gateway's credential roles/bigquery.jobUser on the project and roles/bigquery.dataEditor on the dataset (creating a dataset needs the project-level grant)",
             );
         }
         if self.is_retryable() && fallback == ErrorCode::BigqueryError {
@@ -126,6 +162,20 @@ impl BigQueryError {
         }
         Problem::new(fallback, message)
     }
+}
+
+/// Decodes `ErrorInfo`s from gRPC status details (a serialized `google.rpc.Status`).
+fn grpc_error_infos(details: &[u8]) -> Vec<(String, std::collections::HashMap<String, String>)> {
+    use googleapis_tonic_google_rpc::google::rpc::{ErrorInfo, Status};
+    use prost::Message as _;
+    let Ok(status) = Status::decode(details) else { return Vec::new() };
+    status
+        .details
+        .iter()
+        .filter(|any| any.type_url.ends_with("google.rpc.ErrorInfo"))
+        .filter_map(|any| ErrorInfo::decode(any.value.as_ref()).ok())
+        .map(|info| (info.reason, info.metadata.into_iter().collect()))
+        .collect()
 }
 
 pub type BigQueryResult<T> = Result<T, BigQueryError>;
@@ -145,6 +195,34 @@ mod tests {
         assert!(
             !BigQueryError::InResponse { operation: "append", code: 11, message: "out of range".into() }.is_retryable()
         );
+    }
+
+    #[test]
+    fn reads_error_info_from_grpc_status_details() {
+        use googleapis_tonic_google_rpc::google::rpc::{ErrorInfo, Status};
+        use prost::Message as _;
+        let info = ErrorInfo {
+            reason: "SERVICE_DISABLED".into(),
+            domain: "googleapis.com".into(),
+            metadata: [("service".to_string(), "bigquerystorage.googleapis.com".to_string())].into_iter().collect(),
+        };
+        let details = Status {
+            code: 7,
+            message: "denied".into(),
+            details: vec![prost_types::Any {
+                type_url: "type.googleapis.com/google.rpc.ErrorInfo".into(),
+                value: info.encode_to_vec(),
+            }],
+        };
+        let status = tonic::Status::with_details(
+            tonic::Code::PermissionDenied,
+            "Permission denied",
+            details.encode_to_vec().into(),
+        );
+        let error = BigQueryError::Grpc { operation: "CreateWriteStream", status };
+        let problem = error.to_problem(ErrorCode::UploadFailed);
+        assert_eq!(problem.code, ErrorCode::ServiceDisabled);
+        assert!(problem.hint.unwrap().contains("gcloud services enable bigquerystorage.googleapis.com"));
     }
 
     #[test]

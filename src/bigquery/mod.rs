@@ -53,7 +53,10 @@ pub struct BigQuery {
 
 impl BigQuery {
     pub async fn connect(endpoints: Endpoints) -> anyhow::Result<Self> {
-        let credentials = credentials::build(endpoints.emulator)?;
+        let credentials = credentials::build(endpoints.emulator).map_err(|e| {
+            let problem = e.to_problem(crate::error::ErrorCode::MissingCredentials);
+            anyhow::anyhow!("{}: {} (hint: {})", problem.code, problem.detail, problem.hint.unwrap_or_default())
+        })?;
         let datasets = DatasetService::builder()
             .with_endpoint(&endpoints.rest)
             .with_credentials(credentials.clone())

@@ -167,17 +167,18 @@ pub(super) async fn run_lane(
     cancel: CancellationToken,
 ) -> Result<LaneReport, Problem> {
     let (uploads_tx, uploads_rx) = mpsc::unbounded_channel();
-    let accumulator = accumulate(target.batching, commands, uploads_tx);
-    let work = async {
-        let (_, report) = tokio::join!(accumulator, upload(&context, &target, uploads_rx));
-        report
-    };
+    // Its own task: the appender must be able to fail (and fail the execution) at once, while
+    // the accumulator would otherwise wait for the lane to be drained.
+    let accumulator = tokio::spawn(accumulate(target.batching, commands, uploads_tx));
     let result = tokio::select! {
-        result = work => result,
+        result = upload(&context, &target, uploads_rx) => result,
         () = cancel.cancelled() => {
+            accumulator.abort();
             return Err(Problem::new(ErrorCode::UploadFailed, format!("uploads of resource {} were cancelled", target.resource)));
         }
     };
+    // On failure, dropping the accumulated rows returns their bytes to the budget.
+    accumulator.abort();
     if let Err(problem) = &result {
         tracing::warn!(run_id = %target.run_id, execution_id = %target.execution_id, resource = %target.resource,
             code = %problem.code, detail = %problem.detail, "upload lane failed; failing the execution");

@@ -8,5 +8,7 @@ mod support;
 
 mod append_e2e;
 mod errors;
+mod hardening;
 mod operations;
 mod pipeline;
+mod troubleshooting;

@@ -9,9 +9,10 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::support::arrow::{ids, ipc_stream};
+use crate::support::emulator::PrivateEmulator;
 use crate::support::fake_write::{AppendFault, FakeWrite};
 use crate::support::proxy::CuttingProxy;
-use crate::support::{Gateway, GatewayOptions, required_env};
+use crate::support::{Gateway, GatewayOptions};
 
 async fn gateway_on_fake(fake: &FakeWrite, extra: &[(&str, &str)]) -> Gateway {
     let mut env = vec![
@@ -57,7 +58,10 @@ fn assert_exact_stream(stream: &crate::support::fake_write::FakeStream, expected
 #[tokio::test(flavor = "multi_thread")]
 async fn windows_refill_per_acknowledgement_within_the_stream_and_global_limits() {
     let fake = FakeWrite::start().await;
-    fake.with(|s| s.table_delays.push((String::new(), Duration::from_millis(150))));
+    fake.with(|s| {
+        s.table_delays.push((String::new(), Duration::from_millis(100)));
+        s.hold_responses = true;
+    });
     let gw = gateway_on_fake(&fake, &[]).await;
     prepare_run(&gw, json!({"max_rows": 10}), &["a", "b", "c"]).await;
     for batch in 0..10 {
@@ -65,6 +69,8 @@ async fn windows_refill_per_acknowledgement_within_the_stream_and_global_limits(
             post_ok(&gw, resource, batch * 10..batch * 10 + 10).await;
         }
     }
+    // Every batch is queued; now let the fake answer, one request per 100 ms per stream.
+    fake.with(|s| s.hold_responses = false);
     let committed = gw.commit_and_wait("run", "e").await;
     assert_eq!(committed["state"], "committed", "{committed}");
     for resource in ["a", "b", "c"] {
@@ -74,15 +80,6 @@ async fn windows_refill_per_acknowledgement_within_the_stream_and_global_limits(
         assert_eq!(s.max_outstanding_per_stream, 4, "the window is 4 per stream and it is used");
         assert!(s.max_outstanding_total <= 8, "at most 8 appends in flight overall: {}", s.max_outstanding_total);
         assert!(s.max_outstanding_total > 4, "several streams upload at once: {}", s.max_outstanding_total);
-        // Refill per acknowledgement: the fake answers one request per 150 ms while the rows
-        // are all posted up front, so a refilling window sends each new request while others are
-        // still outstanding; a window that waited for all four would arrive at an empty stream.
-        for stream in s.streams.keys() {
-            let arrivals: Vec<usize> =
-                s.outstanding_at_arrival.iter().filter(|(n, _)| n == stream).map(|(_, b)| *b).collect();
-            assert_eq!(arrivals.len(), 10, "{stream}: one request per batch");
-            assert!(arrivals.iter().skip(1).all(|before| *before >= 1), "{stream}: {arrivals:?}");
-        }
     });
     let logs = gw.logs();
     for event in ["bigquery.write.ready", "bigquery.write.prepare.started", "bigquery.write.publish.started"] {
@@ -98,6 +95,30 @@ async fn windows_refill_per_acknowledgement_within_the_stream_and_global_limits(
         assert!(timing.contains(field), "{field} in {timing}");
     }
     assert!(logs.lines().any(|l| l.contains("bigquery.write.timing") && l.contains("backpressure_ms=")));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_window_refills_per_acknowledgement() {
+    let fake = FakeWrite::start().await;
+    fake.with(|s| {
+        s.table_delays.push((String::new(), Duration::from_millis(100)));
+        s.hold_responses = true;
+    });
+    let gw = gateway_on_fake(&fake, &[]).await;
+    prepare_run(&gw, json!({"max_rows": 10}), &["t"]).await;
+    for batch in 0..12 {
+        post_ok(&gw, "t", batch * 10..batch * 10 + 10).await;
+    }
+    fake.with(|s| s.hold_responses = false);
+    assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
+    assert_exact_stream(&fake.stream_for("_filament_stg_t_"), 0..120);
+    // Every batch was queued before the fake answered its first request, then it answered one
+    // per 100 ms: a window refilled per acknowledgement sends each new request while three are
+    // still outstanding; one that waited for all four would send to an empty stream.
+    let arrivals: Vec<usize> = fake.with(|s| s.outstanding_at_arrival.iter().map(|(_, before)| *before).collect());
+    assert_eq!(arrivals.len(), 12);
+    assert_eq!(&arrivals[..4], &[0, 1, 2, 3], "the window fills to four");
+    assert!(arrivals[4..].iter().all(|before| *before == 3), "refilled one by one: {arrivals:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -288,11 +309,13 @@ async fn the_byte_budget_bounds_memory_and_answers_429_instead_of_buffering() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn connections_cut_mid_stream_to_the_emulator_still_load_every_row_once() {
-    let emulator_grpc = required_env("BIGQUERY_STORAGE_EMULATOR_HOST");
+    // A private emulator: a connection cut in the middle of an append may leave it unusable.
+    let emulator = PrivateEmulator::start().await;
     // Cut the first two connections after 200 KB and 150 KB (gzip-compressed) sent toward the emulator.
-    let proxy = CuttingProxy::start(&emulator_grpc, vec![200_000, 150_000]).await;
+    let proxy = CuttingProxy::start(&emulator.grpc, vec![200_000, 150_000]).await;
     let gw = Gateway::spawn_with(GatewayOptions {
         env: vec![
+            ("BIGQUERY_EMULATOR_HOST".into(), emulator.rest.clone()),
             ("BIGQUERY_STORAGE_EMULATOR_HOST".into(), proxy.address.clone()),
             ("FILAMENT_APPEND_INITIAL_BACKOFF_MS".into(), "50".into()),
         ],

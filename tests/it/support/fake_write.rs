@@ -73,6 +73,10 @@ pub struct FakeState {
     /// Commit the streams, then answer the BatchCommit call with UNAVAILABLE (a lost response).
     pub lose_commit_response: bool,
     pub get_write_stream_calls: usize,
+    /// While set, appends are received (and counted) but not answered.
+    pub hold_responses: bool,
+    /// Answer CreateWriteStream with this status instead of creating a stream.
+    pub create_error: Option<Status>,
 }
 
 /// Handle to a running fake.
@@ -231,6 +235,9 @@ async fn create(
 ) -> Result<Response<WriteStream>, Status> {
     let delay = {
         let mut s = state.lock().unwrap();
+        if let Some(error) = s.create_error.clone() {
+            return Err(error);
+        }
         s.creates_in_progress += 1;
         s.max_creates_in_progress = s.max_creates_in_progress.max(s.creates_in_progress);
         s.create_delay
@@ -302,6 +309,9 @@ async fn append_rows(
     tokio::spawn(async move {
         let mut schema: Option<Bytes> = None;
         while let Some(request) = queue.recv().await {
+            while state.lock().unwrap().hold_responses {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             let stream_name = request.write_stream.clone();
             let Some(append_rows_request::Rows::ArrowRows(arrow)) = request.rows else {
                 let _ = responses.send(Err(Status::invalid_argument("fake: only Arrow rows")));

@@ -6,6 +6,8 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod arrow;
+pub mod emulator;
+pub mod fake_rest;
 pub mod fake_write;
 pub mod proxy;
 
@@ -49,6 +51,8 @@ pub struct Gateway {
     pub dataset: String,
     pub project: String,
     pub stderr_path: std::path::PathBuf,
+    /// REST `host:port` of the emulator this gateway uses.
+    pub emulator_rest: String,
     http: reqwest::Client,
 }
 
@@ -99,6 +103,8 @@ impl Gateway {
         for (k, v) in &options.env {
             command.env(k, v);
         }
+        let emulator_rest =
+            options.env.iter().find(|(k, _)| k == "BIGQUERY_EMULATOR_HOST").map(|(_, v)| v.clone()).unwrap_or(rest);
         let mut child = command.spawn().expect("spawn the gateway binary");
         let stdout = child.stdout.take().expect("stdout");
         let first_line = tokio::task::spawn_blocking(move || {
@@ -131,6 +137,7 @@ impl Gateway {
             dataset: format!("t_{suffix}"),
             project: "demo".into(),
             stderr_path,
+            emulator_rest,
             http: reqwest::Client::builder().timeout(Duration::from_secs(120)).build().expect("http client"),
         }
     }
@@ -138,6 +145,20 @@ impl Gateway {
     /// The gateway's log so far.
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits for the process to exit.
+    pub async fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let status = Command::new("kill").args(["-TERM", &pid]).status().expect("kill");
+        assert!(status.success());
+        for _ in 0..600 {
+            if let Some(exit) = self.child.try_wait().expect("wait") {
+                return exit;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the gateway did not exit within 60 s of SIGTERM");
     }
 
     /// Kills the process abruptly (a crash), keeping its database.
@@ -240,7 +261,7 @@ impl Gateway {
 
     /// Runs a query on the emulator; rows as arrays of JSON values (strings or nulls).
     pub async fn query(&self, sql: &str) -> Vec<Vec<Value>> {
-        bigquery_query(&self.project, sql).await
+        bigquery_query_at(&self.emulator_rest, &self.project, sql).await
     }
 }
 
@@ -269,9 +290,8 @@ pub fn assert_problem(actual: (StatusCode, Value), status: StatusCode, code: &st
     body
 }
 
-/// Queries the emulator through its REST API (jobs.query).
-pub async fn bigquery_query(project: &str, sql: &str) -> Vec<Vec<Value>> {
-    let host = required_env("BIGQUERY_EMULATOR_HOST");
+/// Queries an emulator through its REST API (jobs.query).
+pub async fn bigquery_query_at(host: &str, project: &str, sql: &str) -> Vec<Vec<Value>> {
     let response = reqwest::Client::new()
         .post(format!("http://{host}/bigquery/v2/projects/{project}/queries"))
         .json(&json!({"query": sql, "useLegacySql": false}))

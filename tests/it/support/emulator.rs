@@ -1,0 +1,51 @@
+//! A private bqemulator for tests that may leave it in a bad state (connections cut in the
+//! middle of appends), started from the virtualenv `make test` installed; killed on drop.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::required_env;
+
+pub struct PrivateEmulator {
+    child: Child,
+    pub rest: String,
+    pub grpc: String,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl PrivateEmulator {
+    pub async fn start() -> Self {
+        let (rest_port, grpc_port) = (free_port(), free_port());
+        let child = Command::new(required_env("FILAMENT_BQEMULATOR_BIN"))
+            .args(["start", "--rest-port", &rest_port.to_string(), "--grpc-port", &grpc_port.to_string()])
+            .args(["--project", "demo", "--log-level", "warning"])
+            .env("HOME", required_env("FILAMENT_BQEMULATOR_HOME"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start bqemulator");
+        let emulator = Self { child, rest: format!("127.0.0.1:{rest_port}"), grpc: format!("127.0.0.1:{grpc_port}") };
+        for address in [&emulator.rest, &emulator.grpc] {
+            let mut ready = false;
+            for _ in 0..300 {
+                if tokio::net::TcpStream::connect(address).await.is_ok() {
+                    ready = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert!(ready, "bqemulator did not listen on {address}");
+        }
+        emulator
+    }
+}
+
+impl Drop for PrivateEmulator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

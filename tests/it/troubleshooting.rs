@@ -1,0 +1,153 @@
+//! The failures users can fix, recognised from BigQuery's real error shapes wherever they occur
+//! (start-up, the connection test, a run) and answered with their code and hint.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use crate::support::arrow::{ids, ipc_stream};
+use crate::support::fake_rest::{FakeRest, RestAnswer, bigquery_error, service_disabled_info};
+use crate::support::fake_write::FakeWrite;
+use crate::support::{Gateway, GatewayOptions, required_env};
+
+async fn gateway_on_rest(fake: &FakeRest) -> Gateway {
+    Gateway::spawn_with(GatewayOptions {
+        env: vec![("BIGQUERY_EMULATOR_HOST".into(), fake.address.clone())],
+        ..Default::default()
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_connection_test_names_disabled_apis_missing_permissions_and_location_mismatches() {
+    let disabled = "BigQuery API has not been used in project 123456 before or it is disabled.";
+    let fake = FakeRest::start(vec![RestAnswer {
+        method: "POST",
+        path_contains: "/projects/disabled-project/jobs",
+        status: 403,
+        body: bigquery_error(
+            403,
+            "PERMISSION_DENIED",
+            disabled,
+            "accessDenied",
+            vec![service_disabled_info("bigquery.googleapis.com")],
+        ),
+    }])
+    .await;
+    fake.push(RestAnswer {
+        method: "POST",
+        path_contains: "/projects/locked-project/jobs",
+        status: 403,
+        body: bigquery_error(
+            403,
+            "PERMISSION_DENIED",
+            "Access Denied: Project locked-project: User does not have bigquery.jobs.create permission in project locked-project.",
+            "accessDenied",
+            vec![],
+        ),
+    });
+    fake.push(RestAnswer {
+        method: "POST",
+        path_contains: "/projects/far-project/jobs",
+        status: 404,
+        body: bigquery_error(
+            404,
+            "NOT_FOUND",
+            "Not found: Dataset far-project:raw was not found in location EU",
+            "notFound",
+            vec![],
+        ),
+    });
+    let gw = gateway_on_rest(&fake).await;
+    let test = |project: &'static str| {
+        let gw = &gw;
+        async move {
+            gw.json(Method::POST, "/v1/connections/test", Some(json!({"project": project, "location": "EU"}))).await
+        }
+    };
+
+    let (status, body) = test("disabled-project").await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert_eq!(body["code"], "service_disabled");
+    assert!(body["hint"].as_str().unwrap().contains("gcloud services enable bigquery.googleapis.com"), "{body}");
+
+    let (status, body) = test("locked-project").await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert_eq!(body["code"], "permission_denied");
+    assert!(body["detail"].as_str().unwrap().contains("bigquery.jobs.create"), "names the permission: {body}");
+    assert!(body["hint"].as_str().unwrap().contains("roles/bigquery.jobUser"), "{body}");
+
+    let (status, body) = test("far-project").await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert_eq!(body["code"], "dataset_location_mismatch");
+    assert!(body["hint"].as_str().unwrap().contains("location"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_disabled_storage_api_fails_the_run_with_its_fix() {
+    use googleapis_tonic_google_rpc::google::rpc::{ErrorInfo, Status};
+    use prost::Message as _;
+    let info = ErrorInfo {
+        reason: "SERVICE_DISABLED".into(),
+        domain: "googleapis.com".into(),
+        metadata: [("service".to_string(), "bigquerystorage.googleapis.com".to_string())].into_iter().collect(),
+    };
+    let details = Status {
+        code: 7,
+        message: "BigQuery Storage API has not been used in project 123456 before or it is disabled.".into(),
+        details: vec![prost_types::Any {
+            type_url: "type.googleapis.com/google.rpc.ErrorInfo".into(),
+            value: info.encode_to_vec(),
+        }],
+    };
+    let fake = FakeWrite::start().await;
+    fake.with(|s| {
+        s.create_error = Some(tonic::Status::with_details(
+            tonic::Code::PermissionDenied,
+            "BigQuery Storage API has not been used in project 123456 before or it is disabled.",
+            details.encode_to_vec().into(),
+        ))
+    });
+    let gw = Gateway::spawn_with(GatewayOptions {
+        env: vec![("BIGQUERY_STORAGE_EMULATOR_HOST".into(), fake.address.clone())],
+        ..Default::default()
+    })
+    .await;
+    gw.create_run("run").await;
+    gw.declare("run", "t", json!({"write_mode": "full_append"})).await;
+    gw.open_execution("run", "e").await;
+    let (status, _) = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(0..3)])).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    // The lane fails the execution as soon as stream creation is refused.
+    let mut execution = serde_json::Value::Null;
+    for _ in 0..100 {
+        execution = gw.json(Method::GET, "/v1/runs/run/executions/e", None).await.1;
+        if execution["state"] == "failed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(execution["state"], "failed", "{execution}");
+    assert_eq!(execution["error"]["code"], "service_disabled", "{execution}");
+    assert!(execution["error"]["hint"].as_str().unwrap().contains("bigquerystorage.googleapis.com"));
+    let (status, body) = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(3..6)])).await;
+    assert_eq!((status, body["code"].clone()), (StatusCode::CONFLICT, json!("execution_not_extracting")));
+}
+
+#[test]
+fn unusable_credentials_stop_the_start_with_the_fix() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_filament-bigquery"))
+        .arg("serve")
+        .env_clear()
+        .env("DATABASE_URL", required_env("DATABASE_URL"))
+        .env("FILAMENT_LISTEN", "127.0.0.1:0")
+        .env("FILAMENT_API_TOKENS", "a-token-of-sixteen-chars")
+        .env("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/key.json")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("missing_credentials"), "{stderr}");
+    assert!(stderr.contains("gcloud auth application-default login"), "{stderr}");
+}
