@@ -5,13 +5,14 @@ SHELL := /bin/bash
 ENV_RUN := build/run-services.env
 ENV_TEST := build/test-services.env
 
-.PHONY: help run test lint fmt openapi clean
+.PHONY: help run test lint fmt openapi fuzz clean
 
 help:
 	@echo "make run    build and serve the gateway on 127.0.0.1:8080 against local Postgres and bqemulator"
 	@echo "make test   provision the same and run lints, unit, integration and end-to-end tests"
 	@echo "make lint   cargo fmt --check and clippy -D warnings"
 	@echo "make openapi  regenerate openapi/openapi.json from the handlers"
+	@echo "make fuzz   run the ingest fuzz target for FUZZ_SECONDS (default 600)"
 
 run:
 	cargo build --release --locked
@@ -26,6 +27,9 @@ lint:
 
 openapi:
 	cargo run --locked -- openapi > openapi/openapi.json
+
+fuzz:
+	scripts/fuzz.sh $${FUZZ_SECONDS:-600}
 
 clean:
 	-scripts/services.sh stop $(ENV_RUN)

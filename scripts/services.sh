@@ -106,12 +106,12 @@ ensure_emulator_venv() {
 }
 
 ensure_tools_venv() {
-  local stamp="$TOOLS_VENV/.installed-2"
+  local stamp="$TOOLS_VENV/.installed-3"
   if [ ! -f "$stamp" ]; then
     log "installing the tools virtualenv into $TOOLS_VENV"
     rm -rf "$TOOLS_VENV"
     "$PYTHON" -m venv "$TOOLS_VENV"
-    "$TOOLS_VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/examples/requirements.txt" "openapi-spec-validator==0.9.0" "kubernetes-validate==1.37.0" "yamllint==1.38.0"
+    "$TOOLS_VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/examples/requirements.txt" "openapi-spec-validator==0.9.0" "kubernetes-validate==1.37.0" "yamllint==1.38.0" "schemathesis==4.32.5"
     touch "$stamp"
   fi
   echo "export FILAMENT_TOOLS_PYTHON=$TOOLS_VENV/bin/python" >>"$1"

@@ -19,3 +19,7 @@ TOOLS_BIN="$(dirname "$FILAMENT_TOOLS_PYTHON")"
 # Offline schema check of the Kubernetes manifests (CRDs such as PodMonitor are only linted).
 "$TOOLS_BIN/kubernetes-validate" --strict --quiet deploy/kubernetes/*.yaml
 cargo test --locked --all-targets -- --test-threads "${FILAMENT_TEST_THREADS:-4}"
+
+# Fuzz smoke run of the batch-ingest path on the checked-in seed corpus (bounded time);
+# `make fuzz` runs it longer. New inputs go to build/, the checked-in corpus is read-only.
+scripts/fuzz.sh "${FILAMENT_FUZZ_SECONDS:-60}"

@@ -73,10 +73,13 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             max_append_request_bytes: config.max_append_request_bytes,
             readiness_project: config.readiness_project.clone(),
             pending_stream_max_age: Duration::from_secs(config.pending_stream_max_age_secs),
+            max_uri_bytes: config.max_uri_bytes,
+            max_header_bytes: config.max_header_bytes,
         },
         token_digests: tokens.iter().map(|t| Sha256::digest(t.as_bytes()).into()).collect(),
         metrics: telemetry::metrics_handle(),
         commits: commits.clone(),
+        request_slots: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_requests as usize)),
     });
 
     let listener =

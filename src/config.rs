@@ -107,6 +107,20 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_PENDING_STREAM_MAX_AGE_SECS", default_value_t = 23 * 3600)]
     pub pending_stream_max_age_secs: u64,
 
+    /// Requests served at once; beyond it requests are shed with 503 `overloaded` (and
+    /// `Retry-After`) instead of queueing without bound.
+    #[arg(long, env = "FILAMENT_MAX_CONCURRENT_REQUESTS", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_concurrent_requests: u32,
+
+    /// Longest accepted request URI, in bytes (414 `uri_too_long` beyond).
+    #[arg(long, env = "FILAMENT_MAX_URI_BYTES", default_value_t = 4096)]
+    pub max_uri_bytes: usize,
+
+    /// Largest accepted total of request header names and values, in bytes (431
+    /// `headers_too_large` beyond).
+    #[arg(long, env = "FILAMENT_MAX_HEADER_BYTES", default_value_t = 16 * 1024)]
+    pub max_header_bytes: usize,
+
     /// Project used by `/readyz` to check that the BigQuery REST API answers.
     #[arg(long, env = "FILAMENT_READINESS_PROJECT", default_value = "filament-readiness")]
     pub readiness_project: String,

@@ -55,6 +55,9 @@ error_codes! {
     InvalidPrimaryKey => "invalid_primary_key", UNPROCESSABLE_ENTITY, "Invalid primary key";
     RowTooLarge => "row_too_large", UNPROCESSABLE_ENTITY, "Row too large";
     PayloadTooLarge => "payload_too_large", PAYLOAD_TOO_LARGE, "Payload too large";
+    UriTooLong => "uri_too_long", URI_TOO_LONG, "Request URI too long";
+    HeadersTooLarge => "headers_too_large", REQUEST_HEADER_FIELDS_TOO_LARGE, "Request headers too large";
+    Overloaded => "overloaded", SERVICE_UNAVAILABLE, "Too many concurrent requests";
     ExecutionNotExtracting => "execution_not_extracting", CONFLICT, "Execution is not extracting";
     RunConflict => "run_conflict", CONFLICT, "Run already exists with another definition";
     ResourceConflict => "resource_conflict", CONFLICT, "Resource conflicts with its declaration";

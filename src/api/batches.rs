@@ -20,9 +20,9 @@ use super::executions::load_execution;
 use super::views::Receipt;
 use crate::error::{ErrorCode, Problem};
 use crate::ingest::decode::{BodyDecoder, DecodedBody};
-use crate::ingest::encode::{AppendPayload, REQUEST_FRAMING_BYTES, schema_message, split_into_payloads};
-use crate::ingest::schema::{MappedSchema, map_schema, schema_sha256};
-use crate::ingest::{IngestError, convert};
+use crate::ingest::encode::{REQUEST_FRAMING_BYTES, schema_message};
+use crate::ingest::encode_payloads;
+use crate::ingest::schema::{map_schema, schema_sha256};
 use crate::model::{ExecutionState, validate_resource_name};
 use crate::pipeline::{BatchingPolicy, ExecutionKey, LaneTarget, QueuedRows, staging_table_name};
 use crate::store::{InsertBatch, NewBatch, ReceiptRecord};
@@ -33,6 +33,11 @@ pub const ARROW_STREAM_CONTENT_TYPE: &str = "application/vnd.apache.arrow.stream
 /// Upload batches default to 20,000 rows, about 8 MiB (the request budget) and a 10 s flush.
 const DEFAULT_BATCH_ROWS: usize = 20_000;
 const DEFAULT_FLUSH_INTERVAL_MS: u64 = 10_000;
+
+/// The batch body in OpenAPI: raw bytes of an Arrow IPC stream.
+#[derive(Debug, utoipa::ToSchema)]
+#[schema(value_type = String, format = Binary)]
+pub struct ArrowIpcStream(#[allow(dead_code)] Vec<u8>);
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -74,22 +79,6 @@ async fn decode_body(body: Body, max_body_bytes: usize) -> Result<DecodedBody, P
     Ok(decoder.finish()?)
 }
 
-/// Converts and encodes every row; nothing is queued if any row fails.
-fn encode_payloads(
-    body: &DecodedBody,
-    mapped: &MappedSchema,
-    max_payload_bytes: usize,
-) -> Result<Vec<AppendPayload>, IngestError> {
-    let mut payloads = Vec::new();
-    let mut first_row = 0;
-    for batch in &body.batches {
-        let staged = convert::to_staging(batch, mapped, first_row)?;
-        split_into_payloads(&staged, first_row, max_payload_bytes, &mut payloads)?;
-        first_row += batch.num_rows();
-    }
-    Ok(payloads)
-}
-
 fn replayed(existing: ReceiptRecord, sha256: &str) -> Result<(StatusCode, axum::Json<Receipt>), Problem> {
     if existing.arrow_ipc_sha256 == sha256 {
         Ok((StatusCode::OK, axum::Json(existing.into())))
@@ -112,7 +101,7 @@ fn replayed(existing: ReceiptRecord, sha256: &str) -> Result<(StatusCode, axum::
         ("Content-Encoding" = Option<String>, Header, description = "`gzip` or `zstd`"),
         BatchParams
     ),
-    request_body(content = Vec<u8>, content_type = "application/vnd.apache.arrow.stream", description = "An Arrow IPC stream: schema message, record batches, optional end marker"),
+    request_body(content = ArrowIpcStream, content_type = "application/vnd.apache.arrow.stream", description = "An Arrow IPC stream: schema message, record batches, optional end marker"),
     responses(
         (status = 202, description = "Accepted and queued for upload", body = Receipt),
         (status = 200, description = "Replay of an accepted `seq` with the same body: the original receipt", body = Receipt),

@@ -40,6 +40,8 @@ pub struct ApiSettings {
     pub max_append_request_bytes: usize,
     pub readiness_project: String,
     pub pending_stream_max_age: std::time::Duration,
+    pub max_uri_bytes: usize,
+    pub max_header_bytes: usize,
 }
 
 /// Shared state of every handler.
@@ -56,6 +58,8 @@ pub struct ApiState {
     pub metrics: PrometheusHandle,
     /// Commits run as tracked tasks, so shutdown can wait for them.
     pub commits: TaskTracker,
+    /// Requests being served; a request that finds none free is shed.
+    pub request_slots: Arc<tokio::sync::Semaphore>,
 }
 
 pub type SharedState = Arc<ApiState>;
@@ -141,8 +145,41 @@ pub fn router(state: SharedState) -> axum::Router {
             Problem::new(ErrorCode::MethodNotAllowed, "the route does not accept this method")
         })
         .layer(tower_http::decompression::RequestDecompressionLayer::new().pass_through_unaccepted(true))
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), protect))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// Limits that protect the service, checked before anything else: URI length, header size and
+/// concurrent requests (shed with 503 rather than queued, so memory stays bounded).
+async fn protect(State(state): State<SharedState>, request: Request, next: Next) -> Response {
+    let uri_bytes = request.uri().to_string().len();
+    if uri_bytes > state.settings.max_uri_bytes {
+        return Problem::new(
+            ErrorCode::UriTooLong,
+            format!("the request URI has {uri_bytes} bytes; at most {} are accepted", state.settings.max_uri_bytes),
+        )
+        .into_response();
+    }
+    let header_bytes: usize = request.headers().iter().map(|(name, value)| name.as_str().len() + value.len()).sum();
+    if header_bytes > state.settings.max_header_bytes {
+        return Problem::new(
+            ErrorCode::HeadersTooLarge,
+            format!(
+                "the request headers have {header_bytes} bytes; at most {} are accepted",
+                state.settings.max_header_bytes
+            ),
+        )
+        .into_response();
+    }
+    let Ok(_slot) = Arc::clone(&state.request_slots).try_acquire_owned() else {
+        let mut problem =
+            Problem::new(ErrorCode::Overloaded, "the gateway is serving as many requests as it accepts at once")
+                .with_hint("retry after the Retry-After delay, or send fewer requests in parallel");
+        problem.retry_after_secs = Some(1);
+        return problem.into_response();
+    };
+    next.run(request).await
 }
 
 async fn require_bearer_token(State(state): State<SharedState>, request: Request, next: Next) -> Response {

@@ -14,6 +14,24 @@ pub mod schema;
 
 use crate::error::{ErrorCode, Problem};
 
+/// Converts every record batch of a decoded body to the staging representation and encodes it
+/// as AppendRows payloads of at most `max_payload_bytes`; fails on the first bad value or row,
+/// so nothing of a rejected body is queued.
+pub fn encode_payloads(
+    body: &decode::DecodedBody,
+    mapped: &schema::MappedSchema,
+    max_payload_bytes: usize,
+) -> Result<Vec<encode::AppendPayload>, IngestError> {
+    let mut payloads = Vec::new();
+    let mut first_row = 0;
+    for batch in &body.batches {
+        let staged = convert::to_staging(batch, mapped, first_row)?;
+        encode::split_into_payloads(&staged, first_row, max_payload_bytes, &mut payloads)?;
+        first_row += batch.num_rows();
+    }
+    Ok(payloads)
+}
+
 /// Why a batch body was rejected. Every variant is the client's to fix; none is retryable.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum IngestError {

@@ -446,8 +446,12 @@ async fn upload(
                         // treated as not applied and replayed, in order, on a new connection.
                         drop(connection.take());
                         tokio::time::sleep(context.retry.backoff(failed_attempts)).await;
-                        connection = Some(reconnect(writer, target, &stream_name, &mut in_flight).await
-                            .map_err(|e| e.to_problem(ErrorCode::UploadFailed))?);
+                        match reconnect(writer, target, &stream_name, &mut in_flight).await {
+                            Ok(open) => connection = Some(open),
+                            // Judged on the next turn like a failed response (no connection).
+                            Err(e) if e.is_retryable() => {}
+                            Err(e) => return Err(e.to_problem(ErrorCode::UploadFailed)),
+                        }
                     }
                 }
             }

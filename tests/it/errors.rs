@@ -344,3 +344,38 @@ async fn conflicting_definitions_and_unsupported_modes_are_refused() {
         gw.json(Method::PUT, "/v1/runs/run/resources/t", Some(json!({"write_mode": "incremental_append"}))).await;
     assert_eq!(status, StatusCode::OK, "{same}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn protective_limits_answer_with_their_documented_errors() {
+    let options =
+        GatewayOptions { env: vec![("FILAMENT_MAX_CONCURRENT_REQUESTS".into(), "1".into())], ..Default::default() };
+    let gw = ready_gateway(options).await;
+    let long_path = format!("/v1/runs/{}", "r".repeat(5000));
+    rejected_without_trace!(gw, StatusCode::URI_TOO_LONG, "uri_too_long", gw.json(Method::GET, &long_path, None).await);
+    rejected_without_trace!(
+        gw,
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        "headers_too_large",
+        send(gw.request(Method::GET, "/v1/runs/run").header("x-padding", "p".repeat(20_000))).await
+    );
+    // Hold the only request slot with a batch whose body trickles in, then ask for more.
+    let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    let slow = gw
+        .request(Method::POST, "/v1/runs/run/executions/e/resources/t/batches")
+        .header("content-type", "application/vnd.apache.arrow.stream")
+        .body(reqwest::Body::wrap_stream(tokio_stream::wrappers::ReceiverStream::new(receiver)))
+        .send();
+    let slow = tokio::spawn(slow);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let before = gw.db_snapshot().await;
+    let (status, body) = gw.json(Method::GET, "/v1/runs/run", None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["code"], "overloaded");
+    sender.send(Ok(ipc_stream(&[ids(0..3)]))).await.unwrap();
+    drop(sender);
+    let response = slow.await.unwrap().unwrap();
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    assert_ne!(gw.db_snapshot().await, before, "the held request completed");
+    let (status, _) = gw.json(Method::GET, "/v1/runs/run", None).await;
+    assert_eq!(status, StatusCode::OK, "the slot was released");
+}

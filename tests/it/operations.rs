@@ -95,3 +95,24 @@ async fn readiness_fails_when_bigquery_is_unreachable() {
     assert_eq!(ready["checks"][1]["name"], "bigquery");
     assert_eq!(ready["checks"][1]["ok"], false);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn schemathesis_finds_no_server_error_and_no_undocumented_status() {
+    let python = crate::support::required_env("FILAMENT_TOOLS_PYTHON");
+    let st = std::path::Path::new(&python).with_file_name("st");
+    let gw = Gateway::spawn().await;
+    let output = tokio::process::Command::new(st)
+        .args(["run", OPENAPI_PATH, "--url", &gw.base_url])
+        .args(["-H", &format!("Authorization: Bearer {}", gw.token)])
+        .args(["--checks", "not_a_server_error,status_code_conformance", "--max-examples", "25", "--seed", "7"])
+        .env("PYTHONPATH", concat!(env!("CARGO_MANIFEST_DIR"), "/tests/schemathesis"))
+        .env("SCHEMATHESIS_HOOKS", "hooks")
+        .env("NO_COLOR", "1")
+        .output()
+        .await
+        .expect("run schemathesis");
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{report}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(report.contains("passed"), "{report}");
+    assert!(!gw.logs().contains("panicked"), "the gateway panicked");
+}

@@ -1,0 +1,27 @@
+//! The batch-ingest path on arbitrary bytes: incremental IPC decoding (in chunks whose sizes
+//! come from the input), schema validation and type mapping, staging conversion and encoding
+//! with splitting. It must never panic and never allocate beyond the body limit's order of
+//! magnitude (libFuzzer's `-rss_limit_mb` enforces the latter).
+#![no_main]
+
+use filament_bigquery::ingest::decode::BodyDecoder;
+use filament_bigquery::ingest::{encode_payloads, schema::map_schema};
+use libfuzzer_sys::fuzz_target;
+
+/// Small limits keep each run cheap; the code paths are the same as with production limits.
+const MAX_BODY_BYTES: usize = 1 << 20;
+const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&chunk_hint, body)) = data.split_first() else { return };
+    let chunk_size = usize::from(chunk_hint).max(1) * 17;
+    let mut decoder = BodyDecoder::new(MAX_BODY_BYTES);
+    for chunk in body.chunks(chunk_size) {
+        if decoder.push(bytes::Bytes::copy_from_slice(chunk)).is_err() {
+            return;
+        }
+    }
+    let Ok(decoded) = decoder.finish() else { return };
+    let Ok(mapped) = map_schema(&decoded.schema) else { return };
+    let _ = encode_payloads(&decoded, &mapped, MAX_PAYLOAD_BYTES);
+});
