@@ -10,6 +10,14 @@ async fn main() -> anyhow::Result<()> {
     // rustls is compiled with two crypto providers (through dependencies); pick one for the
     // process so TLS to Google never depends on which crate asks first.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    // Decoder panics on malformed bodies are contained and answered as invalid_arrow_ipc;
+    // keep them out of the logs. Every other panic is reported as usual.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !filament_bigquery::ingest::decode::panic_is_contained() {
+            default_hook(info);
+        }
+    }));
     match cli.command {
         Command::Serve(config) => {
             filament_bigquery::telemetry::init_logging(&config.log_format);

@@ -1,6 +1,9 @@
 //! Incremental decoding of a batch body: SHA-256 of the IPC bytes as received (after content
 //! decoding), a byte limit, and arrow-ipc's push-based [`StreamDecoder`].
 
+use std::cell::Cell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
 use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
 use arrow_ipc::reader::StreamDecoder;
@@ -8,6 +11,25 @@ use arrow_schema::SchemaRef;
 use sha2::{Digest as _, Sha256};
 
 use super::IngestError;
+
+thread_local! {
+    static CONTAINING_PANIC: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the current thread is inside a decoder call whose panics are contained (reported as
+/// `invalid_arrow_ipc`). Panic hooks use it to stay quiet for those and loud for the rest.
+pub fn panic_is_contained() -> bool {
+    CONTAINING_PANIC.with(Cell::get)
+}
+
+/// arrow-ipc panics on some malformed messages (for example buffer offsets beyond the body)
+/// instead of returning an error; bodies are untrusted, so such a panic becomes an error here.
+fn contained<T>(operation: impl FnOnce() -> T) -> Result<T, IngestError> {
+    CONTAINING_PANIC.with(|c| c.set(true));
+    let result = catch_unwind(AssertUnwindSafe(operation));
+    CONTAINING_PANIC.with(|c| c.set(false));
+    result.map_err(|_| IngestError::InvalidIpc("malformed message: buffers outside the message body".into()))
+}
 
 /// What a complete body held.
 #[derive(Debug)]
@@ -52,7 +74,7 @@ impl BodyDecoder {
         self.hasher.update(&chunk);
         let mut buffer = Buffer::from(chunk);
         while !buffer.is_empty() {
-            match self.decoder.decode(&mut buffer) {
+            match contained(|| self.decoder.decode(&mut buffer))? {
                 Ok(Some(batch)) => self.batches.push(batch),
                 Ok(None) => {}
                 Err(e) => return Err(IngestError::InvalidIpc(e.to_string())),
@@ -129,6 +151,21 @@ mod tests {
             assert_eq!(body.uncompressed_bytes, bytes.len());
             assert_eq!(body.arrow_ipc_sha256, hex::encode(Sha256::digest(&bytes)));
         }
+    }
+
+    /// Found by the fuzz target: a record batch whose buffer lies outside the message body made
+    /// arrow-ipc panic.
+    #[test]
+    fn buffers_outside_the_body_are_invalid_not_a_panic() {
+        // Fed as the fuzz target feeds it: the first byte sets the chunk size.
+        let crash = include_bytes!("../../fuzz/corpus/ingest/regression_buffer_outside_body");
+        let mut decoder = BodyDecoder::new(1 << 20);
+        let chunk_size = usize::from(crash[0]).max(1) * 17;
+        let result = crash[1..]
+            .chunks(chunk_size)
+            .try_for_each(|chunk| decoder.push(bytes::Bytes::copy_from_slice(chunk)))
+            .and_then(|()| decoder.finish().map(|_| ()));
+        assert!(matches!(result, Err(IngestError::InvalidIpc(_))), "{result:?}");
     }
 
     #[test]
