@@ -120,6 +120,18 @@ impl BigQueryError {
     pub fn to_problem(&self, fallback: ErrorCode) -> Problem {
         let message = self.message();
         let lower = message.to_ascii_lowercase();
+        // A token that could not be fetched inside a REST call is the same failure.
+        if let BigQueryError::Rest { source, .. } = self
+            && source.is_authentication()
+        {
+            return Problem::new(
+                ErrorCode::MissingCredentials,
+                format!("could not obtain Google credentials: {source}"),
+            )
+            .with_hint(
+                "attach a service account, configure Workload Identity, or run `gcloud auth application-default login`",
+            );
+        }
         if let BigQueryError::Credentials(detail) = self {
             return Problem::new(
                 ErrorCode::MissingCredentials,
