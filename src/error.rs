@@ -47,8 +47,8 @@ error_codes! {
     InvalidArrowIpc => "invalid_arrow_ipc", BAD_REQUEST, "Invalid Arrow IPC stream";
     SchemaMismatch => "schema_mismatch", UNPROCESSABLE_ENTITY, "Schema changed within the resource";
     UnsupportedType => "unsupported_type", UNPROCESSABLE_ENTITY, "Unsupported Arrow type";
-    UnsupportedWriteMode => "unsupported_write_mode", UNPROCESSABLE_ENTITY, "Write mode not supported yet";
     PrecisionLoss => "precision_loss", UNPROCESSABLE_ENTITY, "Value would lose precision";
+    InvalidValue => "invalid_value", UNPROCESSABLE_ENTITY, "Value BigQuery cannot store";
     InvalidOperation => "invalid_operation", UNPROCESSABLE_ENTITY, "Invalid operation";
     NullPrimaryKey => "null_primary_key", UNPROCESSABLE_ENTITY, "Null primary key value";
     PrimaryKeyRequired => "primary_key_required", UNPROCESSABLE_ENTITY, "Primary key required";

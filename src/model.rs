@@ -132,18 +132,18 @@ impl WriteMode {
         }
     }
 
-    /// Modes whose publication is implemented. The others answer 422 `unsupported_write_mode`
-    /// at declaration rather than silently falling back to another mode.
-    pub fn is_supported(self) -> bool {
-        matches!(self, WriteMode::FullAppend | WriteMode::IncrementalAppend)
-    }
-
-    /// Modes that need a primary key.
-    pub fn requires_primary_key(self) -> bool {
+    /// Modes published with a MERGE keyed on the primary key (which they need), folding each
+    /// key to its last operation by the staged `_filament_seq`.
+    pub fn is_merge(self) -> bool {
         matches!(
             self,
             WriteMode::FullUpsert | WriteMode::IncrementalUpsert | WriteMode::IncrementalDelete | WriteMode::CdcMerge
         )
+    }
+
+    /// Modes that need a primary key.
+    pub fn requires_primary_key(self) -> bool {
+        self.is_merge()
     }
 }
 

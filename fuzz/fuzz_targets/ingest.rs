@@ -5,12 +5,25 @@
 #![no_main]
 
 use filament_bigquery::ingest::decode::BodyDecoder;
-use filament_bigquery::ingest::{encode_payloads, schema::map_schema};
+use filament_bigquery::ingest::encode_payloads;
+use filament_bigquery::ingest::schema::{LoadSpec, map_schema};
+use filament_bigquery::model::WriteMode;
 use libfuzzer_sys::fuzz_target;
 
 /// Small limits keep each run cheap; the code paths are the same as with production limits.
 const MAX_BODY_BYTES: usize = 1 << 20;
 const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+
+const MODES: [WriteMode; 8] = [
+    WriteMode::FullAppend,
+    WriteMode::FullReplace,
+    WriteMode::IncrementalAppend,
+    WriteMode::CdcAppend,
+    WriteMode::FullUpsert,
+    WriteMode::IncrementalUpsert,
+    WriteMode::IncrementalDelete,
+    WriteMode::CdcMerge,
+];
 
 fuzz_target!(
     init: {
@@ -33,6 +46,9 @@ fuzz_target!(
         }
     }
     let Ok(decoded) = decoder.finish() else { return };
-    let Ok(mapped) = map_schema(&decoded.schema) else { return };
+    // The chunk hint also picks the write mode; keyed modes key on the first column.
+    let write_mode = MODES[usize::from(chunk_hint) % MODES.len()];
+    let primary_key: Vec<String> = decoded.schema.fields().iter().take(1).map(|f| f.name().clone()).collect();
+    let Ok(mapped) = map_schema(&decoded.schema, LoadSpec { write_mode, primary_key: &primary_key }) else { return };
     let _ = encode_payloads(&decoded, &mapped, MAX_PAYLOAD_BYTES);
 });

@@ -20,9 +20,10 @@ use super::executions::load_execution;
 use super::views::Receipt;
 use crate::error::{ErrorCode, Problem};
 use crate::ingest::decode::{BodyDecoder, DecodedBody};
+use crate::ingest::encode::stamp_seq;
 use crate::ingest::encode::{REQUEST_FRAMING_BYTES, schema_message};
 use crate::ingest::encode_payloads;
-use crate::ingest::schema::{map_schema, schema_sha256};
+use crate::ingest::schema::{LoadSpec, map_schema, schema_sha256};
 use crate::model::{ExecutionState, validate_resource_name};
 use crate::pipeline::{BatchingPolicy, ExecutionKey, LaneTarget, QueuedRows, staging_table_name};
 use crate::store::{InsertBatch, NewBatch, ReceiptRecord};
@@ -111,7 +112,7 @@ fn replayed(existing: ReceiptRecord, sha256: &str) -> Result<(StatusCode, axum::
         (status = 409, description = "`execution_not_extracting`, `batch_conflict`", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "`invalid_identifier`, `schema_mismatch`, `unsupported_type`, `precision_loss`, `row_too_large`", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "`invalid_identifier`, `schema_mismatch`, `unsupported_type`, `precision_loss`, `invalid_value`, `invalid_operation`, `invalid_primary_key`, `null_primary_key`, `row_too_large`", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 429, description = "`backpressure`: retry after `Retry-After` seconds", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
@@ -140,7 +141,8 @@ pub async fn post_batch(
     }
 
     let body = decode_body(body, state.settings.max_batch_body_bytes).await?;
-    let mapped = map_schema(&body.schema)?;
+    let spec = LoadSpec { write_mode: declared.write_mode, primary_key: &declared.primary_key };
+    let mapped = map_schema(&body.schema, spec)?;
     let canonical_schema = mapped.canonical_json();
     let canonical_schema_sha256 = schema_sha256(&canonical_schema);
     let delivery = execution.delivery;
@@ -160,7 +162,7 @@ pub async fn post_batch(
         .max_append_request_bytes
         .saturating_sub(REQUEST_FRAMING_BYTES + serialized_schema.len())
         .max(1024);
-    let payloads = encode_payloads(&body, &mapped, max_payload_bytes)?;
+    let mut payloads = encode_payloads(&body, &mapped, max_payload_bytes)?;
     let encoded_bytes: usize = payloads.iter().map(|p| p.serialized_record_batch.len()).sum();
     // Room in the upload budget first (waiting, then 429): nothing is recorded without it.
     let queue_started = std::time::Instant::now();
@@ -210,7 +212,10 @@ pub async fn post_batch(
             return Err(schema_mismatch(&resource, &recorded, &canonical_schema));
         }
     };
-    let columns = mapped.columns.clone();
+    if mapped.stages_seq {
+        // Same sizes as budgeted: only the values of `_filament_seq` change.
+        stamp_seq(&mut payloads, receipt.seq).map_err(Problem::from)?;
+    }
     let batching = BatchingPolicy {
         max_rows: run.batching.max_rows.map_or(DEFAULT_BATCH_ROWS, |rows| rows as usize),
         max_bytes: run.batching.max_bytes.map_or(max_payload_bytes, |bytes| bytes as usize).min(max_payload_bytes),
@@ -229,7 +234,8 @@ pub async fn post_batch(
             location: run.destination.location().map(str::to_string),
             destination_table: declared.table_name.clone(),
             staging_table,
-            columns,
+            destination_columns: mapped.destination_columns.clone(),
+            staging_columns: mapped.staging_columns.clone(),
             serialized_schema,
             batching,
         },

@@ -324,7 +324,8 @@ async fn wait_for_terminal(state: &SharedState, run_id: &str, execution_id: &str
     }
 }
 
-/// Abandon the execution: uploads are cancelled; nothing of it is published.
+/// Abandon the execution: uploads are cancelled; nothing of it is published. Its staging tables
+/// are deleted unless it was committing (a publication may still read them; they expire).
 #[utoipa::path(
     post, path = "/v1/runs/{run_id}/executions/{execution_id}/abort", tag = "executions", security(("bearer" = [])),
     params(("run_id" = String, Path, description = "Run id"), ("execution_id" = String, Path, description = "Execution id")),
@@ -344,6 +345,7 @@ pub async fn abort_execution(
     let key = ExecutionKey { run_id: run_id.clone(), execution_id: execution_id.clone() };
     let uploads = state.pipeline.execution(&key, execution.delivery);
     let _gate = uploads.gate.write().await;
+    let before = load_execution(&state, &run_id, &execution_id).await?;
     let aborted = state
         .store
         .transition_execution(
@@ -357,6 +359,13 @@ pub async fn abort_execution(
     match aborted {
         Some(record) => {
             state.pipeline.cancel(&key);
+            // While committing, a publication job may be reading the staging tables: they stay
+            // until they expire. Before that, nothing will read them again.
+            if before.state != ExecutionState::Committing {
+                let publisher = state.publisher.clone();
+                let (run_id, execution_id, delivery) = (run_id.clone(), execution_id.clone(), record.delivery);
+                state.commits.spawn(async move { publisher.discard_staging(&run_id, &execution_id, delivery).await });
+            }
             Ok(axum::Json(execution_view(&state.store, record).await?))
         }
         None => Err(not_extracting(&load_execution(&state, &run_id, &execution_id).await?, "abort")),

@@ -147,7 +147,7 @@ fn validate_primary_key(write_mode: WriteMode, primary_key: &[String]) -> Result
         (status = 404, description = "No such run", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 409, description = "`resource_conflict`: batches exist and the declaration changes", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "`invalid_identifier`, `unsupported_write_mode`, `primary_key_required`, `invalid_primary_key`", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "`invalid_identifier`, `primary_key_required`, `invalid_primary_key`", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
 pub async fn put_resource(
@@ -159,12 +159,6 @@ pub async fn put_resource(
     validate_resource_name(&resource)?;
     let table_name = request.table.unwrap_or_else(|| default_table_name(&resource));
     validate_table_name(&table_name)?;
-    if !request.write_mode.is_supported() {
-        return Err(Problem::new(
-            ErrorCode::UnsupportedWriteMode,
-            format!("write mode {} is not supported yet; use full_append or incremental_append", request.write_mode),
-        ));
-    }
     let primary_key = request.primary_key.unwrap_or_default();
     validate_primary_key(request.write_mode, &primary_key)?;
     load_run(&state, &run_id).await?;

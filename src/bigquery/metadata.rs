@@ -8,16 +8,52 @@ use google_cloud_bigquery_v2::model::{
 use super::{BigQuery, BigQueryError, BigQueryResult};
 use crate::ingest::schema::{BigQueryType, Column};
 
-/// A destination column as BigQuery reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExistingColumn {
-    pub name: String,
-    /// The type name as `tables.get` reports it (`INTEGER`, `STRING`, ...).
-    pub type_name: String,
+/// The field schema `tables.insert` / `tables.patch` take for a column (nested for STRUCTs).
+pub fn field_schema(column: &Column) -> TableFieldSchema {
+    let field = TableFieldSchema::new()
+        .set_name(&column.name)
+        .set_type(column.bigquery_type.type_name())
+        .set_mode(column.mode());
+    match &column.bigquery_type {
+        BigQueryType::Struct(fields) => field.set_fields(fields.iter().map(field_schema)),
+        _ => field,
+    }
 }
 
-fn field_schema(column: &Column) -> TableFieldSchema {
-    TableFieldSchema::new().set_name(&column.name).set_type(column.bigquery_type.as_str()).set_mode("NULLABLE")
+/// How an existing field reads in messages: `INTEGER`, `REPEATED STRING`, `RECORD<a STRING>`.
+pub fn describe_field(field: &TableFieldSchema) -> String {
+    let mut text = String::new();
+    if field.mode.eq_ignore_ascii_case("REPEATED") {
+        text.push_str("REPEATED ");
+    }
+    text.push_str(&field.r#type);
+    if !field.fields.is_empty() {
+        let inner: Vec<String> = field.fields.iter().map(|f| format!("{} {}", f.name, describe_field(f))).collect();
+        text.push_str(&format!("<{}>", inner.join(", ")));
+    }
+    text
+}
+
+/// Whether rows of `wanted` can be inserted into the existing field as they are: same type,
+/// same repetition, and for STRUCTs the same fields in the same order (BigQuery assigns struct
+/// values by position).
+pub fn field_accepts(existing: &TableFieldSchema, wanted: &Column) -> bool {
+    if existing.mode.eq_ignore_ascii_case("REPEATED") != wanted.repeated
+        || !wanted.bigquery_type.is_named(&existing.r#type)
+    {
+        return false;
+    }
+    match &wanted.bigquery_type {
+        BigQueryType::Struct(fields) => {
+            existing.fields.len() == fields.len()
+                && existing
+                    .fields
+                    .iter()
+                    .zip(fields)
+                    .all(|(e, w)| e.name.eq_ignore_ascii_case(&w.name) && field_accepts(e, w))
+        }
+        _ => true,
+    }
 }
 
 impl BigQuery {
@@ -41,23 +77,15 @@ impl BigQuery {
         }
     }
 
-    /// The table's top-level columns, or `None` when it does not exist.
-    pub async fn table_columns(
+    /// The table's schema (top-level fields, nested inside), or `None` when it does not exist.
+    pub async fn table_fields(
         &self,
         project: &str,
         dataset: &str,
         table: &str,
-    ) -> BigQueryResult<Option<Vec<ExistingColumn>>> {
+    ) -> BigQueryResult<Option<Vec<TableFieldSchema>>> {
         match self.tables.get_table().set_project_id(project).set_dataset_id(dataset).set_table_id(table).send().await {
-            Ok(table) => Ok(Some(
-                table
-                    .schema
-                    .map(|s| s.fields)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|f| ExistingColumn { name: f.name, type_name: f.r#type })
-                    .collect(),
-            )),
+            Ok(table) => Ok(Some(table.schema.map(|s| s.fields).unwrap_or_default())),
             Err(e) if e.http_status_code() == Some(404) => Ok(None),
             Err(e) => Err(BigQueryError::rest("tables.get")(e)),
         }
@@ -88,6 +116,31 @@ impl BigQuery {
         }
     }
 
+    /// Adds NULLABLE / REPEATED columns at the end of an existing table with `tables.patch`
+    /// (the only schema change BigQuery allows without rewriting data). `existing` is the
+    /// schema just read; the patch sends it unchanged followed by `added`.
+    pub async fn add_columns(
+        &self,
+        project: &str,
+        dataset: &str,
+        table: &str,
+        existing: &[TableFieldSchema],
+        added: &[&Column],
+    ) -> BigQueryResult<()> {
+        let fields = existing.iter().cloned().chain(added.iter().map(|c| field_schema(c)));
+        let body = Table::new().set_schema(TableSchema::new().set_fields(fields));
+        self.tables
+            .patch_table()
+            .set_project_id(project)
+            .set_dataset_id(dataset)
+            .set_table_id(table)
+            .set_table(body)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(BigQueryError::rest("tables.patch"))
+    }
+
     /// Deletes a table; a table that is already gone is fine.
     pub async fn delete_table(&self, project: &str, dataset: &str, table: &str) -> BigQueryResult<()> {
         match self
@@ -106,20 +159,20 @@ impl BigQuery {
     }
 }
 
-/// Columns of `wanted` that an existing table holds with another type: (name, existing, wanted).
-pub fn type_conflicts(existing: &[ExistingColumn], wanted: &[Column]) -> Vec<(String, String, BigQueryType)> {
+/// Columns of `wanted` that the existing table holds with another type or shape:
+/// (name, existing description, wanted SQL type).
+pub fn type_conflicts(existing: &[TableFieldSchema], wanted: &[Column]) -> Vec<(String, String, String)> {
     wanted
         .iter()
         .filter_map(|w| {
             let e = existing.iter().find(|e| e.name.eq_ignore_ascii_case(&w.name))?;
-            (BigQueryType::from_table_type(&e.type_name) != Some(w.bigquery_type))
-                .then(|| (w.name.clone(), e.type_name.clone(), w.bigquery_type))
+            (!field_accepts(e, w)).then(|| (w.name.clone(), describe_field(e), w.sql_type()))
         })
         .collect()
 }
 
 /// Columns of `wanted` the existing table lacks.
-pub fn missing_columns<'a>(existing: &[ExistingColumn], wanted: &'a [Column]) -> Vec<&'a Column> {
+pub fn missing_columns<'a>(existing: &[TableFieldSchema], wanted: &'a [Column]) -> Vec<&'a Column> {
     wanted.iter().filter(|w| !existing.iter().any(|e| e.name.eq_ignore_ascii_case(&w.name))).collect()
 }
 
@@ -127,20 +180,59 @@ pub fn missing_columns<'a>(existing: &[ExistingColumn], wanted: &'a [Column]) ->
 mod tests {
     use super::*;
 
+    fn existing(name: &str, type_name: &str, mode: &str) -> TableFieldSchema {
+        TableFieldSchema::new().set_name(name).set_type(type_name).set_mode(mode)
+    }
+
     #[test]
-    fn compares_existing_columns_with_legacy_type_names() {
-        let existing = vec![
-            ExistingColumn { name: "id".into(), type_name: "INTEGER".into() },
-            ExistingColumn { name: "Name".into(), type_name: "STRING".into() },
-            ExistingColumn { name: "score".into(), type_name: "STRING".into() },
+    fn compares_existing_columns_with_legacy_type_names_and_shapes() {
+        let address = Column::new(
+            "address",
+            BigQueryType::Struct(vec![
+                Column::new("city", BigQueryType::String),
+                Column::new("zip", BigQueryType::Int64),
+            ]),
+        );
+        let table = vec![
+            existing("id", "INTEGER", "NULLABLE"),
+            existing("Name", "STRING", ""),
+            existing("score", "STRING", "NULLABLE"),
+            existing("tags", "STRING", "NULLABLE"),
+            existing("amount", "NUMERIC", "NULLABLE"),
+            field_schema(&address),
+            existing("other", "RECORD", "NULLABLE").set_fields([existing("city", "STRING", "NULLABLE")]),
         ];
         let wanted = vec![
-            Column { name: "id".into(), bigquery_type: BigQueryType::Int64 },
-            Column { name: "name".into(), bigquery_type: BigQueryType::String },
-            Column { name: "score".into(), bigquery_type: BigQueryType::Float64 },
-            Column { name: "extra".into(), bigquery_type: BigQueryType::Bool },
+            Column::new("id", BigQueryType::Int64),
+            Column::new("name", BigQueryType::String),
+            Column::new("score", BigQueryType::Float64),
+            Column::repeated("tags", BigQueryType::String),
+            Column::new("amount", BigQueryType::Numeric),
+            address.clone(),
+            Column { name: "other".into(), ..address.clone() },
+            Column::new("extra", BigQueryType::Bool),
         ];
-        assert_eq!(type_conflicts(&existing, &wanted), vec![("score".into(), "STRING".into(), BigQueryType::Float64)]);
-        assert_eq!(missing_columns(&existing, &wanted).iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["extra"]);
+        let conflicts = type_conflicts(&table, &wanted);
+        assert_eq!(
+            conflicts,
+            vec![
+                ("score".into(), "STRING".into(), "FLOAT64".into()),
+                ("tags".into(), "STRING".into(), "ARRAY<STRING>".into()),
+                ("other".into(), "RECORD<city STRING>".into(), "STRUCT<city STRING, zip INT64>".into()),
+            ]
+        );
+        assert_eq!(missing_columns(&table, &wanted).iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["extra"]);
+    }
+
+    #[test]
+    fn nested_columns_become_record_fields() {
+        let column = Column::repeated(
+            "items",
+            BigQueryType::Struct(vec![Column::new("sku", BigQueryType::String), Column::new("at", BigQueryType::Time)]),
+        );
+        let field = field_schema(&column);
+        assert_eq!((field.r#type.as_str(), field.mode.as_str()), ("RECORD", "REPEATED"));
+        assert_eq!(field.fields.iter().map(|f| f.r#type.as_str()).collect::<Vec<_>>(), ["STRING", "TIME"]);
+        assert_eq!(describe_field(&field), "REPEATED RECORD<sku STRING, at TIME>");
     }
 }

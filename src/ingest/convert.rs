@@ -1,88 +1,331 @@
-//! Record batches -> the staging representation: lossless casts to the Arrow types the Storage
-//! Write API expects for each BigQuery column, rejecting values BigQuery cannot hold exactly.
+//! Record batches -> the staging representation: lossless conversions to the Arrow types the
+//! Storage Write API expects for each staged column, rejecting values BigQuery cannot hold
+//! exactly (naming column and row), checking keys and operations, and adding `_filament_seq`.
+//!
+//! Conversions: integers, floats, binaries and strings widen; timestamps become microseconds in
+//! UTC (DATETIME without zone); TIME, NUMERIC and BIGNUMERIC become exact strings
+//! (`HH:MM:SS.ffffff`, the decimal's digits); JSON strings are checked to parse; lists, large
+//! and fixed-size lists and maps become lists, a null list an empty one.
 
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray as _;
-use arrow_array::types::{Date64Type, TimestampNanosecondType};
-use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_array::types::{
+    Date64Type, Time32MillisecondType, Time32SecondType, Time64MicrosecondType, Time64NanosecondType,
+    TimestampNanosecondType,
+};
+use arrow_array::{
+    Array, ArrayRef, BooleanArray, Int64Array, ListArray, MapArray, RecordBatch, StringArray, StructArray,
+};
+use arrow_buffer::OffsetBuffer;
 use arrow_cast::{CastOptions, cast_with_options};
-use arrow_schema::{DataType, TimeUnit};
+use arrow_schema::{DataType, Field, TimeUnit};
 
 use super::IngestError;
-use super::schema::MappedSchema;
+use super::schema::{BigQueryType, Column, MappedSchema, OPERATIONS};
 
 const MILLIS_PER_DAY: i64 = 86_400_000;
+const MICROS_PER_DAY: i64 = 86_400_000_000;
+/// `_filament_seq` = `seq << SEQ_SHIFT | row`: rows of one request stay below 2^32.
+pub const SEQ_SHIFT: u32 = 32;
+
+/// Maps an index of the array being converted to the row of the request body.
+type RowOf<'a> = &'a dyn Fn(usize) -> usize;
 
 /// Converts one incoming batch; `first_row` is the index of its first row within the request
-/// body, so errors name the row as the client numbered it.
+/// body, so errors name the row as the client numbered it. `_filament_seq` (when staged) holds
+/// the row index only: [`super::encode::stamp_seq`] adds the batch's `seq` once it is known.
 pub fn to_staging(batch: &RecordBatch, mapped: &MappedSchema, first_row: usize) -> Result<RecordBatch, IngestError> {
-    let strict = CastOptions { safe: false, ..Default::default() };
-    let mut columns: Vec<ArrayRef> = Vec::with_capacity(batch.num_columns());
-    for (index, column) in mapped.columns.iter().enumerate() {
-        let mut array = Arc::clone(batch.column(index));
-        if let DataType::Dictionary(_, value_type) = array.data_type() {
-            let value_type = value_type.as_ref().clone();
-            array = cast_with_options(&array, &value_type, &strict).map_err(|e| IngestError::Arrow(e.to_string()))?;
+    let top_level = move |index: usize| first_row + index;
+    for (name, index) in &mapped.key_columns {
+        let array = batch.column(*index);
+        if array.null_count() > 0
+            && let Some(row) = (0..array.len()).find(|&i| array.is_null(i))
+        {
+            return Err(IngestError::NullPrimaryKey { column: name.clone(), row: first_row + row });
         }
-        check_precision(&column.name, &array, first_row)?;
-        let target = column.bigquery_type.staging_arrow_type();
-        if array.data_type() != &target {
-            array = cast_with_options(&array, &target, &strict).map_err(|e| IngestError::PrecisionLoss {
-                column: column.name.clone(),
-                row: first_row,
-                reason: format!("cannot convert {} to {target}: {e}", array.data_type()),
-            })?;
-        }
-        columns.push(array);
+    }
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(mapped.staging_columns.len());
+    for (column, index) in mapped.data_columns.iter().zip(&mapped.data_indices) {
+        columns.push(stage(batch.column(*index), column, &column.name, &top_level)?);
+    }
+    if let Some(index) = mapped.op_index {
+        columns.push(operations(batch.column(index), first_row)?);
+    }
+    if mapped.stages_seq {
+        let rows = (first_row..first_row + batch.num_rows()).map(|row| row as i64);
+        columns.push(Arc::new(Int64Array::from_iter_values(rows)));
     }
     RecordBatch::try_new(Arc::clone(&mapped.staging), columns).map_err(|e| IngestError::Arrow(e.to_string()))
 }
 
-/// BigQuery stores microseconds and whole days: reject sub-microsecond timestamps and Date64
-/// values that are not whole days instead of truncating them silently.
-fn check_precision(column: &str, array: &ArrayRef, first_row: usize) -> Result<(), IngestError> {
+/// `_filament_op` as plain strings, every value one of [`OPERATIONS`].
+fn operations(array: &ArrayRef, first_row: usize) -> Result<ArrayRef, IngestError> {
+    let strings = cast_strict(array, &DataType::Utf8)?;
+    for (row, value) in strings.as_string::<i32>().iter().enumerate() {
+        match value {
+            Some(op) if OPERATIONS.contains(&op) => {}
+            Some(op) => {
+                let shown: String = op.chars().take(20).collect();
+                return Err(IngestError::InvalidOperation(format!(
+                    "row {}: _filament_op {shown:?} is not one of insert, update, upsert, delete",
+                    first_row + row
+                )));
+            }
+            None => {
+                return Err(IngestError::InvalidOperation(format!("row {}: _filament_op is null", first_row + row)));
+            }
+        }
+    }
+    Ok(strings)
+}
+
+fn cast_strict(array: &ArrayRef, to: &DataType) -> Result<ArrayRef, IngestError> {
+    let strict = CastOptions { safe: false, ..Default::default() };
+    cast_with_options(array, to, &strict).map_err(|e| IngestError::Arrow(e.to_string()))
+}
+
+fn invalid_value(path: &str, row: usize, reason: impl Into<String>) -> IngestError {
+    IngestError::InvalidValue { column: path.to_string(), row, reason: reason.into() }
+}
+
+/// Converts one column (or nested field) to its staged representation.
+fn stage(array: &ArrayRef, column: &Column, path: &str, row_of: RowOf<'_>) -> Result<ArrayRef, IngestError> {
+    let array = match array.data_type() {
+        DataType::Dictionary(_, value_type) => cast_strict(array, value_type)?,
+        _ => Arc::clone(array),
+    };
+    if column.repeated {
+        return stage_list(&array, column, path, row_of);
+    }
+    match &column.bigquery_type {
+        BigQueryType::Struct(fields) => stage_struct(&array, fields, path, row_of),
+        BigQueryType::Time => time_strings(&array, path, row_of),
+        BigQueryType::Numeric | BigQueryType::BigNumeric => cast_strict(&array, &DataType::Utf8),
+        BigQueryType::Json => {
+            let strings = cast_strict(&array, &DataType::Utf8)?;
+            for (index, value) in strings.as_string::<i32>().iter().enumerate() {
+                if let Some(text) = value
+                    && let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(text)
+                {
+                    return Err(invalid_value(path, row_of(index), format!("not valid JSON: {e}")));
+                }
+            }
+            Ok(strings)
+        }
+        scalar => {
+            check_precision(path, &array, row_of)?;
+            let target = column.staging_field().data_type().clone();
+            if array.data_type() == &target {
+                return Ok(array);
+            }
+            let strict = CastOptions { safe: false, ..Default::default() };
+            cast_with_options(&array, &target, &strict).map_err(|e| IngestError::PrecisionLoss {
+                column: path.to_string(),
+                row: row_of(0),
+                reason: format!("cannot convert {} to {scalar}: {e}", array.data_type()),
+            })
+        }
+    }
+}
+
+fn stage_struct(array: &ArrayRef, fields: &[Column], path: &str, row_of: RowOf<'_>) -> Result<ArrayRef, IngestError> {
+    let input = array.as_struct_opt().ok_or_else(|| IngestError::Arrow(format!("{path} is not a struct")))?;
+    let children = fields
+        .iter()
+        .zip(input.columns())
+        .map(|(field, child)| stage(child, field, &format!("{path}.{}", field.name), row_of))
+        .collect::<Result<Vec<_>, _>>()?;
+    let staged_fields: Vec<Field> = fields.iter().map(Column::staging_field).collect();
+    let output = StructArray::try_new(staged_fields.into(), children, input.nulls().cloned())
+        .map_err(|e| IngestError::Arrow(e.to_string()))?;
+    Ok(Arc::new(output))
+}
+
+/// Lists, large lists, fixed-size lists and maps as a `List` of staged elements. BigQuery has
+/// no NULL array: a null list is written as an empty one. A null element is refused.
+fn stage_list(array: &ArrayRef, column: &Column, path: &str, row_of: RowOf<'_>) -> Result<ArrayRef, IngestError> {
+    let list: ListArray = match array.data_type() {
+        DataType::List(_) => array.as_list::<i32>().clone(),
+        DataType::Map(..) => map_as_list(array.as_map())?,
+        _ => cast_strict(array, &DataType::List(Arc::new(Field::new_list_field(array_item_type(array)?, true))))?
+            .as_list::<i32>()
+            .clone(),
+    };
+    let offsets = list.value_offsets();
+    let values = list.values();
+    let mut keep_all = true;
+    for row in 0..list.len() {
+        let (start, end) = (offsets[row] as usize, offsets[row + 1] as usize);
+        if list.is_null(row) {
+            keep_all &= start == end;
+        } else if let Some(element) = (start..end).find(|&i| values.is_null(i)) {
+            return Err(invalid_value(
+                path,
+                row_of(row),
+                format!("element {} is null; BigQuery arrays cannot hold NULL", element - start),
+            ));
+        }
+    }
+    // Keep only the elements of non-null lists, with offsets rebuilt from 0.
+    let mut lengths = Vec::with_capacity(list.len());
+    let mut mask = keep_all.then(Vec::new);
+    if !keep_all {
+        mask = Some(vec![false; values.len()]);
+    }
+    for row in 0..list.len() {
+        let (start, end) = (offsets[row] as usize, offsets[row + 1] as usize);
+        let length = if list.is_null(row) { 0 } else { end - start };
+        lengths.push(length);
+        if let Some(mask) = mask.as_mut().filter(|_| !keep_all) {
+            mask[start..start + length].iter_mut().for_each(|m| *m = true);
+        }
+    }
+    let first = offsets.first().copied().unwrap_or(0) as usize;
+    let last = offsets.last().copied().unwrap_or(0) as usize;
+    let kept: ArrayRef = match mask.filter(|_| !keep_all) {
+        Some(mask) => arrow_select::filter::filter(values.as_ref(), &BooleanArray::from(mask))
+            .map_err(|e| IngestError::Arrow(e.to_string()))?,
+        None => values.slice(first, last - first),
+    };
+    // Elements map back to the row holding them.
+    let new_offsets = OffsetBuffer::<i32>::from_lengths(lengths);
+    let element_row = |index: usize| {
+        let row = new_offsets.partition_point(|&o| o as usize <= index).saturating_sub(1);
+        row_of(row)
+    };
+    let element = Column { name: column.name.clone(), bigquery_type: column.bigquery_type.clone(), repeated: false };
+    let staged_values = stage(&kept, &element, path, &element_row)?;
+    let item = Field::new_list_field(staged_values.data_type().clone(), true);
+    let output = ListArray::try_new(Arc::new(item), new_offsets, staged_values, None)
+        .map_err(|e| IngestError::Arrow(e.to_string()))?;
+    Ok(Arc::new(output))
+}
+
+fn array_item_type(array: &ArrayRef) -> Result<DataType, IngestError> {
     match array.data_type() {
-        DataType::Timestamp(TimeUnit::Nanosecond, _) => {
-            let values = array.as_primitive::<TimestampNanosecondType>();
+        DataType::LargeList(item) | DataType::FixedSizeList(item, _) => Ok(item.data_type().clone()),
+        other => Err(IngestError::Arrow(format!("{other} is not a list"))),
+    }
+}
+
+/// A map's entries as a list of `STRUCT<key, value>`.
+fn map_as_list(map: &MapArray) -> Result<ListArray, IngestError> {
+    let entries = map.entries();
+    let fields: Vec<Field> = entries
+        .fields()
+        .iter()
+        .zip(["key", "value"])
+        .map(|(f, name)| f.as_ref().clone().with_name(name).with_nullable(true))
+        .collect();
+    let renamed = StructArray::try_new(fields.into(), entries.columns().to_vec(), entries.nulls().cloned())
+        .map_err(|e| IngestError::Arrow(e.to_string()))?;
+    let item = Field::new_list_field(renamed.data_type().clone(), true);
+    ListArray::try_new(Arc::new(item), map.offsets().clone(), Arc::new(renamed), map.nulls().cloned())
+        .map_err(|e| IngestError::Arrow(e.to_string()))
+}
+
+/// TIME as `HH:MM:SS.ffffff` (what `CAST(s AS TIME)` reads exactly).
+fn time_strings(array: &ArrayRef, path: &str, row_of: RowOf<'_>) -> Result<ArrayRef, IngestError> {
+    let micros: Vec<Option<i64>> = match array.data_type() {
+        DataType::Time32(TimeUnit::Second) => {
+            array.as_primitive::<Time32SecondType>().iter().map(|v| v.map(|s| i64::from(s) * 1_000_000)).collect()
+        }
+        DataType::Time32(TimeUnit::Millisecond) => {
+            array.as_primitive::<Time32MillisecondType>().iter().map(|v| v.map(|ms| i64::from(ms) * 1_000)).collect()
+        }
+        DataType::Time64(TimeUnit::Microsecond) => array.as_primitive::<Time64MicrosecondType>().iter().collect(),
+        DataType::Time64(TimeUnit::Nanosecond) => {
+            let values = array.as_primitive::<Time64NanosecondType>();
             if let Some(row) = first_offending_row(values.iter(), |v| v % 1_000 != 0) {
                 return Err(IngestError::PrecisionLoss {
-                    column: column.to_string(),
-                    row: first_row + row,
-                    reason: "timestamp has non-zero nanoseconds; BigQuery stores microseconds".into(),
+                    column: path.to_string(),
+                    row: row_of(row),
+                    reason: "time has non-zero nanoseconds; BigQuery TIME stores microseconds".into(),
                 });
             }
+            values.iter().map(|v| v.map(|ns| ns / 1_000)).collect()
         }
-        DataType::Date64 => {
-            let values = array.as_primitive::<Date64Type>();
-            if let Some(row) = first_offending_row(values.iter(), |v| v % MILLIS_PER_DAY != 0) {
-                return Err(IngestError::PrecisionLoss {
-                    column: column.to_string(),
-                    row: first_row + row,
-                    reason: "Date64 value is not a whole day; BigQuery DATE has no time of day".into(),
-                });
+        other => return Err(IngestError::Arrow(format!("{other} is not a time"))),
+    };
+    let mut strings = Vec::with_capacity(micros.len());
+    for (index, value) in micros.into_iter().enumerate() {
+        strings.push(match value {
+            Some(us) if !(0..MICROS_PER_DAY).contains(&us) => {
+                return Err(invalid_value(path, row_of(index), "time of day outside 00:00:00 to 23:59:59.999999"));
             }
-        }
-        _ => {}
+            Some(us) => Some(format_time(us)),
+            None => None,
+        });
     }
-    Ok(())
+    Ok(Arc::new(StringArray::from(strings)))
+}
+
+fn format_time(micros: i64) -> String {
+    let seconds = micros / 1_000_000;
+    format!("{:02}:{:02}:{:02}.{:06}", seconds / 3600, seconds / 60 % 60, seconds % 60, micros % 1_000_000)
+}
+
+/// BigQuery stores microseconds and whole days: reject sub-microsecond timestamps and Date64
+/// values that are not whole days instead of truncating them silently.
+fn check_precision(path: &str, array: &ArrayRef, row_of: RowOf<'_>) -> Result<(), IngestError> {
+    let (offending, reason) = match array.data_type() {
+        DataType::Timestamp(TimeUnit::Nanosecond, _) => (
+            first_offending_row(array.as_primitive::<TimestampNanosecondType>().iter(), |v| v % 1_000 != 0),
+            "timestamp has non-zero nanoseconds; BigQuery stores microseconds",
+        ),
+        DataType::Date64 => (
+            first_offending_row(array.as_primitive::<Date64Type>().iter(), |v| v % MILLIS_PER_DAY != 0),
+            "Date64 value is not a whole day; BigQuery DATE has no time of day",
+        ),
+        _ => (None, ""),
+    };
+    match offending {
+        Some(row) => {
+            Err(IngestError::PrecisionLoss { column: path.to_string(), row: row_of(row), reason: reason.into() })
+        }
+        None => Ok(()),
+    }
 }
 
 fn first_offending_row(values: impl Iterator<Item = Option<i64>>, offends: impl Fn(i64) -> bool) -> Option<usize> {
     values.enumerate().find_map(|(row, v)| v.filter(|v| offends(*v)).map(|_| row))
 }
 
+/// `_filament_seq` values for rows of batch `seq`: its row indices plus `seq << 32`.
+pub fn seq_values(row_indices: &Int64Array, seq: i64) -> Int64Array {
+    Int64Array::from_iter_values(row_indices.values().iter().map(|row| (seq << SEQ_SHIFT) | row))
+}
+
 #[cfg(test)]
 mod tests {
+    use arrow_array::builder::{Int64Builder, ListBuilder, MapBuilder, StringBuilder};
     use arrow_array::types::Int32Type;
-    use arrow_array::{Date64Array, DictionaryArray, Int8Array, StringArray, TimestampNanosecondArray};
-    use arrow_schema::{Field, Schema};
+    use arrow_array::{
+        Date64Array, Decimal128Array, DictionaryArray, Int8Array, LargeListArray, Time32SecondArray,
+        Time64NanosecondArray, TimestampNanosecondArray, UInt64Array,
+    };
+    use arrow_schema::Schema;
 
     use super::*;
-    use crate::ingest::schema::map_schema;
+    use crate::ingest::schema::{LoadSpec, SEQ_COLUMN, map_schema};
+    use crate::model::WriteMode;
 
     fn batch(fields: Vec<Field>, columns: Vec<ArrayRef>) -> RecordBatch {
         RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+    }
+
+    fn append() -> LoadSpec<'static> {
+        LoadSpec { write_mode: WriteMode::FullAppend, primary_key: &[] }
+    }
+
+    fn staged(input: &RecordBatch, spec: LoadSpec<'_>) -> Result<RecordBatch, IngestError> {
+        let mapped = map_schema(&input.schema(), spec)?;
+        to_staging(input, &mapped, 0)
+    }
+
+    fn strings(array: &ArrayRef) -> Vec<Option<String>> {
+        array.as_string::<i32>().iter().map(|s| s.map(str::to_string)).collect()
     }
 
     #[test]
@@ -102,31 +345,159 @@ mod tests {
                 Arc::new(dict),
             ],
         );
-        let mapped = map_schema(&input.schema()).unwrap();
-        let staged = to_staging(&input, &mapped, 0).unwrap();
-        assert_eq!(staged.schema(), mapped.staging);
-        let ts = staged.column(1).as_primitive::<arrow_array::types::TimestampMicrosecondType>();
+        let output = staged(&input, append()).unwrap();
+        let ts = output.column(1).as_primitive::<arrow_array::types::TimestampMicrosecondType>();
         assert_eq!(ts.iter().collect::<Vec<_>>(), vec![Some(1), Some(2_000), None]);
-        let tag: &StringArray = staged.column(2).as_string::<i32>();
-        assert_eq!(tag.iter().collect::<Vec<_>>(), vec![Some("x"), Some("y"), Some("x")]);
+        assert_eq!(strings(output.column(2)), vec![Some("x".into()), Some("y".into()), Some("x".into())]);
     }
 
     #[test]
-    fn rejects_nanoseconds_and_partial_days_naming_the_row() {
+    fn decimals_unsigned_and_times_become_exact_strings() {
+        let decimals = Decimal128Array::from(vec![Some(12_345), Some(-105), None, Some(i128::from(i64::MAX) * 10)])
+            .with_precision_and_scale(38, 2)
+            .unwrap();
+        let input = batch(
+            vec![
+                Field::new("n", DataType::Decimal128(38, 2), true),
+                Field::new("u", DataType::UInt64, true),
+                Field::new("t", DataType::Time64(TimeUnit::Nanosecond), true),
+                Field::new("s", DataType::Time32(TimeUnit::Second), true),
+            ],
+            vec![
+                Arc::new(decimals),
+                Arc::new(UInt64Array::from(vec![Some(u64::MAX), Some(0), None, Some(7)])),
+                Arc::new(Time64NanosecondArray::from(vec![
+                    Some(0),
+                    Some(86_399_999_999_000),
+                    None,
+                    Some(45_296_000_001_000),
+                ])),
+                Arc::new(Time32SecondArray::from(vec![Some(1), None, Some(3_661), Some(86_399)])),
+            ],
+        );
+        let output = staged(&input, append()).unwrap();
+        let s = |v: &str| Some(v.to_string());
+        assert_eq!(strings(output.column(0)), vec![s("123.45"), s("-1.05"), None, s("922337203685477580.70")]);
+        assert_eq!(strings(output.column(1)), vec![s("18446744073709551615"), s("0"), None, s("7")]);
+        assert_eq!(
+            strings(output.column(2)),
+            vec![s("00:00:00.000000"), s("23:59:59.999999"), None, s("12:34:56.000001")]
+        );
+        assert_eq!(
+            strings(output.column(3)),
+            vec![s("00:00:01.000000"), None, s("01:01:01.000000"), s("23:59:59.000000")]
+        );
+    }
+
+    #[test]
+    fn lists_and_maps_stage_as_lists_with_null_lists_empty() {
+        let mut tags = ListBuilder::new(StringBuilder::new());
+        tags.append_value([Some("a"), Some("b")]);
+        tags.append_null();
+        tags.append_value([Some("c")]);
+        let tags = tags.finish();
+        let large = LargeListArray::from_iter_primitive::<arrow_array::types::Int64Type, _, _>(vec![
+            Some(vec![Some(1)]),
+            Some(vec![]),
+            None,
+        ]);
+        let mut map = MapBuilder::new(None, StringBuilder::new(), Int64Builder::new());
+        map.keys().append_value("k");
+        map.values().append_value(1);
+        map.append(true).unwrap();
+        map.append(false).unwrap();
+        map.append(true).unwrap();
+        let map = map.finish();
+        let input = batch(
+            vec![
+                Field::new("tags", tags.data_type().clone(), true),
+                Field::new("large", large.data_type().clone(), true),
+                Field::new("m", map.data_type().clone(), true),
+            ],
+            vec![Arc::new(tags), Arc::new(large), Arc::new(map)],
+        );
+        let output = staged(&input, append()).unwrap();
+        let tags = output.column(0).as_list::<i32>();
+        assert_eq!(tags.null_count(), 0);
+        assert_eq!(tags.offsets().lengths().collect::<Vec<_>>(), vec![2, 0, 1]);
+        assert_eq!(strings(tags.values()), vec![Some("a".into()), Some("b".into()), Some("c".into())]);
+        let large = output.column(1).as_list::<i32>();
+        assert_eq!(large.offsets().lengths().collect::<Vec<_>>(), vec![1, 0, 0]);
+        let m = output.column(2).as_list::<i32>();
+        assert_eq!(m.offsets().lengths().collect::<Vec<_>>(), vec![1, 0, 0]);
+        let entries = m.values().as_struct();
+        assert_eq!(entries.column_names(), vec!["key", "value"]);
+    }
+
+    #[test]
+    fn refuses_null_elements_nanoseconds_partial_days_and_bad_json_naming_the_row() {
+        let mut list = ListBuilder::new(Int64Builder::new());
+        list.append_value([Some(1)]);
+        list.append_value([Some(2), None]);
+        let list = list.finish();
+        let input = batch(vec![Field::new("xs", list.data_type().clone(), true)], vec![Arc::new(list)]);
+        match staged(&input, append()).unwrap_err() {
+            IngestError::InvalidValue { column, row, .. } => assert_eq!((column.as_str(), row), ("xs", 1)),
+            other => panic!("{other:?}"),
+        }
+
         let input = batch(
             vec![Field::new("ts", DataType::Timestamp(TimeUnit::Nanosecond, None), true)],
             vec![Arc::new(TimestampNanosecondArray::from(vec![Some(1_000), None, Some(1_001)]))],
         );
-        let mapped = map_schema(&input.schema()).unwrap();
+        let mapped = map_schema(&input.schema(), append()).unwrap();
         match to_staging(&input, &mapped, 10).unwrap_err() {
             IngestError::PrecisionLoss { column, row, .. } => assert_eq!((column.as_str(), row), ("ts", 12)),
             other => panic!("{other:?}"),
         }
+
+        let input = batch(
+            vec![Field::new("t", DataType::Time64(TimeUnit::Nanosecond), true)],
+            vec![Arc::new(Time64NanosecondArray::from(vec![Some(1_000), Some(1_500)]))],
+        );
+        assert!(matches!(staged(&input, append()), Err(IngestError::PrecisionLoss { row: 1, .. })));
+
         let input = batch(
             vec![Field::new("d", DataType::Date64, true)],
             vec![Arc::new(Date64Array::from(vec![MILLIS_PER_DAY, MILLIS_PER_DAY + 1]))],
         );
-        let mapped = map_schema(&input.schema()).unwrap();
-        assert!(matches!(to_staging(&input, &mapped, 0), Err(IngestError::PrecisionLoss { row: 1, .. })));
+        assert!(matches!(staged(&input, append()), Err(IngestError::PrecisionLoss { row: 1, .. })));
+
+        let json = Field::new("j", DataType::Utf8, true).with_metadata(std::collections::HashMap::from([(
+            "ARROW:extension:name".to_string(),
+            "arrow.json".to_string(),
+        )]));
+        let input = batch(vec![json], vec![Arc::new(StringArray::from(vec![Some("{\"a\": 1}"), None, Some("{nope")]))]);
+        assert!(matches!(staged(&input, append()), Err(IngestError::InvalidValue { row: 2, .. })));
+    }
+
+    #[test]
+    fn keyed_modes_check_keys_and_operations_and_stage_the_row_order() {
+        let key = ["id".to_string()];
+        let spec = LoadSpec { write_mode: WriteMode::CdcMerge, primary_key: &key };
+        let fields = vec![Field::new("id", DataType::Int64, true), Field::new("_filament_op", DataType::Utf8, true)];
+        let input = batch(
+            fields.clone(),
+            vec![Arc::new(Int64Array::from(vec![1, 2])), Arc::new(StringArray::from(vec!["upsert", "delete"]))],
+        );
+        let mapped = map_schema(&input.schema(), spec).unwrap();
+        let output = to_staging(&input, &mapped, 5).unwrap();
+        let seq = output.column_by_name(SEQ_COLUMN).unwrap().as_primitive::<arrow_array::types::Int64Type>();
+        assert_eq!(seq.values().to_vec(), vec![5, 6]);
+        assert_eq!(seq_values(seq, 3).values().to_vec(), vec![(3 << 32) | 5, (3 << 32) | 6]);
+
+        let null_key = batch(
+            fields.clone(),
+            vec![
+                Arc::new(Int64Array::from(vec![Some(1), None])),
+                Arc::new(StringArray::from(vec!["insert", "insert"])),
+            ],
+        );
+        assert_eq!(staged(&null_key, spec).unwrap_err(), IngestError::NullPrimaryKey { column: "id".into(), row: 1 });
+        for ops in [vec![Some("insert"), Some("merge")], vec![None, Some("insert")]] {
+            let bad_op =
+                batch(fields.clone(), vec![Arc::new(Int64Array::from(vec![1, 2])), Arc::new(StringArray::from(ops))]);
+            assert!(matches!(staged(&bad_op, spec), Err(IngestError::InvalidOperation(_))));
+        }
     }
 }

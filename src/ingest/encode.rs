@@ -2,12 +2,18 @@
 //! `ArrowRecordBatch.serialized_record_batch`): one schema message, and record-batch messages
 //! without schema or end-of-stream marker, each below the AppendRows request budget.
 
+use std::sync::Arc;
+
 use arrow_array::RecordBatch;
+use arrow_array::cast::AsArray as _;
+use arrow_array::types::Int64Type;
 use arrow_ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions, write_message};
 use arrow_schema::Schema;
 use bytes::Bytes;
 
 use super::IngestError;
+use super::convert::seq_values;
+use super::schema::SEQ_COLUMN;
 
 /// Protobuf framing of an AppendRowsRequest besides the record batch and schema: stream name,
 /// offset, field tags and lengths. Generous on purpose.
@@ -49,6 +55,26 @@ pub fn record_batch_message(batch: &RecordBatch) -> Result<Bytes, IngestError> {
     Ok(Bytes::from(out))
 }
 
+/// Adds the batch's `seq` to the staged `_filament_seq` (which holds row indices until the
+/// receipt assigns the seq) and re-encodes the payloads; the sizes do not change.
+pub fn stamp_seq(payloads: &mut [AppendPayload], seq: i64) -> Result<(), IngestError> {
+    for payload in payloads {
+        let Some(batch) = payload.batch.as_ref() else {
+            return Err(IngestError::Arrow("a payload without its staged rows cannot be stamped".into()));
+        };
+        let Some((index, _)) = batch.schema().column_with_name(SEQ_COLUMN) else {
+            return Ok(());
+        };
+        let mut columns = batch.columns().to_vec();
+        let rows = columns[index].as_primitive::<Int64Type>();
+        columns[index] = Arc::new(seq_values(rows, seq));
+        let stamped = RecordBatch::try_new(batch.schema(), columns).map_err(|e| IngestError::Arrow(e.to_string()))?;
+        payload.serialized_record_batch = record_batch_message(&stamped)?;
+        payload.batch = Some(stamped);
+    }
+    Ok(())
+}
+
 /// Encodes `batch` as payloads of at most `max_payload_bytes` each, splitting by rows. A single
 /// row above the budget fails with its index (`first_row` + its position in `batch`).
 pub fn split_into_payloads(
@@ -87,8 +113,6 @@ pub fn split_into_payloads(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use arrow_array::{Int64Array, StringArray};
     use arrow_ipc::reader::StreamReader;
     use arrow_schema::{DataType, Field};

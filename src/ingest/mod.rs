@@ -22,6 +22,9 @@ pub fn encode_payloads(
     mapped: &schema::MappedSchema,
     max_payload_bytes: usize,
 ) -> Result<Vec<encode::AppendPayload>, IngestError> {
+    if body.rows as u64 >= 1u64 << convert::SEQ_SHIFT {
+        return Err(IngestError::TooManyRows { rows: body.rows });
+    }
     let mut payloads = Vec::new();
     let mut first_row = 0;
     for batch in &body.batches {
@@ -45,6 +48,16 @@ pub enum IngestError {
     InvalidColumn(String),
     #[error("column {column:?} row {row}: {reason}")]
     PrecisionLoss { column: String, row: usize, reason: String },
+    #[error("column {column:?} row {row}: {reason}")]
+    InvalidValue { column: String, row: usize, reason: String },
+    #[error("{0}")]
+    InvalidOperation(String),
+    #[error("{0}")]
+    InvalidPrimaryKey(String),
+    #[error("key column {column:?} is null in row {row}")]
+    NullPrimaryKey { column: String, row: usize },
+    #[error("the body holds {rows} rows; one request takes fewer than 2^32")]
+    TooManyRows { rows: usize },
     #[error("row {row} encodes to {row_bytes} bytes, above the {limit_bytes}-byte request budget")]
     RowTooLarge { row: usize, row_bytes: usize, limit_bytes: usize },
     #[error("arrow: {0}")]
@@ -63,6 +76,11 @@ impl IngestError {
             IngestError::UnsupportedType { .. } => ErrorCode::UnsupportedType,
             IngestError::InvalidColumn(_) => ErrorCode::InvalidIdentifier,
             IngestError::PrecisionLoss { .. } => ErrorCode::PrecisionLoss,
+            IngestError::InvalidValue { .. } => ErrorCode::InvalidValue,
+            IngestError::InvalidOperation(_) => ErrorCode::InvalidOperation,
+            IngestError::InvalidPrimaryKey(_) => ErrorCode::InvalidPrimaryKey,
+            IngestError::NullPrimaryKey { .. } => ErrorCode::NullPrimaryKey,
+            IngestError::TooManyRows { .. } => ErrorCode::PayloadTooLarge,
             IngestError::RowTooLarge { .. } => ErrorCode::RowTooLarge,
             IngestError::Arrow(_) => ErrorCode::InvalidArrowIpc,
         }
@@ -72,7 +90,12 @@ impl IngestError {
 impl From<IngestError> for Problem {
     fn from(err: IngestError) -> Self {
         let hint = match &err {
-            IngestError::BodyTooLarge { .. } => Some("split the data into several batch requests"),
+            IngestError::BodyTooLarge { .. } | IngestError::TooManyRows { .. } => {
+                Some("split the data into several batch requests")
+            }
+            IngestError::NullPrimaryKey { .. } => {
+                Some("keyed write modes need every key value; drop or repair rows with null keys at the source")
+            }
             IngestError::RowTooLarge { .. } => {
                 Some("BigQuery accepts at most 10 MB per append request; shrink or split the row's large values")
             }

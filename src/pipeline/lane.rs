@@ -46,7 +46,10 @@ pub struct LaneTarget {
     pub location: Option<String>,
     pub destination_table: String,
     pub staging_table: String,
-    pub columns: Vec<Column>,
+    /// What the destination table must hold (created or extended with these).
+    pub destination_columns: Vec<Column>,
+    /// The staging table's columns (staged types, `_filament_op`, `_filament_seq`).
+    pub staging_columns: Vec<Column>,
     /// The staging schema as one encapsulated IPC message (the writer schema).
     pub serialized_schema: Bytes,
     pub batching: BatchingPolicy,
@@ -80,7 +83,7 @@ pub struct LaneReport {
     pub resource: String,
     pub destination_table: String,
     pub staging_table: String,
-    pub columns: Vec<Column>,
+    pub destination_columns: Vec<Column>,
     pub stream_name: String,
     /// Rows appended to the stream (acknowledged, in order).
     pub rows_sent: i64,
@@ -323,15 +326,13 @@ async fn prepare(context: &LaneContext, target: &LaneTarget) -> Result<String, P
     let fail = |e: BigQueryError| e.to_problem(ErrorCode::BigqueryError);
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
     bigquery.ensure_dataset(project, dataset, target.location.as_deref()).await.map_err(fail)?;
-    match bigquery.table_columns(project, dataset, &target.destination_table).await.map_err(fail)? {
+    let (table, wanted) = (&target.destination_table, &target.destination_columns);
+    match bigquery.table_fields(project, dataset, table).await.map_err(fail)? {
         None => {
-            bigquery
-                .create_table(project, dataset, &target.destination_table, &target.columns, None)
-                .await
-                .map_err(fail)?;
+            bigquery.create_table(project, dataset, table, wanted, None).await.map_err(fail)?;
         }
         Some(existing) => {
-            let conflicts = type_conflicts(&existing, &target.columns);
+            let conflicts = type_conflicts(&existing, wanted);
             if !conflicts.is_empty() {
                 let list: Vec<String> = conflicts
                     .iter()
@@ -339,23 +340,22 @@ async fn prepare(context: &LaneContext, target: &LaneTarget) -> Result<String, P
                     .collect();
                 return Err(Problem::new(
                     ErrorCode::IncompatibleSchema,
-                    format!("table {}.{}: {}", dataset, target.destination_table, list.join("; ")),
-                ));
+                    format!("table {dataset}.{table}: {}", list.join("; ")),
+                )
+                .with_hint("existing columns are never altered: send the table's type, or load into a new table"));
             }
-            let missing = missing_columns(&existing, &target.columns);
+            let missing = missing_columns(&existing, wanted);
             if !missing.is_empty() {
                 let names: Vec<&str> = missing.iter().map(|c| c.name.as_str()).collect();
-                return Err(Problem::new(
-                    ErrorCode::IncompatibleSchema,
-                    format!("table {}.{} lacks columns {}", dataset, target.destination_table, names.join(", ")),
-                )
-                .with_hint("adding columns to existing tables is not supported yet: add them to the table first"));
+                tracing::info!(run_id = %target.run_id, execution_id = %target.execution_id, %table,
+                    columns = %names.join(","), "bigquery.table.columns_added");
+                bigquery.add_columns(project, dataset, table, &existing, &missing).await.map_err(fail)?;
             }
         }
     }
     let expires_at_ms = chrono::Utc::now().timestamp_millis() + STAGING_TABLE_TTL.as_millis() as i64;
     bigquery
-        .create_table(project, dataset, &target.staging_table, &target.columns, Some(expires_at_ms))
+        .create_table(project, dataset, &target.staging_table, &target.staging_columns, Some(expires_at_ms))
         .await
         .map_err(fail)?;
     let stream_name = bigquery
@@ -493,7 +493,7 @@ async fn upload(
         resource: target.resource.clone(),
         destination_table: target.destination_table.clone(),
         staging_table: target.staging_table.clone(),
-        columns: target.columns.clone(),
+        destination_columns: target.destination_columns.clone(),
         stream_name,
         rows_sent: acknowledged_rows,
     })

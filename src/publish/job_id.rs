@@ -14,16 +14,19 @@ fn sanitize(part: &str) -> String {
 }
 
 /// `filament_{run}_{execution}_{dataset}_{table}_{mode}_{hash}`, in BigQuery's job-id alphabet.
-/// The short hash of the unsanitised parts keeps ids distinct when sanitising or truncating
-/// would make two of them equal.
+/// The short hash of the unsanitised parts, and of the resource (two resources may publish
+/// into one table with one mode), keeps ids distinct when sanitising or truncating would make
+/// two of them equal.
 pub fn publication_job_id(
     run_id: &str,
     execution_id: &str,
+    resource: &str,
     dataset: &str,
     table: &str,
     write_mode: WriteMode,
 ) -> String {
-    let digest = Sha256::digest(format!("{run_id}\n{execution_id}\n{dataset}\n{table}\n{write_mode}").as_bytes());
+    let digest =
+        Sha256::digest(format!("{run_id}\n{execution_id}\n{resource}\n{dataset}\n{table}\n{write_mode}").as_bytes());
     let hash = &hex::encode(digest)[..12];
     let readable = sanitize(&format!("filament_{run_id}_{execution_id}_{dataset}_{table}_{write_mode}"));
     let budget = MAX_JOB_ID_LEN - hash.len() - 1;
@@ -37,14 +40,16 @@ mod tests {
 
     #[test]
     fn job_ids_are_deterministic_valid_and_distinct() {
-        let a = publication_job_id("run-1", "exec-1", "raw", "users", WriteMode::FullAppend);
-        assert_eq!(a, publication_job_id("run-1", "exec-1", "raw", "users", WriteMode::FullAppend));
+        let a = publication_job_id("run-1", "exec-1", "users", "raw", "users", WriteMode::FullAppend);
+        assert_eq!(a, publication_job_id("run-1", "exec-1", "users", "raw", "users", WriteMode::FullAppend));
         assert!(a.starts_with("filament_run-1_exec-1_raw_users_full_append_"));
-        assert_ne!(a, publication_job_id("run-1", "exec-2", "raw", "users", WriteMode::FullAppend));
-        assert_ne!(a, publication_job_id("run-1", "exec-1", "raw", "users", WriteMode::IncrementalAppend));
+        assert_ne!(a, publication_job_id("run-1", "exec-2", "users", "raw", "users", WriteMode::FullAppend));
+        assert_ne!(a, publication_job_id("run-1", "exec-1", "users", "raw", "users", WriteMode::IncrementalAppend));
+        assert_ne!(a, publication_job_id("run-1", "exec-1", "users_2", "raw", "users", WriteMode::FullAppend));
         let long = publication_job_id(
             &"r".repeat(64),
             &"e".repeat(64),
+            &"x".repeat(128),
             &"d".repeat(1024),
             &"t".repeat(1024),
             WriteMode::CdcMerge,

@@ -11,14 +11,30 @@ pub mod sql;
 
 use std::time::Duration;
 
+use futures::StreamExt as _;
+
 use crate::bigquery::write::CommitOutcome;
 use crate::bigquery::{BigQuery, BigQueryError};
 use crate::error::{ErrorCode, Problem};
-use crate::model::{ExecutionState, PublicationState};
+use crate::model::{ExecutionState, PublicationState, WriteMode};
 use crate::pipeline::table_path;
 use crate::pipeline::{ExecutionKey, LaneReport, Pipeline};
 use crate::store::{ExecutionRecord, ResourceRecord, RunRecord, Store};
 use crate::telemetry;
+
+/// Destinations finalized, committed and published at once per commit. BigQuery runs at most
+/// two DML statements per table at a time; these are different tables.
+pub const MAX_CONCURRENT_PUBLICATIONS: usize = 8;
+
+/// How one destination's publication ended when it did not fail for good (that is `Err`).
+#[derive(Debug, Clone, PartialEq)]
+enum PublishOutcome {
+    /// Done now, earlier (a redelivery), or nothing to publish.
+    Published,
+    /// We lost track of the job (timeout, BigQuery unreachable): it may still finish. Its
+    /// record stays `running`, so a redelivery re-attaches to it under the same job id.
+    Unfinished(Problem),
+}
 
 /// Runs commits. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -75,28 +91,81 @@ impl Publisher {
                 )
             }));
         }
-        for report in &reports {
-            self.commit_stream(run, execution, report).await?;
-        }
-        let resources = self.store.list_resources(&run.run_id).await?;
-        for report in &reports {
-            let resource = resources
-                .iter()
-                .find(|r| r.resource == report.resource)
-                .ok_or_else(|| Problem::internal(format!("resource {} is no longer declared", report.resource)))?;
-            self.publish(run, execution, resource, report).await?;
-        }
-        for report in &reports {
-            if let Err(e) = self
-                .bigquery
-                .delete_table(&run.destination.project, &run.destination.dataset, &report.staging_table)
-                .await
-            {
-                // It expires on its own; a leftover is not worth failing a published execution.
-                tracing::warn!(table = %report.staging_table, error = %e, "could not delete a staging table");
+        // Every stream lands in its staging table before any destination changes: a failure
+        // up to here leaves every destination as it was.
+        // (Futures collected first: a borrowing closure inside the stream type would make the
+        // spawned commit future not general enough over lifetimes.)
+        let commits: Vec<_> = reports.iter().map(|report| self.commit_stream(run, execution, report)).collect();
+        let committed: Vec<Result<(), Problem>> =
+            futures::stream::iter(commits).buffer_unordered(MAX_CONCURRENT_PUBLICATIONS).collect().await;
+        committed.into_iter().collect::<Result<Vec<()>, Problem>>()?;
+
+        let resources = &self.store.list_resources(&run.run_id).await?;
+        let publications: Vec<_> = reports
+            .iter()
+            .map(|report| async move {
+                let outcome = match resources.iter().find(|r| r.resource == report.resource) {
+                    Some(resource) => self.publish(run, execution, resource, report).await,
+                    None => Err(Problem::internal(format!("resource {} is no longer declared", report.resource))),
+                };
+                (report, outcome)
+            })
+            .collect();
+        let outcomes: Vec<(&LaneReport, Result<PublishOutcome, Problem>)> =
+            futures::stream::iter(publications).buffer_unordered(MAX_CONCURRENT_PUBLICATIONS).collect().await;
+
+        let mut failures = Vec::new();
+        for (report, outcome) in outcomes {
+            match outcome {
+                Ok(PublishOutcome::Published) => self.delete_staging_table(run, report).await,
+                // A job we stopped waiting for may still read its staging table: it expires.
+                Ok(PublishOutcome::Unfinished(problem)) => failures.push((report.resource.clone(), problem)),
+                Err(problem) => {
+                    self.delete_staging_table(run, report).await;
+                    failures.push((report.resource.clone(), problem));
+                }
             }
         }
-        Ok(())
+        match failures.len() {
+            0 => Ok(()),
+            1 => Err(failures.remove(0).1),
+            _ => {
+                let (_, first) = &failures[0];
+                let detail: Vec<String> = failures.iter().map(|(r, p)| format!("{r}: {}", p.detail)).collect();
+                Err(Problem { detail: detail.join("; "), ..first.clone() })
+            }
+        }
+    }
+
+    /// Deletes the staging tables of an aborted delivery (best effort: they expire anyway).
+    pub async fn discard_staging(&self, run_id: &str, execution_id: &str, delivery: i32) {
+        let (run, streams) = match (
+            self.store.get_run(run_id).await,
+            self.store.list_staging_streams(run_id, execution_id, delivery).await,
+        ) {
+            (Ok(Some(run)), Ok(streams)) => (run, streams),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(%run_id, %execution_id, error = %e, "could not list staging tables to discard");
+                return;
+            }
+            (Ok(None), _) => return,
+        };
+        for stream in streams {
+            let (project, dataset) = (&run.destination.project, &run.destination.dataset);
+            if let Err(e) = self.bigquery.delete_table(project, dataset, &stream.staging_table).await {
+                tracing::warn!(table = %stream.staging_table, error = %e, "could not delete a staging table");
+            }
+        }
+    }
+
+    /// Deletes a staging table no job will read again. It expires on its own anyway, so a
+    /// failure is logged, not raised.
+    async fn delete_staging_table(&self, run: &RunRecord, report: &LaneReport) {
+        if let Err(e) =
+            self.bigquery.delete_table(&run.destination.project, &run.destination.dataset, &report.staging_table).await
+        {
+            tracing::warn!(table = %report.staging_table, error = %e, "could not delete a staging table");
+        }
     }
 
     /// Finalize (row count must match what was appended), then commit the stream. A commit whose
@@ -153,7 +222,7 @@ impl Publisher {
         execution: &ExecutionRecord,
         resource: &ResourceRecord,
         report: &LaneReport,
-    ) -> Result<(), Problem> {
+    ) -> Result<PublishOutcome, Problem> {
         let (run_id, execution_id, delivery) = (&run.run_id, &execution.execution_id, execution.delivery);
         let staging = self
             .store
@@ -173,6 +242,7 @@ impl Publisher {
         let job_id = job_id::publication_job_id(
             run_id,
             execution_id,
+            &report.resource,
             &run.destination.dataset,
             &resource.table_name,
             resource.write_mode,
@@ -183,7 +253,7 @@ impl Publisher {
                     tracing::info!(%run_id, %execution_id, resource = %report.resource, job_id = %previous.job_id,
                         "redelivered execution staged the same content; reusing its publication");
                     metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "reused").increment(1);
-                    return Ok(());
+                    return Ok(PublishOutcome::Published);
                 }
                 // Interrupted while its job ran: the same job id re-attaches to that job.
                 PublicationState::Running if previous.fingerprint == fingerprint => {}
@@ -210,23 +280,28 @@ impl Publisher {
                 }
             }
         }
-        if report.rows_sent == 0 {
-            return Ok(());
+        // full_replace: the run's first publication of the resource replaces the table (even
+        // with no rows); later segments append.
+        let replace = resource.write_mode == WriteMode::FullReplace
+            && !self.store.published_by_another_execution(run_id, execution_id, &report.resource).await?;
+        if report.rows_sent == 0 && !replace {
+            return Ok(PublishOutcome::Published);
         }
         let project = &run.destination.project;
-        let destination = sql::TableRef { project, dataset: &run.destination.dataset, table: &resource.table_name };
-        let staging_ref = sql::TableRef { project, dataset: &run.destination.dataset, table: &report.staging_table };
-        let statement = match resource.write_mode {
-            crate::model::WriteMode::FullAppend | crate::model::WriteMode::IncrementalAppend => {
-                sql::insert_select(&destination, &staging_ref, &report.columns)
-            }
-            other => {
-                return Err(Problem::new(
-                    ErrorCode::UnsupportedWriteMode,
-                    format!("write mode {other} is not supported yet"),
-                ));
-            }
-        };
+        let key: Vec<String> = resource
+            .primary_key
+            .iter()
+            .filter_map(|k| report.destination_columns.iter().find(|c| c.name.eq_ignore_ascii_case(k)))
+            .map(|c| c.name.clone())
+            .collect();
+        let statement = sql::publication_statement(&sql::Publication {
+            destination: sql::TableRef { project, dataset: &run.destination.dataset, table: &resource.table_name },
+            staging: sql::TableRef { project, dataset: &run.destination.dataset, table: &report.staging_table },
+            write_mode: resource.write_mode,
+            columns: &report.destination_columns,
+            key: &key,
+            replace,
+        });
         let destination_name = format!("{}.{}", run.destination.dataset, resource.table_name);
         self.store
             .begin_publication(&crate::store::NewPublication {
@@ -257,7 +332,13 @@ impl Publisher {
                     )
                     .await?;
                 metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "done").increment(1);
-                Ok(())
+                Ok(PublishOutcome::Published)
+            }
+            Err(e) if e.is_retryable() => {
+                tracing::warn!(%run_id, %execution_id, resource = %report.resource, %job_id, error = %e,
+                    "lost track of the publication job; a redelivery re-attaches to it");
+                metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "unfinished").increment(1);
+                Ok(PublishOutcome::Unfinished(e.to_problem(ErrorCode::PublicationFailed)))
             }
             Err(e) => {
                 let problem = e.to_problem(ErrorCode::PublicationFailed);

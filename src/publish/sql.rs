@@ -1,8 +1,12 @@
-//! Pure GoogleSQL generation for publication, snapshot-tested. Every identifier is validated
-//! upstream (`model`, `ingest::schema`) and quoted here with backticks; a backtick or backslash
-//! that slipped through is escaped rather than trusted.
+//! Pure GoogleSQL generation for publication, one statement per destination, snapshot-tested
+//! per write mode. Every identifier is validated upstream (`model`, `ingest::schema`) and quoted
+//! here with backticks; a backtick or backslash that slipped through is escaped, not trusted.
+//!
+//! Staged strings become their final types here (`PARSE_NUMERIC`, `PARSE_BIGNUMERIC`,
+//! `CAST(... AS TIME)`, `PARSE_JSON`), inside STRUCTs and ARRAYs too.
 
-use crate::ingest::schema::Column;
+use crate::ingest::schema::{BigQueryType, Column, OP_COLUMN, SEQ_COLUMN};
+use crate::model::WriteMode;
 
 /// A fully qualified table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,37 +41,264 @@ impl TableRef<'_> {
     }
 }
 
+/// What one destination's publication statement needs.
+#[derive(Debug, Clone)]
+pub struct Publication<'a> {
+    pub destination: TableRef<'a>,
+    pub staging: TableRef<'a>,
+    pub write_mode: WriteMode,
+    /// The destination columns the load writes (for `cdc_append` including `_filament_op`).
+    pub columns: &'a [Column],
+    /// Key columns, named as in `columns` (MERGE modes).
+    pub key: &'a [String],
+    /// `full_replace` only: whether this publication replaces the table (the run's first
+    /// publication of the resource) or appends to it (a later segment).
+    pub replace: bool,
+}
+
+/// The one statement (a script for `full_replace`) that publishes the staged rows.
+pub fn publication_statement(publication: &Publication<'_>) -> String {
+    match publication.write_mode {
+        WriteMode::FullReplace if publication.replace => replace(publication),
+        WriteMode::FullReplace | WriteMode::FullAppend | WriteMode::IncrementalAppend | WriteMode::CdcAppend => {
+            insert_select(publication)
+        }
+        WriteMode::FullUpsert | WriteMode::IncrementalUpsert | WriteMode::IncrementalDelete | WriteMode::CdcMerge => {
+            merge(publication)
+        }
+    }
+}
+
+/// The staged value of `column` (at SQL expression `expr`) converted to its destination type.
+fn converted(expr: &str, column: &Column, depth: usize) -> String {
+    if !column.bigquery_type.needs_conversion() {
+        return expr.to_string();
+    }
+    if column.repeated {
+        let element = Column { repeated: false, ..column.clone() };
+        let (alias, offset) = (format!("e{depth}"), format!("o{depth}"));
+        return format!(
+            "ARRAY(SELECT {} FROM UNNEST({expr}) AS {alias} WITH OFFSET AS {offset} ORDER BY {offset})",
+            converted(&alias, &element, depth + 1)
+        );
+    }
+    match &column.bigquery_type {
+        BigQueryType::Numeric => format!("PARSE_NUMERIC({expr})"),
+        BigQueryType::BigNumeric => format!("PARSE_BIGNUMERIC({expr})"),
+        BigQueryType::Time => format!("CAST({expr} AS TIME)"),
+        BigQueryType::Json => format!("PARSE_JSON({expr})"),
+        BigQueryType::Struct(fields) => {
+            let parts: Vec<String> = fields
+                .iter()
+                .map(|f| {
+                    let field_expr = format!("{expr}.{}", quote_identifier(&f.name));
+                    format!("{} AS {}", converted(&field_expr, f, depth), quote_identifier(&f.name))
+                })
+                .collect();
+            format!("IF({expr} IS NULL, NULL, STRUCT({}))", parts.join(", "))
+        }
+        other => unreachable!("{other} needs no conversion"),
+    }
+}
+
+/// One select item: the column, converted where needed, under its own name.
+fn select_item(column: &Column) -> String {
+    let name = quote_identifier(&column.name);
+    if column.bigquery_type.needs_conversion() { format!("{} AS {name}", converted(&name, column, 0)) } else { name }
+}
+
 fn column_list(columns: &[Column]) -> String {
     columns.iter().map(|c| quote_identifier(&c.name)).collect::<Vec<_>>().join(", ")
 }
 
-/// `full_append` / `incremental_append`: every staged row, appended.
-pub fn insert_select(destination: &TableRef<'_>, staging: &TableRef<'_>, columns: &[Column]) -> String {
-    let list = column_list(columns);
-    format!("INSERT INTO {} ({list})\nSELECT {list}\nFROM {}", destination.quoted(), staging.quoted())
+/// Append modes, `cdc_append` and later segments of `full_replace`: every staged row, once.
+fn insert_select(p: &Publication<'_>) -> String {
+    let select: Vec<String> = p.columns.iter().map(select_item).collect();
+    format!(
+        "INSERT INTO {} ({})\nSELECT {}\nFROM {}",
+        p.destination.quoted(),
+        column_list(p.columns),
+        select.join(", "),
+        p.staging.quoted()
+    )
+}
+
+/// `full_replace`: truncate and insert in one transaction, so readers see the old table or
+/// the new one. With no staged rows the table ends up empty.
+fn replace(p: &Publication<'_>) -> String {
+    format!(
+        "BEGIN TRANSACTION;\nTRUNCATE TABLE {};\n{};\nCOMMIT TRANSACTION;",
+        p.destination.quoted(),
+        insert_select(p)
+    )
+}
+
+/// Keyed modes: fold every key to its last staged operation (by `_filament_seq`), then one
+/// MERGE: deletes remove the key, everything else updates or inserts it.
+fn merge(p: &Publication<'_>) -> String {
+    let op = quote_identifier(OP_COLUMN);
+    // Only cdc_merge mixes operations; the other keyed modes have one each.
+    let (deletes, upserts) = match p.write_mode {
+        WriteMode::CdcMerge => (true, true),
+        WriteMode::IncrementalDelete => (true, false),
+        _ => (false, true),
+    };
+    let key_columns: Vec<&Column> =
+        p.key.iter().filter_map(|k| p.columns.iter().find(|c| c.name.eq_ignore_ascii_case(k))).collect();
+    let is_key = |c: &Column| key_columns.iter().any(|k| k.name == c.name);
+    let mut select: Vec<String> = p.columns.iter().map(select_item).collect();
+    if deletes && upserts {
+        select.push(op.clone());
+    }
+    let partition: Vec<String> = key_columns.iter().map(|k| converted(&quote_identifier(&k.name), k, 0)).collect();
+    let on: Vec<String> = key_columns
+        .iter()
+        .map(|k| {
+            let name = quote_identifier(&k.name);
+            format!("T.{name} = S.{name}")
+        })
+        .collect();
+    let mut statement = format!(
+        "MERGE {} AS T\nUSING (\n  SELECT {}\n  FROM {}\n  WHERE TRUE\n  QUALIFY ROW_NUMBER() OVER (PARTITION BY {} ORDER BY {} DESC) = 1\n) AS S\nON {}",
+        p.destination.quoted(),
+        select.join(", "),
+        p.staging.quoted(),
+        partition.join(", "),
+        quote_identifier(SEQ_COLUMN),
+        on.join(" AND "),
+    );
+    if deletes {
+        let guard = if upserts { format!(" AND S.{op} = 'delete'") } else { String::new() };
+        statement.push_str(&format!("\nWHEN MATCHED{guard} THEN DELETE"));
+    }
+    if upserts {
+        let updates: Vec<String> = p
+            .columns
+            .iter()
+            .filter(|c| !is_key(c))
+            .map(|c| {
+                let name = quote_identifier(&c.name);
+                format!("{name} = S.{name}")
+            })
+            .collect();
+        if !updates.is_empty() {
+            statement.push_str(&format!("\nWHEN MATCHED THEN UPDATE SET {}", updates.join(", ")));
+        }
+        let guard = if deletes { format!(" AND S.{op} != 'delete'") } else { String::new() };
+        let values: Vec<String> = p.columns.iter().map(|c| format!("S.{}", quote_identifier(&c.name))).collect();
+        statement.push_str(&format!(
+            "\nWHEN NOT MATCHED{guard} THEN INSERT ({}) VALUES ({})",
+            column_list(p.columns),
+            values.join(", ")
+        ));
+    }
+    statement
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ingest::schema::BigQueryType;
+
+    const DESTINATION: TableRef<'static> = TableRef { project: "my-project", dataset: "raw", table: "users" };
+    const STAGING: TableRef<'static> =
+        TableRef { project: "my-project", dataset: "raw", table: "_filament_stg_users_0123456789abcdef" };
 
     fn columns() -> Vec<Column> {
         vec![
-            Column { name: "id".into(), bigquery_type: BigQueryType::Int64 },
-            Column { name: "name".into(), bigquery_type: BigQueryType::String },
-            Column { name: "updated_at".into(), bigquery_type: BigQueryType::Timestamp },
+            Column::new("id", BigQueryType::Int64),
+            Column::new("name", BigQueryType::String),
+            Column::new("balance", BigQueryType::Numeric),
+            Column::new("updated_at", BigQueryType::Timestamp),
         ]
+    }
+
+    fn statement(write_mode: WriteMode, columns: &[Column], key: &[String], replace: bool) -> String {
+        publication_statement(&Publication {
+            destination: DESTINATION,
+            staging: STAGING,
+            write_mode,
+            columns,
+            key,
+            replace,
+        })
     }
 
     #[test]
     fn append_modes_insert_every_staged_row() {
-        let sql = insert_select(
-            &TableRef { project: "my-project", dataset: "raw", table: "users" },
-            &TableRef { project: "my-project", dataset: "raw", table: "_filament_stg_users_0123456789abcdef" },
-            &columns(),
-        );
+        let sql = statement(WriteMode::FullAppend, &columns(), &[], false);
+        assert_eq!(sql, statement(WriteMode::IncrementalAppend, &columns(), &[], false));
+        assert_eq!(sql, statement(WriteMode::FullReplace, &columns(), &[], false), "a later replace segment appends");
         insta::assert_snapshot!(sql);
+    }
+
+    #[test]
+    fn full_replace_truncates_and_inserts_in_one_transaction() {
+        insta::assert_snapshot!(statement(WriteMode::FullReplace, &columns(), &[], true));
+    }
+
+    #[test]
+    fn cdc_append_keeps_the_operation() {
+        let mut columns = columns();
+        columns.push(Column::new(OP_COLUMN, BigQueryType::String));
+        insta::assert_snapshot!(statement(WriteMode::CdcAppend, &columns, &[], false));
+    }
+
+    #[test]
+    fn upserts_fold_keys_to_the_last_row_then_merge() {
+        let key = vec!["id".to_string()];
+        let sql = statement(WriteMode::IncrementalUpsert, &columns(), &key, false);
+        assert_eq!(sql, statement(WriteMode::FullUpsert, &columns(), &key, false));
+        insta::assert_snapshot!(sql);
+    }
+
+    #[test]
+    fn incremental_delete_only_deletes() {
+        let key = vec!["id".to_string()];
+        insta::assert_snapshot!(statement(WriteMode::IncrementalDelete, &columns()[..1], &key, false));
+    }
+
+    #[test]
+    fn cdc_merge_deletes_updates_and_inserts_by_the_last_operation() {
+        let key = vec!["tenant".to_string(), "at".to_string()];
+        let mut columns = vec![Column::new("tenant", BigQueryType::String), Column::new("at", BigQueryType::Time)];
+        columns.extend(columns_without_id());
+        insta::assert_snapshot!(statement(WriteMode::CdcMerge, &columns, &key, false));
+    }
+
+    fn columns_without_id() -> Vec<Column> {
+        columns().into_iter().skip(1).collect()
+    }
+
+    #[test]
+    fn a_merge_of_key_columns_only_has_no_update_clause() {
+        let key = vec!["id".to_string()];
+        let sql = statement(WriteMode::IncrementalUpsert, &columns()[..1], &key, false);
+        assert!(!sql.contains("UPDATE SET"), "{sql}");
+        assert!(sql.contains("WHEN NOT MATCHED THEN INSERT (`id`) VALUES (S.`id`)"), "{sql}");
+    }
+
+    #[test]
+    fn nested_strings_convert_inside_structs_and_arrays() {
+        let columns = vec![
+            Column::repeated("amounts", BigQueryType::BigNumeric),
+            Column::new(
+                "shipment",
+                BigQueryType::Struct(vec![
+                    Column::new("carrier", BigQueryType::String),
+                    Column::new("at", BigQueryType::Time),
+                    Column::repeated(
+                        "lines",
+                        BigQueryType::Struct(vec![
+                            Column::new("sku", BigQueryType::String),
+                            Column::new("price", BigQueryType::Numeric),
+                        ]),
+                    ),
+                ]),
+            ),
+            Column::new("payload", BigQueryType::Json),
+            Column::repeated("tags", BigQueryType::String),
+        ];
+        insta::assert_snapshot!(statement(WriteMode::FullAppend, &columns, &[], false));
     }
 
     #[test]
@@ -75,5 +306,8 @@ mod tests {
         assert_eq!(quote_identifier("a`b"), "`a\\`b`");
         assert_eq!(quote_identifier("a\\b"), "`a\\\\b`");
         assert_eq!(TableRef { project: "example.com:p", dataset: "d", table: "t" }.quoted(), "`example.com:p`.`d`.`t`");
+        let hostile = [Column::new("x`; DROP TABLE t; --", BigQueryType::Int64)];
+        let sql = statement(WriteMode::FullAppend, &hostile, &[], false);
+        assert!(sql.contains("`x\\`; DROP TABLE t; --`"), "{sql}");
     }
 }

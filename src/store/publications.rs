@@ -70,6 +70,26 @@ impl Store {
         row.as_ref().map(publication_from_row).transpose()
     }
 
+    /// Whether another execution of the run already published `resource` (a `full_replace`
+    /// resource is replaced by the run's first publication and appended to by later segments).
+    pub async fn published_by_another_execution(
+        &self,
+        run_id: &str,
+        execution_id: &str,
+        resource: &str,
+    ) -> StoreResult<bool> {
+        let published: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM publications
+                 WHERE run_id = $1 AND resource = $2 AND execution_id <> $3 AND state = 'done')",
+        )
+        .bind(run_id)
+        .bind(resource)
+        .bind(execution_id)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(published)
+    }
+
     /// Persists the job id and fingerprint before the job is submitted.
     pub async fn begin_publication(&self, publication: &NewPublication<'_>) -> StoreResult<()> {
         sqlx::query(

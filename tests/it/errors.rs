@@ -121,7 +121,7 @@ async fn bad_identifiers_and_dataset_ids_are_unprocessable() {
         );
     }
     // Columns: reserved prefix and invalid names.
-    for name in ["_filament_op", "has space"] {
+    for name in ["_filament_seq", "has space"] {
         let body = ipc_stream(&[batch(
             vec![Field::new(name, DataType::Int64, true)],
             vec![Arc::new(Int64Array::from(vec![1]))],
@@ -298,7 +298,7 @@ async fn batches_after_pause_or_commit_conflict() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn conflicting_definitions_and_unsupported_modes_are_refused() {
+async fn conflicting_definitions_and_missing_keys_are_refused() {
     let gw = ready_gateway(GatewayOptions::default()).await;
     let (status, _) = gw
         .json(
@@ -322,11 +322,18 @@ async fn conflicting_definitions_and_unsupported_modes_are_refused() {
     rejected_without_trace!(
         gw,
         StatusCode::UNPROCESSABLE_ENTITY,
-        "unsupported_write_mode",
+        "primary_key_required",
+        gw.json(Method::PUT, "/v1/runs/run/resources/u", Some(json!({"write_mode": "full_upsert"}))).await
+    );
+    let seventeen: Vec<String> = (0..17).map(|i| format!("k{i}")).collect();
+    rejected_without_trace!(
+        gw,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_primary_key",
         gw.json(
             Method::PUT,
             "/v1/runs/run/resources/u",
-            Some(json!({"write_mode": "full_upsert", "primary_key": ["id"]}))
+            Some(json!({"write_mode": "cdc_merge", "primary_key": seventeen}))
         )
         .await
     );
@@ -378,4 +385,61 @@ async fn protective_limits_answer_with_their_documented_errors() {
     assert_ne!(gw.db_snapshot().await, before, "the held request completed");
     let (status, _) = gw.json(Method::GET, "/v1/runs/run", None).await;
     assert_eq!(status, StatusCode::OK, "the slot was released");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keyed_batches_need_eligible_non_null_keys_and_valid_operations() {
+    let gw = ready_gateway(GatewayOptions::default()).await;
+    gw.declare("run", "m", json!({"write_mode": "cdc_merge", "primary_key": ["id"]})).await;
+    gw.declare("run", "f", json!({"write_mode": "incremental_upsert", "primary_key": ["score"]})).await;
+    let id_op = |ids: Vec<Option<i64>>, ops: Vec<Option<&str>>| {
+        batch(
+            vec![Field::new("id", DataType::Int64, true), Field::new("_filament_op", DataType::Utf8, true)],
+            vec![Arc::new(Int64Array::from(ids)), Arc::new(StringArray::from(ops))],
+        )
+    };
+    let body = rejected_without_trace!(
+        gw,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "null_primary_key",
+        gw.post_batch("run", "e", "m", None, ipc_stream(&[id_op(vec![Some(1), None], vec![Some("insert"); 2])])).await
+    );
+    assert!(body["detail"].as_str().unwrap().contains("row 1"), "{body}");
+    let body = rejected_without_trace!(
+        gw,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_operation",
+        gw.post_batch(
+            "run",
+            "e",
+            "m",
+            None,
+            ipc_stream(&[id_op(vec![Some(1), Some(2)], vec![Some("insert"), Some("replace")])])
+        )
+        .await
+    );
+    assert!(body["detail"].as_str().unwrap().contains("row 1"), "{body}");
+    rejected_without_trace!(
+        gw,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_operation",
+        gw.post_batch("run", "e", "m", None, ipc_stream(&[ids(0..2)])).await
+    );
+    rejected_without_trace!(
+        gw,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_operation",
+        gw.post_batch("run", "e", "t", None, ipc_stream(&[id_op(vec![Some(1)], vec![Some("insert")])])).await
+    );
+    let float_key = batch(
+        vec![Field::new("score", DataType::Float64, false)],
+        vec![Arc::new(arrow_array::Float64Array::from(vec![1.5]))],
+    );
+    let body = rejected_without_trace!(
+        gw,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_primary_key",
+        gw.post_batch("run", "e", "f", None, ipc_stream(&[float_key])).await
+    );
+    assert!(body["detail"].as_str().unwrap().contains("FLOAT64"), "{body}");
 }

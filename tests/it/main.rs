@@ -11,4 +11,6 @@ mod errors;
 mod hardening;
 mod operations;
 mod pipeline;
+mod publication;
 mod troubleshooting;
+mod write_modes;

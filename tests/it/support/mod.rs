@@ -10,6 +10,7 @@ pub mod emulator;
 pub mod fake_rest;
 pub mod fake_write;
 pub mod proxy;
+pub mod rest_proxy;
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};

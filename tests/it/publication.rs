@@ -1,0 +1,260 @@
+//! Publication and table management where the emulator differs from BigQuery or cannot fail on
+//! demand: the recording REST proxy takes over query jobs (409 reuse, failed jobs, jobs that
+//! run a while) and shows the metadata calls; the Storage Write fake takes STRUCT rows.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_array::builder::{Int64Builder, ListBuilder, MapBuilder, StringBuilder};
+use arrow_array::{Array as _, ArrayRef, Int64Array, StringArray, StructArray};
+use arrow_schema::{DataType, Field};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::support::arrow::{batch, ids, ipc_stream};
+use crate::support::fake_write::FakeWrite;
+use crate::support::rest_proxy::{JobMode, RestProxy};
+use crate::support::{Gateway, GatewayOptions, required_env};
+
+async fn gateway_via(proxy: &RestProxy, fake: Option<&FakeWrite>) -> Gateway {
+    let mut env = vec![("BIGQUERY_EMULATOR_HOST".to_string(), proxy.address.clone())];
+    if let Some(fake) = fake {
+        env.push(("BIGQUERY_STORAGE_EMULATOR_HOST".to_string(), fake.address.clone()));
+    }
+    Gateway::spawn_with(GatewayOptions { env, ..Default::default() }).await
+}
+
+async fn open(gw: &Gateway, run: &str, execution: &str) {
+    let (status, body) = gw.open_execution(run, execution).await;
+    assert!(status == StatusCode::CREATED || status == StatusCode::OK, "{body}");
+}
+
+async fn post(gw: &Gateway, run: &str, execution: &str, resource: &str, body: Vec<u8>) {
+    let (status, receipt) = gw.post_batch(run, execution, resource, None, body).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{receipt}");
+}
+
+async fn commit(gw: &Gateway, run: &str, execution: &str) -> Value {
+    let (status, body) =
+        gw.json(Method::POST, &format!("/v1/runs/{run}/executions/{execution}/commit?wait=true"), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn at_most_eight_destinations_publish_at_once() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    let fake = FakeWrite::start().await;
+    let gw = gateway_via(&proxy, Some(&fake)).await;
+    gw.create_run("r").await;
+    let resources: Vec<String> = (0..12).map(|i| format!("t{i:02}")).collect();
+    for resource in &resources {
+        gw.declare("r", resource, json!({"write_mode": "full_append"})).await;
+    }
+    open(&gw, "r", "e").await;
+    for resource in &resources {
+        post(&gw, "r", "e", resource, ipc_stream(&[ids(0..10)])).await;
+    }
+    proxy.set_jobs(JobMode::RunFor(Duration::from_millis(1500)));
+    let committed = commit(&gw, "r", "e").await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+    let published = committed["resources"].as_array().unwrap();
+    assert!(published.iter().all(|r| r["publication"]["state"] == "done"), "{committed}");
+    assert_eq!(proxy.queries().len(), 12);
+    assert_eq!(proxy.state.lock().unwrap().max_running, 8, "eight jobs at once, not more, not fewer");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_existing_job_id_is_reused_and_never_run_twice() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    let gw = gateway_via(&proxy, None).await;
+    gw.create_run("r").await;
+    gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
+    open(&gw, "r", "e").await;
+    post(&gw, "r", "e", "t", ipc_stream(&[ids(0..25)])).await;
+    // As if an earlier attempt had submitted the job: insert answers 409, get answers DONE.
+    proxy.set_jobs(JobMode::AlreadyExists);
+    let committed = commit(&gw, "r", "e").await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+    assert_eq!(committed["resources"][0]["publication"]["state"], "done", "{committed}");
+    let job_id = committed["resources"][0]["publication"]["job_id"].as_str().unwrap().to_string();
+    assert_eq!(proxy.requests("POST", "/jobs").len(), 1);
+    assert!(!proxy.requests("GET", &format!("/jobs/{job_id}")).is_empty(), "the existing job was fetched");
+    proxy.set_jobs(JobMode::Forward);
+    // The statement was not run a second time: the staged rows never reached the table.
+    assert_eq!(gw.query(&format!("SELECT COUNT(*) FROM {}.t", gw.dataset)).await[0][0], "0");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_job_is_surfaced_on_redelivery_without_a_new_job() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    let fake = FakeWrite::start().await;
+    let gw = gateway_via(&proxy, Some(&fake)).await;
+    gw.create_run("r").await;
+    gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
+    open(&gw, "r", "e").await;
+    post(&gw, "r", "e", "t", ipc_stream(&[ids(0..5)])).await;
+    proxy.set_jobs(JobMode::Fail("Query error: boom".into()));
+    let failed = commit(&gw, "r", "e").await;
+    assert_eq!(failed["state"], "failed", "{failed}");
+    assert_eq!(failed["error"]["code"], "publication_failed", "{failed}");
+    assert!(failed["error"]["detail"].as_str().unwrap().contains("boom"), "{failed}");
+    assert_eq!(failed["resources"][0]["publication"]["state"], "failed", "{failed}");
+
+    // The extractor redelivers the same execution: the recorded failure answers, no new job.
+    open(&gw, "r", "e").await;
+    post(&gw, "r", "e", "t", ipc_stream(&[ids(0..5)])).await;
+    let again = commit(&gw, "r", "e").await;
+    assert_eq!(again["state"], "failed", "{again}");
+    assert_eq!(again["error"]["code"], "publication_failed", "{again}");
+    assert!(again["error"]["hint"].as_str().unwrap().contains("new execution"), "{again}");
+    assert_eq!(proxy.queries().len(), 1, "no second job for a recorded failure");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn new_columns_are_added_with_tables_patch_and_staging_tables_expire_in_seven_days() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    let gw = gateway_via(&proxy, None).await;
+    gw.create_run("r").await;
+    gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
+    open(&gw, "r", "e1").await;
+    post(&gw, "r", "e1", "t", ipc_stream(&[ids(0..5)])).await;
+    assert_eq!(commit(&gw, "r", "e1").await["state"], "committed");
+
+    let staging_inserts: Vec<Value> = proxy
+        .requests("POST", "/tables")
+        .into_iter()
+        .map(|r| r.body)
+        .filter(|b| b["tableReference"]["tableId"].as_str().is_some_and(|t| t.starts_with("_filament_stg_")))
+        .collect();
+    assert_eq!(staging_inserts.len(), 1);
+    let expires_ms: i64 = staging_inserts[0]["expirationTime"].as_str().unwrap().parse().unwrap();
+    let seven_days_ms = 7 * 24 * 3600 * 1000;
+    let from_now = expires_ms - chrono::Utc::now().timestamp_millis();
+    assert!((seven_days_ms - 3_600_000..=seven_days_ms).contains(&from_now), "expires in {from_now} ms");
+
+    // The next execution sends one more column: the table gains it (NULLABLE, at the end).
+    let wider = batch(
+        vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("v", DataType::Int64, true),
+            Field::new("note", DataType::Utf8, false),
+        ],
+        vec![
+            Arc::new(Int64Array::from(vec![7])),
+            Arc::new(Int64Array::from(vec![70])),
+            Arc::new(StringArray::from(vec!["hello"])),
+        ],
+    );
+    // The emulator's tables.patch changes only its catalog (not the DuckDB table), so the job
+    // that would read the new column is taken over.
+    proxy.set_jobs(JobMode::RunFor(Duration::ZERO));
+    open(&gw, "r", "e2").await;
+    post(&gw, "r", "e2", "t", ipc_stream(&[wider])).await;
+    assert_eq!(commit(&gw, "r", "e2").await["state"], "committed");
+    let patches = proxy.requests("PATCH", "/tables/t");
+    assert_eq!(patches.len(), 1, "{patches:?}");
+    let fields = patches[0].body["schema"]["fields"].as_array().unwrap().clone();
+    let names: Vec<&str> = fields.iter().map(|f| f["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["id", "v", "note"]);
+    assert_eq!(fields[2]["mode"], "NULLABLE");
+    assert_eq!(fields[2]["type"], "STRING");
+    let queries = proxy.queries();
+    assert!(queries.iter().all(|q| !q.to_uppercase().contains("ALTER")), "{queries:?}");
+    assert!(queries.last().unwrap().contains("`note`"), "{queries:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_incompatible_existing_type_fails_naming_the_column_and_both_types() {
+    let gw = Gateway::spawn().await;
+    gw.create_run("r").await;
+    gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
+    open(&gw, "r", "e1").await;
+    post(&gw, "r", "e1", "t", ipc_stream(&[ids(0..5)])).await;
+    assert_eq!(commit(&gw, "r", "e1").await["state"], "committed");
+    let text_v = batch(
+        vec![Field::new("id", DataType::Int64, false), Field::new("v", DataType::Utf8, true)],
+        vec![Arc::new(Int64Array::from(vec![1])), Arc::new(StringArray::from(vec!["x"]))],
+    );
+    open(&gw, "r", "e2").await;
+    let (status, _) = gw.post_batch("r", "e2", "t", None, ipc_stream(&[text_v])).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let failed = commit(&gw, "r", "e2").await;
+    assert_eq!(failed["state"], "failed", "{failed}");
+    assert_eq!(failed["error"]["code"], "incompatible_schema", "{failed}");
+    let detail = failed["error"]["detail"].as_str().unwrap();
+    assert!(detail.contains("v is INT") && detail.contains("STRING"), "{detail}");
+    assert_eq!(gw.query(&format!("SELECT COUNT(*) FROM {}.t", gw.dataset)).await[0][0], "5", "unchanged");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn struct_array_and_map_columns_become_record_and_repeated_fields() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    let fake = FakeWrite::start().await;
+    let gw = gateway_via(&proxy, Some(&fake)).await;
+    gw.create_run("r").await;
+    gw.declare("r", "orders", json!({"write_mode": "full_append"})).await;
+
+    let mut tags = ListBuilder::new(StringBuilder::new());
+    tags.append_value([Some("a"), Some("b")]);
+    tags.append_null();
+    tags.append_value([Some("c")]);
+    let mut attributes = MapBuilder::new(None, StringBuilder::new(), Int64Builder::new());
+    attributes.keys().append_value("size");
+    attributes.values().append_value(3);
+    attributes.append(true).unwrap();
+    attributes.append(true).unwrap();
+    attributes.append(false).unwrap();
+    let address = StructArray::from(vec![
+        (
+            Arc::new(Field::new("city", DataType::Utf8, true)),
+            Arc::new(StringArray::from(vec!["Oslo", "Rome", "Lima"])) as ArrayRef,
+        ),
+        (Arc::new(Field::new("zip", DataType::Int64, true)), Arc::new(Int64Array::from(vec![1, 2, 3])) as ArrayRef),
+    ]);
+    let (tags, attributes) = (tags.finish(), attributes.finish());
+    let body = batch(
+        vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("tags", tags.data_type().clone(), true),
+            Field::new("attributes", attributes.data_type().clone(), true),
+            Field::new("address", address.data_type().clone(), true),
+        ],
+        vec![Arc::new(Int64Array::from(vec![1, 2, 3])), Arc::new(tags), Arc::new(attributes), Arc::new(address)],
+    );
+    open(&gw, "r", "e").await;
+    post(&gw, "r", "e", "orders", ipc_stream(&[body])).await;
+    proxy.set_jobs(JobMode::RunFor(Duration::ZERO));
+    assert_eq!(commit(&gw, "r", "e").await["state"], "committed");
+
+    let created = proxy
+        .requests("POST", "/tables")
+        .into_iter()
+        .find(|r| r.body["tableReference"]["tableId"] == "orders")
+        .expect("the destination was created");
+    let fields: Vec<(String, String, String)> = created.body["schema"]["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (f["name"].as_str().unwrap().into(), f["type"].as_str().unwrap().into(), f["mode"].as_str().unwrap().into())
+        })
+        .collect();
+    let field = |n: &str, t: &str, m: &str| (n.to_string(), t.to_string(), m.to_string());
+    assert_eq!(
+        fields,
+        vec![
+            field("id", "INT64", "NULLABLE"),
+            field("tags", "STRING", "REPEATED"),
+            field("attributes", "RECORD", "REPEATED"),
+            field("address", "RECORD", "NULLABLE"),
+        ]
+    );
+    let attribute_fields = &created.body["schema"]["fields"][2]["fields"];
+    assert_eq!(attribute_fields[0]["name"], "key");
+    assert_eq!(attribute_fields[1]["name"], "value");
+    assert_eq!(created.body["schema"]["fields"][3]["fields"][1]["type"], "INT64");
+    assert_eq!(fake.stream_for("orders").ids, vec![1, 2, 3], "every row reached the stream");
+    let insert = proxy.queries().pop().unwrap();
+    assert!(insert.contains("`tags`, `attributes`, `address`"), "{insert}");
+}

@@ -1,0 +1,182 @@
+//! A recording, scriptable proxy in front of the emulator's REST API, for what the emulator
+//! cannot show or do on demand: it records every request (method, path, JSON body) and can
+//! take over query jobs (`jobs.insert` / `jobs.get`) with BigQuery's real answers: a 409
+//! `duplicate` for an existing job id, a DONE job with an `errorResult`, or jobs that stay
+//! RUNNING for a while (to observe how many publish at once). Everything else is forwarded.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::fake_rest::bigquery_error;
+
+/// What the proxy does with query jobs.
+#[derive(Debug, Clone, Default)]
+pub enum JobMode {
+    /// Forward to the emulator.
+    #[default]
+    Forward,
+    /// Answer every `jobs.insert` with 409 `duplicate` and `jobs.get` with a DONE job (as if
+    /// an earlier attempt had submitted it).
+    AlreadyExists,
+    /// Answer `jobs.insert` with a DONE job that failed with this message.
+    Fail(String),
+    /// Answer `jobs.insert` with a RUNNING job that `jobs.get` reports DONE after this long.
+    RunFor(Duration),
+}
+
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: String,
+    pub path: String,
+    pub body: Value,
+}
+
+#[derive(Debug, Default)]
+pub struct ProxyState {
+    pub jobs: JobMode,
+    pub requests: Vec<Recorded>,
+    /// Jobs taken over by `RunFor`: id -> when it finishes.
+    pub running: HashMap<String, Instant>,
+    pub max_running: usize,
+}
+
+#[derive(Clone)]
+pub struct RestProxy {
+    pub address: String,
+    pub state: Arc<Mutex<ProxyState>>,
+}
+
+struct Shared {
+    upstream: String,
+    state: Arc<Mutex<ProxyState>>,
+    http: reqwest::Client,
+}
+
+impl RestProxy {
+    /// Proxies to the emulator at `upstream` (`host:port`).
+    pub async fn start(upstream: &str) -> Self {
+        let state = Arc::new(Mutex::new(ProxyState::default()));
+        let shared = Arc::new(Shared {
+            upstream: upstream.to_string(),
+            state: Arc::clone(&state),
+            http: reqwest::Client::new(),
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let app = axum::Router::new().fallback(handle).with_state(shared);
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self { address, state }
+    }
+
+    pub fn set_jobs(&self, mode: JobMode) {
+        self.state.lock().unwrap().jobs = mode;
+    }
+
+    /// Recorded requests whose method is `method` and whose path contains `path_part`.
+    pub fn requests(&self, method: &str, path_part: &str) -> Vec<Recorded> {
+        self.state
+            .lock()
+            .unwrap()
+            .requests
+            .iter()
+            .filter(|r| r.method == method && r.path.contains(path_part))
+            .cloned()
+            .collect()
+    }
+
+    /// The SQL of every `jobs.insert` seen.
+    pub fn queries(&self) -> Vec<String> {
+        self.requests("POST", "/jobs")
+            .iter()
+            .filter_map(|r| r.body["configuration"]["query"]["query"].as_str().map(str::to_string))
+            .collect()
+    }
+}
+
+fn job(id: &str, state: &str, error: Option<&str>) -> Value {
+    let mut job = json!({
+        "kind": "bigquery#job",
+        "id": format!("demo:US.{id}"),
+        "jobReference": {"projectId": "demo", "jobId": id, "location": "US"},
+        "status": {"state": state},
+        "statistics": {"query": {"numDmlAffectedRows": "0"}},
+    });
+    if let Some(message) = error {
+        job["status"]["errorResult"] = json!({"reason": "invalidQuery", "message": message});
+        job["status"]["errors"] = json!([{"reason": "invalidQuery", "message": message}]);
+    }
+    job
+}
+
+/// The job id of a `jobs.get` path (`.../jobs/{id}`).
+fn job_id_of(path: &str) -> Option<String> {
+    path.split("/jobs/").nth(1).map(|id| id.trim_end_matches('/').to_string())
+}
+
+async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let path_and_query = request.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_default();
+    let content_type = request.headers().get("content-type").cloned();
+    let body: Bytes = axum::body::to_bytes(request.into_body(), usize::MAX).await.unwrap_or_default();
+    let json_body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let mode = {
+        let mut state = shared.state.lock().unwrap();
+        state.requests.push(Recorded { method: method.to_string(), path: path.clone(), body: json_body.clone() });
+        state.jobs.clone()
+    };
+    let is_insert = method == "POST" && path.ends_with("/jobs");
+    let get_id = (method == "GET").then(|| job_id_of(&path)).flatten();
+    if is_insert || get_id.is_some() {
+        let id =
+            get_id.clone().unwrap_or_else(|| json_body["jobReference"]["jobId"].as_str().unwrap_or("").to_string());
+        match mode {
+            JobMode::Forward => {}
+            JobMode::AlreadyExists if is_insert => {
+                let message = format!("Already Exists: Job demo:US.{id}");
+                return (
+                    StatusCode::CONFLICT,
+                    axum::Json(bigquery_error(409, "ALREADY_EXISTS", &message, "duplicate", vec![])),
+                )
+                    .into_response();
+            }
+            JobMode::AlreadyExists => return axum::Json(job(&id, "DONE", None)).into_response(),
+            JobMode::Fail(message) => return axum::Json(job(&id, "DONE", Some(&message))).into_response(),
+            JobMode::RunFor(duration) => {
+                let mut state = shared.state.lock().unwrap();
+                let now = Instant::now();
+                if is_insert {
+                    state.running.insert(id.clone(), now + duration);
+                }
+                let running = state.running.values().filter(|done_at| **done_at > now).count();
+                state.max_running = state.max_running.max(running);
+                let done = state.running.get(&id).is_none_or(|done_at| *done_at <= now);
+                return axum::Json(job(&id, if done { "DONE" } else { "RUNNING" }, None)).into_response();
+            }
+        }
+    }
+    let mut forwarded = shared.http.request(method, format!("http://{}{path_and_query}", shared.upstream)).body(body);
+    if let Some(content_type) = content_type {
+        forwarded = forwarded.header("content-type", content_type);
+    }
+    match forwarded.timeout(Duration::from_secs(120)).send().await {
+        Ok(response) => {
+            let status = StatusCode::from_u16(response.status().as_u16()).unwrap();
+            let content_type = response.headers().get("content-type").cloned();
+            let bytes = response.bytes().await.unwrap_or_default();
+            let mut answer = (status, bytes).into_response();
+            if let Some(content_type) = content_type {
+                answer.headers_mut().insert("content-type", content_type);
+            }
+            answer
+        }
+        Err(e) => (StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
+    }
+}
