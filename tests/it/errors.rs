@@ -442,4 +442,17 @@ async fn keyed_batches_need_eligible_non_null_keys_and_valid_operations() {
         gw.post_batch("run", "e", "f", None, ipc_stream(&[float_key])).await
     );
     assert!(body["detail"].as_str().unwrap().contains("FLOAT64"), "{body}");
+    let json_field = Field::new("doc", DataType::Utf8, true).with_metadata(std::collections::HashMap::from([(
+        "ARROW:extension:name".to_string(),
+        "arrow.json".to_string(),
+    )]));
+    let bad_json =
+        batch(vec![json_field], vec![Arc::new(StringArray::from(vec![Some("{\"a\": 1}"), Some("{\"b\": ")]))]);
+    let body = rejected_without_trace!(
+        gw,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_value",
+        gw.post_batch("run", "e", "t", None, ipc_stream(&[bad_json])).await
+    );
+    assert!(body["detail"].as_str().unwrap().contains("row 1"), "{body}");
 }

@@ -94,7 +94,7 @@ async fn a_failed_job_is_surfaced_on_redelivery_without_a_new_job() {
     gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
     open(&gw, "r", "e").await;
     post(&gw, "r", "e", "t", ipc_stream(&[ids(0..5)])).await;
-    proxy.set_jobs(JobMode::Fail("Query error: boom".into()));
+    proxy.set_jobs(JobMode::Fail { query_contains: String::new(), message: "Query error: boom".into() });
     let failed = commit(&gw, "r", "e").await;
     assert_eq!(failed["state"], "failed", "{failed}");
     assert_eq!(failed["error"]["code"], "publication_failed", "{failed}");
@@ -257,4 +257,72 @@ async fn struct_array_and_map_columns_become_record_and_repeated_fields() {
     assert_eq!(fake.stream_for("orders").ids, vec![1, 2, 3], "every row reached the stream");
     let insert = proxy.queries().pop().unwrap();
     assert!(insert.contains("`tags`, `attributes`, `address`"), "{insert}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failure_during_publication_reports_each_destination() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    let gw = gateway_via(&proxy, None).await;
+    gw.create_run("r").await;
+    gw.declare("r", "good", json!({"write_mode": "full_append"})).await;
+    gw.declare("r", "bad", json!({"write_mode": "full_append"})).await;
+    open(&gw, "r", "e").await;
+    post(&gw, "r", "e", "good", ipc_stream(&[ids(0..7)])).await;
+    post(&gw, "r", "e", "bad", ipc_stream(&[ids(0..3)])).await;
+    proxy.set_jobs(JobMode::Fail { query_contains: "`bad`".into(), message: "Query error: quota".into() });
+    let failed = commit(&gw, "r", "e").await;
+    assert_eq!(failed["state"], "failed", "{failed}");
+    assert_eq!(failed["error"]["code"], "publication_failed", "{failed}");
+    let state_of = |resource: &str| {
+        failed["resources"].as_array().unwrap().iter().find(|r| r["resource"] == resource).unwrap()["publication"]
+            ["state"]
+            .clone()
+    };
+    assert_eq!(state_of("good"), "done");
+    assert_eq!(state_of("bad"), "failed");
+    let ds = &gw.dataset;
+    assert_eq!(gw.query(&format!("SELECT COUNT(*) FROM {ds}.good")).await[0][0], "7");
+    assert_eq!(gw.query(&format!("SELECT COUNT(*) FROM {ds}.bad")).await[0][0], "0");
+    let (_, run) = gw.json(Method::GET, "/v1/runs/r", None).await;
+    assert_eq!(run["durable_checkpoint"], Value::Null, "{run}");
+    // Both staging tables are gone: one published, the other's job failed for good.
+    let deleted: Vec<String> =
+        proxy.requests("DELETE", "/tables/_filament_stg_").iter().map(|r| r.path.clone()).collect();
+    assert_eq!(deleted.len(), 2, "{deleted:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn abort_before_commit_deletes_the_staging_tables() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    let gw = gateway_via(&proxy, None).await;
+    gw.create_run("r").await;
+    gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
+    open(&gw, "r", "e").await;
+    post(&gw, "r", "e", "t", ipc_stream(&[ids(0..7)])).await;
+    // Flushed, so the lane prepares: wait for its staging table.
+    let (status, _) =
+        gw.json(Method::POST, "/v1/runs/r/executions/e/checkpoints", Some(json!({"checkpoint": 1}))).await;
+    assert_eq!(status, StatusCode::OK);
+    let mut staging = None;
+    for _ in 0..100 {
+        staging = proxy
+            .requests("POST", "/tables")
+            .iter()
+            .filter_map(|r| r.body["tableReference"]["tableId"].as_str().map(str::to_string))
+            .find(|t| t.starts_with("_filament_stg_"));
+        if staging.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let staging = staging.expect("the lane created its staging table");
+    let (status, aborted) = gw.json(Method::POST, "/v1/runs/r/executions/e/abort", None).await;
+    assert_eq!(status, StatusCode::OK, "{aborted}");
+    for _ in 0..100 {
+        if !proxy.requests("DELETE", &format!("/tables/{staging}")).is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("staging table {staging} was not deleted after abort");
 }

@@ -25,8 +25,9 @@ pub enum JobMode {
     /// Answer every `jobs.insert` with 409 `duplicate` and `jobs.get` with a DONE job (as if
     /// an earlier attempt had submitted it).
     AlreadyExists,
-    /// Answer `jobs.insert` with a DONE job that failed with this message.
-    Fail(String),
+    /// Answer `jobs.insert` of queries containing `query_contains` with a DONE job that failed
+    /// with `message`; forward the others.
+    Fail { query_contains: String, message: String },
     /// Answer `jobs.insert` with a RUNNING job that `jobs.get` reports DONE after this long.
     RunFor(Duration),
 }
@@ -45,6 +46,8 @@ pub struct ProxyState {
     /// Jobs taken over by `RunFor`: id -> when it finishes.
     pub running: HashMap<String, Instant>,
     pub max_running: usize,
+    /// Jobs answered as failed by `Fail` (their `jobs.get` fails too).
+    pub failed_jobs: Vec<String>,
 }
 
 #[derive(Clone)]
@@ -148,7 +151,14 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
                     .into_response();
             }
             JobMode::AlreadyExists => return axum::Json(job(&id, "DONE", None)).into_response(),
-            JobMode::Fail(message) => return axum::Json(job(&id, "DONE", Some(&message))).into_response(),
+            JobMode::Fail { query_contains, message } => {
+                let query = json_body["configuration"]["query"]["query"].as_str().unwrap_or("");
+                let failed = shared.state.lock().unwrap().failed_jobs.contains(&id);
+                if (is_insert && query.contains(&query_contains)) || failed {
+                    shared.state.lock().unwrap().failed_jobs.push(id.clone());
+                    return axum::Json(job(&id, "DONE", Some(&message))).into_response();
+                }
+            }
             JobMode::RunFor(duration) => {
                 let mut state = shared.state.lock().unwrap();
                 let now = Instant::now();
