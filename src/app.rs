@@ -38,7 +38,8 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     }
 
     let endpoints = Endpoints::from_config(&config);
-    let bigquery = BigQuery::connect(endpoints.clone()).await.context("building BigQuery clients")?;
+    let bigquery =
+        BigQuery::connect(endpoints.clone(), config.append_gzip_level).await.context("building BigQuery clients")?;
     if let Err(e) = crate::bigquery::credentials::probe(&bigquery.credentials).await {
         // Not fatal: /readyz reports it, and the fix may be applied without a restart.
         let problem = e.to_problem(ErrorCode::MissingCredentials);

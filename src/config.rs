@@ -94,6 +94,11 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_MAX_CONCURRENT_PREPARES", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub max_concurrent_prepares: u32,
 
+    /// gzip level of AppendRows requests: 1 (fastest; the default: compression is most of the
+    /// gateway's CPU) to 9 (smallest), 0 to send them uncompressed.
+    #[arg(long, env = "FILAMENT_APPEND_GZIP_LEVEL", default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=9))]
+    pub append_gzip_level: u32,
+
     /// Attempts per AppendRows request (first included) before the execution fails.
     #[arg(long, env = "FILAMENT_APPEND_MAX_ATTEMPTS", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub append_max_attempts: u32,

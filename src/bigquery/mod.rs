@@ -52,7 +52,9 @@ pub struct BigQuery {
 }
 
 impl BigQuery {
-    pub async fn connect(endpoints: Endpoints) -> anyhow::Result<Self> {
+    /// Clients for `endpoints`; AppendRows requests are gzip-compressed at `append_gzip_level`
+    /// (0: uncompressed).
+    pub async fn connect(endpoints: Endpoints, append_gzip_level: u32) -> anyhow::Result<Self> {
         let credentials = credentials::build(endpoints.emulator).map_err(|e| {
             let problem = e.to_problem(crate::error::ErrorCode::MissingCredentials);
             anyhow::anyhow!("{}: {} (hint: {})", problem.code, problem.detail, problem.hint.unwrap_or_default())
@@ -69,7 +71,7 @@ impl BigQuery {
             .await?;
         let jobs =
             JobService::builder().with_endpoint(&endpoints.rest).with_credentials(credentials.clone()).build().await?;
-        let writer = write::WriteClient::connect(&endpoints.grpc, credentials.clone())?;
+        let writer = write::WriteClient::connect(&endpoints.grpc, credentials.clone(), append_gzip_level)?;
         Ok(Self { datasets, tables, jobs, writer, credentials, endpoints })
     }
 

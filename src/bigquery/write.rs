@@ -1,30 +1,48 @@
 //! The Storage Write API over tonic (generated `googleapis-tonic-google-cloud-bigquery-storage-v1`
 //! client): PENDING streams, AppendRows with explicit row offsets and gzip, finalize, batch
 //! commit and GetWriteStream. Wire facts: `../shared/docs/bigquery-facts.md`.
+//!
+//! AppendRows requests are framed here rather than by tonic's encoder: tonic compresses at a
+//! fixed gzip level 6, which costs about three times the CPU of level 1 for a slightly better
+//! ratio, and compression is most of the gateway's CPU (`docs/performance.md`). Each request is
+//! protobuf-encoded and gzip-compressed at `FILAMENT_APPEND_GZIP_LEVEL` into a standard gRPC
+//! length-prefixed message; responses are decoded by tonic as usual.
 
-use bytes::Bytes;
+use std::convert::Infallible;
+use std::io::Write as _;
+
+use bytes::{BufMut as _, Bytes, BytesMut};
+use futures::StreamExt as _;
 use google_cloud_auth::credentials::Credentials;
 use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::{
     AppendRowsRequest, AppendRowsResponse, ArrowRecordBatch, ArrowSchema, BatchCommitWriteStreamsRequest,
     CreateWriteStreamRequest, FinalizeWriteStreamRequest, GetWriteStreamRequest, WriteStream, append_rows_request,
     append_rows_response, big_query_write_client::BigQueryWriteClient, write_stream,
 };
+use prost::Message as _;
 use tokio::sync::mpsc;
-use tonic::codec::CompressionEncoding;
+use tonic::codec::{Codec as _, CompressionEncoding};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tower::ServiceExt as _;
 
 use super::{BigQueryError, BigQueryResult, credentials};
-use crate::ingest::encode::AppendPayload;
 
 /// gRPC code `ALREADY_EXISTS`: the offset is below the stream's end, so these rows landed in an
 /// earlier attempt whose response was lost.
 const CODE_ALREADY_EXISTS: i32 = 6;
 
+const APPEND_ROWS_PATH: &str = "/google.cloud.bigquery.storage.v1.BigQueryWrite/AppendRows";
+const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+
 /// Shared gRPC channel to the Storage Write API plus the credentials that authorise it.
 #[derive(Debug, Clone)]
 pub struct WriteClient {
     channel: Channel,
+    /// `scheme://authority` of the endpoint, for hand-built AppendRows calls.
+    origin: String,
     credentials: Credentials,
+    /// gzip level of AppendRows requests (1 fastest .. 9 smallest); `None` sends them plain.
+    gzip_level: Option<u32>,
 }
 
 /// Outcome of one append that BigQuery accepted.
@@ -57,7 +75,8 @@ fn routing_value(value: &str) -> String {
 
 impl WriteClient {
     /// A lazily connecting channel; TLS with the bundled web PKI roots for `https://` endpoints.
-    pub fn connect(endpoint: &str, credentials: Credentials) -> anyhow::Result<Self> {
+    /// `gzip_level` 0 sends AppendRows requests uncompressed.
+    pub fn connect(endpoint: &str, credentials: Credentials, gzip_level: u32) -> anyhow::Result<Self> {
         let mut builder = Endpoint::from_shared(endpoint.to_string())?
             .http2_keep_alive_interval(std::time::Duration::from_secs(30))
             .keep_alive_while_idle(true)
@@ -65,7 +84,14 @@ impl WriteClient {
         if endpoint.starts_with("https://") {
             builder = builder.tls_config(ClientTlsConfig::new().with_webpki_roots())?;
         }
-        Ok(Self { channel: builder.connect_lazy(), credentials })
+        let origin = endpoint.trim_end_matches('/').to_string();
+        let gzip_level = (gzip_level > 0).then_some(gzip_level.min(9));
+        Ok(Self { channel: builder.connect_lazy(), origin, credentials, gzip_level })
+    }
+
+    /// How AppendRows requests are compressed, for logs: `gzip-1` .. `gzip-9` or `none`.
+    pub fn compression(&self) -> String {
+        self.gzip_level.map_or_else(|| "none".to_string(), |level| format!("gzip-{level}"))
     }
 
     fn client(&self) -> BigQueryWriteClient<Channel> {
@@ -153,35 +179,89 @@ impl WriteClient {
 
     /// Opens an AppendRows call whose first requests are `first` (queued before the call starts:
     /// some servers send response headers only once they have a message). Later requests go
-    /// through the returned sender; responses arrive in request order, one each.
+    /// through the returned connection; responses arrive in request order, one each.
     pub async fn open_append_connection(
         &self,
         stream_name: &str,
         first: Vec<AppendRowsRequest>,
     ) -> BigQueryResult<AppendConnection> {
-        let (sender, receiver) = mpsc::unbounded_channel();
-        for request in first {
-            sender.send(request).map_err(|_| BigQueryError::Connect("request channel closed".into()))?;
+        let (sender, receiver) = mpsc::unbounded_channel::<Bytes>();
+        let connection = AppendConnection { sender, responses: None, gzip_level: self.gzip_level };
+        for request in &first {
+            connection.send(request)?;
         }
-        let request = self
-            .request(tokio_stream::wrappers::UnboundedReceiverStream::new(receiver), "write_stream", stream_name)
-            .await?;
+        let frames = tokio_stream::wrappers::UnboundedReceiverStream::new(receiver)
+            .map(|frame| Ok::<_, Infallible>(http_body::Frame::data(frame)));
+        let mut builder = http::Request::builder()
+            .method(http::Method::POST)
+            .uri(format!("{}{APPEND_ROWS_PATH}", self.origin))
+            .version(http::Version::HTTP_2)
+            .header(http::header::CONTENT_TYPE, "application/grpc")
+            .header(http::header::TE, "trailers");
+        if self.gzip_level.is_some() {
+            builder = builder.header("grpc-encoding", "gzip");
+        }
+        for (name, value) in credentials::headers(&self.credentials).await?.iter() {
+            builder = builder.header(name, value);
+        }
+        builder = builder.header("x-goog-request-params", format!("write_stream={}", routing_value(stream_name)));
+        let request = builder
+            .body(tonic::body::Body::new(http_body_util::StreamBody::new(frames)))
+            .map_err(|e| BigQueryError::Connect(format!("building the AppendRows request: {e}")))?;
+        let grpc_error = |status: tonic::Status| BigQueryError::Grpc { operation: "AppendRows", status };
+        let mut channel = self.channel.clone();
+        let channel = channel.ready().await.map_err(|e| grpc_error(tonic::Status::from_error(e.into())))?;
+        let response = tower::Service::call(channel, request)
+            .await
+            .map_err(|e| grpc_error(tonic::Status::from_error(e.into())))?;
+        // A call refused at once answers with its status in the headers (trailers-only).
+        if let Some(status) = tonic::Status::from_header_map(response.headers())
+            && status.code() != tonic::Code::Ok
+        {
+            return Err(grpc_error(status));
+        }
+        let status_code = response.status();
+        let decoder = tonic_prost::ProstCodec::<AppendRowsRequest, AppendRowsResponse>::default().decoder();
         let responses =
-            self.client().append_rows(request).await.map_err(BigQueryError::grpc("AppendRows"))?.into_inner();
-        Ok(AppendConnection { sender, responses })
+            tonic::Streaming::new_response(decoder, response.into_body(), status_code, None, Some(MAX_RESPONSE_BYTES));
+        Ok(AppendConnection { responses: Some(responses), ..connection })
     }
 }
 
 /// One bidirectional AppendRows call. Dropping it stops both sending and receiving.
 #[derive(Debug)]
 pub struct AppendConnection {
-    sender: mpsc::UnboundedSender<AppendRowsRequest>,
-    responses: tonic::Streaming<AppendRowsResponse>,
+    sender: mpsc::UnboundedSender<Bytes>,
+    responses: Option<tonic::Streaming<AppendRowsResponse>>,
+    gzip_level: Option<u32>,
+}
+
+/// One gRPC length-prefixed message: compressed flag, big-endian length, the (compressed)
+/// protobuf bytes.
+fn grpc_frame(request: &AppendRowsRequest, gzip_level: Option<u32>) -> Bytes {
+    let encoded = request.encode_to_vec();
+    let mut frame = BytesMut::with_capacity(5 + encoded.len() / 2);
+    frame.put_u8(u8::from(gzip_level.is_some()));
+    frame.put_u32(0);
+    match gzip_level {
+        Some(level) => {
+            let mut encoder = flate2::write::GzEncoder::new((&mut frame).writer(), flate2::Compression::new(level));
+            // Writing into memory cannot fail.
+            let _ = encoder.write_all(&encoded);
+            let _ = encoder.finish();
+        }
+        None => frame.extend_from_slice(&encoded),
+    }
+    let length = (frame.len() - 5) as u32;
+    frame[1..5].copy_from_slice(&length.to_be_bytes());
+    frame.freeze()
 }
 
 impl AppendConnection {
-    pub fn send(&self, request: AppendRowsRequest) -> BigQueryResult<()> {
-        self.sender.send(request).map_err(|_| BigQueryError::Grpc {
+    /// Encodes, compresses and queues one request (on the caller's task: compression is the
+    /// costly part and spreads over the lanes that send).
+    pub fn send(&self, request: &AppendRowsRequest) -> BigQueryResult<()> {
+        self.sender.send(grpc_frame(request, self.gzip_level)).map_err(|_| BigQueryError::Grpc {
             operation: "AppendRows",
             status: tonic::Status::unavailable("the AppendRows connection closed"),
         })
@@ -189,7 +269,10 @@ impl AppendConnection {
 
     /// The next response; a closed stream is an `UNAVAILABLE` error (retryable).
     pub async fn next_response(&mut self) -> BigQueryResult<AppendRowsResponse> {
-        match self.responses.message().await {
+        let Some(responses) = self.responses.as_mut() else {
+            return Err(BigQueryError::Inconsistent("the AppendRows call was not started".into()));
+        };
+        match responses.message().await {
             Ok(Some(response)) => Ok(response),
             Ok(None) => Err(BigQueryError::Grpc {
                 operation: "AppendRows",
@@ -206,17 +289,14 @@ pub fn append_request(
     stream_name: &str,
     writer_schema: Option<Bytes>,
     offset: i64,
-    payload: &AppendPayload,
+    serialized_record_batch: Bytes,
 ) -> AppendRowsRequest {
     AppendRowsRequest {
         write_stream: stream_name.to_string(),
         offset: Some(offset),
         rows: Some(append_rows_request::Rows::ArrowRows(append_rows_request::ArrowData {
             writer_schema: writer_schema.map(|serialized_schema| ArrowSchema { serialized_schema }),
-            rows: Some(ArrowRecordBatch {
-                serialized_record_batch: payload.serialized_record_batch.clone(),
-                ..Default::default()
-            }),
+            rows: Some(ArrowRecordBatch { serialized_record_batch, ..Default::default() }),
         })),
         ..Default::default()
     }
@@ -250,6 +330,22 @@ pub fn judge_append_response(offset: i64, response: AppendRowsResponse) -> BigQu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn frames_are_grpc_length_prefixed_and_gzip_when_asked() {
+        let request = AppendRowsRequest { write_stream: "s".repeat(1000), offset: Some(7), ..Default::default() };
+        let plain = grpc_frame(&request, None);
+        assert_eq!(plain[0], 0);
+        assert_eq!(u32::from_be_bytes(plain[1..5].try_into().unwrap()) as usize, plain.len() - 5);
+        assert_eq!(AppendRowsRequest::decode(&plain[5..]).unwrap(), request);
+        let compressed = grpc_frame(&request, Some(1));
+        assert_eq!(compressed[0], 1);
+        assert_eq!(u32::from_be_bytes(compressed[1..5].try_into().unwrap()) as usize, compressed.len() - 5);
+        assert!(compressed.len() < plain.len() / 4);
+        let mut decompressed = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&compressed[5..]), &mut decompressed).unwrap();
+        assert_eq!(AppendRowsRequest::decode(decompressed.as_slice()).unwrap(), request);
+    }
 
     #[test]
     fn routing_values_are_percent_encoded() {

@@ -463,9 +463,9 @@ async fn upload(
                 next_offset += upload.rows as i64;
                 let first = connection.is_none();
                 let request = append_request(&stream_name, first.then(|| target.serialized_schema.clone()), offset,
-                    &AppendPayload { rows: upload.rows, serialized_record_batch: upload.message.clone(), batch: None });
+                    upload.message.clone());
                 let sent = match connection.as_ref() {
-                    Some(open) => open.send(request),
+                    Some(open) => open.send(&request),
                     None => match writer.open_append_connection(&stream_name, vec![request]).await {
                         Ok(open) => { connection = Some(open); Ok(()) }
                         Err(e) => Err(e),
@@ -526,9 +526,8 @@ async fn reconnect(
         .iter()
         .enumerate()
         .map(|(index, f)| {
-            let payload =
-                AppendPayload { rows: f.upload.rows, serialized_record_batch: f.upload.message.clone(), batch: None };
-            append_request(stream_name, (index == 0).then(|| target.serialized_schema.clone()), f.offset, &payload)
+            let schema = (index == 0).then(|| target.serialized_schema.clone());
+            append_request(stream_name, schema, f.offset, f.upload.message.clone())
         })
         .collect();
     let connection = writer.open_append_connection(stream_name, requests).await?;

@@ -100,7 +100,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Pipeline {
     pub fn new(bigquery: BigQuery, store: Store, limits: PipelineLimits) -> Self {
         tracing::info!(
-            compression = "gzip",
+            compression = %bigquery.writer().compression(),
             max_inflight_requests = limits.max_inflight_requests,
             inflight_per_stream = limits.inflight_per_stream,
             max_concurrent_prepares = limits.max_concurrent_prepares,
