@@ -78,6 +78,16 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_MAX_BUFFERED_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub max_buffered_bytes: usize,
 
+    /// One resource's part of the upload budget (per execution), so that a table BigQuery
+    /// acknowledges slowly cannot take the whole budget from the others. Default: half of it.
+    #[arg(long, env = "FILAMENT_MAX_BUFFERED_BYTES_PER_RESOURCE")]
+    pub max_buffered_bytes_per_resource: Option<usize>,
+
+    /// Batch bodies decoded and encoded at once, gateway-wide (bodies beyond it wait unread):
+    /// bounds the memory a request uses before its bytes reach the budget.
+    #[arg(long, env = "FILAMENT_MAX_CONCURRENT_BATCH_DECODES", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub max_concurrent_batch_decodes: u32,
+
     /// How long a batch request waits for room in the upload budget before answering 429.
     #[arg(long, env = "FILAMENT_BACKPRESSURE_WAIT_MS", default_value_t = 10_000)]
     pub backpressure_wait_ms: u64,
@@ -147,6 +157,11 @@ impl ServeConfig {
     pub fn pipeline_limits(&self) -> crate::pipeline::PipelineLimits {
         crate::pipeline::PipelineLimits {
             max_buffered_bytes: self.max_buffered_bytes,
+            max_buffered_bytes_per_resource: self
+                .max_buffered_bytes_per_resource
+                .unwrap_or(self.max_buffered_bytes / 2)
+                .min(self.max_buffered_bytes),
+            max_concurrent_batch_decodes: self.max_concurrent_batch_decodes as usize,
             backpressure_wait: Duration::from_millis(self.backpressure_wait_ms),
             inflight_per_stream: self.inflight_per_stream as usize,
             max_inflight_requests: self.max_inflight_requests as usize,

@@ -140,6 +140,14 @@ pub async fn post_batch(
         ));
     }
 
+    // Memory: wait for room in the resource's share before reading the body, and decode under
+    // a gateway-wide slot held until the encoded bytes are in the budget. Requests that wait
+    // hold unread bodies, not decoded data.
+    let key = ExecutionKey { run_id: run_id.clone(), execution_id: execution_id.clone() };
+    let uploads = state.pipeline.execution(&key, execution.delivery);
+    let share = state.pipeline.resource_share(&uploads, &resource);
+    share.wait_for_room(state.pipeline.limits.backpressure_wait).await;
+    let decode_slot = state.pipeline.batch_decode_slot().await?;
     let body = decode_body(body, state.settings.max_batch_body_bytes).await?;
     let spec = LoadSpec { write_mode: declared.write_mode, primary_key: &declared.primary_key };
     let mapped = map_schema(&body.schema, spec)?;
@@ -164,9 +172,13 @@ pub async fn post_batch(
         .max(1024);
     let mut payloads = encode_payloads(&body, &mapped, max_payload_bytes)?;
     let encoded_bytes: usize = payloads.iter().map(|p| p.serialized_record_batch.len()).sum();
-    // Room in the upload budget first (waiting, then 429): nothing is recorded without it.
+    // Room in the resource's share and the upload budget first (waiting, then 429): nothing is
+    // recorded without it.
     let queue_started = std::time::Instant::now();
-    let permit = state.pipeline.budget.acquire(encoded_bytes, state.pipeline.limits.backpressure_wait).await?;
+    let permit =
+        state.pipeline.budget.acquire(encoded_bytes, Some(&share), state.pipeline.limits.backpressure_wait).await?;
+    drop(body.batches);
+    drop(decode_slot);
     let backpressure_ms = queue_started.elapsed().as_millis() as u64;
     if backpressure_ms >= 1000 {
         tracing::info!(%resource, phase = "queue", backpressure_ms, rows = body.rows, "bigquery.write.timing");
@@ -174,8 +186,6 @@ pub async fn post_batch(
         tracing::debug!(%resource, phase = "queue", backpressure_ms, rows = body.rows, "bigquery.write.timing");
     }
 
-    let key = ExecutionKey { run_id: run_id.clone(), execution_id: execution_id.clone() };
-    let uploads = state.pipeline.execution(&key, delivery);
     let _gate = uploads.gate.read().await;
     // Re-check under the gate: a transition or redelivery may have happened while decoding.
     let current = load_execution(&state, &run_id, &execution_id).await?;

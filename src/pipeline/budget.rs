@@ -1,9 +1,12 @@
 //! The shared byte budget: queued plus in-flight encoded payloads of the whole gateway. A batch
 //! request acquires its payloads' bytes before it is recorded (waiting a bounded time, then
 //! answering 429 `backpressure`); the permit travels with the payload and is released the
-//! moment BigQuery acknowledges it. Per-resource queues share the budget with no count cap.
+//! moment BigQuery acknowledges it. Each resource of an execution also holds its bytes against
+//! its own **share** (a part of the budget), acquired first: a resource BigQuery acknowledges
+//! slowly fills its share and waits, instead of filling the budget and stalling the others.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -20,11 +23,44 @@ pub struct ByteBudget {
     capacity_units: usize,
 }
 
-/// Bytes held against the budget; released on drop.
+/// Bytes held against the budget (and the resource's share); released on drop.
 #[derive(Debug)]
 pub struct BudgetPermit {
     permit: Option<OwnedSemaphorePermit>,
+    share: Option<OwnedSemaphorePermit>,
     units: usize,
+    /// Units of the share held: `units`, or fewer for a batch larger than the whole share.
+    share_units: usize,
+}
+
+/// One resource's part of the budget.
+#[derive(Debug, Clone)]
+pub struct ResourceShare {
+    semaphore: Arc<Semaphore>,
+    capacity_units: usize,
+    /// Size of the resource's latest request: the estimate [`Self::wait_for_room`] waits for.
+    last_request_units: Arc<AtomicUsize>,
+}
+
+impl ResourceShare {
+    pub fn new(capacity_bytes: usize) -> Self {
+        let capacity_units = units_for(capacity_bytes);
+        Self {
+            semaphore: Arc::new(Semaphore::new(capacity_units)),
+            capacity_units,
+            last_request_units: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Waits (up to `max_wait`) until the share has room for a request as large as the
+    /// resource's previous one, taking nothing: a request waits here before it reads and
+    /// decodes its body, so waiting requests hold no decoded data.
+    pub async fn wait_for_room(&self, max_wait: Duration) {
+        let units = self.last_request_units.load(Ordering::Relaxed).min(self.capacity_units);
+        if units > 0 {
+            let _ = tokio::time::timeout(max_wait, self.semaphore.acquire_many(units as u32)).await;
+        }
+    }
 }
 
 fn units_for(bytes: usize) -> usize {
@@ -46,9 +82,20 @@ impl ByteBudget {
         (self.capacity_units - self.semaphore.available_permits()) * UNIT_BYTES
     }
 
-    /// Waits up to `max_wait` for `bytes`; otherwise a 429 problem with `Retry-After`.
-    pub async fn acquire(&self, bytes: usize, max_wait: Duration) -> Result<BudgetPermit, Problem> {
+    /// Waits up to `max_wait` in all for `bytes` of `share` (when given) and of the budget;
+    /// otherwise a 429 problem with `Retry-After`.
+    pub async fn acquire(
+        &self,
+        bytes: usize,
+        share: Option<&ResourceShare>,
+        max_wait: Duration,
+    ) -> Result<BudgetPermit, Problem> {
         let units = units_for(bytes);
+        if let Some(share) = share {
+            share.last_request_units.store(units, Ordering::Relaxed);
+        }
+        // A batch larger than a share may still go when the share is otherwise empty.
+        let share_units = share.map(|s| units.min(s.capacity_units));
         if units > self.capacity_units {
             return Err(Problem::new(
                 ErrorCode::PayloadTooLarge,
@@ -60,16 +107,26 @@ impl ByteBudget {
             .with_hint("split the data into smaller batch requests"));
         }
         let started = Instant::now();
-        let acquired =
-            tokio::time::timeout(max_wait, Arc::clone(&self.semaphore).acquire_many_owned(units as u32)).await;
+        let acquired = tokio::time::timeout(max_wait, async {
+            let share = match (share, share_units) {
+                (Some(share), Some(share_units)) => {
+                    Some(Arc::clone(&share.semaphore).acquire_many_owned(share_units as u32).await?)
+                }
+                _ => None,
+            };
+            let permit = Arc::clone(&self.semaphore).acquire_many_owned(units as u32).await?;
+            Ok::<_, tokio::sync::AcquireError>((permit, share))
+        })
+        .await;
         let waited = started.elapsed();
         if waited >= Duration::from_millis(1) {
             metrics::counter!(telemetry::BACKPRESSURE_WAITS).increment(1);
         }
         match acquired {
-            Ok(Ok(permit)) => {
+            Ok(Ok((permit, share))) => {
                 self.record_gauge();
-                Ok(BudgetPermit { permit: Some(permit), units })
+                let share_units = share.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
+                Ok(BudgetPermit { permit: Some(permit), share, units, share_units })
             }
             _ => {
                 metrics::counter!(telemetry::BACKPRESSURE_REJECTIONS).increment(1);
@@ -96,25 +153,37 @@ impl ByteBudget {
 impl BudgetPermit {
     /// A permit holding nothing (payloads created outside the budget, e.g. in tests).
     pub fn empty() -> Self {
-        Self { permit: None, units: 0 }
+        Self { permit: None, share: None, units: 0, share_units: 0 }
     }
 
-    /// Splits `units_for(bytes)` off into a new permit (capped at what this one holds).
+    /// Splits `units_for(bytes)` off into a new permit (capped at what this one holds), with
+    /// the matching part of the share.
     pub fn split(&mut self, bytes: usize) -> BudgetPermit {
         let units = units_for(bytes).min(self.units);
-        let split = self.permit.as_mut().and_then(|p| p.split(units));
-        self.units -= if split.is_some() { units } else { 0 };
-        BudgetPermit { units: if split.is_some() { units } else { 0 }, permit: split }
+        let Some(split) = self.permit.as_mut().and_then(|p| p.split(units)) else {
+            return BudgetPermit::empty();
+        };
+        self.units -= units;
+        let share_units = units.min(self.share_units);
+        let share = self.share.as_mut().and_then(|s| s.split(share_units));
+        let share_units = if share.is_some() { share_units } else { 0 };
+        self.share_units -= share_units;
+        BudgetPermit { permit: Some(split), share, units, share_units }
     }
 
-    /// Joins another permit into this one.
+    /// Joins another permit (of the same resource) into this one.
     pub fn merge(&mut self, mut other: BudgetPermit) {
-        match (self.permit.as_mut(), other.permit.take()) {
-            (Some(mine), Some(theirs)) => mine.merge(theirs),
-            (None, Some(theirs)) => self.permit = Some(theirs),
-            _ => {}
+        fn join(mine: &mut Option<OwnedSemaphorePermit>, theirs: Option<OwnedSemaphorePermit>) {
+            match (mine.as_mut(), theirs) {
+                (Some(m), Some(t)) => m.merge(t),
+                (None, Some(t)) => *mine = Some(t),
+                _ => {}
+            }
         }
+        join(&mut self.permit, other.permit.take());
+        join(&mut self.share, other.share.take());
         self.units += other.units;
+        self.share_units += other.share_units;
     }
 }
 
@@ -125,34 +194,53 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn waits_then_answers_backpressure_and_releases_on_drop() {
         let budget = ByteBudget::new(10 * 1024);
-        let held = budget.acquire(8 * 1024, Duration::from_secs(1)).await.unwrap();
+        let held = budget.acquire(8 * 1024, None, Duration::from_secs(1)).await.unwrap();
         assert_eq!(budget.in_use_bytes(), 8 * 1024);
-        let problem = budget.acquire(4 * 1024, Duration::from_secs(1)).await.unwrap_err();
+        let problem = budget.acquire(4 * 1024, None, Duration::from_secs(1)).await.unwrap_err();
         assert_eq!(problem.code, ErrorCode::Backpressure);
         assert_eq!(problem.retry_after_secs, Some(2));
         let waiter = tokio::spawn({
             let budget = budget.clone();
-            async move { budget.acquire(4 * 1024, Duration::from_secs(5)).await.map(|_| ()) }
+            async move { budget.acquire(4 * 1024, None, Duration::from_secs(5)).await.map(|_| ()) }
         });
         tokio::time::sleep(Duration::from_millis(100)).await;
         drop(held);
         assert!(waiter.await.unwrap().is_ok());
         assert_eq!(budget.in_use_bytes(), 0);
         assert_eq!(
-            budget.acquire(11 * 1024, Duration::from_secs(1)).await.unwrap_err().code,
+            budget.acquire(11 * 1024, None, Duration::from_secs(1)).await.unwrap_err().code,
             ErrorCode::PayloadTooLarge
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_share_waits_while_other_resources_keep_the_budget() {
+        let budget = ByteBudget::new(100 * 1024);
+        let (slow, fast) = (ResourceShare::new(20 * 1024), ResourceShare::new(20 * 1024));
+        let mut held = budget.acquire(20 * 1024, Some(&slow), Duration::from_secs(1)).await.unwrap();
+        let refused = budget.acquire(1024, Some(&slow), Duration::from_secs(1)).await.unwrap_err();
+        assert_eq!(refused.code, ErrorCode::Backpressure);
+        assert!(budget.acquire(20 * 1024, Some(&fast), Duration::from_secs(1)).await.is_ok());
+        // A batch above the whole share takes what the share has, and splits consistently.
+        drop(held.split(20 * 1024));
+        let mut big = budget.acquire(30 * 1024, Some(&slow), Duration::from_secs(1)).await.unwrap();
+        assert_eq!(slow.semaphore.available_permits(), 0);
+        drop(big.split(15 * 1024));
+        assert_eq!(slow.semaphore.available_permits(), 15);
+        drop(big);
+        assert_eq!(slow.semaphore.available_permits(), 20);
+        drop(held);
     }
 
     #[tokio::test]
     async fn permits_split_and_merge_without_losing_bytes() {
         let budget = ByteBudget::new(100 * 1024);
-        let mut whole = budget.acquire(10 * 1024, Duration::from_secs(1)).await.unwrap();
+        let mut whole = budget.acquire(10 * 1024, None, Duration::from_secs(1)).await.unwrap();
         let part = whole.split(3 * 1024);
         assert_eq!(budget.in_use_bytes(), 10 * 1024);
         drop(part);
         assert_eq!(budget.in_use_bytes(), 7 * 1024);
-        let other = budget.acquire(1024, Duration::from_secs(1)).await.unwrap();
+        let other = budget.acquire(1024, None, Duration::from_secs(1)).await.unwrap();
         whole.merge(other);
         drop(whole);
         assert_eq!(budget.in_use_bytes(), 0);

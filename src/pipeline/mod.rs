@@ -29,15 +29,20 @@ use tokio::sync::{RwLock, Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::bigquery::BigQuery;
-use crate::error::Problem;
+use crate::error::{ErrorCode, Problem};
 use crate::store::Store;
-use budget::ByteBudget;
+use budget::{ByteBudget, ResourceShare};
 use retry::RetryPolicy;
 
 /// Limits of the pipeline (defaults from the product contract).
 #[derive(Debug, Clone, Copy)]
 pub struct PipelineLimits {
     pub max_buffered_bytes: usize,
+    /// One resource's part of `max_buffered_bytes` (of one execution).
+    pub max_buffered_bytes_per_resource: usize,
+    /// Batch bodies being decoded and encoded at once, gateway-wide: what bounds memory before
+    /// a request's bytes reach the budget.
+    pub max_concurrent_batch_decodes: usize,
     pub backpressure_wait: Duration,
     pub inflight_per_stream: usize,
     pub max_inflight_requests: usize,
@@ -49,6 +54,8 @@ impl Default for PipelineLimits {
     fn default() -> Self {
         Self {
             max_buffered_bytes: 64 * 1024 * 1024,
+            max_buffered_bytes_per_resource: 32 * 1024 * 1024,
+            max_concurrent_batch_decodes: 4,
             backpressure_wait: Duration::from_secs(10),
             inflight_per_stream: 4,
             max_inflight_requests: 8,
@@ -74,6 +81,7 @@ pub struct ExecutionUploads {
     /// state. So a batch is either fully accepted before a transition or rejected after it.
     pub gate: RwLock<()>,
     lanes: Mutex<HashMap<String, Lane>>,
+    shares: Mutex<HashMap<String, ResourceShare>>,
     cancel: CancellationToken,
 }
 
@@ -89,6 +97,7 @@ pub struct Pipeline {
     context: LaneContext,
     pub budget: ByteBudget,
     pub limits: PipelineLimits,
+    batch_decodes: Arc<Semaphore>,
     executions: Arc<Mutex<HashMap<ExecutionKey, Arc<ExecutionUploads>>>>,
 }
 
@@ -117,6 +126,7 @@ impl Pipeline {
                 retry: limits.retry,
             },
             budget: ByteBudget::new(limits.max_buffered_bytes),
+            batch_decodes: Arc::new(Semaphore::new(limits.max_concurrent_batch_decodes)),
             limits,
             executions: Arc::default(),
         }
@@ -130,6 +140,7 @@ impl Pipeline {
             delivery,
             gate: RwLock::new(()),
             lanes: Mutex::default(),
+            shares: Mutex::default(),
             cancel: CancellationToken::new(),
         });
         match executions.get(key) {
@@ -142,6 +153,35 @@ impl Pipeline {
         }
         executions.insert(key.clone(), Arc::clone(&uploads));
         uploads
+    }
+
+    /// A slot to decode and encode one batch body, waiting up to the backpressure wait (then
+    /// 429 `backpressure`): bodies beyond the slots stay unread in their connections.
+    pub async fn batch_decode_slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Problem> {
+        match tokio::time::timeout(self.limits.backpressure_wait, Arc::clone(&self.batch_decodes).acquire_owned()).await {
+            Ok(Ok(slot)) => Ok(slot),
+            _ => {
+                let mut problem = Problem::new(
+                    ErrorCode::Backpressure,
+                    format!(
+                        "{} batch bodies were being decoded for {} ms",
+                        self.limits.max_concurrent_batch_decodes,
+                        self.limits.backpressure_wait.as_millis()
+                    ),
+                )
+                .with_hint("retry after the Retry-After delay");
+                problem.retry_after_secs = Some(1);
+                Err(problem)
+            }
+        }
+    }
+
+    /// The resource's part of the upload budget in this delivery.
+    pub fn resource_share(&self, uploads: &ExecutionUploads, resource: &str) -> ResourceShare {
+        lock(&uploads.shares)
+            .entry(resource.to_string())
+            .or_insert_with(|| ResourceShare::new(self.limits.max_buffered_bytes_per_resource))
+            .clone()
     }
 
     /// Queues one batch request's rows on the resource's lane, starting the lane with

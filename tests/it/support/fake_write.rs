@@ -45,8 +45,10 @@ pub enum AppendFault {
 #[derive(Debug, Default, Clone)]
 pub struct FakeStream {
     pub table: String,
-    /// Values of the first (Int64) column, in offset order.
+    /// Values of the first (Int64) column, in offset order (not kept in null-sink mode).
     pub ids: Vec<i64>,
+    /// Rows appended (the stream's end offset).
+    pub rows: i64,
     /// (offset, rows) of every applied request.
     pub appends: Vec<(i64, usize)>,
     pub finalized: bool,
@@ -77,6 +79,8 @@ pub struct FakeState {
     pub hold_responses: bool,
     /// Answer CreateWriteStream with this status instead of creating a stream.
     pub create_error: Option<Status>,
+    /// Null-sink mode (benchmarks): decode and count rows, keep no values.
+    pub null_sink: bool,
 }
 
 /// Handle to a running fake.
@@ -174,7 +178,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for WriteService {
                                 s.streams.get_mut(&r.get_ref().name).ok_or_else(|| Status::not_found("no stream"))?;
                             stream.finalized = true;
                             Ok::<_, Status>(Response::new(FinalizeWriteStreamResponse {
-                                row_count: stream.ids.len() as i64,
+                                row_count: stream.rows,
                             }))
                         }
                     });
@@ -288,7 +292,14 @@ async fn append_rows(
     // Reader: takes requests as they arrive, so outstanding requests are observable.
     let reader_state = Arc::clone(&state);
     tokio::spawn(async move {
-        while let Some(Ok(request)) = incoming.next().await {
+        // Clients may name the stream only on a connection's first request (BigQuery's rule).
+        let mut connection_stream = String::new();
+        while let Some(Ok(mut request)) = incoming.next().await {
+            if request.write_stream.is_empty() {
+                request.write_stream.clone_from(&connection_stream);
+            } else {
+                connection_stream.clone_from(&request.write_stream);
+            }
             let mut s = reader_state.lock().unwrap();
             let outstanding = s.outstanding_per_stream.entry(request.write_stream.clone()).or_default();
             let before = *outstanding;
@@ -361,6 +372,7 @@ async fn append_rows(
                 return;
             };
             let ids = decode_ids(schema, &arrow.rows.map(|r| r.serialized_record_batch).unwrap_or_default());
+            let null_sink = state.lock().unwrap().null_sink;
             let offset = request.offset.unwrap_or(-1);
             let response = {
                 let mut s = state.lock().unwrap();
@@ -370,7 +382,7 @@ async fn append_rows(
                     let _ = responses.send(Ok(in_response(5, "fake: stream not found")));
                     continue;
                 };
-                let end = stream.ids.len() as i64;
+                let end = stream.rows;
                 if stream.finalized {
                     in_response(9, "fake: stream finalized")
                 } else if offset < end {
@@ -378,8 +390,11 @@ async fn append_rows(
                 } else if offset > end {
                     in_response(11, "fake: offset beyond the end")
                 } else {
-                    stream.appends.push((offset, ids.len()));
-                    stream.ids.extend(ids);
+                    stream.rows += ids.len() as i64;
+                    if !null_sink {
+                        stream.appends.push((offset, ids.len()));
+                        stream.ids.extend(ids);
+                    }
                     AppendRowsResponse {
                         response: Some(append_rows_response::Response::AppendResult(
                             append_rows_response::AppendResult { offset: Some(offset) },

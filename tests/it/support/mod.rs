@@ -143,6 +143,11 @@ impl Gateway {
         }
     }
 
+    /// The gateway's process id (benchmarks read its `/proc` accounting).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The gateway's log so far.
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
