@@ -51,9 +51,38 @@ impl Rng {
 }
 
 const WORDS: [&str; 32] = [
-    "order", "customer", "shipped", "pending", "invoice", "berlin", "lisbon", "paris", "express", "standard", "refund",
-    "gift", "card", "blue", "green", "large", "small", "returned", "warehouse", "north", "south", "priority", "note",
-    "delivered", "the", "a", "of", "and", "with", "for", "package", "label",
+    "order",
+    "customer",
+    "shipped",
+    "pending",
+    "invoice",
+    "berlin",
+    "lisbon",
+    "paris",
+    "express",
+    "standard",
+    "refund",
+    "gift",
+    "card",
+    "blue",
+    "green",
+    "large",
+    "small",
+    "returned",
+    "warehouse",
+    "north",
+    "south",
+    "priority",
+    "note",
+    "delivered",
+    "the",
+    "a",
+    "of",
+    "and",
+    "with",
+    "for",
+    "package",
+    "label",
 ];
 
 /// The realistic mix: int64 ids, short and long strings, float64, timestamps, booleans.
@@ -72,7 +101,7 @@ fn body(seed: u64) -> Vec<u8> {
         long.push(format!("{} #{}", text.join(" "), rng.next() % 1_000_000));
         amounts.push((rng.next() % 1_000_000) as f64 / 100.0);
         times.push(1_700_000_000_000_000 + i as i64 * 1_000 + (rng.next() % 1_000) as i64);
-        flags.push(rng.next() % 3 == 0);
+        flags.push(rng.next().is_multiple_of(3));
     }
     let batch = RecordBatch::try_new(
         Arc::new(Schema::new(vec![
@@ -196,7 +225,8 @@ async fn run_k(k: usize, bodies: &[Vec<u8>], total_bytes: u64) -> Throughput {
     let rows: u64 = posted.iter().sum();
     let sunk: i64 = fake.with(|s| s.streams.values().map(|st| st.rows).sum());
     assert_eq!(sunk as u64, rows, "every row reached the sink exactly once");
-    let bytes: u64 = (0..k).map(|i| (0..per_resource).map(|j| bodies[(i + j) % bodies.len()].len() as u64).sum::<u64>()).sum();
+    let bytes: u64 =
+        (0..k).map(|i| (0..per_resource).map(|j| bodies[(i + j) % bodies.len()].len() as u64).sum::<u64>()).sum();
     Throughput { k, bytes, rows, seconds, cpu_seconds, peak_rss_mib: peak_rss_mib(pid) }
 }
 
@@ -223,13 +253,15 @@ async fn head_of_line(bodies: &[Vec<u8>], with_slow: bool, fast_bytes: u64) -> f
         }
     };
     let fast = async {
-        let rows: u64 = futures::future::join_all((0..8).map(|i| post_bodies(&gw, &resources[i], bodies, i, per_resource)))
-            .await
-            .iter()
-            .sum();
+        let rows: u64 =
+            futures::future::join_all((0..8).map(|i| post_bodies(&gw, &resources[i], bodies, i, per_resource)))
+                .await
+                .iter()
+                .sum();
         // Until the sink holds every fast row (the commit would wait for the slow table).
         loop {
-            let sunk: i64 = fake.with(|s| s.streams.values().filter(|st| st.table.contains("fast")).map(|st| st.rows).sum());
+            let sunk: i64 =
+                fake.with(|s| s.streams.values().filter(|st| st.table.contains("fast")).map(|st| st.rows).sum());
             if sunk as u64 >= rows {
                 break started.elapsed().as_secs_f64();
             }
@@ -282,7 +314,9 @@ fn python_peer(bodies: &[Vec<u8>], total_bytes: u64, streams: usize) -> Result<f
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap().trim().to_string()))
+        .and_then(|c| {
+            c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap().trim().to_string())
+        })
         .unwrap_or_else(|| "unknown CPU".into());
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let memory_gib = std::fs::read_to_string("/proc/meminfo")
@@ -297,11 +331,17 @@ fn main() {
     let gzip_level = env_or("FILAMENT_APPEND_GZIP_LEVEL", 1) as u32;
     let bodies: Vec<Vec<u8>> = (0..DISTINCT_BODIES as u64).map(body).collect();
     let body_mib = bodies[0].len() as f64 / 1024.0 / 1024.0;
-    println!("bench: {} bodies of {ROWS_PER_BODY} rows ({body_mib:.1} MiB), {:.2} GiB per run", DISTINCT_BODIES, total_bytes as f64 / GIB);
+    println!(
+        "bench: {} bodies of {ROWS_PER_BODY} rows ({body_mib:.1} MiB), {:.2} GiB per run",
+        DISTINCT_BODIES,
+        total_bytes as f64 / GIB
+    );
 
     let (gzip_cpu_per_gib, gzip_ratio) = gzip_alone(&bodies, gzip_level, 256 << 20);
     let (gzip6_cpu_per_gib, gzip6_ratio) = gzip_alone(&bodies, 6, 128 << 20);
-    println!("gzip alone: level {gzip_level} {gzip_cpu_per_gib:.2} CPU s/GiB (ratio {gzip_ratio:.2}); level 6 {gzip6_cpu_per_gib:.2} CPU s/GiB (ratio {gzip6_ratio:.2})");
+    println!(
+        "gzip alone: level {gzip_level} {gzip_cpu_per_gib:.2} CPU s/GiB (ratio {gzip_ratio:.2}); level 6 {gzip6_cpu_per_gib:.2} CPU s/GiB (ratio {gzip6_ratio:.2})"
+    );
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let mut runs = Vec::new();
@@ -321,14 +361,25 @@ fn main() {
     let fast_bytes = (total_bytes / 4).max(64 << 20);
     let alone = runtime.block_on(head_of_line(&bodies, false, fast_bytes));
     let beside_slow = runtime.block_on(head_of_line(&bodies, true, fast_bytes));
-    println!("head-of-line: 8 fast tables {alone:.1} MB/s alone, {beside_slow:.1} MB/s next to a slow one ({:.0}%)", beside_slow / alone * 100.0);
+    println!(
+        "head-of-line: 8 fast tables {alone:.1} MB/s alone, {beside_slow:.1} MB/s next to a slow one ({:.0}%)",
+        beside_slow / alone * 100.0
+    );
     drop(runtime);
     let peer = python_peer(&bodies, total_bytes, 8);
     match &peer {
         Ok(mbps) => println!("python peer (8 streams): {mbps:.1} MB/s"),
         Err(why) => println!("python peer: not run: {why}"),
     }
-    write_results(&runs, gzip_level, (gzip_cpu_per_gib, gzip_ratio), (gzip6_cpu_per_gib, gzip6_ratio), (alone, beside_slow), &peer, total_bytes);
+    write_results(
+        &runs,
+        gzip_level,
+        (gzip_cpu_per_gib, gzip_ratio),
+        (gzip6_cpu_per_gib, gzip6_ratio),
+        (alone, beside_slow),
+        &peer,
+        total_bytes,
+    );
 }
 
 fn write_results(
@@ -376,8 +427,14 @@ fn write_results(
     md.push_str("Each run posts Arrow IPC bodies of 20,000 rows (int64 id, short and long strings, float64,\n");
     md.push_str("timestamp, boolean) from K resources concurrently, then commits. This file is written by the\n");
     md.push_str("benchmark; the raw figures are in `build/bench/result.json`.\n\n");
-    md.push_str(&format!("Machine: {}. Data per run: {:.2} GiB. AppendRows gzip level: {gzip_level}.\n\n", result["machine"].as_str().unwrap(), total_bytes as f64 / GIB));
-    md.push_str("| K | MB/s (uncompressed) | rows/s | gateway CPU s/GiB | gzip alone CPU s/GiB | ratio | peak RSS MiB |\n");
+    md.push_str(&format!(
+        "Machine: {}. Data per run: {:.2} GiB. AppendRows gzip level: {gzip_level}.\n\n",
+        result["machine"].as_str().unwrap(),
+        total_bytes as f64 / GIB
+    ));
+    md.push_str(
+        "| K | MB/s (uncompressed) | rows/s | gateway CPU s/GiB | gzip alone CPU s/GiB | ratio | peak RSS MiB |\n",
+    );
     md.push_str("|---|---|---|---|---|---|---|\n");
     for r in runs {
         let cpu = r.cpu_seconds / (r.bytes as f64 / GIB);

@@ -4,6 +4,10 @@ use anyhow::Context as _;
 use clap::Parser as _;
 use filament_bigquery::config::{Cli, Command};
 
+/// See Cargo.toml: fewer page faults and less fragmentation on batch-sized buffers.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();

@@ -158,7 +158,8 @@ impl Pipeline {
     /// A slot to decode and encode one batch body, waiting up to the backpressure wait (then
     /// 429 `backpressure`): bodies beyond the slots stay unread in their connections.
     pub async fn batch_decode_slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Problem> {
-        match tokio::time::timeout(self.limits.backpressure_wait, Arc::clone(&self.batch_decodes).acquire_owned()).await {
+        match tokio::time::timeout(self.limits.backpressure_wait, Arc::clone(&self.batch_decodes).acquire_owned()).await
+        {
             Ok(Ok(slot)) => Ok(slot),
             _ => {
                 let mut problem = Problem::new(

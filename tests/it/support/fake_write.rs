@@ -177,9 +177,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for WriteService {
                             let stream =
                                 s.streams.get_mut(&r.get_ref().name).ok_or_else(|| Status::not_found("no stream"))?;
                             stream.finalized = true;
-                            Ok::<_, Status>(Response::new(FinalizeWriteStreamResponse {
-                                row_count: stream.rows,
-                            }))
+                            Ok::<_, Status>(Response::new(FinalizeWriteStreamResponse { row_count: stream.rows }))
                         }
                     });
                     grpc::<FinalizeWriteStreamRequest, FinalizeWriteStreamResponse>().unary(svc, request).await

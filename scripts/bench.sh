@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# `make bench`: the ingestion benchmark (benches/ingest.rs) against a throwaway Postgres, the
+# emulator's REST API and the null Storage Write sink. Prints the figures, writes
+# build/bench/result.json and the table in docs/performance.md. FILAMENT_BENCH_BYTES sets the
+# Arrow bytes per run (default 1 GiB).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ENV_FILE=build/bench-services.env
+PEER_VENV=build/venv-bench
+
+scripts/services.sh start "$ENV_FILE" random
+trap 'scripts/services.sh stop "$ENV_FILE"' EXIT
+# shellcheck disable=SC1090
+source "$ENV_FILE"
+
+# The Python peer: Google's client, pinned, in its own virtualenv (not needed by `make test`).
+if [ ! -f "$PEER_VENV/.installed-1" ]; then
+  echo "[bench] installing the Python peer's virtualenv into $PEER_VENV" >&2
+  rm -rf "$PEER_VENV"
+  python3 -m venv "$PEER_VENV"
+  "$PEER_VENV/bin/pip" install -q --disable-pip-version-check "pyarrow==26.0.1" "google-cloud-bigquery-storage==2.36.0"
+  touch "$PEER_VENV/.installed-1"
+fi
+export FILAMENT_TOOLS_PYTHON="$PWD/$PEER_VENV/bin/python"
+
+cargo bench --locked --bench ingest
