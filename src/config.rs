@@ -84,9 +84,10 @@ pub struct ServeConfig {
     pub max_buffered_bytes_per_resource: Option<usize>,
 
     /// Batch bodies decoded and encoded at once, gateway-wide (bodies beyond it wait unread):
-    /// bounds the memory a request uses before its bytes reach the budget.
-    #[arg(long, env = "FILAMENT_MAX_CONCURRENT_BATCH_DECODES", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub max_concurrent_batch_decodes: u32,
+    /// bounds the memory a request uses before its bytes reach the budget. Default: the number
+    /// of CPUs (at least 2); decoding is CPU-bound, more would only hold more memory.
+    #[arg(long, env = "FILAMENT_MAX_CONCURRENT_BATCH_DECODES", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub max_concurrent_batch_decodes: Option<u32>,
 
     /// How long a batch request waits for room in the upload budget before answering 429.
     #[arg(long, env = "FILAMENT_BACKPRESSURE_WAIT_MS", default_value_t = 10_000)]
@@ -161,7 +162,10 @@ impl ServeConfig {
                 .max_buffered_bytes_per_resource
                 .unwrap_or(self.max_buffered_bytes / 2)
                 .min(self.max_buffered_bytes),
-            max_concurrent_batch_decodes: self.max_concurrent_batch_decodes as usize,
+            max_concurrent_batch_decodes: self.max_concurrent_batch_decodes.map_or_else(
+                || std::thread::available_parallelism().map_or(2, |n| n.get()).max(2),
+                |slots| slots as usize,
+            ),
             backpressure_wait: Duration::from_millis(self.backpressure_wait_ms),
             inflight_per_stream: self.inflight_per_stream as usize,
             max_inflight_requests: self.max_inflight_requests as usize,
