@@ -146,8 +146,11 @@ pub async fn post_batch(
     let key = ExecutionKey { run_id: run_id.clone(), execution_id: execution_id.clone() };
     let uploads = state.pipeline.execution(&key, execution.delivery);
     let share = state.pipeline.resource_share(&uploads, &resource);
-    share.wait_for_room(state.pipeline.limits.backpressure_wait).await;
-    let decode_slot = state.pipeline.batch_decode_slot().await?;
+    // One wait in all: the share, a decode slot and the budget share the backpressure wait.
+    let wait_started = std::time::Instant::now();
+    let max_wait = state.pipeline.limits.backpressure_wait;
+    share.wait_for_room(max_wait).await?;
+    let decode_slot = state.pipeline.batch_decode_slot(max_wait.saturating_sub(wait_started.elapsed())).await?;
     let body = decode_body(body, state.settings.max_batch_body_bytes).await?;
     let spec = LoadSpec { write_mode: declared.write_mode, primary_key: &declared.primary_key };
     let mapped = map_schema(&body.schema, spec)?;
@@ -175,8 +178,8 @@ pub async fn post_batch(
     // Room in the resource's share and the upload budget first (waiting, then 429): nothing is
     // recorded without it.
     let queue_started = std::time::Instant::now();
-    let permit =
-        state.pipeline.budget.acquire(encoded_bytes, Some(&share), state.pipeline.limits.backpressure_wait).await?;
+    let remaining_wait = max_wait.saturating_sub(wait_started.elapsed());
+    let permit = state.pipeline.budget.acquire(encoded_bytes, Some(&share), remaining_wait).await?;
     drop(body.batches);
     drop(decode_slot);
     let backpressure_ms = queue_started.elapsed().as_millis() as u64;

@@ -54,11 +54,19 @@ impl ResourceShare {
 
     /// Waits (up to `max_wait`) until the share has room for a request as large as the
     /// resource's previous one, taking nothing: a request waits here before it reads and
-    /// decodes its body, so waiting requests hold no decoded data.
-    pub async fn wait_for_room(&self, max_wait: Duration) {
+    /// decodes its body, so waiting requests hold no decoded data. After `max_wait`, the 429
+    /// `backpressure` problem.
+    pub async fn wait_for_room(&self, max_wait: Duration) -> Result<(), Problem> {
         let units = self.last_request_units.load(Ordering::Relaxed).min(self.capacity_units);
-        if units > 0 {
-            let _ = tokio::time::timeout(max_wait, self.semaphore.acquire_many(units as u32)).await;
+        if units == 0 {
+            return Ok(());
+        }
+        match tokio::time::timeout(max_wait, self.semaphore.acquire_many(units as u32)).await {
+            Ok(_) => Ok(()),
+            Err(_) => Err(backpressure(
+                format!("the resource's share of the upload budget ({} bytes)", self.capacity_units * UNIT_BYTES),
+                max_wait,
+            )),
         }
     }
 }
@@ -128,26 +136,23 @@ impl ByteBudget {
                 let share_units = share.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
                 Ok(BudgetPermit { permit: Some(permit), share, units, share_units })
             }
-            _ => {
-                metrics::counter!(telemetry::BACKPRESSURE_REJECTIONS).increment(1);
-                let mut problem = Problem::new(
-                    ErrorCode::Backpressure,
-                    format!(
-                        "the upload budget ({} bytes) stayed full for {} ms",
-                        self.capacity_bytes(),
-                        max_wait.as_millis()
-                    ),
-                )
-                .with_hint("retry after the Retry-After delay; BigQuery is acknowledging slower than batches arrive");
-                problem.retry_after_secs = Some(2);
-                Err(problem)
-            }
+            _ => Err(backpressure(format!("the upload budget ({} bytes)", self.capacity_bytes()), max_wait)),
         }
     }
 
     pub fn record_gauge(&self) {
         metrics::gauge!(telemetry::BUDGET_BYTES_IN_USE).set(self.in_use_bytes() as f64);
     }
+}
+
+/// 429 `backpressure`: `what` stayed full for `waited`.
+fn backpressure(what: String, waited: Duration) -> Problem {
+    metrics::counter!(telemetry::BACKPRESSURE_REJECTIONS).increment(1);
+    let mut problem =
+        Problem::new(ErrorCode::Backpressure, format!("{what} stayed full for {} ms", waited.as_millis()))
+            .with_hint("retry after the Retry-After delay; BigQuery is acknowledging slower than batches arrive");
+    problem.retry_after_secs = Some(2);
+    problem
 }
 
 impl BudgetPermit {

@@ -155,11 +155,10 @@ impl Pipeline {
         uploads
     }
 
-    /// A slot to decode and encode one batch body, waiting up to the backpressure wait (then
-    /// 429 `backpressure`): bodies beyond the slots stay unread in their connections.
-    pub async fn batch_decode_slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Problem> {
-        match tokio::time::timeout(self.limits.backpressure_wait, Arc::clone(&self.batch_decodes).acquire_owned()).await
-        {
+    /// A slot to decode and encode one batch body, waiting up to `max_wait` (then 429
+    /// `backpressure`): bodies beyond the slots stay unread in their connections.
+    pub async fn batch_decode_slot(&self, max_wait: Duration) -> Result<tokio::sync::OwnedSemaphorePermit, Problem> {
+        match tokio::time::timeout(max_wait, Arc::clone(&self.batch_decodes).acquire_owned()).await {
             Ok(Ok(slot)) => Ok(slot),
             _ => {
                 let mut problem = Problem::new(
@@ -167,7 +166,7 @@ impl Pipeline {
                     format!(
                         "{} batch bodies were being decoded for {} ms",
                         self.limits.max_concurrent_batch_decodes,
-                        self.limits.backpressure_wait.as_millis()
+                        max_wait.as_millis()
                     ),
                 )
                 .with_hint("retry after the Retry-After delay");
