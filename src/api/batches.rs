@@ -35,6 +35,9 @@ pub const ARROW_STREAM_CONTENT_TYPE: &str = "application/vnd.apache.arrow.stream
 const DEFAULT_BATCH_ROWS: usize = 20_000;
 const DEFAULT_FLUSH_INTERVAL_MS: u64 = 10_000;
 
+/// Keyed modes stage `_filament_seq` = `seq << 32 | row`, so their `seq` stays below 2^31.
+const MAX_KEYED_SEQ: i64 = i32::MAX as i64;
+
 /// The batch body in OpenAPI: raw bytes of an Arrow IPC stream.
 #[derive(Debug, utoipa::ToSchema)]
 #[schema(value_type = String, format = Binary)]
@@ -44,7 +47,8 @@ pub struct ArrowIpcStream(#[allow(dead_code)] Vec<u8>);
 #[into_params(parameter_in = Query)]
 pub struct BatchParams {
     /// 0, 1, 2, ... per resource within the current delivery; the same `seq` with the same body
-    /// returns the original receipt. Assigned by the gateway when absent.
+    /// returns the original receipt. Assigned by the gateway when absent. Keyed write modes
+    /// (upsert, delete, merge) order rows by (`seq`, row) and take `seq` up to 2147483647.
     #[param(minimum = 0)]
     pub seq: Option<i64>,
 }
@@ -154,6 +158,12 @@ pub async fn post_batch(
     let body = decode_body(body, state.settings.max_batch_body_bytes).await?;
     let spec = LoadSpec { write_mode: declared.write_mode, primary_key: &declared.primary_key };
     let mapped = map_schema(&body.schema, spec)?;
+    if mapped.stages_seq && params.seq.is_some_and(|seq| seq > MAX_KEYED_SEQ) {
+        return Err(Problem::invalid_request(format!(
+            "write mode {} orders rows by (seq, row): seq must be at most {MAX_KEYED_SEQ}",
+            declared.write_mode
+        )));
+    }
     let canonical_schema = mapped.canonical_json();
     let canonical_schema_sha256 = schema_sha256(&canonical_schema);
     let delivery = execution.delivery;
@@ -227,7 +237,7 @@ pub async fn post_batch(
     };
     if mapped.stages_seq {
         // Same sizes as budgeted: only the values of `_filament_seq` change.
-        stamp_seq(&mut payloads, receipt.seq).map_err(Problem::from)?;
+        stamp_seq(&mut payloads, receipt.seq).map_err(|e| Problem::internal(e.to_string()))?;
     }
     let batching = BatchingPolicy {
         max_rows: run.batching.max_rows.map_or(DEFAULT_BATCH_ROWS, |rows| rows as usize),

@@ -431,6 +431,12 @@ async fn keyed_batches_need_eligible_non_null_keys_and_valid_operations() {
         "invalid_operation",
         gw.post_batch("run", "e", "t", None, ipc_stream(&[id_op(vec![Some(1)], vec![Some("insert")])])).await
     );
+    rejected_without_trace!(
+        gw,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        gw.post_batch("run", "e", "m", Some(1 << 31), ipc_stream(&[id_op(vec![Some(1)], vec![Some("insert")])])).await
+    );
     let float_key = batch(
         vec![Field::new("score", DataType::Float64, false)],
         vec![Arc::new(arrow_array::Float64Array::from(vec![1.5]))],
