@@ -114,7 +114,7 @@ impl Publisher {
         let outcomes: Vec<(&LaneReport, Result<PublishOutcome, Problem>)> =
             futures::stream::iter(publications).buffer_unordered(MAX_CONCURRENT_PUBLICATIONS).collect().await;
 
-        let mut failures = Vec::new();
+        let mut failures: Vec<(String, Problem)> = Vec::new();
         for (report, outcome) in outcomes {
             match outcome {
                 Ok(PublishOutcome::Published) => self.delete_staging_table(run, report).await,
@@ -126,12 +126,11 @@ impl Publisher {
                 }
             }
         }
-        match failures.len() {
-            0 => Ok(()),
-            1 => Err(failures.remove(0).1),
-            _ => {
-                let (_, first) = &failures[0];
-                let detail: Vec<String> = failures.iter().map(|(r, p)| format!("{r}: {}", p.detail)).collect();
+        // The first failure's code, every failed destination named in the detail.
+        match failures.first() {
+            None => Ok(()),
+            Some((_, first)) => {
+                let detail: Vec<String> = failures.iter().map(|(r, p)| format!("resource {r}: {}", p.detail)).collect();
                 Err(Problem { detail: detail.join("; "), ..first.clone() })
             }
         }
@@ -261,10 +260,7 @@ impl Publisher {
                     let detail = previous.error.map(|e| e.detail).unwrap_or_default();
                     return Err(Problem::new(
                         ErrorCode::PublicationFailed,
-                        format!(
-                            "resource {}: publication job {} failed earlier: {detail}",
-                            report.resource, previous.job_id
-                        ),
+                        format!("publication job {} failed earlier: {detail}", previous.job_id),
                     )
                     .with_hint("a corrected attempt needs a new execution ID"));
                 }
@@ -272,8 +268,8 @@ impl Publisher {
                     return Err(Problem::new(
                         ErrorCode::ReplayMismatch,
                         format!(
-                            "resource {}: this execution was already published by job {} with other content or batch boundaries",
-                            report.resource, previous.job_id
+                            "this execution was already published by job {} with other content or batch boundaries",
+                            previous.job_id
                         ),
                     )
                     .with_hint("a corrected load needs a new execution ID"));

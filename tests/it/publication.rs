@@ -273,6 +273,8 @@ async fn a_failure_during_publication_reports_each_destination() {
     let failed = commit(&gw, "r", "e").await;
     assert_eq!(failed["state"], "failed", "{failed}");
     assert_eq!(failed["error"]["code"], "publication_failed", "{failed}");
+    let detail = failed["error"]["detail"].as_str().unwrap();
+    assert!(detail.contains("resource bad") && !detail.contains("resource good"), "{detail}");
     let state_of = |resource: &str| {
         failed["resources"].as_array().unwrap().iter().find(|r| r["resource"] == resource).unwrap()["publication"]
             ["state"]
