@@ -55,7 +55,9 @@ async fn at_most_eight_destinations_publish_at_once() {
     for resource in &resources {
         post(&gw, "r", "e", resource, ipc_stream(&[ids(0..10)])).await;
     }
-    proxy.set_jobs(JobMode::RunFor(Duration::from_millis(1500)));
+    // Long enough that the first eight are all still running when the eighth starts, even on a
+    // loaded machine.
+    proxy.set_jobs(JobMode::RunFor(Duration::from_secs(3)));
     let committed = commit(&gw, "r", "e").await;
     assert_eq!(committed["state"], "committed", "{committed}");
     let published = committed["resources"].as_array().unwrap();
