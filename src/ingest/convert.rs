@@ -167,23 +167,21 @@ fn stage_list(array: &ArrayRef, column: &Column, path: &str, row_of: RowOf<'_>) 
             ));
         }
     }
-    // Keep only the elements of non-null lists, with offsets rebuilt from 0.
+    // Keep only the elements of non-null lists, with offsets rebuilt from 0. Only null lists
+    // that still span elements need a filter; otherwise the values are one contiguous slice.
     let mut lengths = Vec::with_capacity(list.len());
-    let mut mask = keep_all.then(Vec::new);
-    if !keep_all {
-        mask = Some(vec![false; values.len()]);
-    }
+    let mut mask = (!keep_all).then(|| vec![false; values.len()]);
     for row in 0..list.len() {
         let (start, end) = (offsets[row] as usize, offsets[row + 1] as usize);
         let length = if list.is_null(row) { 0 } else { end - start };
         lengths.push(length);
-        if let Some(mask) = mask.as_mut().filter(|_| !keep_all) {
-            mask[start..start + length].iter_mut().for_each(|m| *m = true);
+        if let Some(mask) = mask.as_mut() {
+            mask[start..start + length].fill(true);
         }
     }
     let first = offsets.first().copied().unwrap_or(0) as usize;
     let last = offsets.last().copied().unwrap_or(0) as usize;
-    let kept: ArrayRef = match mask.filter(|_| !keep_all) {
+    let kept: ArrayRef = match mask {
         Some(mask) => arrow_select::filter::filter(values.as_ref(), &BooleanArray::from(mask))
             .map_err(|e| IngestError::Arrow(e.to_string()))?,
         None => values.slice(first, last - first),

@@ -117,11 +117,11 @@ impl Publisher {
         let mut failures: Vec<(String, Problem)> = Vec::new();
         for (report, outcome) in outcomes {
             match outcome {
-                Ok(PublishOutcome::Published) => self.delete_staging_table(run, report).await,
+                Ok(PublishOutcome::Published) => self.delete_staging_table(run, &report.staging_table).await,
                 // A job we stopped waiting for may still read its staging table: it expires.
                 Ok(PublishOutcome::Unfinished(problem)) => failures.push((report.resource.clone(), problem)),
                 Err(problem) => {
-                    self.delete_staging_table(run, report).await;
+                    self.delete_staging_table(run, &report.staging_table).await;
                     failures.push((report.resource.clone(), problem));
                 }
             }
@@ -150,20 +150,15 @@ impl Publisher {
             (Ok(None), _) => return,
         };
         for stream in streams {
-            let (project, dataset) = (&run.destination.project, &run.destination.dataset);
-            if let Err(e) = self.bigquery.delete_table(project, dataset, &stream.staging_table).await {
-                tracing::warn!(table = %stream.staging_table, error = %e, "could not delete a staging table");
-            }
+            self.delete_staging_table(&run, &stream.staging_table).await;
         }
     }
 
     /// Deletes a staging table no job will read again. It expires on its own anyway, so a
     /// failure is logged, not raised.
-    async fn delete_staging_table(&self, run: &RunRecord, report: &LaneReport) {
-        if let Err(e) =
-            self.bigquery.delete_table(&run.destination.project, &run.destination.dataset, &report.staging_table).await
-        {
-            tracing::warn!(table = %report.staging_table, error = %e, "could not delete a staging table");
+    async fn delete_staging_table(&self, run: &RunRecord, table: &str) {
+        if let Err(e) = self.bigquery.delete_table(&run.destination.project, &run.destination.dataset, table).await {
+            tracing::warn!(%table, error = %e, "could not delete a staging table");
         }
     }
 

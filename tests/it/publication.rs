@@ -24,23 +24,6 @@ async fn gateway_via(proxy: &RestProxy, fake: Option<&FakeWrite>) -> Gateway {
     Gateway::spawn_with(GatewayOptions { env, ..Default::default() }).await
 }
 
-async fn open(gw: &Gateway, run: &str, execution: &str) {
-    let (status, body) = gw.open_execution(run, execution).await;
-    assert!(status == StatusCode::CREATED || status == StatusCode::OK, "{body}");
-}
-
-async fn post(gw: &Gateway, run: &str, execution: &str, resource: &str, body: Vec<u8>) {
-    let (status, receipt) = gw.post_batch(run, execution, resource, None, body).await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{receipt}");
-}
-
-async fn commit(gw: &Gateway, run: &str, execution: &str) -> Value {
-    let (status, body) =
-        gw.json(Method::POST, &format!("/v1/runs/{run}/executions/{execution}/commit?wait=true"), None).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    body
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn at_most_eight_destinations_publish_at_once() {
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
@@ -51,14 +34,14 @@ async fn at_most_eight_destinations_publish_at_once() {
     for resource in &resources {
         gw.declare("r", resource, json!({"write_mode": "full_append"})).await;
     }
-    open(&gw, "r", "e").await;
+    gw.open_new_execution("r", "e").await;
     for resource in &resources {
-        post(&gw, "r", "e", resource, ipc_stream(&[ids(0..10)])).await;
+        gw.post_accepted("r", "e", resource, None, ipc_stream(&[ids(0..10)])).await;
     }
     // Long enough that the first eight are all still running when the eighth starts, even on a
     // loaded machine.
     proxy.set_jobs(JobMode::RunFor(Duration::from_secs(3)));
-    let committed = commit(&gw, "r", "e").await;
+    let committed = gw.commit_and_wait("r", "e").await;
     assert_eq!(committed["state"], "committed", "{committed}");
     let published = committed["resources"].as_array().unwrap();
     assert!(published.iter().all(|r| r["publication"]["state"] == "done"), "{committed}");
@@ -72,11 +55,11 @@ async fn an_existing_job_id_is_reused_and_never_run_twice() {
     let gw = gateway_via(&proxy, None).await;
     gw.create_run("r").await;
     gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
-    open(&gw, "r", "e").await;
-    post(&gw, "r", "e", "t", ipc_stream(&[ids(0..25)])).await;
+    gw.open_new_execution("r", "e").await;
+    gw.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..25)])).await;
     // As if an earlier attempt had submitted the job: insert answers 409, get answers DONE.
     proxy.set_jobs(JobMode::AlreadyExists);
-    let committed = commit(&gw, "r", "e").await;
+    let committed = gw.commit_and_wait("r", "e").await;
     assert_eq!(committed["state"], "committed", "{committed}");
     assert_eq!(committed["resources"][0]["publication"]["state"], "done", "{committed}");
     let job_id = committed["resources"][0]["publication"]["job_id"].as_str().unwrap().to_string();
@@ -94,19 +77,20 @@ async fn a_failed_job_is_surfaced_on_redelivery_without_a_new_job() {
     let gw = gateway_via(&proxy, Some(&fake)).await;
     gw.create_run("r").await;
     gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
-    open(&gw, "r", "e").await;
-    post(&gw, "r", "e", "t", ipc_stream(&[ids(0..5)])).await;
+    gw.open_new_execution("r", "e").await;
+    gw.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..5)])).await;
     proxy.set_jobs(JobMode::Fail { query_contains: String::new(), message: "Query error: boom".into() });
-    let failed = commit(&gw, "r", "e").await;
+    let failed = gw.commit_and_wait("r", "e").await;
     assert_eq!(failed["state"], "failed", "{failed}");
     assert_eq!(failed["error"]["code"], "publication_failed", "{failed}");
     assert!(failed["error"]["detail"].as_str().unwrap().contains("boom"), "{failed}");
     assert_eq!(failed["resources"][0]["publication"]["state"], "failed", "{failed}");
 
     // The extractor redelivers the same execution: the recorded failure answers, no new job.
-    open(&gw, "r", "e").await;
-    post(&gw, "r", "e", "t", ipc_stream(&[ids(0..5)])).await;
-    let again = commit(&gw, "r", "e").await;
+    let (status, redelivered) = gw.open_execution("r", "e").await;
+    assert_eq!(status, StatusCode::OK, "{redelivered}");
+    gw.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..5)])).await;
+    let again = gw.commit_and_wait("r", "e").await;
     assert_eq!(again["state"], "failed", "{again}");
     assert_eq!(again["error"]["code"], "publication_failed", "{again}");
     assert!(again["error"]["hint"].as_str().unwrap().contains("new execution"), "{again}");
@@ -119,9 +103,9 @@ async fn new_columns_are_added_with_tables_patch_and_staging_tables_expire_in_se
     let gw = gateway_via(&proxy, None).await;
     gw.create_run("r").await;
     gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
-    open(&gw, "r", "e1").await;
-    post(&gw, "r", "e1", "t", ipc_stream(&[ids(0..5)])).await;
-    assert_eq!(commit(&gw, "r", "e1").await["state"], "committed");
+    gw.open_new_execution("r", "e1").await;
+    gw.post_accepted("r", "e1", "t", None, ipc_stream(&[ids(0..5)])).await;
+    assert_eq!(gw.commit_and_wait("r", "e1").await["state"], "committed");
 
     let staging_inserts: Vec<Value> = proxy
         .requests("POST", "/tables")
@@ -151,9 +135,9 @@ async fn new_columns_are_added_with_tables_patch_and_staging_tables_expire_in_se
     // The emulator's tables.patch changes only its catalog (not the DuckDB table), so the job
     // that would read the new column is taken over.
     proxy.set_jobs(JobMode::RunFor(Duration::ZERO));
-    open(&gw, "r", "e2").await;
-    post(&gw, "r", "e2", "t", ipc_stream(&[wider])).await;
-    assert_eq!(commit(&gw, "r", "e2").await["state"], "committed");
+    gw.open_new_execution("r", "e2").await;
+    gw.post_accepted("r", "e2", "t", None, ipc_stream(&[wider])).await;
+    assert_eq!(gw.commit_and_wait("r", "e2").await["state"], "committed");
     let patches = proxy.requests("PATCH", "/tables/t");
     assert_eq!(patches.len(), 1, "{patches:?}");
     let fields = patches[0].body["schema"]["fields"].as_array().unwrap().clone();
@@ -171,14 +155,14 @@ async fn an_incompatible_existing_type_fails_naming_the_column_and_both_types() 
     let gw = Gateway::spawn().await;
     gw.create_run("r").await;
     gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
-    open(&gw, "r", "e1").await;
-    post(&gw, "r", "e1", "t", ipc_stream(&[ids(0..5)])).await;
-    assert_eq!(commit(&gw, "r", "e1").await["state"], "committed");
+    gw.open_new_execution("r", "e1").await;
+    gw.post_accepted("r", "e1", "t", None, ipc_stream(&[ids(0..5)])).await;
+    assert_eq!(gw.commit_and_wait("r", "e1").await["state"], "committed");
     let text_v = batch(
         vec![Field::new("id", DataType::Int64, false), Field::new("v", DataType::Utf8, true)],
         vec![Arc::new(Int64Array::from(vec![1])), Arc::new(StringArray::from(vec!["x"]))],
     );
-    open(&gw, "r", "e2").await;
+    gw.open_new_execution("r", "e2").await;
     let (status, _) = gw.post_batch("r", "e2", "t", None, ipc_stream(&[text_v])).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     // The lane fails the execution when it prepares the table: at the commit's flush, or
@@ -232,10 +216,10 @@ async fn struct_array_and_map_columns_become_record_and_repeated_fields() {
         ],
         vec![Arc::new(Int64Array::from(vec![1, 2, 3])), Arc::new(tags), Arc::new(attributes), Arc::new(address)],
     );
-    open(&gw, "r", "e").await;
-    post(&gw, "r", "e", "orders", ipc_stream(&[body])).await;
+    gw.open_new_execution("r", "e").await;
+    gw.post_accepted("r", "e", "orders", None, ipc_stream(&[body])).await;
     proxy.set_jobs(JobMode::RunFor(Duration::ZERO));
-    assert_eq!(commit(&gw, "r", "e").await["state"], "committed");
+    assert_eq!(gw.commit_and_wait("r", "e").await["state"], "committed");
 
     let created = proxy
         .requests("POST", "/tables")
@@ -276,11 +260,11 @@ async fn a_failure_during_publication_reports_each_destination() {
     gw.create_run("r").await;
     gw.declare("r", "good", json!({"write_mode": "full_append"})).await;
     gw.declare("r", "bad", json!({"write_mode": "full_append"})).await;
-    open(&gw, "r", "e").await;
-    post(&gw, "r", "e", "good", ipc_stream(&[ids(0..7)])).await;
-    post(&gw, "r", "e", "bad", ipc_stream(&[ids(0..3)])).await;
+    gw.open_new_execution("r", "e").await;
+    gw.post_accepted("r", "e", "good", None, ipc_stream(&[ids(0..7)])).await;
+    gw.post_accepted("r", "e", "bad", None, ipc_stream(&[ids(0..3)])).await;
     proxy.set_jobs(JobMode::Fail { query_contains: "`bad`".into(), message: "Query error: quota".into() });
-    let failed = commit(&gw, "r", "e").await;
+    let failed = gw.commit_and_wait("r", "e").await;
     assert_eq!(failed["state"], "failed", "{failed}");
     assert_eq!(failed["error"]["code"], "publication_failed", "{failed}");
     let detail = failed["error"]["detail"].as_str().unwrap();
@@ -309,8 +293,8 @@ async fn abort_before_commit_deletes_the_staging_tables() {
     let gw = gateway_via(&proxy, None).await;
     gw.create_run("r").await;
     gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
-    open(&gw, "r", "e").await;
-    post(&gw, "r", "e", "t", ipc_stream(&[ids(0..7)])).await;
+    gw.open_new_execution("r", "e").await;
+    gw.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..7)])).await;
     // Flushed, so the lane prepares: wait for its staging table.
     let (status, _) =
         gw.json(Method::POST, "/v1/runs/r/executions/e/checkpoints", Some(json!({"checkpoint": 1}))).await;

@@ -8,7 +8,6 @@ use arrow_array::{
     Decimal128Array, Int64Array, RecordBatch, StringArray, Time32MillisecondArray, Time64MicrosecondArray, UInt64Array,
 };
 use arrow_schema::{DataType, Field, TimeUnit};
-use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::support::Gateway;
@@ -78,13 +77,7 @@ async fn accounts(gw: &Gateway, table: &str) -> BTreeMap<i64, (String, i128)> {
 }
 
 async fn post(gw: &Gateway, run: &str, execution: &str, resource: &str, seq: Option<i64>, body: &RecordBatch) {
-    let (status, receipt) = gw.post_batch(run, execution, resource, seq, ipc_stream(std::slice::from_ref(body))).await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{receipt}");
-}
-
-async fn open(gw: &Gateway, run: &str, execution: &str) {
-    let (status, body) = gw.open_execution(run, execution).await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
+    gw.post_accepted(run, execution, resource, seq, ipc_stream(std::slice::from_ref(body))).await;
 }
 
 async fn commit(gw: &Gateway, run: &str, execution: &str) -> Value {
@@ -101,7 +94,7 @@ async fn cdc_merge_folds_every_key_to_its_last_operation_and_cdc_append_keeps_th
     gw.declare("r", "audit", json!({"table": "accounts_log", "write_mode": "cdc_append"})).await;
 
     let initial: Vec<Change> = (0..20).map(|id| change(id, "a", i128::from(id) * 15_000, "insert")).collect();
-    open(&gw, "r", "e1").await;
+    gw.open_new_execution("r", "e1").await;
     post(&gw, "r", "e1", "accounts", None, &changes_batch(&initial)).await;
     post(&gw, "r", "e1", "audit", None, &changes_batch(&initial)).await;
     commit(&gw, "r", "e1").await;
@@ -129,7 +122,7 @@ async fn cdc_merge_folds_every_key_to_its_last_operation_and_cdc_append_keeps_th
         change(8, "", 0, "delete"),
         change(8, "back", 88, "insert"),
     ];
-    open(&gw, "r", "e2").await;
+    gw.open_new_execution("r", "e2").await;
     post(&gw, "r", "e2", "accounts", Some(1), &changes_batch(&later)).await;
     post(&gw, "r", "e2", "accounts", Some(0), &changes_batch(&earlier)).await;
     post(&gw, "r", "e2", "audit", Some(0), &changes_batch(&earlier)).await;
@@ -189,7 +182,7 @@ async fn upserts_and_deletes_converge_on_the_last_value_per_key() {
     gw.declare("r", "users_full", json!({"table": "users", "write_mode": "full_upsert", "primary_key": ["id"]})).await;
 
     let mut model = BTreeMap::new();
-    open(&gw, "r", "e1").await;
+    gw.open_new_execution("r", "e1").await;
     let first: Vec<(i64, i64)> = (0..10).map(|i| (i, i * 10)).collect();
     let second: Vec<(i64, i64)> = (0..4).map(|i| (i, -1)).chain([(0, -2)]).collect();
     post(&gw, "r", "e1", "users", None, &id_value(&first)).await;
@@ -201,7 +194,7 @@ async fn upserts_and_deletes_converge_on_the_last_value_per_key() {
     assert_eq!(id_values(&gw, "users").await, model);
     assert_eq!(model[&0], -2, "the same key twice in one batch: the later row wins");
 
-    open(&gw, "r", "e2").await;
+    gw.open_new_execution("r", "e2").await;
     let deleted =
         batch(vec![Field::new("id", DataType::Int64, false)], vec![Arc::new(Int64Array::from(vec![1, 2, 42]))]);
     post(&gw, "r", "e2", "users_deleted", None, &deleted).await;
@@ -211,7 +204,7 @@ async fn upserts_and_deletes_converge_on_the_last_value_per_key() {
     }
     assert_eq!(id_values(&gw, "users").await, model);
 
-    open(&gw, "r", "e3").await;
+    gw.open_new_execution("r", "e3").await;
     post(&gw, "r", "e3", "users_full", None, &id_value(&[(5, 555), (100, 1000), (5, 556)])).await;
     commit(&gw, "r", "e3").await;
     model.extend([(5, 556), (100, 1000)]);
@@ -223,13 +216,13 @@ async fn full_replace_replaces_once_per_run_and_an_empty_replacement_truncates()
     let gw = Gateway::spawn().await;
     gw.create_run("seed").await;
     gw.declare("seed", "t", json!({"write_mode": "full_append"})).await;
-    open(&gw, "seed", "e").await;
+    gw.open_new_execution("seed", "e").await;
     post(&gw, "seed", "e", "t", None, &ids(0..50)).await;
     commit(&gw, "seed", "e").await;
 
     gw.create_run("r1").await;
     gw.declare("r1", "t", json!({"write_mode": "full_replace"})).await;
-    open(&gw, "r1", "e1").await;
+    gw.open_new_execution("r1", "e1").await;
     post(&gw, "r1", "e1", "t", None, &ids(100..130)).await;
     commit(&gw, "r1", "e1").await;
     let count = |rows: Vec<Vec<Value>>| rows[0].iter().map(int).collect::<Vec<_>>();
@@ -237,7 +230,7 @@ async fn full_replace_replaces_once_per_run_and_an_empty_replacement_truncates()
     assert_eq!(count(gw.query(&stats).await), [30, 100, 129], "replaced");
 
     // A later segment of the same run (a resumed run) appends to what the first one wrote.
-    open(&gw, "r1", "e2").await;
+    gw.open_new_execution("r1", "e2").await;
     post(&gw, "r1", "e2", "t", None, &ids(130..140)).await;
     commit(&gw, "r1", "e2").await;
     assert_eq!(count(gw.query(&stats).await), [40, 100, 139], "second segment appended");
@@ -245,7 +238,7 @@ async fn full_replace_replaces_once_per_run_and_an_empty_replacement_truncates()
     // A new run whose replacement is empty (a schema-only stream) leaves the table empty.
     gw.create_run("r2").await;
     gw.declare("r2", "t", json!({"write_mode": "full_replace"})).await;
-    open(&gw, "r2", "e1").await;
+    gw.open_new_execution("r2", "e1").await;
     post(&gw, "r2", "e1", "t", None, &ids(0..0)).await;
     let committed = commit(&gw, "r2", "e1").await;
     assert_eq!(committed["resources"][0]["publication"]["state"], "done", "{committed}");
@@ -259,7 +252,7 @@ async fn numeric_unsigned_and_time_values_arrive_exactly() {
     let gw = Gateway::spawn().await;
     gw.create_run("r").await;
     gw.declare("r", "exact", json!({"write_mode": "full_append"})).await;
-    open(&gw, "r", "e").await;
+    gw.open_new_execution("r", "e").await;
     let amounts = [Some(123_456_789_012_345_678_901_234_567_890_i128), Some(-1), Some(10_000_000_000), None];
     let body = batch(
         vec![

@@ -229,6 +229,27 @@ impl Gateway {
         body
     }
 
+    /// Opens a new execution, asserting 201.
+    pub async fn open_new_execution(&self, run: &str, execution: &str) -> Value {
+        let (status, body) = self.open_execution(run, execution).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        body
+    }
+
+    /// Posts a batch, asserting 202; the receipt.
+    pub async fn post_accepted(
+        &self,
+        run: &str,
+        execution: &str,
+        resource: &str,
+        seq: Option<i64>,
+        body: Vec<u8>,
+    ) -> Value {
+        let (status, receipt) = self.post_batch(run, execution, resource, seq, body).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{receipt}");
+        receipt
+    }
+
     pub async fn open_execution(&self, run: &str, execution: &str) -> (StatusCode, Value) {
         self.json(Method::POST, &format!("/v1/runs/{run}/executions"), Some(json!({"execution_id": execution}))).await
     }
