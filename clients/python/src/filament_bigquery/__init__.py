@@ -1,0 +1,74 @@
+"""Python client of the filament-bigquery ingestion gateway.
+
+    from filament_bigquery import Client
+    client = Client("http://127.0.0.1:8080", token="...")
+    run = client.create_run(project="p", dataset="d")
+    run.declare("public.users", write_mode="full_append")
+    with run.execution() as ex:
+        ex.write("public.users", table)
+        ex.checkpoint({"lsn": 42})
+    print(ex.result)
+"""
+
+from ._bodies import ArrowData, Body, bodies
+from ._client import ARROW_STREAM, Client, Execution, RetryPolicy, Run, Stats, WriteResult
+from ._errors import (
+    Backpressure,
+    Conflict,
+    ExecutionFailed,
+    FilamentError,
+    GatewayUnreachable,
+    InvalidInput,
+    NotFound,
+    ProblemError,
+    Unauthorized,
+    Unavailable,
+)
+from ._types import (
+    CheckpointResponse,
+    ExecutionResourceView,
+    ExecutionState,
+    ExecutionView,
+    Problem,
+    PublicationView,
+    Receipt,
+    ResourceView,
+    RunView,
+    WriteMode,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ARROW_STREAM",
+    "ArrowData",
+    "Backpressure",
+    "Body",
+    "CheckpointResponse",
+    "Client",
+    "Conflict",
+    "Execution",
+    "ExecutionFailed",
+    "ExecutionResourceView",
+    "ExecutionState",
+    "ExecutionView",
+    "FilamentError",
+    "GatewayUnreachable",
+    "InvalidInput",
+    "NotFound",
+    "Problem",
+    "ProblemError",
+    "PublicationView",
+    "Receipt",
+    "ResourceView",
+    "RetryPolicy",
+    "Run",
+    "RunView",
+    "Stats",
+    "Unauthorized",
+    "Unavailable",
+    "WriteMode",
+    "WriteResult",
+    "__version__",
+    "bodies",
+]

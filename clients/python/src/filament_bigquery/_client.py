@@ -1,0 +1,612 @@
+"""Client, Run and Execution: the gateway's HTTP API with the behaviour of a good extractor
+(bodies split and numbered, compression, retries that are safe to repeat, redelivery)."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Callable, Mapping, Optional, Sequence, cast
+from urllib.parse import quote
+
+import requests
+
+from ._bodies import COMPRESSIONS, ArrowData, Body, bodies
+from ._errors import (
+    Conflict,
+    ExecutionFailed,
+    FilamentError,
+    GatewayUnreachable,
+    ProblemError,
+    problem_from_response,
+)
+from ._types import (
+    TERMINAL_STATES,
+    CheckpointResponse,
+    ExecutionView,
+    Receipt,
+    ResourceView,
+    RunView,
+    WriteMode,
+)
+
+__all__ = ["Client", "Run", "Execution", "RetryPolicy", "Stats", "WriteResult", "ARROW_STREAM"]
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+log = logging.getLogger("filament_bigquery")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How one request is retried.
+
+    429 `backpressure` waits `Retry-After` (or the backoff) and is retried until `deadline`
+    seconds have passed since the first attempt; 503 and connection errors (including a lost
+    response) are retried with exponential backoff and jitter, at most `max_attempts` attempts
+    in all, within the same deadline. Every retry of a batch carries the same `seq` and body.
+    """
+
+    max_attempts: int = 10
+    initial_backoff: float = 0.5
+    max_backoff: float = 30.0
+    deadline: float = 900.0
+
+    def backoff(self, attempt: int) -> float:
+        base: float = min(self.max_backoff, self.initial_backoff * (2 ** max(0, attempt - 1)))
+        return base * random.uniform(0.5, 1.0)
+
+
+@dataclass
+class Stats:
+    """Counters of one Client (all its runs and executions), for logs and tests."""
+
+    requests: int = 0
+    backpressure_retries: int = 0
+    unavailable_retries: int = 0
+    connection_retries: int = 0
+    bodies_sent: int = 0
+    rows_sent: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, name: str, amount: int = 1) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + amount)
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What one `write` sent: the receipts of its bodies, in `seq` order."""
+
+    resource: str
+    receipts: list[Receipt]
+    rows: int
+    bodies: int
+    bytes_sent: int
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _segment(value: str) -> str:
+    return quote(value, safe="")
+
+
+class _Transport:
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        timeout: float,
+        retry: RetryPolicy,
+        session: Optional[requests.Session],
+        stats: Stats,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.retry = retry
+        self.stats = stats
+        self.session = session if session is not None else requests.Session()
+        adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=64, max_retries=0)
+        if session is None:
+            self.session.mount("http://", adapter)
+            self.session.mount("https://", adapter)
+        self.headers = {"Authorization": f"Bearer {token}", "User-Agent": "filament-bigquery-python/0.1.0"}
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        data: Optional[bytes] = None,
+        headers: Optional[Mapping[str, str]] = None,
+        params: Optional[Mapping[str, str]] = None,
+        timeout: Optional[float] = None,
+        retry: bool = True,
+    ) -> requests.Response:
+        url = self.base_url + path
+        all_headers = dict(self.headers)
+        if headers:
+            all_headers.update(headers)
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            self.stats.add("requests")
+            try:
+                response = self.session.request(
+                    method,
+                    url,
+                    json=json,
+                    data=data,
+                    headers=all_headers,
+                    params=params,
+                    timeout=(10.0, timeout if timeout is not None else self.timeout),
+                )
+            except (requests.ConnectionError, requests.Timeout) as exc:
+                wait = self.retry.backoff(attempt)
+                if not retry or attempt >= self.retry.max_attempts or self._past(started, wait):
+                    raise GatewayUnreachable(f"{method} {path}: {exc}") from exc
+                self.stats.add("connection_retries")
+                log.warning("%s %s: %s; retrying in %.1f s (attempt %d)", method, path, exc, wait, attempt)
+                time.sleep(wait)
+                continue
+            if response.status_code < 400:
+                return response
+            error = problem_from_response(response)
+            if not retry or response.status_code not in (429, 503):
+                raise error
+            if response.status_code == 429:
+                retry_after = error.retry_after
+                wait = retry_after if retry_after is not None else self.retry.backoff(attempt)
+                counter = "backpressure_retries"
+            else:
+                wait = self.retry.backoff(attempt)
+                counter = "unavailable_retries"
+                if attempt >= self.retry.max_attempts:
+                    raise error
+            if self._past(started, wait):
+                raise error
+            self.stats.add(counter)
+            log.info("%s %s: %s; retrying in %.1f s", method, path, error, wait)
+            time.sleep(wait)
+
+    def _past(self, started: float, wait: float) -> bool:
+        return time.monotonic() + wait - started > self.retry.deadline
+
+    def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.request(method, path, **kwargs).json()
+
+
+class Client:
+    """The gateway at `base_url`, authenticated with `token` (one of `FILAMENT_API_TOKENS`).
+
+    Defaults for the executions it opens: `max_body_bytes` of Arrow IPC per batch request,
+    `compression` of the bodies (`zstd`, `gzip` or `none`), `max_in_flight` concurrent writes
+    (across resources, with `Execution.submit`). `timeout` is the read timeout of one request.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout: float = 300.0,
+        retry: Optional[RetryPolicy] = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        compression: str = "zstd",
+        max_in_flight: int = 1,
+        commit_timeout: float = 3600.0,
+        session: Optional[requests.Session] = None,
+    ) -> None:
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {COMPRESSIONS}")
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        self.stats = Stats()
+        self._transport = _Transport(base_url, token, timeout, retry or RetryPolicy(), session, self.stats)
+        self.max_body_bytes = max_body_bytes
+        self.compression = compression
+        self.max_in_flight = max_in_flight
+        self.commit_timeout = commit_timeout
+
+    @property
+    def base_url(self) -> str:
+        return self._transport.base_url
+
+    def close(self) -> None:
+        self._transport.session.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def create_run(
+        self,
+        project: str,
+        dataset: str,
+        run_id: Optional[str] = None,
+        location: Optional[str] = None,
+        batching: Optional[Mapping[str, int]] = None,
+    ) -> Run:
+        """Creates the run (or finds the same one again: creating is idempotent). Without
+        `run_id` the client generates one, so that a retried request cannot create two runs."""
+        run_id = run_id or _new_id()
+        destination: dict[str, Any] = {"project": project, "dataset": dataset}
+        if location is not None:
+            destination["location"] = location
+        body: dict[str, Any] = {"run_id": run_id, "destination": destination}
+        if batching is not None:
+            body["batching"] = dict(batching)
+        view = cast(RunView, self._transport.json("POST", "/v1/runs", json=body))
+        return Run(self, view["run_id"], view)
+
+    def run(self, run_id: str) -> Run:
+        """A handle on an existing run (no request is made)."""
+        return Run(self, run_id, None)
+
+    def get_run(self, run_id: str) -> RunView:
+        return cast(RunView, self._transport.json("GET", f"/v1/runs/{_segment(run_id)}"))
+
+    def test_connection(self, project: str, location: Optional[str] = None) -> dict[str, Any]:
+        """`POST /v1/connections/test`: can the gateway reach BigQuery for `project`?"""
+        body: dict[str, Any] = {"project": project}
+        if location is not None:
+            body["location"] = location
+        return cast(dict[str, Any], self._transport.json("POST", "/v1/connections/test", json=body, retry=False))
+
+    def ready(self) -> bool:
+        """`GET /readyz`: Postgres and BigQuery reachable."""
+        try:
+            self._transport.request("GET", "/readyz", retry=False, timeout=10.0)
+            return True
+        except (ProblemError, GatewayUnreachable):
+            return False
+
+
+class Run:
+    """One run: a destination dataset, its declared resources, its executions."""
+
+    def __init__(self, client: Client, run_id: str, view: Optional[RunView]) -> None:
+        self.client = client
+        self.run_id = run_id
+        self.view = view
+
+    @property
+    def _path(self) -> str:
+        return f"/v1/runs/{_segment(self.run_id)}"
+
+    def get(self) -> RunView:
+        self.view = self.client.get_run(self.run_id)
+        return self.view
+
+    @property
+    def durable_checkpoint(self) -> Any:
+        """The last checkpoint of the last committed execution (None before any), fetched now."""
+        return self.get().get("durable_checkpoint")
+
+    def declare(
+        self,
+        resource: str,
+        write_mode: WriteMode | str = "full_append",
+        primary_key: Optional[Sequence[str]] = None,
+        table: Optional[str] = None,
+    ) -> ResourceView:
+        """Declares (idempotently) `resource`, loaded into `table` (default: the resource name
+        with other characters than letters, digits and `_` replaced by `_`) with `write_mode`.
+        Upsert, delete and merge modes need `primary_key`."""
+        body: dict[str, Any] = {"write_mode": write_mode}
+        if primary_key is not None:
+            body["primary_key"] = list(primary_key)
+        if table is not None:
+            body["table"] = table
+        return cast(
+            ResourceView, self.client._transport.json("PUT", f"{self._path}/resources/{_segment(resource)}", json=body)
+        )
+
+    def execution(
+        self,
+        execution_id: Optional[str] = None,
+        *,
+        max_body_bytes: Optional[int] = None,
+        compression: Optional[str] = None,
+        max_in_flight: Optional[int] = None,
+    ) -> Execution:
+        """Opens an execution (`POST .../executions`). An existing `execution_id` starts a new
+        delivery of it (`Execution.delivery` is then 2, 3, ...): everything the previous
+        delivery sent is discarded. Use it as a context manager: a clean exit commits (waiting
+        for the outcome), an exception aborts."""
+        execution_id = execution_id or _new_id()
+        view = cast(
+            ExecutionView,
+            self.client._transport.json("POST", f"{self._path}/executions", json={"execution_id": execution_id}),
+        )
+        client = self.client
+        return Execution(
+            self,
+            view,
+            max_body_bytes=max_body_bytes or client.max_body_bytes,
+            compression=compression or client.compression,
+            max_in_flight=max_in_flight or client.max_in_flight,
+        )
+
+    def deliver(
+        self,
+        extract: Callable[[Execution], None],
+        execution_id: Optional[str] = None,
+        *,
+        max_deliveries: int = 3,
+        **options: Any,
+    ) -> Execution:
+        """Runs `extract(ex)` in an execution and commits it; when the execution fails with a
+        redeliverable error (`gateway_restarted`, ...), delivers the same execution id again,
+        up to `max_deliveries` times. Returns the committed execution (`ex.result`)."""
+        execution_id = execution_id or _new_id()
+        for delivery in range(1, max_deliveries + 1):
+            try:
+                with self.execution(execution_id, **options) as ex:
+                    extract(ex)
+                return ex
+            except ExecutionFailed as failed:
+                if not failed.redeliverable or delivery == max_deliveries:
+                    raise
+                log.warning("execution %s failed (%s); delivering it again", execution_id, failed.code)
+        raise AssertionError("unreachable")
+
+
+class Execution:
+    """One delivery of an execution: write resources, checkpoint, commit or abort."""
+
+    def __init__(
+        self,
+        run: Run,
+        view: ExecutionView,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        compression: str = "zstd",
+        max_in_flight: int = 1,
+    ) -> None:
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {COMPRESSIONS}")
+        self.run = run
+        self.view = view
+        self.execution_id: str = view["execution_id"]
+        self.delivery: int = view["delivery"]
+        self.max_body_bytes = max_body_bytes
+        self.compression = compression
+        self.max_in_flight = max_in_flight
+        self.result: Optional[ExecutionView] = None
+        self._transport = run.client._transport
+        self._next_seq: dict[str, int] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+        self._queues: dict[str, ThreadPoolExecutor] = {}
+        self._slots = threading.BoundedSemaphore(max_in_flight)
+        self._futures: list[Future[WriteResult]] = []
+
+    def __repr__(self) -> str:
+        return f"Execution(run_id={self.run.run_id!r}, execution_id={self.execution_id!r}, delivery={self.delivery})"
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+    @property
+    def _path(self) -> str:
+        return f"{self.run._path}/executions/{_segment(self.execution_id)}"
+
+    def _lock(self, resource: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(resource, threading.Lock())
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def write(
+        self,
+        resource: str,
+        data: ArrowData,
+        *,
+        compression: Optional[str] = None,
+        max_body_bytes: Optional[int] = None,
+    ) -> WriteResult:
+        """Sends `data` (a pyarrow Table, RecordBatch, list of RecordBatches or a
+        RecordBatchReader, streamed batch by batch) to `resource`, in bodies of at most
+        `max_body_bytes` of Arrow IPC numbered with the next `seq` values; returns when every
+        body has its receipt. Retried bodies keep their `seq` and bytes. `compression` and
+        `max_body_bytes` override the execution's for this write."""
+        with self._lock(resource):
+            receipts: list[Receipt] = []
+            rows = sent = 0
+            for body in bodies(data, max_body_bytes or self.max_body_bytes, compression or self.compression):
+                seq = self._next_seq.get(resource, 0)
+                receipt = self._post_body(resource, seq, body)
+                self._next_seq[resource] = seq + 1
+                receipts.append(receipt)
+                rows += body.rows
+                sent += len(body.payload)
+            return WriteResult(resource, receipts, rows, len(receipts), sent)
+
+    def submit(
+        self,
+        resource: str,
+        data: ArrowData,
+        *,
+        compression: Optional[str] = None,
+        max_body_bytes: Optional[int] = None,
+    ) -> Future[WriteResult]:
+        """Like `write`, in the background: writes of different resources run concurrently (at
+        most `max_in_flight` at once), writes of one resource one after the other in submission
+        order. `checkpoint`, `commit` and `flush` wait for them first."""
+        with self._locks_guard:
+            queue = self._queues.get(resource)
+            if queue is None:
+                queue = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"filament-{resource}")
+                self._queues[resource] = queue
+
+        def task() -> WriteResult:
+            with self._slots:
+                return self.write(resource, data, compression=compression, max_body_bytes=max_body_bytes)
+
+        future = queue.submit(task)
+        self._futures.append(future)
+        return future
+
+    def flush(self) -> list[WriteResult]:
+        """Waits for every submitted write; raises the first failure."""
+        futures, self._futures = self._futures, []
+        results: list[WriteResult] = []
+        first_error: Optional[BaseException] = None
+        for future in futures:
+            error = future.exception()
+            if error is not None:
+                first_error = first_error or error
+            else:
+                results.append(future.result())
+        if first_error is not None:
+            raise first_error
+        return results
+
+    def _post_body(self, resource: str, seq: int, body: Body) -> Receipt:
+        headers = {"Content-Type": ARROW_STREAM}
+        if body.content_encoding:
+            headers["Content-Encoding"] = body.content_encoding
+        path = f"{self._path}/resources/{_segment(resource)}/batches"
+        try:
+            response = self._transport.request("POST", path, data=body.payload, headers=headers, params={"seq": str(seq)})
+        except Conflict as conflict:
+            if conflict.code == "execution_not_extracting":
+                self._raise_if_failed()
+            raise
+        receipt = cast(Receipt, response.json())
+        if receipt.get("seq") != seq or receipt.get("rows") != body.rows:
+            raise FilamentError(f"{resource} seq {seq}: unexpected receipt {receipt} for {body.rows} rows")
+        self._transport.stats.add("bodies_sent")
+        self._transport.stats.add("rows_sent", body.rows)
+        return receipt
+
+    def _raise_if_failed(self) -> None:
+        view = self.get()
+        if view["state"] == "failed":
+            raise ExecutionFailed(cast(dict[str, Any], view))
+
+    # -- state ------------------------------------------------------------------------------
+
+    def get(self) -> ExecutionView:
+        self.view = cast(ExecutionView, self._transport.json("GET", self._path))
+        return self.view
+
+    @property
+    def state(self) -> str:
+        return self.view["state"]
+
+    def checkpoint(self, value: Any) -> CheckpointResponse:
+        """Records `value` (any JSON) after everything written so far; it becomes the run's
+        durable checkpoint when this execution commits."""
+        self.flush()
+        try:
+            return cast(
+                CheckpointResponse,
+                self._transport.json("POST", f"{self._path}/checkpoints", json={"checkpoint": value}),
+            )
+        except Conflict as conflict:
+            if conflict.code == "execution_not_extracting":
+                self._raise_if_failed()
+            raise
+
+    def pause(self) -> ExecutionView:
+        self.flush()
+        self.view = cast(ExecutionView, self._transport.json("POST", f"{self._path}/pause"))
+        return self.view
+
+    def abort(self) -> ExecutionView:
+        self._cancel_pending()
+        self.view = cast(ExecutionView, self._transport.json("POST", f"{self._path}/abort"))
+        self.result = self.view
+        return self.view
+
+    def commit(self, wait: bool = True, timeout: Optional[float] = None) -> ExecutionView:
+        """Commits: with `wait`, returns the terminal execution (also as `result`) and raises
+        `ExecutionFailed` when it failed; without, returns the `committing` view."""
+        self.flush()
+        timeout = timeout if timeout is not None else self.run.client.commit_timeout
+        deadline = time.monotonic() + timeout
+        params = {"wait": "true"} if wait else None
+        try:
+            view = cast(
+                ExecutionView,
+                self._transport.json("POST", f"{self._path}/commit", params=params, timeout=timeout),
+            )
+        except GatewayUnreachable:
+            view = self.get()
+        except Conflict as conflict:
+            # A retried commit may find the execution committing or already finished.
+            view = self.get()
+            if view["state"] not in ("committing", "committed", "failed"):
+                raise conflict
+        if wait:
+            view = self._wait_terminal(view, deadline)
+        self.view = view
+        if view["state"] in TERMINAL_STATES:
+            self.result = view
+        if view["state"] == "failed":
+            raise ExecutionFailed(cast(dict[str, Any], view))
+        return view
+
+    def _wait_terminal(self, view: ExecutionView, deadline: float) -> ExecutionView:
+        pause = 0.2
+        while view["state"] not in TERMINAL_STATES:
+            if view["state"] == "extracting" or view["state"] == "paused":
+                view = cast(ExecutionView, self._transport.json("POST", f"{self._path}/commit", params={"wait": "true"}))
+                continue
+            if time.monotonic() > deadline:
+                raise FilamentError(f"execution {self.execution_id} still {view['state']} at the commit deadline")
+            time.sleep(pause)
+            pause = min(5.0, pause * 2)
+            view = self.get()
+        return view
+
+    def _cancel_pending(self) -> None:
+        for future in self._futures:
+            future.cancel()
+        for future in self._futures:
+            try:
+                future.exception()
+            except BaseException:  # noqa: BLE001 - cancelled futures raise here
+                pass
+        self._futures = []
+
+    def close(self) -> None:
+        for queue in self._queues.values():
+            queue.shutdown(wait=True, cancel_futures=True)
+        self._queues.clear()
+
+    def __enter__(self) -> Execution:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        try:
+            if exc is None:
+                self.commit(wait=True)
+                return
+            if isinstance(exc, ExecutionFailed):
+                return  # already terminal
+            try:
+                self.abort()
+            except FilamentError as abort_error:
+                log.warning("abort of execution %s failed: %s", self.execution_id, abort_error)
+        finally:
+            self.close()

@@ -1,0 +1,147 @@
+"""Exceptions: one per problem+json family, so callers catch what they can act on."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import requests
+
+
+class FilamentError(Exception):
+    """Base of every exception this package raises."""
+
+
+class GatewayUnreachable(FilamentError):
+    """The gateway could not be reached (connection errors or timeouts) within the retry policy."""
+
+
+class ProblemError(FilamentError):
+    """A gateway answer with an error status, parsed from its `application/problem+json` body.
+
+    `status`, `code`, `detail` and `hint` come from the body (the `code` is stable, see the
+    contract); `response` is the original `requests.Response` (None for a failed execution read
+    from its view), `problem` the whole parsed body.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        detail: str,
+        hint: Optional[str] = None,
+        response: Optional[requests.Response] = None,
+        problem: Optional[dict[str, Any]] = None,
+    ) -> None:
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.hint = hint
+        self.response = response
+        self.problem: dict[str, Any] = problem if problem is not None else {}
+        message = f"{status} {code}: {detail}"
+        if hint:
+            message += f" (hint: {hint})"
+        super().__init__(message)
+
+    @property
+    def retry_after(self) -> Optional[float]:
+        """Seconds of the `Retry-After` header, when the gateway sent one."""
+        if self.response is None:
+            return None
+        return parse_retry_after(self.response.headers.get("Retry-After"))
+
+
+class InvalidInput(ProblemError):
+    """400, 413, 415, 422: the request (often the data) is wrong; sending it again will not help."""
+
+
+class Unauthorized(ProblemError):
+    """401: missing or wrong bearer token."""
+
+
+class NotFound(ProblemError):
+    """404: no such run, execution or resource (declare resources before writing them)."""
+
+
+class Conflict(ProblemError):
+    """409: the state or an earlier request disagrees (`run_conflict`, `resource_conflict`,
+    `batch_conflict`, `execution_not_extracting`, `replay_mismatch`, ...)."""
+
+
+class Backpressure(ProblemError):
+    """429 `backpressure`, raised only once the retry policy is exhausted."""
+
+
+class Unavailable(ProblemError):
+    """502, 503: BigQuery or the gateway is failing or overloaded (retried for 503 first)."""
+
+
+class ExecutionFailed(ProblemError):
+    """The execution ended `failed` (its `error` is this problem), e.g. `publication_failed`, or
+    `gateway_restarted`: deliver it again (see `redeliverable` and `Run.deliver`).
+
+    `execution` is the execution view that carried the error.
+    """
+
+    def __init__(self, execution: dict[str, Any]) -> None:
+        error: dict[str, Any] = execution.get("error") or {}
+        super().__init__(
+            status=int(error.get("status") or 0),
+            code=str(error.get("code") or "failed"),
+            detail=str(error.get("detail") or f"execution {execution.get('execution_id')} failed"),
+            hint=error.get("hint"),
+            problem=error,
+        )
+        self.execution = execution
+
+    @property
+    def redeliverable(self) -> bool:
+        """True when a new delivery of the same execution id is the fix (`gateway_restarted`,
+        `upload_failed`, `pending_stream_expired`, BigQuery unavailable)."""
+        return self.code in REDELIVERABLE_CODES
+
+
+REDELIVERABLE_CODES = frozenset(
+    {"gateway_restarted", "upload_failed", "pending_stream_expired", "bigquery_unavailable", "row_count_mismatch"}
+)
+
+
+def parse_retry_after(value: Optional[str]) -> Optional[float]:
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return max(0.0, seconds)
+
+
+def problem_from_response(response: requests.Response) -> ProblemError:
+    """The exception for an error response (a problem+json body, or any other body)."""
+    body: dict[str, Any] = {}
+    try:
+        parsed = response.json()
+        if isinstance(parsed, dict):
+            body = parsed
+    except ValueError:
+        pass
+    status = response.status_code
+    code = str(body.get("code") or f"http_{status}")
+    detail = str(body.get("detail") or response.text[:500] or response.reason or "")
+    hint = body.get("hint")
+    cls: type[ProblemError]
+    if status == 401:
+        cls = Unauthorized
+    elif status == 404:
+        cls = NotFound
+    elif status == 409:
+        cls = Conflict
+    elif status == 429:
+        cls = Backpressure
+    elif status in (502, 503):
+        cls = Unavailable
+    elif status in (400, 413, 415, 422):
+        cls = InvalidInput
+    else:
+        cls = ProblemError
+    return cls(status, code, detail, hint if isinstance(hint, str) else None, response, body)

@@ -1,0 +1,88 @@
+"""The gateway's JSON shapes (see openapi/openapi.json), as TypedDicts: views are plain dicts."""
+
+from __future__ import annotations
+
+from typing import Any, List, Literal, NotRequired, Optional, TypedDict
+
+WriteMode = Literal[
+    "full_replace",
+    "full_append",
+    "full_upsert",
+    "incremental_append",
+    "incremental_upsert",
+    "incremental_delete",
+    "cdc_append",
+    "cdc_merge",
+]
+ExecutionState = Literal["extracting", "paused", "committing", "committed", "failed", "aborted"]
+TERMINAL_STATES = ("committed", "failed", "aborted")
+
+
+class Problem(TypedDict):
+    type: str
+    title: str
+    status: int
+    detail: str
+    code: str
+    hint: NotRequired[Optional[str]]
+
+
+class Receipt(TypedDict):
+    resource: str
+    seq: int
+    rows: int
+    uncompressed_bytes: int
+    arrow_ipc_sha256: str
+    state: str
+
+
+class PublicationView(TypedDict):
+    job_id: str
+    state: str
+    rows_affected: NotRequired[Optional[int]]
+    error: NotRequired[Optional[Problem]]
+
+
+class ExecutionResourceView(TypedDict):
+    resource: str
+    table: str
+    write_mode: WriteMode
+    batches: int
+    rows_received: int
+    bytes_received: int
+    rows_acknowledged: int
+    publication: NotRequired[Optional[PublicationView]]
+
+
+class ExecutionView(TypedDict):
+    run_id: str
+    execution_id: str
+    delivery: int
+    state: ExecutionState
+    resources: List[ExecutionResourceView]
+    created_at: str
+    updated_at: str
+    error: NotRequired[Optional[Problem]]
+
+
+class ResourceView(TypedDict):
+    resource: str
+    table: str
+    write_mode: WriteMode
+    primary_key: List[str]
+
+
+class RunView(TypedDict):
+    run_id: str
+    destination: dict[str, Any]
+    batching: dict[str, Any]
+    resources: List[ResourceView]
+    executions: List[dict[str, Any]]
+    created_at: str
+    durable_checkpoint: NotRequired[Optional[Any]]
+    durable_checkpoint_execution_id: NotRequired[Optional[str]]
+
+
+class CheckpointResponse(TypedDict):
+    checkpoint_seq: int
+    flushed_rows: int
