@@ -39,3 +39,7 @@ clean:
 	-scripts/services.sh stop $(ENV_RUN)
 	-scripts/services.sh stop $(ENV_TEST)
 	rm -rf build target
+
+.PHONY: client-wheel
+client-wheel:  ## the Python client's wheel (clients/python) into build/dist
+	scripts/client-checks.sh --wheel
