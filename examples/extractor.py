@@ -1,28 +1,27 @@
 #!/usr/bin/env python3
-"""A minimal Filament extractor: creates a run, declares two resources, posts several Arrow IPC
-batches per resource (one gzip-compressed), records a checkpoint and commits.
+"""A minimal Filament extractor on the Python client (clients/python, `filament_bigquery`):
+creates a run, declares two resources, writes their rows (the client splits them into batch
+bodies, numbers `seq`, compresses and retries), records a checkpoint and commits.
 
 Usage: examples/extractor.py --gateway http://127.0.0.1:8080 --token TOKEN [--project demo]
                              [--dataset filament_example] [--run-id example_run]
-Prints the committed execution as JSON. Needs pyarrow and requests (examples/requirements.txt).
+                             [--execution-id example_execution_1]
+Prints the committed execution as JSON. Needs pyarrow and requests (examples/requirements.txt);
+uses the installed filament-bigquery package, or else the one in clients/python/src.
 """
 import argparse
 import datetime as dt
-import gzip
 import json
 import sys
+from pathlib import Path
 
 import pyarrow as pa
-import requests
 
-ARROW_STREAM = "application/vnd.apache.arrow.stream"
-
-
-def ipc_stream(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+try:
+    import filament_bigquery
+except ImportError:  # not installed: use the source tree next to this example
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "clients" / "python" / "src"))
+    import filament_bigquery
 
 
 def users(start: int, count: int) -> pa.Table:
@@ -65,42 +64,31 @@ def main() -> int:
     parser.add_argument("--execution-id", default="example_execution_1")
     args = parser.parse_args()
 
-    session = requests.Session()
-    session.headers["Authorization"] = f"Bearer {args.token}"
-
-    def call(method: str, path: str, **kwargs) -> dict:
-        response = session.request(method, args.gateway + path, timeout=120, **kwargs)
-        if response.status_code >= 300:
-            sys.exit(f"{method} {path}: {response.status_code} {response.text}")
-        return response.json()
-
-    run = f"/v1/runs/{args.run_id}"
-    call("POST", "/v1/runs", json={"run_id": args.run_id, "destination": {"project": args.project, "dataset": args.dataset}})
-    call("PUT", f"{run}/resources/public.users", json={"write_mode": "full_append"})
-    call("PUT", f"{run}/resources/public.orders", json={"table": "orders", "write_mode": "incremental_append"})
-    execution = call("POST", f"{run}/executions", json={"execution_id": args.execution_id})
-    batches = f"{run}/executions/{execution['execution_id']}/resources"
-
-    for seq, start in enumerate([0, 100, 200]):
-        receipt = call(
-            "POST", f"{batches}/public.users/batches?seq={seq}",
-            data=ipc_stream(users(start, 100)), headers={"Content-Type": ARROW_STREAM},
-        )
-        print(f"users seq={receipt['seq']} rows={receipt['rows']} sha256={receipt['arrow_ipc_sha256'][:12]}...", file=sys.stderr)
-    for seq, start in enumerate([0, 50]):
-        # The second orders batch goes gzip-compressed, as extractors on slow links would send it.
-        body = ipc_stream(orders(start, 50))
-        headers = {"Content-Type": ARROW_STREAM}
-        if seq == 1:
-            body = gzip.compress(body)
-            headers["Content-Encoding"] = "gzip"
-        receipt = call("POST", f"{batches}/public.orders/batches?seq={seq}", data=body, headers=headers)
-        print(f"orders seq={receipt['seq']} rows={receipt['rows']}", file=sys.stderr)
-
-    call("POST", f"{run}/executions/{execution['execution_id']}/checkpoints", json={"checkpoint": {"cursor": "2024-03-01"}})
-    committed = call("POST", f"{run}/executions/{execution['execution_id']}/commit?wait=true")
-    print(json.dumps(committed, indent=2))
-    return 0 if committed["state"] == "committed" else 1
+    with filament_bigquery.Client(args.gateway, token=args.token) as client:
+        try:
+            run = client.create_run(project=args.project, dataset=args.dataset, run_id=args.run_id)
+            run.declare("public.users", write_mode="full_append")
+            run.declare("public.orders", write_mode="incremental_append", table="orders")
+            # Commits (waiting for the outcome) when the block ends; an exception aborts instead.
+            with run.execution(execution_id=args.execution_id) as ex:
+                # Three writes: three batch bodies, seq 0, 1, 2 (zstd-compressed by default).
+                for start in (0, 100, 200):
+                    result = ex.write("public.users", users(start, 100))
+                    receipt = result.receipts[0]
+                    print(f"users seq={receipt['seq']} rows={receipt['rows']} sha256={receipt['arrow_ipc_sha256'][:12]}...", file=sys.stderr)
+                # A table, then a stream of record batches (read as they are sent) gzip-compressed,
+                # as extractors on slow links would send it.
+                result = ex.write("public.orders", orders(0, 50))
+                print(f"orders seq={result.receipts[0]['seq']} rows={result.rows}", file=sys.stderr)
+                reader = pa.RecordBatchReader.from_batches(orders(0, 1).schema, iter(orders(50, 50).to_batches()))
+                result = ex.write("public.orders", reader, compression="gzip")
+                print(f"orders seq={result.receipts[0]['seq']} rows={result.rows} (gzip)", file=sys.stderr)
+                ex.checkpoint({"cursor": "2024-03-01"})
+        except filament_bigquery.ProblemError as error:
+            sys.exit(f"{type(error).__name__}: {error}")
+    print(f"run {run.run_id} execution {ex.execution_id} delivery {ex.delivery}", file=sys.stderr)
+    print(json.dumps(ex.result, indent=2))
+    return 0 if ex.result is not None and ex.result["state"] == "committed" else 1
 
 
 if __name__ == "__main__":

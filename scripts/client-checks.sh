@@ -39,7 +39,12 @@ build_wheel() {
   # Build from a copy so that nothing is written into the source tree.
   cp -r "$ROOT/clients/python" "$ROOT/build/client-wheel"
   rm -rf "$ROOT/build/client-wheel/.mypy_cache" "$ROOT/build/client-wheel/.pytest_cache"
-  "$VENV/bin/python" -m build --wheel --no-isolation --outdir "$ROOT/build/dist" "$ROOT/build/client-wheel" >/dev/null
+  if ! "$VENV/bin/python" -m build --wheel --no-isolation --outdir "$ROOT/build/dist" "$ROOT/build/client-wheel" \
+    >"$ROOT/build/client-wheel.log" 2>&1; then
+    cat "$ROOT/build/client-wheel.log" >&2
+    log "building the wheel failed"
+    return 1
+  fi
   rm -rf "$ROOT/build/client-wheel"
   log "built $(ls "$ROOT"/build/dist/*.whl)"
 }

@@ -564,11 +564,16 @@ class Execution:
     def _wait_terminal(self, view: ExecutionView, deadline: float) -> ExecutionView:
         pause = 0.2
         while view["state"] not in TERMINAL_STATES:
-            if view["state"] == "extracting" or view["state"] == "paused":
-                view = cast(ExecutionView, self._transport.json("POST", f"{self._path}/commit", params={"wait": "true"}))
-                continue
             if time.monotonic() > deadline:
                 raise FilamentError(f"execution {self.execution_id} still {view['state']} at the commit deadline")
+            if view["state"] in ("extracting", "paused"):
+                # The commit request never arrived (its connection failed): send it again.
+                remaining = max(1.0, deadline - time.monotonic())
+                view = cast(
+                    ExecutionView,
+                    self._transport.json("POST", f"{self._path}/commit", params={"wait": "true"}, timeout=remaining),
+                )
+                continue
             time.sleep(pause)
             pause = min(5.0, pause * 2)
             view = self.get()

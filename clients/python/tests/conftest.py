@@ -1,0 +1,235 @@
+"""Test support: the real gateway binary against Postgres and bqemulator, an emulator query
+helper and a proxy that can lose a response.
+
+Needs FILAMENT_GATEWAY_BIN (the gateway binary), DATABASE_URL (a Postgres superuser URL),
+BIGQUERY_EMULATOR_HOST and BIGQUERY_STORAGE_EMULATOR_HOST (a running bqemulator)."""
+
+from __future__ import annotations
+
+import glob
+import http.client
+import http.server
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from typing import Any, Iterator, Optional
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import requests
+
+TOKEN = "client-tests-token-0123456789"
+PROJECT = "demo"
+START_DEADLINE_S = 60.0
+
+
+def _env(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        pytest.fail(f"{name} must be set (scripts/client-checks.sh sets it up)", pytrace=False)
+    return value
+
+
+def _psql() -> str:
+    found = shutil.which("psql")
+    if found:
+        return found
+    candidates = []
+    if os.environ.get("FILAMENT_LOCAL_PG_BIN"):
+        candidates.append(os.path.join(os.environ["FILAMENT_LOCAL_PG_BIN"], "psql"))
+    candidates += sorted(glob.glob("/usr/lib/postgresql/*/bin/psql"), reverse=True)
+    for candidate in candidates:
+        if os.access(candidate, os.X_OK):
+            return candidate
+    pytest.fail("psql not found", pytrace=False)
+
+
+def create_database() -> str:
+    admin = _env("DATABASE_URL")
+    name = f"fbq_client_{uuid.uuid4().hex[:12]}"
+    subprocess.run(
+        [_psql(), admin, "-v", "ON_ERROR_STOP=1", "-q", "-c", f"CREATE DATABASE {name}"],
+        check=True,
+        timeout=60,
+        capture_output=True,
+    )
+    parts = urlsplit(admin)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+
+
+class Gateway:
+    """One gateway process on its own database; `restart` keeps the database and the port."""
+
+    def __init__(self, database_url: str, extra_env: Optional[dict[str, str]] = None) -> None:
+        self.bin = _env("FILAMENT_GATEWAY_BIN")
+        self.database_url = database_url
+        self.extra_env = dict(extra_env or {})
+        self.listen = "127.0.0.1:0"
+        self.url = ""
+        self.process: Optional[subprocess.Popen[str]] = None
+        self.log_path = f"/tmp/fbq-client-gateway-{uuid.uuid4().hex[:8]}.log"
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        env.update(
+            {
+                "FILAMENT_LISTEN": self.listen,
+                "DATABASE_URL": self.database_url,
+                "FILAMENT_API_TOKENS": TOKEN,
+                "BIGQUERY_EMULATOR_HOST": _env("BIGQUERY_EMULATOR_HOST"),
+                "BIGQUERY_STORAGE_EMULATOR_HOST": _env("BIGQUERY_STORAGE_EMULATOR_HOST"),
+                "RUST_LOG": env.get("RUST_LOG", "warn"),
+            }
+        )
+        env.update(self.extra_env)
+        log = open(self.log_path, "a")
+        self.process = subprocess.Popen(
+            [self.bin, "serve"], env=env, stdout=subprocess.PIPE, stderr=log, text=True
+        )
+        log.close()
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(self.process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(START_DEADLINE_S)
+        prefix = "filament-bigquery listening on "
+        if not line or not line[0].startswith(prefix):
+            self.kill()
+            with open(self.log_path) as f:
+                tail = f.read()[-3000:]
+            raise RuntimeError(f"gateway did not start: {line!r}\n{tail}")
+        self.url = line[0][len(prefix) :].strip()
+        self.listen = urlsplit(self.url).netloc
+        # Drain stdout so the process never blocks on a full pipe.
+        threading.Thread(target=lambda: self.process.stdout.read(), daemon=True).start()  # type: ignore[union-attr]
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        self.process = None
+
+    def restart(self) -> None:
+        """A crash (SIGKILL) and a start on the same port and database."""
+        self.kill(signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                self.start()
+                return
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def metrics(self) -> str:
+        response = requests.get(self.url + "/metrics", timeout=10)
+        response.raise_for_status()
+        return response.text
+
+    def metric_value(self, name: str) -> float:
+        total = 0.0
+        for line in self.metrics().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+def spawn_gateway(extra_env: Optional[dict[str, str]] = None) -> Gateway:
+    gateway = Gateway(create_database(), extra_env)
+    gateway.start()
+    return gateway
+
+
+@pytest.fixture(scope="session")
+def gateway() -> Iterator[Gateway]:
+    gw = spawn_gateway()
+    yield gw
+    gw.kill(signal.SIGTERM)
+
+
+@pytest.fixture
+def dataset() -> str:
+    return f"client_{uuid.uuid4().hex[:10]}"
+
+
+def query(sql: str) -> list[dict[str, Any]]:
+    """Rows of `sql` run on the emulator (values as the REST API returns them: strings)."""
+    host = _env("BIGQUERY_EMULATOR_HOST")
+    response = requests.post(
+        f"http://{host}/bigquery/v2/projects/{PROJECT}/queries",
+        json={"query": sql, "useLegacySql": False},
+        timeout=60,
+    )
+    assert response.status_code == 200, f"{sql}: {response.status_code} {response.text[:1000]}"
+    body = response.json()
+    assert body.get("jobComplete", True), body
+    names = [f["name"] for f in body.get("schema", {}).get("fields", [])]
+    return [dict(zip(names, (cell["v"] for cell in row["f"]))) for row in body.get("rows", [])]
+
+
+class LossyProxy:
+    """An HTTP proxy in front of the gateway that, for the first `drop` batch POSTs, forwards
+    the request, reads the gateway's whole answer and then closes the connection without
+    answering: the client sees a lost response."""
+
+    def __init__(self, upstream: str, drop: int = 1) -> None:
+        self.upstream = urlsplit(upstream).netloc
+        self.remaining = drop
+        self.dropped = 0
+        self.forwarded_batches = 0
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                conn = http.client.HTTPConnection(proxy.upstream, timeout=120)
+                conn.request(self.command, self.path, body=body, headers=headers)
+                upstream = conn.getresponse()
+                payload = upstream.read()
+                conn.close()
+                is_batch = self.command == "POST" and "/batches" in self.path
+                with proxy.lock:
+                    if is_batch:
+                        proxy.forwarded_batches += 1
+                    drop = is_batch and proxy.remaining > 0 and upstream.status < 300
+                    if drop:
+                        proxy.remaining -= 1
+                        proxy.dropped += 1
+                if drop:
+                    self.close_connection = True
+                    return
+                self.send_response(upstream.status)
+                for key, value in upstream.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = do_POST = do_PUT = _forward
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

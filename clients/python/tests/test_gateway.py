@@ -1,0 +1,255 @@
+"""The client against the real gateway binary, Postgres and bqemulator."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Iterator
+
+import pyarrow as pa
+import pytest
+
+from conftest import PROJECT, TOKEN, Gateway, LossyProxy, query, spawn_gateway
+from filament_bigquery import (
+    Backpressure,
+    Client,
+    Conflict,
+    Execution,
+    ExecutionFailed,
+    InvalidInput,
+    NotFound,
+    ProblemError,
+    RetryPolicy,
+    Unauthorized,
+)
+
+
+def users(start: int, count: int) -> pa.Table:
+    ids = list(range(start, start + count))
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "name": pa.array([f"user-{i}" for i in ids], pa.string()),
+            "signed_up": pa.array([dt.date(2024, 1, 1) + dt.timedelta(days=i % 1000) for i in ids], pa.date32()),
+        }
+    )
+
+
+def wide(start: int, count: int) -> pa.Table:
+    ids = list(range(start, start + count))
+    return pa.table({"id": pa.array(ids, pa.int64()), "text": pa.array([f"{i:06d}-" + "x" * 90 for i in ids])})
+
+
+def count_and_sum(dataset: str, table: str, column: str = "id") -> tuple[int, int]:
+    row = query(f"SELECT COUNT(*) AS n, SUM({column}) AS s FROM `{PROJECT}.{dataset}.{table}`")[0]
+    return int(row["n"]), int(row["s"] or 0)
+
+
+@pytest.fixture
+def client(gateway: Gateway) -> Iterator[Client]:
+    with Client(gateway.url, token=TOKEN, retry=RetryPolicy(deadline=120.0)) as c:
+        yield c
+
+
+def test_round_trip_of_two_resources(client: Client, dataset: str) -> None:
+    run = client.create_run(project=PROJECT, dataset=dataset, run_id=f"rt_{uuid.uuid4().hex[:8]}")
+    run.declare("public.users", write_mode="full_append")
+    run.declare("public.orders", write_mode="incremental_append", table="orders")
+    orders = pa.table({"order_id": pa.array(range(100), pa.int64()), "user_id": pa.array([i % 7 for i in range(100)])})
+    with run.execution() as ex:
+        first = ex.write("public.users", users(0, 200))
+        second = ex.write("public.users", users(200, 100).to_batches())
+        third = ex.write("public.orders", orders.to_reader())
+        ex.checkpoint({"lsn": 42})
+    assert [r["seq"] for r in first.receipts + second.receipts] == [0, 1]
+    assert third.receipts[0]["seq"] == 0 and third.rows == 100
+    assert ex.result is not None and ex.result["state"] == "committed"
+    assert ex.delivery == 1 and ex.result["execution_id"] == ex.execution_id
+    by_resource = {r["resource"]: r for r in ex.result["resources"]}
+    assert by_resource["public.users"]["rows_received"] == 300
+    assert by_resource["public.orders"]["publication"]["state"] == "done"  # type: ignore[index]
+    assert count_and_sum(dataset, "public_users") == (300, sum(range(300)))
+    assert count_and_sum(dataset, "orders", "order_id") == (100, sum(range(100)))
+    names = query(f"SELECT name FROM `{PROJECT}.{dataset}.public_users` WHERE id = 257")
+    assert names == [{"name": "user-257"}]
+    assert run.durable_checkpoint == {"lsn": 42}
+    # Creating the same run again is idempotent and returns the same run.
+    assert client.create_run(project=PROJECT, dataset=dataset, run_id=run.run_id).run_id == run.run_id
+
+
+def test_keyed_mode_last_write_wins(client: Client, dataset: str) -> None:
+    run = client.create_run(project=PROJECT, dataset=dataset)
+    run.declare("accounts", write_mode="incremental_upsert", primary_key=["id"])
+    with run.execution() as ex:
+        ex.write("accounts", pa.table({"id": [1, 2, 3, 1], "balance": [10, 20, 30, 11]}))
+        ex.write("accounts", pa.table({"id": [2, 4], "balance": [22, 40]}))
+    rows = query(f"SELECT id, balance FROM `{PROJECT}.{dataset}.accounts` ORDER BY id")
+    assert [(int(r["id"]), int(r["balance"])) for r in rows] == [(1, 11), (2, 22), (3, 30), (4, 40)]
+    # A second execution upserts on top of the first.
+    with run.execution() as ex2:
+        ex2.write("accounts", pa.table({"id": [3, 3], "balance": [31, 33]}))
+    rows = query(f"SELECT balance FROM `{PROJECT}.{dataset}.accounts` WHERE id = 3")
+    assert rows == [{"balance": "33"}]
+
+
+def test_a_table_larger_than_one_body_is_split(gateway: Gateway, dataset: str) -> None:
+    data = wide(0, 30_000)  # about 3 MiB of Arrow
+    with Client(gateway.url, token=TOKEN, max_body_bytes=256 * 1024, compression="gzip") as client:
+        run = client.create_run(project=PROJECT, dataset=dataset)
+        run.declare("big", write_mode="full_replace")
+        with run.execution() as ex:
+            result = ex.write("big", data.to_reader(max_chunksize=7_000))
+    assert result.bodies >= 10
+    assert [r["seq"] for r in result.receipts] == list(range(result.bodies))
+    assert all(r["uncompressed_bytes"] <= 256 * 1024 for r in result.receipts)
+    assert sum(r["rows"] for r in result.receipts) == 30_000
+    assert count_and_sum(dataset, "big") == (30_000, sum(range(30_000)))
+
+
+def test_backpressure_is_retried_after_retry_after() -> None:
+    gateway = spawn_gateway(
+        {"FILAMENT_MAX_BUFFERED_BYTES": str(1024 * 1024), "FILAMENT_BACKPRESSURE_WAIT_MS": "50"}
+    )
+    dataset = f"client_{uuid.uuid4().hex[:10]}"
+    try:
+        with Client(gateway.url, token=TOKEN, max_body_bytes=200 * 1024, retry=RetryPolicy(deadline=120.0)) as client:
+            run = client.create_run(project=PROJECT, dataset=dataset, batching={"flush_interval_ms": 300})
+            run.declare("pressed", write_mode="full_append")
+            with run.execution() as ex:
+                result = ex.write("pressed", wide(0, 20_000))
+            assert client.stats.backpressure_retries >= 1
+        assert gateway.metric_value("filament_backpressure_rejections_total") >= 1
+        assert [r["seq"] for r in result.receipts] == list(range(result.bodies))
+        assert count_and_sum(dataset, "pressed") == (20_000, sum(range(20_000)))
+    finally:
+        gateway.kill()
+
+
+def test_backpressure_surfaces_when_the_deadline_passes() -> None:
+    gateway = spawn_gateway(
+        {"FILAMENT_MAX_BUFFERED_BYTES": str(1024 * 1024), "FILAMENT_BACKPRESSURE_WAIT_MS": "20"}
+    )
+    try:
+        with Client(gateway.url, token=TOKEN, max_body_bytes=200 * 1024, retry=RetryPolicy(deadline=0.5)) as client:
+            run = client.create_run(project=PROJECT, dataset=f"client_{uuid.uuid4().hex[:10]}")
+            run.declare("pressed", write_mode="full_append")
+            ex = run.execution()
+            with pytest.raises(Backpressure) as raised:
+                ex.write("pressed", wide(0, 20_000))
+            assert raised.value.status == 429 and raised.value.code == "backpressure"
+            assert raised.value.retry_after is not None and raised.value.response is not None
+            ex.abort()
+    finally:
+        gateway.kill()
+
+
+def test_a_lost_response_is_retried_with_the_same_seq(gateway: Gateway, dataset: str) -> None:
+    proxy = LossyProxy(gateway.url, drop=1)
+    try:
+        retry = RetryPolicy(initial_backoff=0.1, deadline=60.0)
+        with Client(proxy.url, token=TOKEN, retry=retry, compression="zstd") as client:
+            run = client.create_run(project=PROJECT, dataset=dataset)
+            run.declare("lossy", write_mode="full_append")
+            with run.execution() as ex:
+                result = ex.write("lossy", [b for t in (users(0, 50), users(50, 50)) for b in t.to_batches()])
+                more = ex.write("lossy", users(100, 25))
+            assert proxy.dropped == 1
+            assert client.stats.connection_retries == 1
+            # The retried first body reached the gateway twice and was answered with the receipt.
+            assert proxy.forwarded_batches == 3
+        assert [r["seq"] for r in result.receipts + more.receipts] == [0, 1]
+        assert count_and_sum(dataset, "lossy") == (125, sum(range(125)))
+    finally:
+        proxy.close()
+
+
+def test_an_exception_aborts_the_execution(client: Client, dataset: str) -> None:
+    run = client.create_run(project=PROJECT, dataset=dataset)
+    run.declare("aborted", write_mode="full_append")
+    with pytest.raises(RuntimeError, match="source went away"):
+        with run.execution() as ex:
+            ex.write("aborted", users(0, 10))
+            raise RuntimeError("source went away")
+    assert ex.get()["state"] == "aborted"
+    assert ex.result is not None and ex.result["state"] == "aborted"
+    with pytest.raises(Conflict) as raised:
+        ex.write("aborted", users(10, 10))
+    assert raised.value.code == "execution_not_extracting"
+    assert run.durable_checkpoint is None
+
+
+def test_problems_map_to_exceptions(client: Client, gateway: Gateway, dataset: str) -> None:
+    with pytest.raises(InvalidInput) as invalid:
+        client.create_run(project=PROJECT, dataset="not-a-dataset")
+    assert invalid.value.status == 422 and invalid.value.code == "invalid_dataset_id"
+    assert invalid.value.hint and invalid.value.response is not None
+    assert invalid.value.response.headers["Content-Type"].startswith("application/problem+json")
+
+    run = client.create_run(project=PROJECT, dataset=dataset)
+    with pytest.raises(Conflict) as conflict:
+        client.create_run(project=PROJECT, dataset=dataset + "_other", run_id=run.run_id)
+    assert conflict.value.status == 409 and conflict.value.code == "run_conflict"
+
+    with pytest.raises(InvalidInput) as keyless:
+        run.declare("keyed", write_mode="full_upsert")
+    assert keyless.value.code == "primary_key_required"
+
+    run.declare("typed", write_mode="full_append")
+    ex = run.execution()
+    with pytest.raises(NotFound):
+        ex.write("undeclared", users(0, 1))
+    ex.write("typed", users(0, 5))
+    with pytest.raises(InvalidInput) as mismatch:
+        ex.write("typed", pa.table({"other": [1]}))
+    assert mismatch.value.code == "schema_mismatch" and isinstance(mismatch.value, ProblemError)
+
+    with Client(gateway.url, token="wrong-token-0123456789") as bad:
+        with pytest.raises(Unauthorized):
+            bad.get_run(run.run_id)
+    ex.abort()
+
+
+def test_redelivery_after_a_gateway_restart() -> None:
+    gateway = spawn_gateway()
+    dataset = f"client_{uuid.uuid4().hex[:10]}"
+    try:
+        retry = RetryPolicy(initial_backoff=0.2, max_attempts=20, deadline=60.0)
+        with Client(gateway.url, token=TOKEN, retry=retry) as client:
+            run = client.create_run(project=PROJECT, dataset=dataset)
+            run.declare("redelivered", write_mode="full_append")
+            ex = run.execution(execution_id="nightly")
+            ex.write("redelivered", users(0, 40))
+            gateway.restart()
+            with pytest.raises(ExecutionFailed) as failed:
+                ex.write("redelivered", users(40, 40))
+            assert failed.value.code == "gateway_restarted" and failed.value.redeliverable
+
+            deliveries: list[int] = []
+
+            def extract(ex: Execution) -> None:
+                deliveries.append(ex.delivery)
+                ex.write("redelivered", users(0, 40))
+                ex.write("redelivered", users(40, 40))
+
+            done = run.deliver(extract, execution_id="nightly")
+            assert deliveries == [2] and done.execution_id == "nightly"
+            assert done.result is not None and done.result["state"] == "committed"
+            assert done.result["delivery"] == 2
+        assert count_and_sum(dataset, "redelivered") == (80, sum(range(80)))
+    finally:
+        gateway.kill()
+
+
+def test_concurrent_writes_across_resources(gateway: Gateway, dataset: str) -> None:
+    with Client(gateway.url, token=TOKEN, max_in_flight=2, max_body_bytes=64 * 1024) as client:
+        run = client.create_run(project=PROJECT, dataset=dataset)
+        for name in ("left", "right"):
+            run.declare(name, write_mode="full_append")
+        with run.execution() as ex:
+            futures = [ex.submit(name, wide(start, 2_000)) for start in (0, 2_000) for name in ("left", "right")]
+            ex.checkpoint({"done": True})  # waits for the submitted writes first
+            assert all(f.done() for f in futures)
+        seqs = {name: [r["seq"] for f in futures for r in f.result().receipts if r["resource"] == name] for name in ("left", "right")}
+        assert seqs["left"] == list(range(len(seqs["left"]))) and len(seqs["left"]) >= 4
+    for name in ("left", "right"):
+        assert count_and_sum(dataset, name) == (4_000, sum(range(4_000)))
