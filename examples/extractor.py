@@ -84,7 +84,7 @@ def main() -> int:
                 result = ex.write("public.orders", reader, compression="gzip")
                 print(f"orders seq={result.receipts[0]['seq']} rows={result.rows} (gzip)", file=sys.stderr)
                 ex.checkpoint({"cursor": "2024-03-01"})
-        except filament_bigquery.ProblemError as error:
+        except filament_bigquery.FilamentError as error:
             sys.exit(f"{type(error).__name__}: {error}")
     print(f"run {run.run_id} execution {ex.execution_id} delivery {ex.delivery}", file=sys.stderr)
     print(json.dumps(ex.result, indent=2))

@@ -176,13 +176,15 @@ def query(sql: str) -> list[dict[str, Any]]:
 
 
 class LossyProxy:
-    """An HTTP proxy in front of the gateway that, for the first `drop` batch POSTs, forwards
-    the request, reads the gateway's whole answer and then closes the connection without
-    answering: the client sees a lost response."""
+    """An HTTP proxy in front of the gateway that answers the first `unavailable` batch POSTs
+    with 503 itself, then, for the next `drop` batch POSTs, forwards the request, reads the
+    gateway's whole answer and closes the connection without answering: the client sees a
+    lost response."""
 
-    def __init__(self, upstream: str, drop: int = 1) -> None:
+    def __init__(self, upstream: str, drop: int = 1, unavailable: int = 0) -> None:
         self.upstream = urlsplit(upstream).netloc
         self.remaining = drop
+        self.unavailable = unavailable
         self.dropped = 0
         self.forwarded_batches = 0
         self.lock = threading.Lock()
@@ -197,6 +199,18 @@ class LossyProxy:
             def _forward(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
+                if self.command == "POST" and "/batches" in self.path:
+                    with proxy.lock:
+                        shed = proxy.unavailable > 0
+                        proxy.unavailable -= int(shed)
+                    if shed:  # answered without forwarding, like an overloaded gateway
+                        problem = b'{"type":"about:blank","title":"Overloaded","status":503,"detail":"shed","code":"overloaded"}'
+                        self.send_response(503)
+                        self.send_header("Content-Type", "application/problem+json")
+                        self.send_header("Content-Length", str(len(problem)))
+                        self.end_headers()
+                        self.wfile.write(problem)
+                        return
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
                 conn = http.client.HTTPConnection(proxy.upstream, timeout=120)
                 conn.request(self.command, self.path, body=body, headers=headers)

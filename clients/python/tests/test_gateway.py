@@ -143,8 +143,8 @@ def test_backpressure_surfaces_when_the_deadline_passes() -> None:
         gateway.kill()
 
 
-def test_a_lost_response_is_retried_with_the_same_seq(gateway: Gateway, dataset: str) -> None:
-    proxy = LossyProxy(gateway.url, drop=1)
+def test_503_and_a_lost_response_are_retried_with_the_same_seq(gateway: Gateway, dataset: str) -> None:
+    proxy = LossyProxy(gateway.url, drop=1, unavailable=2)
     try:
         retry = RetryPolicy(initial_backoff=0.1, deadline=60.0)
         with Client(proxy.url, token=TOKEN, retry=retry, compression="zstd") as client:
@@ -155,6 +155,7 @@ def test_a_lost_response_is_retried_with_the_same_seq(gateway: Gateway, dataset:
                 more = ex.write("lossy", users(100, 25))
             assert proxy.dropped == 1
             assert client.stats.connection_retries == 1
+            assert client.stats.unavailable_retries == 2
             # The retried first body reached the gateway twice and was answered with the receipt.
             assert proxy.forwarded_batches == 3
         assert [r["seq"] for r in result.receipts + more.receipts] == [0, 1]
