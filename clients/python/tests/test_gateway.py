@@ -16,6 +16,8 @@ from filament_bigquery import (
     Conflict,
     Execution,
     ExecutionFailed,
+    FilamentError,
+    GatewayUnreachable,
     InvalidInput,
     NotFound,
     ProblemError,
@@ -254,3 +256,23 @@ def test_concurrent_writes_across_resources(gateway: Gateway, dataset: str) -> N
         assert seqs["left"] == list(range(len(seqs["left"]))) and len(seqs["left"]) >= 4
     for name in ("left", "right"):
         assert count_and_sum(dataset, name) == (4_000, sum(range(4_000)))
+
+
+def test_an_unknown_outcome_stops_the_resource(gateway: Gateway, dataset: str) -> None:
+    proxy = LossyProxy(gateway.url, drop=100)
+    try:
+        retry = RetryPolicy(max_attempts=2, initial_backoff=0.05, deadline=30.0)
+        with Client(proxy.url, token=TOKEN, retry=retry) as client:
+            run = client.create_run(project=PROJECT, dataset=dataset)
+            run.declare("unknown", write_mode="full_append")
+            ex = run.execution()
+            with pytest.raises(GatewayUnreachable):
+                ex.write("unknown", users(0, 10))
+            assert proxy.dropped == 2
+            # seq 0 may have been accepted: no other content may go out under it.
+            with pytest.raises(FilamentError, match="outcome of seq 0 is unknown"):
+                ex.write("unknown", users(10, 10))
+            assert proxy.forwarded_batches == 2
+            ex.abort()
+    finally:
+        proxy.close()

@@ -387,6 +387,7 @@ class Execution:
         self.result: Optional[ExecutionView] = None
         self._transport = run.client._transport
         self._next_seq: dict[str, int] = {}
+        self._unknown_outcome: dict[str, int] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._queues: dict[str, ThreadPoolExecutor] = {}
@@ -424,6 +425,11 @@ class Execution:
         body has its receipt. Retried bodies keep their `seq` and bytes. `compression` and
         `max_body_bytes` override the execution's for this write."""
         with self._lock(resource):
+            if resource in self._unknown_outcome:
+                raise FilamentError(
+                    f"{resource}: the outcome of seq {self._unknown_outcome[resource]} is unknown (the gateway could "
+                    "not be reached), so this delivery cannot go on safely; deliver the execution again"
+                )
             receipts: list[Receipt] = []
             rows = sent = 0
             for body in bodies(data, max_body_bytes or self.max_body_bytes, compression or self.compression):
@@ -482,6 +488,10 @@ class Execution:
         path = f"{self._path}/resources/{_segment(resource)}/batches"
         try:
             response = self._transport.request("POST", path, data=body.payload, headers=headers, params={"seq": str(seq)})
+        except GatewayUnreachable:
+            # The body may or may not have been accepted: its seq must never carry other content.
+            self._unknown_outcome[resource] = seq
+            raise
         except Conflict as conflict:
             if conflict.code == "execution_not_extracting":
                 self._raise_if_failed()
