@@ -133,6 +133,6 @@ ensure_psql
 "$VENV/bin/python" -c 'import json,sys; json.load(open(sys.argv[1]))' "$ROOT/deploy/grafana/filament-bigquery.json"
 
 # The tests import the installed wheel, not the source tree.
-(cd "$ROOT/clients/python/tests" && PATH="$VENV/bin:$PATH" FILAMENT_GATEWAY_BIN="$GATEWAY_BIN" \
+(cd "$ROOT/clients/python/tests" && PATH="$VENV/bin:$PATH" FILAMENT_GATEWAY_BIN="$GATEWAY_BIN" PYTHONDONTWRITEBYTECODE=1 \
   "$VENV/bin/python" -m pytest -q -p no:cacheprovider --timeout 300 --import-mode=prepend .)
 log "passed in $((SECONDS - started)) s"

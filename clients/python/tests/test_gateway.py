@@ -115,7 +115,7 @@ def test_backpressure_is_retried_after_retry_after() -> None:
     dataset = f"client_{uuid.uuid4().hex[:10]}"
     try:
         with Client(gateway.url, token=TOKEN, max_body_bytes=200 * 1024, retry=RetryPolicy(deadline=120.0)) as client:
-            run = client.create_run(project=PROJECT, dataset=dataset, batching={"flush_interval_ms": 300})
+            run = client.create_run(project=PROJECT, dataset=dataset, batching={"flush_interval_ms": 1000})
             run.declare("pressed", write_mode="full_append")
             with run.execution() as ex:
                 result = ex.write("pressed", wide(0, 20_000))
