@@ -11,4 +11,5 @@ trap 'scripts/services.sh stop "$ENV_FILE"' EXIT
 # shellcheck disable=SC1090
 source "$ENV_FILE"
 echo "[run] bqemulator REST: http://$BIGQUERY_EMULATOR_HOST (query it with: $FILAMENT_TOOLS_PYTHON examples/query.py)"
-FILAMENT_LISTEN="${FILAMENT_LISTEN:-127.0.0.1:8080}" target/release/filament-bigquery serve --dev-generate-token
+GATEWAY_BIN="$(scripts/cargo-bin.sh release)"
+FILAMENT_LISTEN="${FILAMENT_LISTEN:-127.0.0.1:8080}" "$GATEWAY_BIN" serve --dev-generate-token

@@ -1,6 +1,7 @@
 //! Wires the gateway together and serves it: connect and migrate Postgres, fail executions a
 //! previous process left open, build the BigQuery clients (probing credentials), then serve the
-//! router until SIGTERM/SIGINT, letting in-flight requests and commits finish.
+//! router until SIGTERM/SIGINT, letting in-flight requests and commits finish. The mapping from
+//! the configuration ([`crate::config`], a leaf) to each part's own settings lives here.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,18 +12,75 @@ use tokio_util::task::TaskTracker;
 
 use crate::api::{ApiSettings, ApiState, router};
 use crate::bigquery::{BigQuery, Endpoints};
-use crate::config::ServeConfig;
+use crate::config::{DatabaseConfig, ServeConfig};
 use crate::error::{ErrorCode, Problem};
-use crate::pipeline::Pipeline;
+use crate::model::MAX_APPEND_PAYLOAD_BYTES;
+use crate::pipeline::retry::RetryPolicy;
+use crate::pipeline::{Pipeline, PipelineLimits};
 use crate::publish::Publisher;
-use crate::store::Store;
+use crate::store::{Store, StoreSettings};
 use crate::telemetry;
 
 /// How long shutdown waits for running commits.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
+/// Longest delay between two attempts of a failed append.
+const APPEND_MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+/// Smallest accepted `FILAMENT_MAX_APPEND_REQUEST_BYTES`.
+const MIN_APPEND_REQUEST_BYTES: usize = 64 * 1024;
+
+fn store_settings(database: &DatabaseConfig) -> StoreSettings {
+    StoreSettings { database_url: database.database_url.clone(), max_connections: database.database_max_connections }
+}
+
+/// `migrate`: applies the migrations and returns.
+pub async fn migrate(database: DatabaseConfig) -> anyhow::Result<()> {
+    let store = Store::connect(&store_settings(&database)).await.context("connecting to Postgres")?;
+    store.migrate().await.context("applying migrations")?;
+    Ok(())
+}
+
+/// The upload pipeline's limits from the configuration (defaults: `config.rs`).
+fn pipeline_limits(config: &ServeConfig) -> anyhow::Result<PipelineLimits> {
+    if !(MIN_APPEND_REQUEST_BYTES..=MAX_APPEND_PAYLOAD_BYTES).contains(&config.max_append_request_bytes) {
+        anyhow::bail!("FILAMENT_MAX_APPEND_REQUEST_BYTES must be between 64 KiB and 9 MiB");
+    }
+    Ok(PipelineLimits {
+        max_buffered_bytes: config.max_buffered_bytes,
+        max_buffered_bytes_per_resource: config
+            .max_buffered_bytes_per_resource
+            .unwrap_or(config.max_buffered_bytes / 2)
+            .min(config.max_buffered_bytes),
+        max_concurrent_batch_decodes: config
+            .max_concurrent_batch_decodes
+            .map_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()).max(2), |slots| slots as usize),
+        backpressure_wait: Duration::from_millis(config.backpressure_wait_ms),
+        inflight_per_stream: config.inflight_per_stream as usize,
+        max_inflight_requests: config.max_inflight_requests as usize,
+        max_concurrent_prepares: config.max_concurrent_prepares as usize,
+        retry: RetryPolicy {
+            max_attempts: config.append_max_attempts,
+            initial_backoff: Duration::from_millis(config.append_initial_backoff_ms),
+            max_backoff: APPEND_MAX_BACKOFF,
+        },
+    })
+}
+
+fn api_settings(config: &ServeConfig) -> ApiSettings {
+    ApiSettings {
+        max_batch_body_bytes: config.max_batch_body_bytes,
+        max_append_request_bytes: config.max_append_request_bytes,
+        readiness_project: config.readiness_project.clone(),
+        pending_stream_max_age: Duration::from_secs(config.pending_stream_max_age_secs),
+        max_uri_bytes: config.max_uri_bytes,
+        max_header_bytes: config.max_header_bytes,
+    }
+}
+
 pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
-    let store = Store::connect(&config.database).await.context("connecting to Postgres")?;
+    let limits = pipeline_limits(&config).context("invalid configuration")?;
+    let store = Store::connect(&store_settings(&config.database)).await.context("connecting to Postgres")?;
     store.migrate().await.context("applying migrations")?;
     let interrupted = store
         .fail_interrupted_executions(
@@ -37,7 +95,8 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         tracing::warn!(executions = interrupted, "failed executions left open by a previous process");
     }
 
-    let endpoints = Endpoints::from_config(&config);
+    let endpoints =
+        Endpoints::new(config.bigquery_emulator_host.as_deref(), config.bigquery_storage_emulator_host.as_deref());
     let bigquery =
         BigQuery::connect(endpoints.clone(), config.append_gzip_level).await.context("building BigQuery clients")?;
     if let Err(e) = crate::bigquery::credentials::probe(&bigquery.credentials).await {
@@ -56,12 +115,12 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         None
     };
 
-    let pipeline = Pipeline::new(bigquery.clone(), store.clone(), config.pipeline_limits());
+    let pipeline = Pipeline::new(bigquery.clone(), store.clone(), limits);
     let publisher = Publisher {
         store: store.clone(),
         bigquery: bigquery.clone(),
         pipeline: pipeline.clone(),
-        query_job_timeout: config.query_job_timeout(),
+        query_job_timeout: Duration::from_secs(config.query_job_timeout_secs),
     };
     let commits = TaskTracker::new();
     let state = Arc::new(ApiState {
@@ -69,14 +128,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         bigquery,
         pipeline,
         publisher,
-        settings: ApiSettings {
-            max_batch_body_bytes: config.max_batch_body_bytes,
-            max_append_request_bytes: config.max_append_request_bytes,
-            readiness_project: config.readiness_project.clone(),
-            pending_stream_max_age: Duration::from_secs(config.pending_stream_max_age_secs),
-            max_uri_bytes: config.max_uri_bytes,
-            max_header_bytes: config.max_header_bytes,
-        },
+        settings: api_settings(&config),
         token_digests: tokens.iter().map(|t| Sha256::digest(t.as_bytes()).into()).collect(),
         metrics: telemetry::metrics_handle(),
         commits: commits.clone(),

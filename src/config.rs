@@ -1,12 +1,12 @@
 //! Command-line and environment configuration (clap derive; every flag has an env var).
 //!
 //! `serve` runs the gateway (and applies migrations first); `migrate` only applies migrations;
-//! `openapi` prints the OpenAPI document. Values flow into [`crate::app::App`] at start-up.
+//! `openapi` prints the OpenAPI document. A leaf: it depends on no other module; `app` maps
+//! these values onto each part's own settings at start-up.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// filament-bigquery: HTTP ingestion gateway from Arrow IPC into BigQuery.
 #[derive(Debug, Parser)]
@@ -146,38 +146,20 @@ pub struct ServeConfig {
     pub query_job_timeout_secs: u64,
 
     /// Log format: `text` for people, `json` for log pipelines.
-    #[arg(long, env = "FILAMENT_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
-    pub log_format: String,
+    #[arg(long, env = "FILAMENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// How logs are written (to stderr).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log pipelines.
+    Json,
 }
 
 impl ServeConfig {
-    pub fn query_job_timeout(&self) -> Duration {
-        Duration::from_secs(self.query_job_timeout_secs)
-    }
-
-    pub fn pipeline_limits(&self) -> crate::pipeline::PipelineLimits {
-        crate::pipeline::PipelineLimits {
-            max_buffered_bytes: self.max_buffered_bytes,
-            max_buffered_bytes_per_resource: self
-                .max_buffered_bytes_per_resource
-                .unwrap_or(self.max_buffered_bytes / 2)
-                .min(self.max_buffered_bytes),
-            max_concurrent_batch_decodes: self.max_concurrent_batch_decodes.map_or_else(
-                || std::thread::available_parallelism().map_or(2, |n| n.get()).max(2),
-                |slots| slots as usize,
-            ),
-            backpressure_wait: Duration::from_millis(self.backpressure_wait_ms),
-            inflight_per_stream: self.inflight_per_stream as usize,
-            max_inflight_requests: self.max_inflight_requests as usize,
-            max_concurrent_prepares: self.max_concurrent_prepares as usize,
-            retry: crate::pipeline::retry::RetryPolicy {
-                max_attempts: self.append_max_attempts,
-                initial_backoff: Duration::from_millis(self.append_initial_backoff_ms),
-                max_backoff: Duration::from_secs(10),
-            },
-        }
-    }
-
     /// Checks what clap cannot: consistent emulator settings and usable tokens.
     pub fn validate(&self) -> Result<(), String> {
         if self.bigquery_emulator_host.is_some() != self.bigquery_storage_emulator_host.is_some() {
@@ -191,9 +173,6 @@ impl ServeConfig {
                 "no API token configured: set FILAMENT_API_TOKENS (or pass --dev-generate-token for local development)"
                     .into(),
             );
-        }
-        if self.max_append_request_bytes < 64 * 1024 || self.max_append_request_bytes > 9 * 1024 * 1024 {
-            return Err("FILAMENT_MAX_APPEND_REQUEST_BYTES must be between 64 KiB and 9 MiB".into());
         }
         Ok(())
     }

@@ -130,6 +130,12 @@ impl Problem {
         self
     }
 
+    /// Sets `Retry-After` (429 and 503 answers).
+    pub fn with_retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after_secs = Some(seconds);
+        self
+    }
+
     pub fn not_found(what: impl fmt::Display) -> Self {
         Self::new(ErrorCode::NotFound, format!("{what} does not exist"))
     }

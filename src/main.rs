@@ -2,7 +2,7 @@
 
 use anyhow::Context as _;
 use clap::Parser as _;
-use filament_bigquery::config::{Cli, Command};
+use filament_bigquery::config::{Cli, Command, LogFormat};
 
 /// See Cargo.toml: fewer page faults and less fragmentation on batch-sized buffers.
 #[global_allocator]
@@ -24,14 +24,13 @@ async fn main() -> anyhow::Result<()> {
     }));
     match cli.command {
         Command::Serve(config) => {
-            filament_bigquery::telemetry::init_logging(&config.log_format);
+            filament_bigquery::telemetry::init_logging(config.log_format);
             config.validate().map_err(anyhow::Error::msg).context("invalid configuration")?;
             filament_bigquery::app::serve(*config).await
         }
         Command::Migrate(database) => {
-            filament_bigquery::telemetry::init_logging("text");
-            let store = filament_bigquery::store::Store::connect(&database).await?;
-            store.migrate().await?;
+            filament_bigquery::telemetry::init_logging(LogFormat::Text);
+            filament_bigquery::app::migrate(database).await?;
             tracing::info!("migrations applied");
             Ok(())
         }

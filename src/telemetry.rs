@@ -1,30 +1,136 @@
-//! Logging set-up and the Prometheus metrics the gateway exports. Metric names live here so
-//! that `/metrics` and `docs/` have one source; stages record through the `metrics` facade.
+//! Logging set-up, the Prometheus metrics the gateway exports, and its telemetry events.
+//! Metric names live here so that `/metrics` and `docs/` have one source; stages record through
+//! the `metrics` facade. An event that is both a log line and metrics is a small struct whose
+//! `emit()` writes both (vector's internal events), so the rules (which level, which labels)
+//! are written once.
 
+use std::fmt::Display;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
-pub const HTTP_REQUESTS: &str = "filament_http_requests_total";
-pub const ROWS_RECEIVED: &str = "filament_rows_received_total";
-pub const BYTES_RECEIVED: &str = "filament_bytes_received_total";
-pub const BATCHES_QUEUED: &str = "filament_batches_queued_total";
-pub const APPENDS: &str = "filament_appends_total";
-pub const ROWS_APPENDED: &str = "filament_rows_appended_total";
-pub const PUBLICATIONS: &str = "filament_publications_total";
-pub const EXECUTIONS_FINISHED: &str = "filament_executions_finished_total";
-pub const BYTES_APPENDED: &str = "filament_bytes_appended_total";
-pub const APPENDS_IN_FLIGHT: &str = "filament_appends_in_flight";
-pub const BUDGET_BYTES_IN_USE: &str = "filament_upload_budget_bytes_in_use";
-pub const BACKPRESSURE_WAITS: &str = "filament_backpressure_waits_total";
-pub const BACKPRESSURE_REJECTIONS: &str = "filament_backpressure_rejections_total";
-pub const APPEND_RETRIES: &str = "filament_append_retries_total";
-pub const APPEND_LATENCY: &str = "filament_append_latency_seconds";
+use crate::config::LogFormat;
+
+pub(crate) const HTTP_REQUESTS: &str = "filament_http_requests_total";
+pub(crate) const ROWS_RECEIVED: &str = "filament_rows_received_total";
+pub(crate) const BYTES_RECEIVED: &str = "filament_bytes_received_total";
+pub(crate) const BATCHES_QUEUED: &str = "filament_batches_queued_total";
+pub(crate) const APPENDS: &str = "filament_appends_total";
+pub(crate) const ROWS_APPENDED: &str = "filament_rows_appended_total";
+pub(crate) const PUBLICATIONS: &str = "filament_publications_total";
+pub(crate) const EXECUTIONS_FINISHED: &str = "filament_executions_finished_total";
+pub(crate) const BYTES_APPENDED: &str = "filament_bytes_appended_total";
+pub(crate) const APPENDS_IN_FLIGHT: &str = "filament_appends_in_flight";
+pub(crate) const BUDGET_BYTES_IN_USE: &str = "filament_upload_budget_bytes_in_use";
+pub(crate) const BACKPRESSURE_WAITS: &str = "filament_backpressure_waits_total";
+pub(crate) const BACKPRESSURE_REJECTIONS: &str = "filament_backpressure_rejections_total";
+pub(crate) const APPEND_RETRIES: &str = "filament_append_retries_total";
+pub(crate) const APPEND_LATENCY: &str = "filament_append_latency_seconds";
+pub(crate) const HTTP_REQUEST_DURATION: &str = "filament_http_request_duration_seconds";
+
+/// Operations at least this long are logged at INFO, shorter ones at DEBUG.
+pub(crate) const SLOW_OPERATION: Duration = Duration::from_secs(1);
+
+/// Logs at INFO when `$duration` reaches [`SLOW_OPERATION`], at DEBUG otherwise.
+macro_rules! log_by_duration {
+    ($duration:expr, $($event:tt)+) => {
+        if $duration >= SLOW_OPERATION {
+            tracing::info!($($event)+)
+        } else {
+            tracing::debug!($($event)+)
+        }
+    };
+}
+
+fn millis(duration: Duration) -> u64 {
+    duration.as_millis() as u64
+}
+
+/// `bigquery.write.timing` of one phase of one resource (prepare, ...).
+#[derive(Debug)]
+pub(crate) struct PhaseTiming<'a> {
+    pub(crate) resource: &'a str,
+    pub(crate) phase: &'static str,
+    pub(crate) duration: Duration,
+}
+
+impl PhaseTiming<'_> {
+    pub(crate) fn emit(&self) {
+        let (resource, phase, duration_ms) = (self.resource, self.phase, millis(self.duration));
+        log_by_duration!(self.duration, %resource, phase, duration_ms, "bigquery.write.timing");
+    }
+}
+
+/// `bigquery.write.timing` of a batch request's wait for room in the upload budget.
+#[derive(Debug)]
+pub(crate) struct QueueTiming<'a> {
+    pub(crate) resource: &'a str,
+    pub(crate) rows: usize,
+    pub(crate) backpressure: Duration,
+}
+
+impl QueueTiming<'_> {
+    pub(crate) fn emit(&self) {
+        let (resource, rows, backpressure_ms) = (self.resource, self.rows, millis(self.backpressure));
+        log_by_duration!(self.backpressure, %resource, phase = "queue", backpressure_ms, rows, "bigquery.write.timing");
+    }
+}
+
+/// One AppendRows request BigQuery acknowledged: the append metrics and its
+/// `bigquery.write.timing`.
+#[derive(Debug)]
+pub(crate) struct AppendAcknowledged<'a> {
+    pub(crate) resource: &'a str,
+    pub(crate) rows: usize,
+    pub(crate) uncompressed_bytes: usize,
+    /// The rows were already in the stream (a resend after a lost response).
+    pub(crate) already_present: bool,
+    pub(crate) send: Duration,
+    pub(crate) response_wait: Duration,
+}
+
+impl AppendAcknowledged<'_> {
+    pub(crate) fn emit(&self) {
+        metrics::histogram!(APPEND_LATENCY).record(self.response_wait.as_secs_f64());
+        let outcome = if self.already_present { "already_present" } else { "appended" };
+        metrics::counter!(APPENDS, "outcome" => outcome).increment(1);
+        metrics::counter!(ROWS_APPENDED).increment(self.rows as u64);
+        metrics::counter!(BYTES_APPENDED).increment(self.uncompressed_bytes as u64);
+        let duration = self.send + self.response_wait;
+        let (resource, rows, uncompressed_bytes) = (self.resource, self.rows, self.uncompressed_bytes);
+        let (duration_ms, send_ms, response_wait_ms) =
+            (millis(duration), millis(self.send), millis(self.response_wait));
+        log_by_duration!(duration, %resource, phase = "append", duration_ms, rows, uncompressed_bytes, send_ms,
+            response_wait_ms, "bigquery.write.timing");
+    }
+}
+
+/// A failed AppendRows attempt: `bigquery.write.retry` and, when it is retried, the retry counter.
+#[derive(Debug)]
+pub(crate) struct AppendFailed<'a, E: Display> {
+    pub(crate) resource: &'a str,
+    /// Row offset of the first unacknowledged request.
+    pub(crate) offset: Option<i64>,
+    pub(crate) code: &'static str,
+    pub(crate) retryable: bool,
+    pub(crate) attempt: u32,
+    pub(crate) error: &'a E,
+}
+
+impl<E: Display> AppendFailed<'_, E> {
+    pub(crate) fn emit(&self) {
+        metrics::counter!(APPEND_RETRIES, "code" => self.code).increment(u64::from(self.retryable));
+        let (resource, offset, code, retryable, attempt) =
+            (self.resource, self.offset, self.code, self.retryable, self.attempt);
+        tracing::warn!(%resource, offset, code, retryable, attempt, error = %self.error, "bigquery.write.retry");
+    }
+}
 
 /// Logs go to stderr (stdout carries the start-up line with the bound address). `RUST_LOG`
 /// overrides the default `info` filter.
-pub fn init_logging(format: &str) {
+pub fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     use std::io::IsTerminal as _;
     let builder = tracing_subscriber::fmt()
@@ -32,11 +138,14 @@ pub fn init_logging(format: &str) {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
     // A second initialisation (tests) keeps the first subscriber.
-    let _ = if format == "json" { builder.json().try_init() } else { builder.try_init() };
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
 }
 
 /// Installs the Prometheus recorder once per process and returns the handle `/metrics` renders.
-pub fn metrics_handle() -> PrometheusHandle {
+pub(crate) fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
@@ -79,4 +188,5 @@ fn describe() {
     describe_counter!(APPEND_RETRIES, Unit::Count, "Failed AppendRows attempts that were retried, by gRPC code");
     describe_histogram!(APPEND_LATENCY, Unit::Seconds, "From sending an AppendRows request to its response");
     describe_counter!(EXECUTIONS_FINISHED, Unit::Count, "Executions that reached a terminal state, by state");
+    describe_histogram!(HTTP_REQUEST_DURATION, Unit::Seconds, "From receiving an HTTP request to answering it");
 }

@@ -9,19 +9,19 @@ use utoipa::ToSchema;
 use super::SharedState;
 use super::error::{ApiJson, ProblemDocument};
 use crate::error::{ErrorCode, Problem};
-use crate::model::{validate_location, validate_project_id};
+use crate::model::ids::{validate_location, validate_project_id};
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ConnectionTestRequest {
-    pub project: String,
-    pub location: Option<String>,
+pub(crate) struct ConnectionTestRequest {
+    pub(crate) project: String,
+    pub(crate) location: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct ConnectionTestResponse {
-    pub ok: bool,
-    pub elapsed_ms: u64,
+pub(crate) struct ConnectionTestResponse {
+    pub(crate) ok: bool,
+    pub(crate) elapsed_ms: u64,
 }
 
 /// Check credentials and access: runs `SELECT 1` as a query job in the project and location.
@@ -38,7 +38,7 @@ pub struct ConnectionTestResponse {
         (status = 503, description = "BigQuery unreachable", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
-pub async fn test_connection(
+pub(crate) async fn test_connection(
     State(state): State<SharedState>,
     ApiJson(request): ApiJson<ConnectionTestRequest>,
 ) -> Result<axum::Json<ConnectionTestResponse>, Problem> {

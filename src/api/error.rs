@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{ErrorCode, Problem};
 
-pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
+pub(crate) const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
@@ -39,23 +39,23 @@ impl IntoResponse for Problem {
 /// The problem+json body as documented in OpenAPI.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 #[schema(as = Problem)]
-pub struct ProblemDocument {
+pub(crate) struct ProblemDocument {
     /// URI naming the problem type.
-    pub r#type: String,
-    pub title: String,
-    pub status: u16,
-    pub detail: String,
+    pub(crate) r#type: String,
+    pub(crate) title: String,
+    pub(crate) status: u16,
+    pub(crate) detail: String,
     /// Stable error code (see the contract for the list).
     #[schema(example = "invalid_identifier")]
-    pub code: String,
+    pub(crate) code: String,
     /// How to fix it, when the gateway knows.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub hint: Option<String>,
+    pub(crate) hint: Option<String>,
 }
 
 /// `Json` whose rejections are `invalid_request` (or `unsupported_media_type`) problems.
 #[derive(Debug)]
-pub struct ApiJson<T>(pub T);
+pub(crate) struct ApiJson<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = Problem;
@@ -73,7 +73,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
 
 /// `Path` whose rejections are `invalid_request` problems.
 #[derive(Debug)]
-pub struct ApiPath<T>(pub T);
+pub(crate) struct ApiPath<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
     type Rejection = Problem;
@@ -88,7 +88,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath
 
 /// `Query` whose rejections are `invalid_request` problems.
 #[derive(Debug)]
-pub struct ApiQuery<T>(pub T);
+pub(crate) struct ApiQuery<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
     type Rejection = Problem;

@@ -1,5 +1,6 @@
 //! Executions: open (and redeliver), read, checkpoint, pause, commit, abort. State transitions
-//! take the execution's gate exclusively so they never interleave with a batch being accepted.
+//! go through [`begin_transition`], which holds the execution's gate exclusively (a
+//! `pipeline::Transitioning` guard) so they never interleave with a batch being accepted.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -11,56 +12,69 @@ use super::error::{ApiJson, ApiPath, ApiQuery, ProblemDocument};
 use super::runs::load_run;
 use super::views::{ExecutionView, execution_view};
 use crate::error::{ErrorCode, Problem};
-use crate::model::{ExecutionState, validate_id};
-use crate::pipeline::ExecutionKey;
-use crate::store::{ExecutionRecord, OpenExecution};
+use crate::model::{ExecutionId, ExecutionKey, ExecutionState};
+use crate::pipeline::Transitioning;
+use crate::store::{ExecutionRecord, OpenExecution, RunRecord};
 
 /// Body of `POST /v1/runs/{run_id}/executions`.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct OpenExecutionRequest {
+pub(crate) struct OpenExecutionRequest {
     /// `[A-Za-z0-9_-]{1,64}`; generated when absent. An existing id starts a new delivery.
-    pub execution_id: Option<String>,
+    pub(crate) execution_id: Option<String>,
 }
 
 /// Body of `POST .../checkpoints`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CheckpointRequest {
+pub(crate) struct CheckpointRequest {
     /// Opaque JSON from the source (a cursor, a position). Durable once the execution commits.
     #[schema(value_type = Object)]
-    pub checkpoint: serde_json::Value,
+    pub(crate) checkpoint: serde_json::Value,
 }
 
 /// Answer of `POST .../checkpoints`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct CheckpointResponse {
+pub(crate) struct CheckpointResponse {
     /// 0, 1, 2, ... within the current delivery.
-    pub checkpoint_seq: i64,
+    pub(crate) checkpoint_seq: i64,
     /// Rows of this delivery queued for upload when the checkpoint was recorded.
-    pub flushed_rows: i64,
+    pub(crate) flushed_rows: i64,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct CommitParams {
+pub(crate) struct CommitParams {
     /// Wait for the terminal state and answer 200 with it.
     #[serde(default)]
-    pub wait: bool,
+    pub(crate) wait: bool,
 }
 
+/// The run and the execution, or `invalid_identifier` / `not_found` (the run's first).
 pub(super) async fn load_execution(
     state: &SharedState,
     run_id: &str,
     execution_id: &str,
-) -> Result<ExecutionRecord, Problem> {
-    load_run(state, run_id).await?;
-    validate_id("execution_id", execution_id)?;
-    state
-        .store
-        .get_execution(run_id, execution_id)
-        .await?
-        .ok_or_else(|| Problem::not_found(format!("execution {execution_id} of run {run_id}")))
+) -> Result<(RunRecord, ExecutionRecord), Problem> {
+    let run = load_run(state, run_id).await?;
+    let key = ExecutionKey { run_id: run.run_id.clone(), execution_id: ExecutionId::parse(execution_id)? };
+    let execution = state.store.get_execution(&key).await?.ok_or_else(|| Problem::not_found(&key))?;
+    Ok((run, execution))
+}
+
+/// The execution's gate held exclusively, and the execution as it is under the gate: no batch
+/// is half-accepted while the caller changes the state. The guard's delivery is the one the
+/// transition must name (a newer delivery may have started before the gate was taken).
+async fn begin_transition(
+    state: &SharedState,
+    run_id: &str,
+    execution_id: &str,
+) -> Result<(Transitioning, RunRecord, ExecutionRecord), Problem> {
+    let (_, execution) = load_execution(state, run_id, execution_id).await?;
+    let uploads = state.pipeline.execution(&execution.key(), execution.delivery);
+    let transitioning = uploads.begin_transition().await;
+    let (run, current) = load_execution(state, run_id, execution_id).await?;
+    Ok((transitioning, run, current))
 }
 
 fn not_extracting(execution: &ExecutionRecord, action: &str) -> Problem {
@@ -86,28 +100,24 @@ fn not_extracting(execution: &ExecutionRecord, action: &str) -> Problem {
         (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
-pub async fn open_execution(
+pub(crate) async fn open_execution(
     State(state): State<SharedState>,
     ApiPath(run_id): ApiPath<String>,
     ApiJson(request): ApiJson<OpenExecutionRequest>,
 ) -> Result<(StatusCode, axum::Json<ExecutionView>), Problem> {
-    load_run(&state, &run_id).await?;
+    let run = load_run(&state, &run_id).await?;
     let execution_id = match request.execution_id {
-        Some(id) => {
-            validate_id("execution_id", &id)?;
-            id
-        }
-        None => format!("exec_{}", hex::encode(rand::random::<[u8; 12]>())),
+        Some(id) => ExecutionId::parse(id)?,
+        None => ExecutionId::generate(),
     };
-    let key = ExecutionKey { run_id: run_id.clone(), execution_id: execution_id.clone() };
+    let key = ExecutionKey { run_id: run.run_id, execution_id };
     // Hold the current delivery's gate so no batch is half-accepted while the delivery changes.
-    let previous = state.store.get_execution(&run_id, &execution_id).await?;
-    let uploads = previous.as_ref().map(|p| state.pipeline.execution(&key, p.delivery));
-    let _gate = match &uploads {
-        Some(uploads) => Some(uploads.gate.write().await),
+    let previous = state.store.get_execution(&key).await?;
+    let _transitioning = match previous {
+        Some(previous) => Some(state.pipeline.execution(&key, previous.delivery).begin_transition().await),
         None => None,
     };
-    let (status, record) = match state.store.open_execution(&run_id, &execution_id).await? {
+    let (status, record) = match state.store.open_execution(&key).await? {
         OpenExecution::Created(record) => (StatusCode::CREATED, record),
         OpenExecution::Redelivered(record) => {
             // The previous delivery's uploads are abandoned: their pending streams are never
@@ -131,11 +141,11 @@ pub async fn open_execution(
         (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
-pub async fn get_execution(
+pub(crate) async fn get_execution(
     State(state): State<SharedState>,
     ApiPath((run_id, execution_id)): ApiPath<(String, String)>,
 ) -> Result<axum::Json<ExecutionView>, Problem> {
-    let execution = load_execution(&state, &run_id, &execution_id).await?;
+    let (_, execution) = load_execution(&state, &run_id, &execution_id).await?;
     Ok(axum::Json(execution_view(&state.store, execution).await?))
 }
 
@@ -154,34 +164,20 @@ pub async fn get_execution(
         (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
-pub async fn post_checkpoint(
+pub(crate) async fn post_checkpoint(
     State(state): State<SharedState>,
     ApiPath((run_id, execution_id)): ApiPath<(String, String)>,
     ApiJson(request): ApiJson<CheckpointRequest>,
 ) -> Result<axum::Json<CheckpointResponse>, Problem> {
-    let execution = load_execution(&state, &run_id, &execution_id).await?;
-    let key = ExecutionKey { run_id: run_id.clone(), execution_id: execution_id.clone() };
-    let uploads = state.pipeline.execution(&key, execution.delivery);
-    let _gate = uploads.gate.write().await;
-    let execution = load_execution(&state, &run_id, &execution_id).await?;
-    if !matches!(execution.state, ExecutionState::Extracting | ExecutionState::Paused)
-        || execution.delivery != uploads.delivery
-    {
+    let (transitioning, _, execution) = begin_transition(&state, &run_id, &execution_id).await?;
+    if !ExecutionState::BEFORE_COMMIT.contains(&execution.state) || execution.delivery != transitioning.delivery() {
         return Err(not_extracting(&execution, "checkpoint"));
     }
     // With the gate held no batch is being accepted: queue what the lanes accumulated.
-    state.pipeline.flush(&uploads).await;
-    let flushed_rows: i64 = state
-        .store
-        .resource_progress(&run_id, &execution_id, execution.delivery)
-        .await?
-        .iter()
-        .map(|p| p.rows_received)
-        .sum();
-    let checkpoint_seq = state
-        .store
-        .add_checkpoint(&run_id, &execution_id, execution.delivery, &request.checkpoint, flushed_rows)
-        .await?;
+    state.pipeline.flush(&transitioning).await;
+    let delivery = execution.delivery_ref();
+    let flushed_rows: i64 = state.store.resource_progress(&delivery).await?.iter().map(|p| p.rows_received).sum();
+    let checkpoint_seq = state.store.add_checkpoint(&delivery, &request.checkpoint, flushed_rows).await?;
     Ok(axum::Json(CheckpointResponse { checkpoint_seq, flushed_rows }))
 }
 
@@ -197,27 +193,17 @@ pub async fn post_checkpoint(
         (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
-pub async fn pause_execution(
+pub(crate) async fn pause_execution(
     State(state): State<SharedState>,
     ApiPath((run_id, execution_id)): ApiPath<(String, String)>,
 ) -> Result<axum::Json<ExecutionView>, Problem> {
-    let execution = load_execution(&state, &run_id, &execution_id).await?;
-    let key = ExecutionKey { run_id: run_id.clone(), execution_id: execution_id.clone() };
-    let uploads = state.pipeline.execution(&key, execution.delivery);
-    let _gate = uploads.gate.write().await;
-    let paused = state
-        .store
-        .transition_execution(
-            &run_id,
-            &execution_id,
-            uploads.delivery,
-            &[ExecutionState::Extracting, ExecutionState::Paused],
-            ExecutionState::Paused,
-        )
-        .await?;
+    let (transitioning, _, execution) = begin_transition(&state, &run_id, &execution_id).await?;
+    let delivery = execution.key().delivery(transitioning.delivery());
+    let paused =
+        state.store.transition_execution(&delivery, ExecutionState::BEFORE_COMMIT, ExecutionState::Paused).await?;
     match paused {
         Some(record) => Ok(axum::Json(execution_view(&state.store, record).await?)),
-        None => Err(not_extracting(&load_execution(&state, &run_id, &execution_id).await?, "pause")),
+        None => Err(not_extracting(&load_execution(&state, &run_id, &execution_id).await?.1, "pause")),
     }
 }
 
@@ -235,35 +221,23 @@ pub async fn pause_execution(
         (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
-pub async fn commit_execution(
+pub(crate) async fn commit_execution(
     State(state): State<SharedState>,
     ApiPath((run_id, execution_id)): ApiPath<(String, String)>,
     ApiQuery(params): ApiQuery<CommitParams>,
 ) -> Result<(StatusCode, axum::Json<ExecutionView>), Problem> {
-    let run = load_run(&state, &run_id).await?;
-    let execution = load_execution(&state, &run_id, &execution_id).await?;
-    let key = ExecutionKey { run_id: run_id.clone(), execution_id: execution_id.clone() };
-    let uploads = state.pipeline.execution(&key, execution.delivery);
-    let gate = uploads.gate.write().await;
+    let (transitioning, run, execution) = begin_transition(&state, &run_id, &execution_id).await?;
     refuse_expired_streams(&state, &execution).await?;
-    let committing = state
-        .store
-        .transition_execution(
-            &run_id,
-            &execution_id,
-            uploads.delivery,
-            &[ExecutionState::Extracting, ExecutionState::Paused],
-            ExecutionState::Committing,
-        )
-        .await?;
-    drop(gate);
+    let delivery = execution.key().delivery(transitioning.delivery());
+    let committing =
+        state.store.transition_execution(&delivery, ExecutionState::BEFORE_COMMIT, ExecutionState::Committing).await?;
+    drop(transitioning);
     let Some(committing) = committing else {
-        let current = load_execution(&state, &run_id, &execution_id).await?;
+        let (_, current) = load_execution(&state, &run_id, &execution_id).await?;
         return match current.state {
             ExecutionState::Committed => Ok((StatusCode::OK, axum::Json(execution_view(&state.store, current).await?))),
             ExecutionState::Committing => {
-                let record =
-                    if params.wait { wait_for_terminal(&state, &run_id, &execution_id).await? } else { current };
+                let record = if params.wait { wait_for_terminal(&state, &current.key()).await? } else { current };
                 let status = if record.state.is_terminal() { StatusCode::OK } else { StatusCode::ACCEPTED };
                 Ok((status, axum::Json(execution_view(&state.store, record).await?)))
             }
@@ -286,11 +260,10 @@ pub async fn commit_execution(
 /// Pending streams must be committed within 24 hours: refuse (and fail) an execution whose
 /// oldest stream is older than the configured limit, before anything is published.
 async fn refuse_expired_streams(state: &SharedState, execution: &ExecutionRecord) -> Result<(), Problem> {
-    if !matches!(execution.state, ExecutionState::Extracting | ExecutionState::Paused) {
+    if !ExecutionState::BEFORE_COMMIT.contains(&execution.state) {
         return Ok(());
     }
-    let streams =
-        state.store.list_staging_streams(&execution.run_id, &execution.execution_id, execution.delivery).await?;
+    let streams = state.store.list_staging_streams(&execution.delivery_ref()).await?;
     let Some(oldest) = streams.iter().filter_map(|s| s.stream_created_at).min() else { return Ok(()) };
     let age = chrono::Utc::now() - oldest;
     let limit = state.settings.pending_stream_max_age;
@@ -306,17 +279,15 @@ async fn refuse_expired_streams(state: &SharedState, execution: &ExecutionRecord
         ),
     )
     .with_hint("deliver the execution again and commit it sooner");
-    state
-        .pipeline
-        .cancel(&ExecutionKey { run_id: execution.run_id.clone(), execution_id: execution.execution_id.clone() });
-    state.store.fail_execution(&execution.run_id, &execution.execution_id, execution.delivery, &problem).await?;
+    state.pipeline.cancel(&execution.key());
+    state.store.fail_execution(&execution.delivery_ref(), &problem).await?;
     Err(problem)
 }
 
 /// Polls until another request's commit ends.
-async fn wait_for_terminal(state: &SharedState, run_id: &str, execution_id: &str) -> Result<ExecutionRecord, Problem> {
+async fn wait_for_terminal(state: &SharedState, key: &ExecutionKey) -> Result<ExecutionRecord, Problem> {
     loop {
-        let record = load_execution(state, run_id, execution_id).await?;
+        let record = state.store.get_execution(key).await?.ok_or_else(|| Problem::not_found(key))?;
         if record.state.is_terminal() {
             return Ok(record);
         }
@@ -337,37 +308,24 @@ async fn wait_for_terminal(state: &SharedState, run_id: &str, execution_id: &str
         (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
-pub async fn abort_execution(
+pub(crate) async fn abort_execution(
     State(state): State<SharedState>,
     ApiPath((run_id, execution_id)): ApiPath<(String, String)>,
 ) -> Result<axum::Json<ExecutionView>, Problem> {
-    let execution = load_execution(&state, &run_id, &execution_id).await?;
-    let key = ExecutionKey { run_id: run_id.clone(), execution_id: execution_id.clone() };
-    let uploads = state.pipeline.execution(&key, execution.delivery);
-    let _gate = uploads.gate.write().await;
-    let before = load_execution(&state, &run_id, &execution_id).await?;
-    let aborted = state
-        .store
-        .transition_execution(
-            &run_id,
-            &execution_id,
-            uploads.delivery,
-            &[ExecutionState::Extracting, ExecutionState::Paused, ExecutionState::Committing],
-            ExecutionState::Aborted,
-        )
-        .await?;
+    let (transitioning, run, before) = begin_transition(&state, &run_id, &execution_id).await?;
+    let delivery = before.key().delivery(transitioning.delivery());
+    let aborted = state.store.transition_execution(&delivery, ExecutionState::OPEN, ExecutionState::Aborted).await?;
     match aborted {
         Some(record) => {
-            state.pipeline.cancel(&key);
+            state.pipeline.cancel(&record.key());
             // While committing, a publication job may be reading the staging tables: they stay
             // until they expire. Before that, nothing will read them again.
             if before.state != ExecutionState::Committing {
                 let publisher = state.publisher.clone();
-                let (run_id, execution_id, delivery) = (run_id.clone(), execution_id.clone(), record.delivery);
-                state.commits.spawn(async move { publisher.discard_staging(&run_id, &execution_id, delivery).await });
+                state.commits.spawn(async move { publisher.discard_staging(&run, &delivery).await });
             }
             Ok(axum::Json(execution_view(&state.store, record).await?))
         }
-        None => Err(not_extracting(&load_execution(&state, &run_id, &execution_id).await?, "abort")),
+        None => Err(not_extracting(&load_execution(&state, &run_id, &execution_id).await?.1, "abort")),
     }
 }

@@ -12,23 +12,23 @@ use crate::error::{ErrorCode, Problem};
 
 /// Readiness of one dependency.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct ReadinessCheck {
-    pub name: String,
-    pub ok: bool,
+pub(crate) struct ReadinessCheck {
+    pub(crate) name: String,
+    pub(crate) ok: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 /// Readiness report.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Readiness {
-    pub ready: bool,
-    pub checks: Vec<ReadinessCheck>,
+pub(crate) struct Readiness {
+    pub(crate) ready: bool,
+    pub(crate) checks: Vec<ReadinessCheck>,
 }
 
 /// 200 while the process serves.
 #[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, description = "Serving", body = String)))]
-pub async fn healthz() -> &'static str {
+pub(crate) async fn healthz() -> &'static str {
     "ok"
 }
 
@@ -40,7 +40,7 @@ pub async fn healthz() -> &'static str {
         (status = 503, description = "A dependency is not reachable", body = Readiness),
     )
 )]
-pub async fn readyz(State(state): State<SharedState>) -> (StatusCode, axum::Json<Readiness>) {
+pub(crate) async fn readyz(State(state): State<SharedState>) -> (StatusCode, axum::Json<Readiness>) {
     let (postgres, bigquery) =
         tokio::join!(state.store.ping(), state.bigquery.probe(&state.settings.readiness_project));
     let checks = vec![
@@ -58,7 +58,7 @@ pub async fn readyz(State(state): State<SharedState>) -> (StatusCode, axum::Json
 
 /// Prometheus text exposition.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
-pub async fn metrics(State(state): State<SharedState>) -> Response {
+pub(crate) async fn metrics(State(state): State<SharedState>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
 }
 
@@ -70,7 +70,7 @@ pub async fn metrics(State(state): State<SharedState>) -> Response {
         (status = 500, description = "Unexpected", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
-pub async fn openapi_document() -> Response {
+pub(crate) async fn openapi_document() -> Response {
     match serde_json::from_str::<serde_json::Value>(&super::openapi_json()) {
         Ok(document) => axum::Json(document).into_response(),
         Err(e) => Problem::internal(format!("OpenAPI document: {e}")).into_response(),

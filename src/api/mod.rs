@@ -3,13 +3,13 @@
 //! is a problem+json rendered by [`error`]. Handlers call into [`crate::ingest`],
 //! [`crate::pipeline`], [`crate::publish`] and [`crate::store`].
 
-pub mod batches;
-pub mod connections;
-pub mod error;
-pub mod executions;
-pub mod health;
-pub mod runs;
-pub mod views;
+pub(crate) mod batches;
+pub(crate) mod connections;
+pub(crate) mod error;
+pub(crate) mod executions;
+pub(crate) mod health;
+pub(crate) mod runs;
+pub(crate) mod views;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -35,41 +35,41 @@ use crate::telemetry;
 
 /// Limits and settings handlers need.
 #[derive(Debug, Clone)]
-pub struct ApiSettings {
-    pub max_batch_body_bytes: usize,
-    pub max_append_request_bytes: usize,
-    pub readiness_project: String,
-    pub pending_stream_max_age: std::time::Duration,
-    pub max_uri_bytes: usize,
-    pub max_header_bytes: usize,
+pub(crate) struct ApiSettings {
+    pub(crate) max_batch_body_bytes: usize,
+    pub(crate) max_append_request_bytes: usize,
+    pub(crate) readiness_project: String,
+    pub(crate) pending_stream_max_age: std::time::Duration,
+    pub(crate) max_uri_bytes: usize,
+    pub(crate) max_header_bytes: usize,
 }
 
 /// Shared state of every handler.
 #[derive(Debug)]
-pub struct ApiState {
-    pub store: Store,
-    pub bigquery: BigQuery,
-    pub pipeline: Pipeline,
-    pub publisher: Publisher,
-    pub settings: ApiSettings,
+pub(crate) struct ApiState {
+    pub(crate) store: Store,
+    pub(crate) bigquery: BigQuery,
+    pub(crate) pipeline: Pipeline,
+    pub(crate) publisher: Publisher,
+    pub(crate) settings: ApiSettings,
     /// SHA-256 digests of the accepted tokens: comparing fixed-size digests in constant time
     /// leaks neither content nor length.
-    pub token_digests: Vec<[u8; 32]>,
-    pub metrics: PrometheusHandle,
+    pub(crate) token_digests: Vec<[u8; 32]>,
+    pub(crate) metrics: PrometheusHandle,
     /// Commits run as tracked tasks, so shutdown can wait for them.
-    pub commits: TaskTracker,
+    pub(crate) commits: TaskTracker,
     /// Requests being served; a request that finds none free is shed.
-    pub request_slots: Arc<tokio::sync::Semaphore>,
+    pub(crate) request_slots: Arc<tokio::sync::Semaphore>,
 }
 
-pub type SharedState = Arc<ApiState>;
+pub(crate) type SharedState = Arc<ApiState>;
 
 #[derive(OpenApi)]
 #[openapi(
     info(
         title = "filament-bigquery",
         description = "HTTP ingestion gateway: extractors POST Apache Arrow IPC streams, the gateway loads them into BigQuery through the Storage Write API.",
-        license(name = "Apache-2.0")
+        license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
     components(schemas(error::ProblemDocument)),
     modifiers(&BearerAuth),
@@ -119,7 +119,7 @@ fn operations_routes() -> OpenApiRouter<SharedState> {
 }
 
 /// The OpenAPI document, generated from the handlers.
-pub fn openapi() -> utoipa::openapi::OpenApi {
+pub(crate) fn openapi() -> utoipa::openapi::OpenApi {
     OpenApiRouter::<SharedState>::with_openapi(ApiDoc::openapi())
         .merge(v1_routes())
         .merge(operations_routes())
@@ -133,7 +133,7 @@ pub fn openapi_json() -> String {
 }
 
 /// The complete router with its middleware.
-pub fn router(state: SharedState) -> axum::Router {
+pub(crate) fn router(state: SharedState) -> axum::Router {
     let v1 = v1_routes().route_layer(middleware::from_fn_with_state(Arc::clone(&state), require_bearer_token));
     let (router, _) =
         OpenApiRouter::with_openapi(ApiDoc::openapi()).merge(v1).merge(operations_routes()).split_for_parts();
@@ -173,11 +173,10 @@ async fn protect(State(state): State<SharedState>, request: Request, next: Next)
         .into_response();
     }
     let Ok(_slot) = Arc::clone(&state.request_slots).try_acquire_owned() else {
-        let mut problem =
-            Problem::new(ErrorCode::Overloaded, "the gateway is serving as many requests as it accepts at once")
-                .with_hint("retry after the Retry-After delay, or send fewer requests in parallel");
-        problem.retry_after_secs = Some(1);
-        return problem.into_response();
+        return Problem::new(ErrorCode::Overloaded, "the gateway is serving as many requests as it accepts at once")
+            .with_hint("retry after the Retry-After delay, or send fewer requests in parallel")
+            .with_retry_after(1)
+            .into_response();
     };
     next.run(request).await
 }
@@ -214,6 +213,6 @@ async fn record_request(request: Request, next: Next) -> Response {
     let response = next.run(request).await;
     metrics::counter!(telemetry::HTTP_REQUESTS, "method" => method, "route" => route, "status" => response.status().as_u16().to_string())
         .increment(1);
-    metrics::histogram!("filament_http_request_duration_seconds").record(started.elapsed().as_secs_f64());
+    metrics::histogram!(telemetry::HTTP_REQUEST_DURATION).record(started.elapsed().as_secs_f64());
     response
 }

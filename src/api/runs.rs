@@ -12,37 +12,37 @@ use super::SharedState;
 use super::error::{ApiJson, ApiPath, ProblemDocument};
 use super::views::{ResourceView, RunView, run_view};
 use crate::error::{ErrorCode, Problem};
-use crate::model::{
-    Batching, Destination, WriteMode, default_table_name, validate_column_name, validate_id, validate_resource_name,
-    validate_table_name,
-};
-use crate::store::{NewRun, ResourceRecord, ResourceUpsert};
+use crate::model::columns::MAX_KEY_COLUMNS;
+use crate::model::ids::{default_table_name, validate_column_name, validate_table_name};
+use crate::model::{Batching, Destination, ResourceName, RunId, WriteMode};
+use crate::store::{NewRun, ResourceRecord, ResourceUpsert, RunRecord};
 
 /// Body of `POST /v1/runs`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CreateRunRequest {
+pub(crate) struct CreateRunRequest {
     /// `[A-Za-z0-9_-]{1,64}`; generated when absent.
-    pub run_id: Option<String>,
-    pub destination: Destination,
-    pub batching: Option<Batching>,
+    pub(crate) run_id: Option<String>,
+    pub(crate) destination: Destination,
+    pub(crate) batching: Option<Batching>,
 }
 
 /// Body of `PUT /v1/runs/{run_id}/resources/{resource}`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct PutResourceRequest {
+pub(crate) struct PutResourceRequest {
     /// Destination table (`[A-Za-z0-9_]{1,1024}`); default: the resource name with every other
     /// character replaced by `_`.
-    pub table: Option<String>,
-    pub write_mode: WriteMode,
+    pub(crate) table: Option<String>,
+    pub(crate) write_mode: WriteMode,
     /// Key columns (1 to 16), required by the upsert, delete and merge modes.
-    pub primary_key: Option<Vec<String>>,
+    pub(crate) primary_key: Option<Vec<String>>,
 }
 
-pub(super) async fn load_run(state: &SharedState, run_id: &str) -> Result<crate::store::RunRecord, Problem> {
-    validate_id("run_id", run_id)?;
-    state.store.get_run(run_id).await?.ok_or_else(|| Problem::not_found(format!("run {run_id}")))
+/// The run, or `invalid_identifier` / `not_found`.
+pub(super) async fn load_run(state: &SharedState, run_id: &str) -> Result<RunRecord, Problem> {
+    let run_id = RunId::parse(run_id)?;
+    state.store.get_run(&run_id).await?.ok_or_else(|| Problem::not_found(format!("run {run_id}")))
 }
 
 /// Create a run (idempotent for the same definition).
@@ -59,16 +59,13 @@ pub(super) async fn load_run(state: &SharedState, run_id: &str) -> Result<crate:
         (status = 422, description = "`invalid_identifier`, `invalid_dataset_id`", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
-pub async fn create_run(
+pub(crate) async fn create_run(
     State(state): State<SharedState>,
     ApiJson(request): ApiJson<CreateRunRequest>,
 ) -> Result<(StatusCode, axum::Json<RunView>), Problem> {
     let run_id = match request.run_id {
-        Some(id) => {
-            validate_id("run_id", &id)?;
-            id
-        }
-        None => format!("run_{}", hex::encode(rand::random::<[u8; 12]>())),
+        Some(id) => RunId::parse(id)?,
+        None => RunId::generate(),
     };
     request.destination.validate()?;
     let batching = request.batching.unwrap_or_default();
@@ -107,7 +104,7 @@ pub async fn create_run(
         (status = 422, description = "Invalid run id", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
-pub async fn get_run(
+pub(crate) async fn get_run(
     State(state): State<SharedState>,
     ApiPath(run_id): ApiPath<String>,
 ) -> Result<axum::Json<RunView>, Problem> {
@@ -122,8 +119,11 @@ fn validate_primary_key(write_mode: WriteMode, primary_key: &[String]) -> Result
             format!("write mode {write_mode} needs a primary_key"),
         ));
     }
-    if primary_key.len() > 16 {
-        return Err(Problem::new(ErrorCode::InvalidPrimaryKey, "a primary key has at most 16 columns"));
+    if primary_key.len() > MAX_KEY_COLUMNS {
+        return Err(Problem::new(
+            ErrorCode::InvalidPrimaryKey,
+            format!("a primary key has at most {MAX_KEY_COLUMNS} columns"),
+        ));
     }
     let mut seen = HashSet::new();
     for column in primary_key {
@@ -150,21 +150,21 @@ fn validate_primary_key(write_mode: WriteMode, primary_key: &[String]) -> Result
         (status = 422, description = "`invalid_identifier`, `primary_key_required`, `invalid_primary_key`", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
-pub async fn put_resource(
+pub(crate) async fn put_resource(
     State(state): State<SharedState>,
     ApiPath((run_id, resource)): ApiPath<(String, String)>,
     ApiJson(request): ApiJson<PutResourceRequest>,
 ) -> Result<axum::Json<ResourceView>, Problem> {
-    validate_id("run_id", &run_id)?;
-    validate_resource_name(&resource)?;
+    RunId::parse(run_id.as_str())?;
+    let resource = ResourceName::parse(resource)?;
     let table_name = request.table.unwrap_or_else(|| default_table_name(&resource));
     validate_table_name(&table_name)?;
     let primary_key = request.primary_key.unwrap_or_default();
     validate_primary_key(request.write_mode, &primary_key)?;
-    load_run(&state, &run_id).await?;
+    let run = load_run(&state, &run_id).await?;
     let declared =
         ResourceRecord { resource: resource.clone(), table_name, write_mode: request.write_mode, primary_key };
-    match state.store.upsert_resource(&run_id, &declared).await? {
+    match state.store.upsert_resource(&run.run_id, &declared).await? {
         ResourceUpsert::Stored(stored) => Ok(axum::Json(stored.into())),
         ResourceUpsert::Conflict(current) => Err(Problem::new(
             ErrorCode::ResourceConflict,

@@ -13,50 +13,50 @@ use crate::store::{
 
 /// A declared resource.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct ResourceView {
-    pub resource: String,
+pub(crate) struct ResourceView {
+    pub(crate) resource: String,
     /// Destination table in the run's dataset.
-    pub table: String,
-    pub write_mode: WriteMode,
-    pub primary_key: Vec<String>,
+    pub(crate) table: String,
+    pub(crate) write_mode: WriteMode,
+    pub(crate) primary_key: Vec<String>,
 }
 
 impl From<ResourceRecord> for ResourceView {
     fn from(r: ResourceRecord) -> Self {
-        Self { resource: r.resource, table: r.table_name, write_mode: r.write_mode, primary_key: r.primary_key }
+        Self { resource: r.resource.into(), table: r.table_name, write_mode: r.write_mode, primary_key: r.primary_key }
     }
 }
 
 /// An execution's id and state, as listed on its run.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct ExecutionSummary {
-    pub execution_id: String,
-    pub state: ExecutionState,
+pub(crate) struct ExecutionSummary {
+    pub(crate) execution_id: String,
+    pub(crate) state: ExecutionState,
 }
 
 /// A run.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct RunView {
-    pub run_id: String,
-    pub destination: Destination,
-    pub batching: Batching,
-    pub resources: Vec<ResourceView>,
-    pub executions: Vec<ExecutionSummary>,
+pub(crate) struct RunView {
+    pub(crate) run_id: String,
+    pub(crate) destination: Destination,
+    pub(crate) batching: Batching,
+    pub(crate) resources: Vec<ResourceView>,
+    pub(crate) executions: Vec<ExecutionSummary>,
     /// The last checkpoint of the last execution that committed, or null.
     #[schema(value_type = Option<Object>)]
-    pub durable_checkpoint: Option<serde_json::Value>,
+    pub(crate) durable_checkpoint: Option<serde_json::Value>,
     /// The execution that made `durable_checkpoint` durable.
-    pub durable_checkpoint_execution_id: Option<String>,
-    pub created_at: DateTime<Utc>,
+    pub(crate) durable_checkpoint_execution_id: Option<String>,
+    pub(crate) created_at: DateTime<Utc>,
 }
 
 /// The publication (query job) of one destination table.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct PublicationView {
-    pub job_id: String,
-    pub state: PublicationState,
-    pub rows_affected: Option<i64>,
-    pub error: Option<Problem>,
+pub(crate) struct PublicationView {
+    pub(crate) job_id: String,
+    pub(crate) state: PublicationState,
+    pub(crate) rows_affected: Option<i64>,
+    pub(crate) error: Option<Problem>,
 }
 
 impl From<PublicationRecord> for PublicationView {
@@ -67,51 +67,51 @@ impl From<PublicationRecord> for PublicationView {
 
 /// Progress of one resource in the execution's current delivery.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct ExecutionResourceView {
-    pub resource: String,
-    pub table: String,
-    pub write_mode: WriteMode,
-    pub batches: i64,
-    pub rows_received: i64,
-    pub bytes_received: i64,
+pub(crate) struct ExecutionResourceView {
+    pub(crate) resource: String,
+    pub(crate) table: String,
+    pub(crate) write_mode: WriteMode,
+    pub(crate) batches: i64,
+    pub(crate) rows_received: i64,
+    pub(crate) bytes_received: i64,
     /// Rows BigQuery acknowledged into the pending stream.
-    pub rows_acknowledged: i64,
-    pub publication: Option<PublicationView>,
+    pub(crate) rows_acknowledged: i64,
+    pub(crate) publication: Option<PublicationView>,
 }
 
 /// An execution.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct ExecutionView {
-    pub run_id: String,
-    pub execution_id: String,
+pub(crate) struct ExecutionView {
+    pub(crate) run_id: String,
+    pub(crate) execution_id: String,
     /// Current delivery (1 for the first POST, +1 for each redelivery).
-    pub delivery: i32,
-    pub state: ExecutionState,
-    pub error: Option<Problem>,
-    pub resources: Vec<ExecutionResourceView>,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
+    pub(crate) delivery: i32,
+    pub(crate) state: ExecutionState,
+    pub(crate) error: Option<Problem>,
+    pub(crate) resources: Vec<ExecutionResourceView>,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) updated_at: DateTime<Utc>,
 }
 
 /// The answer to an accepted batch: the rows are encoded and queued for upload.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct Receipt {
-    pub resource: String,
-    pub seq: i64,
-    pub rows: i64,
+pub(crate) struct Receipt {
+    pub(crate) resource: String,
+    pub(crate) seq: i64,
+    pub(crate) rows: i64,
     /// Bytes of the Arrow IPC stream after content decoding.
-    pub uncompressed_bytes: i64,
+    pub(crate) uncompressed_bytes: i64,
     /// Lowercase hex SHA-256 of the Arrow IPC bytes as received (after content decoding).
-    pub arrow_ipc_sha256: String,
+    pub(crate) arrow_ipc_sha256: String,
     /// Always `queued`: accepted, not yet queryable.
     #[schema(example = "queued")]
-    pub state: String,
+    pub(crate) state: String,
 }
 
 impl From<ReceiptRecord> for Receipt {
     fn from(r: ReceiptRecord) -> Self {
         Self {
-            resource: r.resource,
+            resource: r.resource.into(),
             seq: r.seq,
             rows: r.rows,
             uncompressed_bytes: r.uncompressed_bytes,
@@ -121,17 +121,17 @@ impl From<ReceiptRecord> for Receipt {
     }
 }
 
-pub async fn run_view(store: &Store, run: RunRecord) -> Result<RunView, Problem> {
+pub(crate) async fn run_view(store: &Store, run: RunRecord) -> Result<RunView, Problem> {
     let resources = store.list_resources(&run.run_id).await?;
     let executions = store.list_executions(&run.run_id).await?;
     Ok(RunView {
-        run_id: run.run_id,
+        run_id: run.run_id.into(),
         destination: run.destination,
         batching: run.batching,
         resources: resources.into_iter().map(ResourceView::from).collect(),
         executions: executions
             .into_iter()
-            .map(|e| ExecutionSummary { execution_id: e.execution_id, state: e.state })
+            .map(|e| ExecutionSummary { execution_id: e.execution_id.into(), state: e.state })
             .collect(),
         durable_checkpoint: run.durable_checkpoint,
         durable_checkpoint_execution_id: run.durable_checkpoint_execution_id,
@@ -139,11 +139,10 @@ pub async fn run_view(store: &Store, run: RunRecord) -> Result<RunView, Problem>
     })
 }
 
-pub async fn execution_view(store: &Store, execution: ExecutionRecord) -> Result<ExecutionView, Problem> {
+pub(crate) async fn execution_view(store: &Store, execution: ExecutionRecord) -> Result<ExecutionView, Problem> {
     let resources = store.list_resources(&execution.run_id).await?;
-    let progress: Vec<ResourceProgress> =
-        store.resource_progress(&execution.run_id, &execution.execution_id, execution.delivery).await?;
-    let publications = store.list_publications(&execution.run_id, &execution.execution_id).await?;
+    let progress: Vec<ResourceProgress> = store.resource_progress(&execution.delivery_ref()).await?;
+    let publications = store.list_publications(&execution.key()).await?;
     let views = progress
         .into_iter()
         .map(|p| {
@@ -156,7 +155,7 @@ pub async fn execution_view(store: &Store, execution: ExecutionRecord) -> Result
             ExecutionResourceView {
                 table: declared.map(|r| r.table_name.clone()).unwrap_or_default(),
                 write_mode: declared.map(|r| r.write_mode).unwrap_or(WriteMode::FullAppend),
-                resource: p.resource,
+                resource: p.resource.into(),
                 batches: p.batches,
                 rows_received: p.rows_received,
                 bytes_received: p.bytes_received,
@@ -166,8 +165,8 @@ pub async fn execution_view(store: &Store, execution: ExecutionRecord) -> Result
         })
         .collect();
     Ok(ExecutionView {
-        run_id: execution.run_id,
-        execution_id: execution.execution_id,
+        run_id: execution.run_id.into(),
+        execution_id: execution.execution_id.into(),
         delivery: execution.delivery,
         state: execution.state,
         error: execution.error,

@@ -13,7 +13,7 @@ const SCOPES: &[&str] = &["https://www.googleapis.com/auth/bigquery"];
 /// Anonymous credentials for the emulator, otherwise Application Default Credentials. Fails
 /// here only when ADC points at something unusable (for example a missing key file); a missing
 /// ADC altogether shows when a token is first fetched ([`probe`]).
-pub fn build(emulator: bool) -> BigQueryResult<Credentials> {
+pub(crate) fn build(emulator: bool) -> BigQueryResult<Credentials> {
     if emulator {
         return Ok(anonymous::Builder::new().build());
     }
@@ -24,7 +24,7 @@ pub fn build(emulator: bool) -> BigQueryResult<Credentials> {
 }
 
 /// Authorization headers for one gRPC call (cached and refreshed before expiry by the crate).
-pub async fn headers(credentials: &Credentials) -> BigQueryResult<HeaderMap> {
+pub(crate) async fn headers(credentials: &Credentials) -> BigQueryResult<HeaderMap> {
     match credentials.headers(Extensions::new()).await {
         Ok(CacheableResource::New { data, .. }) => Ok(data),
         Ok(CacheableResource::NotModified) => Ok(HeaderMap::new()),
@@ -32,6 +32,6 @@ pub async fn headers(credentials: &Credentials) -> BigQueryResult<HeaderMap> {
     }
 }
 
-pub async fn probe(credentials: &Credentials) -> BigQueryResult<()> {
+pub(crate) async fn probe(credentials: &Credentials) -> BigQueryResult<()> {
     headers(credentials).await.map(|_| ())
 }

@@ -5,7 +5,7 @@ use crate::error::{ErrorCode, Problem};
 
 /// A failed call to BigQuery.
 #[derive(Debug, thiserror::Error)]
-pub enum BigQueryError {
+pub(crate) enum BigQueryError {
     /// REST call (datasets, tables, jobs) through google-cloud-bigquery-v2.
     #[error("{operation}: {source}")]
     Rest { operation: &'static str, source: google_cloud_gax::error::Error },
@@ -40,32 +40,24 @@ const RETRYABLE_GRPC: &[tonic::Code] = &[
 ];
 
 impl BigQueryError {
-    pub fn rest(operation: &'static str) -> impl FnOnce(google_cloud_gax::error::Error) -> Self {
+    pub(crate) fn rest(operation: &'static str) -> impl FnOnce(google_cloud_gax::error::Error) -> Self {
         move |source| BigQueryError::Rest { operation, source }
     }
 
-    pub fn grpc(operation: &'static str) -> impl FnOnce(tonic::Status) -> Self {
+    pub(crate) fn grpc(operation: &'static str) -> impl FnOnce(tonic::Status) -> Self {
         move |status| BigQueryError::Grpc { operation, status }
     }
 
     /// The HTTP status of a REST failure, when BigQuery answered.
-    pub fn http_status(&self) -> Option<u16> {
+    pub(crate) fn http_status(&self) -> Option<u16> {
         match self {
             BigQueryError::Rest { source, .. } => source.http_status_code(),
             _ => None,
         }
     }
 
-    pub fn is_not_found(&self) -> bool {
-        self.http_status() == Some(404)
-    }
-
-    pub fn is_already_exists(&self) -> bool {
-        self.http_status() == Some(409)
-    }
-
     /// Whether the same call may succeed later.
-    pub fn is_retryable(&self) -> bool {
+    pub(crate) fn is_retryable(&self) -> bool {
         match self {
             BigQueryError::Rest { source, .. } => {
                 matches!(source.http_status_code(), Some(429 | 500 | 502 | 503 | 504))
@@ -77,6 +69,17 @@ impl BigQueryError {
             BigQueryError::InResponse { code, .. } => RETRYABLE_GRPC.iter().any(|c| *c as i32 == *code),
             BigQueryError::Timeout { .. } | BigQueryError::Connect(_) => true,
             BigQueryError::Credentials(_) | BigQueryError::Inconsistent(_) => false,
+        }
+    }
+
+    /// A short name for logs and metric labels: the gRPC code (`UNAVAILABLE`, ...) or the kind.
+    pub(crate) fn code_name(&self) -> &'static str {
+        match self {
+            BigQueryError::Grpc { status, .. } => grpc_code_name(status.code() as i32),
+            BigQueryError::InResponse { code, .. } => grpc_code_name(*code),
+            BigQueryError::Connect(_) => "connect",
+            BigQueryError::Timeout { .. } => "timeout",
+            _ => "other",
         }
     }
 
@@ -94,7 +97,7 @@ impl BigQueryError {
 
     /// `(reason, metadata)` of the `google.rpc.ErrorInfo` details: from the REST error body
     /// (gax also maps BigQuery's `errors[].reason` to these) or the gRPC status details.
-    pub fn error_infos(&self) -> Vec<(String, std::collections::HashMap<String, String>)> {
+    pub(crate) fn error_infos(&self) -> Vec<(String, std::collections::HashMap<String, String>)> {
         match self {
             BigQueryError::Rest { source, .. } => source
                 .status()
@@ -117,7 +120,7 @@ impl BigQueryError {
     }
 
     /// Maps the failure to the user-facing problem, recognising the failures users can fix.
-    pub fn to_problem(&self, fallback: ErrorCode) -> Problem {
+    pub(crate) fn to_problem(&self, fallback: ErrorCode) -> Problem {
         let message = self.message();
         let lower = message.to_ascii_lowercase();
         // A token that could not be fetched inside a REST call is the same failure.
@@ -176,6 +179,28 @@ impl BigQueryError {
     }
 }
 
+/// The canonical name of a gRPC status code.
+pub(crate) fn grpc_code_name(code: i32) -> &'static str {
+    match code {
+        1 => "CANCELLED",
+        2 => "UNKNOWN",
+        3 => "INVALID_ARGUMENT",
+        4 => "DEADLINE_EXCEEDED",
+        5 => "NOT_FOUND",
+        6 => "ALREADY_EXISTS",
+        7 => "PERMISSION_DENIED",
+        8 => "RESOURCE_EXHAUSTED",
+        9 => "FAILED_PRECONDITION",
+        10 => "ABORTED",
+        11 => "OUT_OF_RANGE",
+        12 => "UNIMPLEMENTED",
+        13 => "INTERNAL",
+        14 => "UNAVAILABLE",
+        16 => "UNAUTHENTICATED",
+        _ => "OTHER",
+    }
+}
+
 /// Decodes `ErrorInfo`s from gRPC status details (a serialized `google.rpc.Status`).
 fn grpc_error_infos(details: &[u8]) -> Vec<(String, std::collections::HashMap<String, String>)> {
     use googleapis_tonic_google_rpc::google::rpc::{ErrorInfo, Status};
@@ -190,7 +215,7 @@ fn grpc_error_infos(details: &[u8]) -> Vec<(String, std::collections::HashMap<St
         .collect()
 }
 
-pub type BigQueryResult<T> = Result<T, BigQueryError>;
+pub(crate) type BigQueryResult<T> = Result<T, BigQueryError>;
 
 #[cfg(test)]
 mod tests {

@@ -9,11 +9,11 @@ use super::{BigQuery, BigQueryError, BigQueryResult};
 
 /// How a finished job ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobOutcome {
+pub(crate) struct JobOutcome {
     /// `statistics.query.numDmlAffectedRows`, when BigQuery reports it.
-    pub rows_affected: Option<i64>,
+    pub(crate) rows_affected: Option<i64>,
     /// Whether the job already existed (submitted earlier under the same id).
-    pub reused: bool,
+    pub(crate) reused: bool,
 }
 
 fn job_error(job: &Job) -> Option<BigQueryError> {
@@ -35,7 +35,7 @@ fn rows_affected(job: &Job) -> Option<i64> {
 
 impl BigQuery {
     /// Runs `sql` (GoogleSQL) as job `job_id` and waits for it, up to `timeout`.
-    pub async fn run_query_job(
+    pub(crate) async fn run_query_job(
         &self,
         project: &str,
         location: Option<&str>,
@@ -71,7 +71,7 @@ impl BigQuery {
         Ok(JobOutcome { rows_affected: rows_affected(&job), reused })
     }
 
-    pub async fn get_job(&self, project: &str, location: Option<&str>, job_id: &str) -> BigQueryResult<Job> {
+    pub(crate) async fn get_job(&self, project: &str, location: Option<&str>, job_id: &str) -> BigQueryResult<Job> {
         let mut request = self.jobs.get_job().set_project_id(project).set_job_id(job_id);
         if let Some(location) = location {
             request = request.set_location(location);

@@ -6,10 +6,10 @@ use google_cloud_bigquery_v2::model::{
 };
 
 use super::{BigQuery, BigQueryError, BigQueryResult};
-use crate::ingest::schema::{BigQueryType, Column};
+use crate::model::columns::{BigQueryType, Column};
 
 /// The field schema `tables.insert` / `tables.patch` take for a column (nested for STRUCTs).
-pub fn field_schema(column: &Column) -> TableFieldSchema {
+pub(crate) fn field_schema(column: &Column) -> TableFieldSchema {
     let field = TableFieldSchema::new()
         .set_name(&column.name)
         .set_type(column.bigquery_type.type_name())
@@ -21,7 +21,7 @@ pub fn field_schema(column: &Column) -> TableFieldSchema {
 }
 
 /// How an existing field reads in messages: `INTEGER`, `REPEATED STRING`, `RECORD<a STRING>`.
-pub fn describe_field(field: &TableFieldSchema) -> String {
+pub(crate) fn describe_field(field: &TableFieldSchema) -> String {
     let mut text = String::new();
     if field.mode.eq_ignore_ascii_case("REPEATED") {
         text.push_str("REPEATED ");
@@ -37,7 +37,7 @@ pub fn describe_field(field: &TableFieldSchema) -> String {
 /// Whether rows of `wanted` can be inserted into the existing field as they are: same type,
 /// same repetition, and for STRUCTs the same fields in the same order (BigQuery assigns struct
 /// values by position).
-pub fn field_accepts(existing: &TableFieldSchema, wanted: &Column) -> bool {
+pub(crate) fn field_accepts(existing: &TableFieldSchema, wanted: &Column) -> bool {
     if existing.mode.eq_ignore_ascii_case("REPEATED") != wanted.repeated
         || !wanted.bigquery_type.is_named(&existing.r#type)
     {
@@ -58,7 +58,12 @@ pub fn field_accepts(existing: &TableFieldSchema, wanted: &Column) -> bool {
 
 impl BigQuery {
     /// Creates the dataset when it does not exist (in `location` when given).
-    pub async fn ensure_dataset(&self, project: &str, dataset: &str, location: Option<&str>) -> BigQueryResult<()> {
+    pub(crate) async fn ensure_dataset(
+        &self,
+        project: &str,
+        dataset: &str,
+        location: Option<&str>,
+    ) -> BigQueryResult<()> {
         match self.datasets.get_dataset().set_project_id(project).set_dataset_id(dataset).send().await {
             Ok(_) => return Ok(()),
             Err(e) if e.http_status_code() == Some(404) => {}
@@ -78,7 +83,7 @@ impl BigQuery {
     }
 
     /// The table's schema (top-level fields, nested inside), or `None` when it does not exist.
-    pub async fn table_fields(
+    pub(crate) async fn table_fields(
         &self,
         project: &str,
         dataset: &str,
@@ -93,7 +98,7 @@ impl BigQuery {
 
     /// Creates a table with NULLABLE `columns`; `expiration_ms` is milliseconds since the epoch.
     /// Returns `false` when it already existed.
-    pub async fn create_table(
+    pub(crate) async fn create_table(
         &self,
         project: &str,
         dataset: &str,
@@ -119,7 +124,7 @@ impl BigQuery {
     /// Adds NULLABLE / REPEATED columns at the end of an existing table with `tables.patch`
     /// (the only schema change BigQuery allows without rewriting data). `existing` is the
     /// schema just read; the patch sends it unchanged followed by `added`.
-    pub async fn add_columns(
+    pub(crate) async fn add_columns(
         &self,
         project: &str,
         dataset: &str,
@@ -142,7 +147,7 @@ impl BigQuery {
     }
 
     /// Deletes a table; a table that is already gone is fine.
-    pub async fn delete_table(&self, project: &str, dataset: &str, table: &str) -> BigQueryResult<()> {
+    pub(crate) async fn delete_table(&self, project: &str, dataset: &str, table: &str) -> BigQueryResult<()> {
         match self
             .tables
             .delete_table()
@@ -161,7 +166,7 @@ impl BigQuery {
 
 /// Columns of `wanted` that the existing table holds with another type or shape:
 /// (name, existing description, wanted SQL type).
-pub fn type_conflicts(existing: &[TableFieldSchema], wanted: &[Column]) -> Vec<(String, String, String)> {
+pub(crate) fn type_conflicts(existing: &[TableFieldSchema], wanted: &[Column]) -> Vec<(String, String, String)> {
     wanted
         .iter()
         .filter_map(|w| {
@@ -172,7 +177,7 @@ pub fn type_conflicts(existing: &[TableFieldSchema], wanted: &[Column]) -> Vec<(
 }
 
 /// Columns of `wanted` the existing table lacks.
-pub fn missing_columns<'a>(existing: &[TableFieldSchema], wanted: &'a [Column]) -> Vec<&'a Column> {
+pub(crate) fn missing_columns<'a>(existing: &[TableFieldSchema], wanted: &'a [Column]) -> Vec<&'a Column> {
     wanted.iter().filter(|w| !existing.iter().any(|e| e.name.eq_ignore_ascii_case(&w.name))).collect()
 }
 

@@ -36,7 +36,7 @@ const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 
 /// Shared gRPC channel to the Storage Write API plus the credentials that authorise it.
 #[derive(Debug, Clone)]
-pub struct WriteClient {
+pub(crate) struct WriteClient {
     channel: Channel,
     /// `scheme://authority` of the endpoint, for hand-built AppendRows calls.
     origin: String,
@@ -47,7 +47,7 @@ pub struct WriteClient {
 
 /// Outcome of one append that BigQuery accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AppendAck {
+pub(crate) enum AppendAck {
     /// Appended at this offset now.
     Appended,
     /// The rows were already in the stream (a resend after a lost response).
@@ -56,7 +56,7 @@ pub enum AppendAck {
 
 /// Outcome of BatchCommitWriteStreams.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CommitOutcome {
+pub(crate) enum CommitOutcome {
     Committed,
     /// No stream was committed; each error names its stream.
     Rejected(Vec<String>),
@@ -76,7 +76,7 @@ fn routing_value(value: &str) -> String {
 impl WriteClient {
     /// A lazily connecting channel; TLS with the bundled web PKI roots for `https://` endpoints.
     /// `gzip_level` 0 sends AppendRows requests uncompressed.
-    pub fn connect(endpoint: &str, credentials: Credentials, gzip_level: u32) -> anyhow::Result<Self> {
+    pub(crate) fn connect(endpoint: &str, credentials: Credentials, gzip_level: u32) -> anyhow::Result<Self> {
         let mut builder = Endpoint::from_shared(endpoint.to_string())?
             .http2_keep_alive_interval(std::time::Duration::from_secs(30))
             .keep_alive_while_idle(true)
@@ -90,7 +90,7 @@ impl WriteClient {
     }
 
     /// How AppendRows requests are compressed, for logs: `gzip-1` .. `gzip-9` or `none`.
-    pub fn compression(&self) -> String {
+    pub(crate) fn compression(&self) -> String {
         self.gzip_level.map_or_else(|| "none".to_string(), |level| format!("gzip-{level}"))
     }
 
@@ -121,7 +121,7 @@ impl WriteClient {
     }
 
     /// Creates a PENDING stream on `table_path` (`projects/p/datasets/d/tables/t`).
-    pub async fn create_pending_stream(&self, table_path: &str) -> BigQueryResult<String> {
+    pub(crate) async fn create_pending_stream(&self, table_path: &str) -> BigQueryResult<String> {
         let message = CreateWriteStreamRequest {
             parent: table_path.to_string(),
             write_stream: Some(WriteStream { r#type: write_stream::Type::Pending as i32, ..Default::default() }),
@@ -137,7 +137,7 @@ impl WriteClient {
     }
 
     /// Finalizes a stream; returns its row count.
-    pub async fn finalize(&self, stream_name: &str) -> BigQueryResult<i64> {
+    pub(crate) async fn finalize(&self, stream_name: &str) -> BigQueryResult<i64> {
         let message = FinalizeWriteStreamRequest { name: stream_name.to_string() };
         let request = self.request(message, "name", stream_name).await?;
         let response =
@@ -146,7 +146,11 @@ impl WriteClient {
     }
 
     /// Commits finalized streams of one table atomically.
-    pub async fn batch_commit(&self, table_path: &str, stream_names: Vec<String>) -> BigQueryResult<CommitOutcome> {
+    pub(crate) async fn batch_commit(
+        &self,
+        table_path: &str,
+        stream_names: Vec<String>,
+    ) -> BigQueryResult<CommitOutcome> {
         let message = BatchCommitWriteStreamsRequest { parent: table_path.to_string(), write_streams: stream_names };
         let request = self.request(message, "parent", table_path).await?;
         let response = self
@@ -169,7 +173,7 @@ impl WriteClient {
 
     /// Whether BigQuery shows the stream committed (`commit_time` set): resolves a commit whose
     /// response was lost.
-    pub async fn is_committed(&self, stream_name: &str) -> BigQueryResult<bool> {
+    pub(crate) async fn is_committed(&self, stream_name: &str) -> BigQueryResult<bool> {
         let message = GetWriteStreamRequest { name: stream_name.to_string(), view: 0 };
         let request = self.request(message, "name", stream_name).await?;
         let stream =
@@ -180,7 +184,7 @@ impl WriteClient {
     /// Opens an AppendRows call whose first requests are `first` (queued before the call starts:
     /// some servers send response headers only once they have a message). Later requests go
     /// through the returned connection; responses arrive in request order, one each.
-    pub async fn open_append_connection(
+    pub(crate) async fn open_append_connection(
         &self,
         stream_name: &str,
         first: Vec<AppendRowsRequest>,
@@ -230,7 +234,7 @@ impl WriteClient {
 
 /// One bidirectional AppendRows call. Dropping it stops both sending and receiving.
 #[derive(Debug)]
-pub struct AppendConnection {
+pub(crate) struct AppendConnection {
     sender: mpsc::UnboundedSender<Bytes>,
     responses: Option<tonic::Streaming<AppendRowsResponse>>,
     gzip_level: Option<u32>,
@@ -260,7 +264,7 @@ fn grpc_frame(request: &AppendRowsRequest, gzip_level: Option<u32>) -> Bytes {
 impl AppendConnection {
     /// Encodes, compresses and queues one request (on the caller's task: compression is the
     /// costly part and spreads over the lanes that send).
-    pub fn send(&self, request: &AppendRowsRequest) -> BigQueryResult<()> {
+    pub(crate) fn send(&self, request: &AppendRowsRequest) -> BigQueryResult<()> {
         self.sender.send(grpc_frame(request, self.gzip_level)).map_err(|_| BigQueryError::Grpc {
             operation: "AppendRows",
             status: tonic::Status::unavailable("the AppendRows connection closed"),
@@ -268,7 +272,7 @@ impl AppendConnection {
     }
 
     /// The next response; a closed stream is an `UNAVAILABLE` error (retryable).
-    pub async fn next_response(&mut self) -> BigQueryResult<AppendRowsResponse> {
+    pub(crate) async fn next_response(&mut self) -> BigQueryResult<AppendRowsResponse> {
         let Some(responses) = self.responses.as_mut() else {
             return Err(BigQueryError::Inconsistent("the AppendRows call was not started".into()));
         };
@@ -285,7 +289,7 @@ impl AppendConnection {
 
 /// One AppendRows request. Every request names the stream (BigQuery ignores it after the first
 /// request on a connection; bqemulator requires it); only the first carries the writer schema.
-pub fn append_request(
+pub(crate) fn append_request(
     stream_name: &str,
     writer_schema: Option<Bytes>,
     offset: i64,
@@ -303,7 +307,7 @@ pub fn append_request(
 }
 
 /// Judges an AppendRows response: errors inside an OK response are errors.
-pub fn judge_append_response(offset: i64, response: AppendRowsResponse) -> BigQueryResult<AppendAck> {
+pub(crate) fn judge_append_response(offset: i64, response: AppendRowsResponse) -> BigQueryResult<AppendAck> {
     if !response.row_errors.is_empty() {
         let rows: Vec<String> =
             response.row_errors.iter().take(5).map(|e| format!("row {}: {}", e.index, e.message)).collect();

@@ -22,20 +22,23 @@ use arrow_cast::{CastOptions, cast_with_options};
 use arrow_schema::{DataType, Field, TimeUnit};
 
 use super::IngestError;
-use super::schema::{BigQueryType, Column, MappedSchema, OPERATIONS};
+use super::schema::MappedSchema;
+use crate::model::columns::{BigQueryType, Column};
+use crate::model::staging::{OPERATIONS, staged_order};
 
 const MILLIS_PER_DAY: i64 = 86_400_000;
 const MICROS_PER_DAY: i64 = 86_400_000_000;
-/// `_filament_seq` = `seq << SEQ_SHIFT | row`: rows of one request stay below 2^32.
-pub const SEQ_SHIFT: u32 = 32;
-
 /// Maps an index of the array being converted to the row of the request body.
 type RowOf<'a> = &'a dyn Fn(usize) -> usize;
 
 /// Converts one incoming batch; `first_row` is the index of its first row within the request
 /// body, so errors name the row as the client numbered it. `_filament_seq` (when staged) holds
 /// the row index only: [`super::encode::stamp_seq`] adds the batch's `seq` once it is known.
-pub fn to_staging(batch: &RecordBatch, mapped: &MappedSchema, first_row: usize) -> Result<RecordBatch, IngestError> {
+pub(crate) fn to_staging(
+    batch: &RecordBatch,
+    mapped: &MappedSchema,
+    first_row: usize,
+) -> Result<RecordBatch, IngestError> {
     let top_level = move |index: usize| first_row + index;
     for (name, index) in &mapped.key_columns {
         let array = batch.column(*index);
@@ -291,8 +294,8 @@ fn first_offending_row(values: impl Iterator<Item = Option<i64>>, offends: impl 
 }
 
 /// `_filament_seq` values for rows of batch `seq`: its row indices plus `seq << 32`.
-pub fn seq_values(row_indices: &Int64Array, seq: i64) -> Int64Array {
-    Int64Array::from_iter_values(row_indices.values().iter().map(|row| (seq << SEQ_SHIFT) | row))
+pub(crate) fn seq_values(row_indices: &Int64Array, seq: i64) -> Int64Array {
+    Int64Array::from_iter_values(row_indices.values().iter().map(|&row| staged_order(seq, row)))
 }
 
 #[cfg(test)]
@@ -306,8 +309,9 @@ mod tests {
     use arrow_schema::Schema;
 
     use super::*;
-    use crate::ingest::schema::{LoadSpec, SEQ_COLUMN, map_schema};
+    use crate::ingest::schema::{LoadSpec, map_schema};
     use crate::model::WriteMode;
+    use crate::model::staging::SEQ_COLUMN;
 
     fn batch(fields: Vec<Field>, columns: Vec<ArrayRef>) -> RecordBatch {
         RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()

@@ -35,12 +35,12 @@ fn contained<T>(operation: impl FnOnce() -> T) -> Result<T, IngestError> {
 #[derive(Debug)]
 pub struct DecodedBody {
     pub schema: SchemaRef,
-    pub batches: Vec<RecordBatch>,
-    pub rows: usize,
+    pub(crate) batches: Vec<RecordBatch>,
+    pub(crate) rows: usize,
     /// Bytes of the IPC stream after content decoding.
-    pub uncompressed_bytes: usize,
+    pub(crate) uncompressed_bytes: usize,
     /// Lowercase hex SHA-256 of those bytes.
-    pub arrow_ipc_sha256: String,
+    pub(crate) arrow_ipc_sha256: String,
 }
 
 /// Push decoder over the chunks of one body.

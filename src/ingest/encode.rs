@@ -13,24 +13,24 @@ use bytes::Bytes;
 
 use super::IngestError;
 use super::convert::seq_values;
-use super::schema::SEQ_COLUMN;
+use crate::model::staging::SEQ_COLUMN;
 
 /// Protobuf framing of an AppendRowsRequest besides the record batch and schema: stream name,
 /// offset, field tags and lengths. Generous on purpose.
-pub const REQUEST_FRAMING_BYTES: usize = 4 * 1024;
+pub(crate) const REQUEST_FRAMING_BYTES: usize = 4 * 1024;
 
 /// One AppendRows payload: a record-batch message, the number of rows it holds and the staged
 /// rows it encodes (a zero-copy slice), which the pipeline keeps to coalesce small payloads.
 #[derive(Debug, Clone)]
 pub struct AppendPayload {
-    pub rows: usize,
-    pub serialized_record_batch: Bytes,
-    pub batch: Option<RecordBatch>,
+    pub(crate) rows: usize,
+    pub(crate) serialized_record_batch: Bytes,
+    pub(crate) batch: Option<RecordBatch>,
 }
 
 /// One encapsulated schema message (no end-of-stream marker: the emulator, and BigQuery's
 /// contract, expect exactly one message).
-pub fn schema_message(schema: &Schema) -> Bytes {
+pub(crate) fn schema_message(schema: &Schema) -> Bytes {
     let options = IpcWriteOptions::default();
     let encoded = IpcDataGenerator::default().schema_to_bytes_with_dictionary_tracker(
         schema,
@@ -44,7 +44,7 @@ pub fn schema_message(schema: &Schema) -> Bytes {
 }
 
 /// One encapsulated record-batch message. Staged batches hold no dictionaries.
-pub fn record_batch_message(batch: &RecordBatch) -> Result<Bytes, IngestError> {
+pub(crate) fn record_batch_message(batch: &RecordBatch) -> Result<Bytes, IngestError> {
     let options = IpcWriteOptions::default();
     let (dictionaries, encoded) = IpcDataGenerator::default()
         .encode(batch, &mut DictionaryTracker::new(false), &options, &mut IpcWriteContext::default())
@@ -57,7 +57,7 @@ pub fn record_batch_message(batch: &RecordBatch) -> Result<Bytes, IngestError> {
 
 /// Adds the batch's `seq` to the staged `_filament_seq` (which holds row indices until the
 /// receipt assigns the seq) and re-encodes the payloads; the sizes do not change.
-pub fn stamp_seq(payloads: &mut [AppendPayload], seq: i64) -> Result<(), IngestError> {
+pub(crate) fn stamp_seq(payloads: &mut [AppendPayload], seq: i64) -> Result<(), IngestError> {
     for payload in payloads {
         let Some(batch) = payload.batch.as_ref() else {
             return Err(IngestError::Arrow("a payload without its staged rows cannot be stamped".into()));
@@ -77,7 +77,7 @@ pub fn stamp_seq(payloads: &mut [AppendPayload], seq: i64) -> Result<(), IngestE
 
 /// Encodes `batch` as payloads of at most `max_payload_bytes` each, splitting by rows. A single
 /// row above the budget fails with its index (`first_row` + its position in `batch`).
-pub fn split_into_payloads(
+pub(crate) fn split_into_payloads(
     batch: &RecordBatch,
     first_row: usize,
     max_payload_bytes: usize,

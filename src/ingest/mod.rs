@@ -7,7 +7,7 @@
 //! (lossless casts, precision checks) and [`encode`] serialises it as encapsulated IPC messages
 //! split below the AppendRows request budget. The result goes to [`crate::pipeline`].
 
-pub mod convert;
+pub(crate) mod convert;
 pub mod decode;
 pub mod encode;
 pub mod schema;
@@ -22,7 +22,7 @@ pub fn encode_payloads(
     mapped: &schema::MappedSchema,
     max_payload_bytes: usize,
 ) -> Result<Vec<encode::AppendPayload>, IngestError> {
-    if body.rows as u64 >= 1u64 << convert::SEQ_SHIFT {
+    if body.rows as u64 >= 1u64 << crate::model::staging::SEQ_SHIFT {
         return Err(IngestError::TooManyRows { rows: body.rows });
     }
     let mut payloads = Vec::new();
@@ -65,10 +65,6 @@ pub enum IngestError {
 }
 
 impl IngestError {
-    pub fn is_retryable(&self) -> bool {
-        false
-    }
-
     pub fn code(&self) -> ErrorCode {
         match self {
             IngestError::InvalidIpc(_) => ErrorCode::InvalidArrowIpc,

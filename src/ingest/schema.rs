@@ -4,32 +4,21 @@
 //! Every destination column is created NULLABLE (REPEATED for lists), whatever the Arrow
 //! nullability, so later segments and schema evolution never hit BigQuery's REQUIRED rules.
 //! TIME, NUMERIC, BIGNUMERIC and JSON values are staged as lossless strings and converted by the
-//! publication query ([`crate::publish::sql`]); everything else is staged in its final type.
+//! publication query (`publish::sql`); everything else is staged in its final type.
 //! Keyed modes stage `_filament_seq` (order of the row within the execution), CDC modes stage
-//! `_filament_op`.
+//! `_filament_op` (the staging contract is `model::staging`).
 
 use std::collections::HashSet;
-use std::fmt;
 use std::sync::Arc;
 
-use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use serde::Serialize;
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use sha2::{Digest as _, Sha256};
 
 use super::IngestError;
-use crate::model::{WriteMode, validate_column_name};
-
-/// BigQuery's limit on columns per table.
-pub const MAX_COLUMNS: usize = 10_000;
-/// BigQuery's limit on primary-key columns.
-pub const MAX_KEY_COLUMNS: usize = 16;
-
-/// The operation column of CDC modes (client-sent, staged, and kept by `cdc_append`).
-pub const OP_COLUMN: &str = "_filament_op";
-/// The staged order of a row within its execution: `seq << 32 | row index in the request`.
-pub const SEQ_COLUMN: &str = "_filament_seq";
-/// Operations a CDC row may carry.
-pub const OPERATIONS: [&str; 4] = ["insert", "update", "upsert", "delete"];
+use crate::model::WriteMode;
+use crate::model::columns::{BigQueryType, Column, MAX_COLUMNS, MAX_KEY_COLUMNS};
+use crate::model::ids::validate_column_name;
+use crate::model::staging::{OP_COLUMN, SEQ_COLUMN};
 
 /// NUMERIC holds 29 integer digits and 9 decimals; BIGNUMERIC 38 and 38 (its full range is
 /// 76.76 digits, but only up to 38 integer digits for every value).
@@ -44,173 +33,6 @@ const EXTENSION_NAME_KEY: &str = "ARROW:extension:name";
 const JSON_EXTENSION: &str = "arrow.json";
 const BIGQUERY_TYPE_KEY: &str = "bigquery_type";
 
-/// A BigQuery column type.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub enum BigQueryType {
-    Bool,
-    Int64,
-    Float64,
-    Numeric,
-    BigNumeric,
-    String,
-    Bytes,
-    Date,
-    Time,
-    Datetime,
-    Timestamp,
-    Json,
-    Struct(Vec<Column>),
-}
-
-impl BigQueryType {
-    /// The type name `tables.insert` takes.
-    pub fn type_name(&self) -> &'static str {
-        match self {
-            BigQueryType::Bool => "BOOL",
-            BigQueryType::Int64 => "INT64",
-            BigQueryType::Float64 => "FLOAT64",
-            BigQueryType::Numeric => "NUMERIC",
-            BigQueryType::BigNumeric => "BIGNUMERIC",
-            BigQueryType::String => "STRING",
-            BigQueryType::Bytes => "BYTES",
-            BigQueryType::Date => "DATE",
-            BigQueryType::Time => "TIME",
-            BigQueryType::Datetime => "DATETIME",
-            BigQueryType::Timestamp => "TIMESTAMP",
-            BigQueryType::Json => "JSON",
-            BigQueryType::Struct(_) => "RECORD",
-        }
-    }
-
-    /// Whether `name`, as `tables.get` reports a type (legacy or standard spelling), is this type.
-    /// Struct fields are compared by [`Column::matches_existing`].
-    pub fn is_named(&self, name: &str) -> bool {
-        let name = name.to_ascii_uppercase();
-        let aliases: &[&str] = match self {
-            BigQueryType::Bool => &["BOOL", "BOOLEAN"],
-            BigQueryType::Int64 => &["INT64", "INTEGER"],
-            BigQueryType::Float64 => &["FLOAT64", "FLOAT"],
-            BigQueryType::Numeric => &["NUMERIC", "DECIMAL"],
-            BigQueryType::BigNumeric => &["BIGNUMERIC", "BIGDECIMAL"],
-            BigQueryType::Struct(_) => &["RECORD", "STRUCT"],
-            other => return name == other.type_name(),
-        };
-        aliases.contains(&name.as_str())
-    }
-
-    /// Values staged as strings and converted by the publication query.
-    pub fn is_staged_as_string(&self) -> bool {
-        matches!(self, BigQueryType::Numeric | BigQueryType::BigNumeric | BigQueryType::Time | BigQueryType::Json)
-    }
-
-    /// Whether the publication query must convert the staged value (here or in a nested field).
-    pub fn needs_conversion(&self) -> bool {
-        match self {
-            BigQueryType::Struct(fields) => fields.iter().any(|f| f.bigquery_type.needs_conversion()),
-            other => other.is_staged_as_string(),
-        }
-    }
-
-    /// BigQuery allows these in primary keys (BYTES and TIME compare fine too).
-    pub fn is_key_eligible(&self) -> bool {
-        !matches!(self, BigQueryType::Float64 | BigQueryType::Json | BigQueryType::Struct(_))
-    }
-
-    /// The type rows are staged with.
-    pub fn staged(&self) -> BigQueryType {
-        match self {
-            BigQueryType::Struct(fields) => BigQueryType::Struct(fields.iter().map(Column::staged).collect()),
-            other if other.is_staged_as_string() => BigQueryType::String,
-            other => other.clone(),
-        }
-    }
-
-    /// The Arrow type of the staged value (what the Storage Write API expects for the column).
-    fn staging_arrow_type(&self) -> DataType {
-        match self {
-            BigQueryType::Bool => DataType::Boolean,
-            BigQueryType::Int64 => DataType::Int64,
-            BigQueryType::Float64 => DataType::Float64,
-            BigQueryType::Bytes => DataType::Binary,
-            BigQueryType::Date => DataType::Date32,
-            BigQueryType::Datetime => DataType::Timestamp(TimeUnit::Microsecond, None),
-            BigQueryType::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
-            BigQueryType::Struct(fields) => DataType::Struct(fields.iter().map(Column::staging_field).collect()),
-            BigQueryType::String
-            | BigQueryType::Numeric
-            | BigQueryType::BigNumeric
-            | BigQueryType::Time
-            | BigQueryType::Json => DataType::Utf8,
-        }
-    }
-}
-
-impl fmt::Display for BigQueryType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BigQueryType::Struct(fields) => {
-                f.write_str("STRUCT<")?;
-                for (i, field) in fields.iter().enumerate() {
-                    if i > 0 {
-                        f.write_str(", ")?;
-                    }
-                    write!(f, "{field}")?;
-                }
-                f.write_str(">")
-            }
-            other => f.write_str(other.type_name()),
-        }
-    }
-}
-
-/// One column as the destination (or staging) table holds it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Column {
-    pub name: String,
-    pub bigquery_type: BigQueryType,
-    /// An ARRAY (`REPEATED` mode); otherwise `NULLABLE`.
-    pub repeated: bool,
-}
-
-impl Column {
-    pub fn new(name: impl Into<String>, bigquery_type: BigQueryType) -> Self {
-        Self { name: name.into(), bigquery_type, repeated: false }
-    }
-
-    pub fn repeated(name: impl Into<String>, bigquery_type: BigQueryType) -> Self {
-        Self { name: name.into(), bigquery_type, repeated: true }
-    }
-
-    pub fn mode(&self) -> &'static str {
-        if self.repeated { "REPEATED" } else { "NULLABLE" }
-    }
-
-    pub fn staged(&self) -> Column {
-        Column { name: self.name.clone(), bigquery_type: self.bigquery_type.staged(), repeated: self.repeated }
-    }
-
-    /// The Arrow field of the staged column: lists for REPEATED columns.
-    pub fn staging_field(&self) -> Field {
-        let value_type = self.bigquery_type.staged().staging_arrow_type();
-        if self.repeated {
-            Field::new(&self.name, DataType::List(Arc::new(Field::new_list_field(value_type, true))), true)
-        } else {
-            Field::new(&self.name, value_type, true)
-        }
-    }
-
-    /// The SQL type, as error messages and docs show it (`ARRAY<STRUCT<a INT64>>`).
-    pub fn sql_type(&self) -> String {
-        if self.repeated { format!("ARRAY<{}>", self.bigquery_type) } else { self.bigquery_type.to_string() }
-    }
-}
-
-impl fmt::Display for Column {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}", self.name, self.sql_type())
-    }
-}
-
 /// What a resource declares that shapes its staging: the write mode and the primary key.
 #[derive(Debug, Clone, Copy)]
 pub struct LoadSpec<'a> {
@@ -222,34 +44,34 @@ pub struct LoadSpec<'a> {
 /// layout.
 #[derive(Debug, Clone)]
 pub struct MappedSchema {
-    pub incoming: SchemaRef,
+    pub(crate) incoming: SchemaRef,
     /// The client's data columns (without `_filament_op`), in incoming order.
-    pub data_columns: Vec<Column>,
+    pub(crate) data_columns: Vec<Column>,
     /// Position of each data column in the incoming schema.
-    pub data_indices: Vec<usize>,
+    pub(crate) data_indices: Vec<usize>,
     /// Position of `_filament_op` in the incoming schema (CDC modes).
-    pub op_index: Option<usize>,
+    pub(crate) op_index: Option<usize>,
     /// Key columns as named in the schema, in key order, with their incoming positions.
-    pub key_columns: Vec<(String, usize)>,
+    pub(crate) key_columns: Vec<(String, usize)>,
     /// Columns of the destination table: the data columns, plus `_filament_op` for `cdc_append`.
-    pub destination_columns: Vec<Column>,
+    pub(crate) destination_columns: Vec<Column>,
     /// Columns of the staging table: staged data columns, then `_filament_op`, `_filament_seq`.
-    pub staging_columns: Vec<Column>,
+    pub(crate) staging_columns: Vec<Column>,
     /// The Arrow schema staged rows are written with (matches `staging_columns`).
-    pub staging: SchemaRef,
+    pub(crate) staging: SchemaRef,
     /// Whether `_filament_seq` is staged (the MERGE modes).
-    pub stages_seq: bool,
+    pub(crate) stages_seq: bool,
 }
 
 impl MappedSchema {
     /// Canonical JSON of the incoming schema (names, Arrow types, nullability): what every later
     /// batch of the resource in this delivery must repeat.
-    pub fn canonical_json(&self) -> serde_json::Value {
+    pub(crate) fn canonical_json(&self) -> serde_json::Value {
         canonical_schema_json(&self.incoming)
     }
 }
 
-pub fn canonical_schema_json(schema: &Schema) -> serde_json::Value {
+pub(crate) fn canonical_schema_json(schema: &Schema) -> serde_json::Value {
     serde_json::Value::Array(
         schema
             .fields()
@@ -266,7 +88,7 @@ pub fn canonical_schema_json(schema: &Schema) -> serde_json::Value {
 }
 
 /// SHA-256 (hex) of the canonical schema JSON.
-pub fn schema_sha256(canonical: &serde_json::Value) -> String {
+pub(crate) fn schema_sha256(canonical: &serde_json::Value) -> String {
     hex::encode(Sha256::digest(canonical.to_string().as_bytes()))
 }
 
@@ -305,7 +127,7 @@ fn decimal_type(column: &str, data_type: &DataType, precision: u8, scale: i8) ->
 
 /// Maps one Arrow field to its BigQuery column, or explains why it cannot be loaded. `path` is
 /// the column's name as error messages show it (`address.city` for nested fields).
-pub fn bigquery_column(path: &str, field: &Field) -> Result<Column, IngestError> {
+pub(crate) fn bigquery_column(path: &str, field: &Field) -> Result<Column, IngestError> {
     let data_type = field.data_type();
     let name = field.name().clone();
     let value_field = |data_type: &DataType| {
@@ -398,31 +220,30 @@ pub fn map_schema(schema: &SchemaRef, spec: LoadSpec<'_>) -> Result<MappedSchema
             schema.fields().len()
         )));
     }
-    let cdc = matches!(spec.write_mode, WriteMode::CdcAppend | WriteMode::CdcMerge);
+    let incoming = incoming_columns(schema, spec.write_mode)?;
+    let key_columns = key_columns(spec, &incoming.data_columns, &incoming.data_indices)?;
+    Ok(staging_layout(schema, spec.write_mode, incoming, key_columns))
+}
+
+/// The client's columns of one schema: data columns (validated and mapped) and `_filament_op`.
+struct IncomingColumns {
+    data_columns: Vec<Column>,
+    data_indices: Vec<usize>,
+    op_index: Option<usize>,
+}
+
+fn incoming_columns(schema: &Schema, write_mode: WriteMode) -> Result<IncomingColumns, IngestError> {
+    let cdc = matches!(write_mode, WriteMode::CdcAppend | WriteMode::CdcMerge);
     let mut seen = HashSet::with_capacity(schema.fields().len());
-    let mut data_columns = Vec::with_capacity(schema.fields().len());
-    let mut data_indices = Vec::with_capacity(schema.fields().len());
-    let mut op_index = None;
+    let mut incoming = IncomingColumns {
+        data_columns: Vec::with_capacity(schema.fields().len()),
+        data_indices: Vec::with_capacity(schema.fields().len()),
+        op_index: None,
+    };
     for (index, field) in schema.fields().iter().enumerate() {
         if field.name() == OP_COLUMN {
-            if !cdc {
-                return Err(IngestError::InvalidOperation(format!(
-                    "write mode {} takes no {OP_COLUMN} column (only cdc_append and cdc_merge do)",
-                    spec.write_mode
-                )));
-            }
-            let string_like = |t: &DataType| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
-            let ok = match field.data_type() {
-                DataType::Dictionary(_, value) => string_like(value),
-                other => string_like(other),
-            };
-            if !ok {
-                return Err(IngestError::InvalidOperation(format!(
-                    "{OP_COLUMN} must be a string column, not {}",
-                    field.data_type()
-                )));
-            }
-            op_index = Some(index);
+            check_operation_field(field, write_mode, cdc)?;
+            incoming.op_index = Some(index);
             continue;
         }
         validate_column_name(field.name()).map_err(|p| IngestError::InvalidColumn(p.detail))?;
@@ -432,26 +253,53 @@ pub fn map_schema(schema: &SchemaRef, spec: LoadSpec<'_>) -> Result<MappedSchema
                 field.name()
             )));
         }
-        data_columns.push(bigquery_column(field.name(), field)?);
-        data_indices.push(index);
+        incoming.data_columns.push(bigquery_column(field.name(), field)?);
+        incoming.data_indices.push(index);
     }
-    if cdc && op_index.is_none() {
+    if cdc && incoming.op_index.is_none() {
         return Err(IngestError::InvalidOperation(format!(
-            "write mode {} needs a {OP_COLUMN} column (insert, update, upsert or delete per row)",
-            spec.write_mode
+            "write mode {write_mode} needs a {OP_COLUMN} column (insert, update, upsert or delete per row)"
         )));
     }
-    if data_columns.is_empty() {
+    if incoming.data_columns.is_empty() {
         return Err(IngestError::InvalidColumn("the schema has no data columns".into()));
     }
-    let key_columns = key_columns(spec, &data_columns, &data_indices)?;
+    Ok(incoming)
+}
 
+/// `_filament_op` belongs to the CDC modes only, as a string column.
+fn check_operation_field(field: &Field, write_mode: WriteMode, cdc: bool) -> Result<(), IngestError> {
+    if !cdc {
+        return Err(IngestError::InvalidOperation(format!(
+            "write mode {write_mode} takes no {OP_COLUMN} column (only cdc_append and cdc_merge do)"
+        )));
+    }
+    let string_like = |t: &DataType| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
+    let ok = match field.data_type() {
+        DataType::Dictionary(_, value) => string_like(value),
+        other => string_like(other),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(IngestError::InvalidOperation(format!("{OP_COLUMN} must be a string column, not {}", field.data_type())))
+    }
+}
+
+/// The destination and staging columns of a validated schema.
+fn staging_layout(
+    schema: &SchemaRef,
+    write_mode: WriteMode,
+    incoming: IncomingColumns,
+    key_columns: Vec<(String, usize)>,
+) -> MappedSchema {
+    let IncomingColumns { data_columns, data_indices, op_index } = incoming;
     let op_column = Column::new(OP_COLUMN, BigQueryType::String);
     let mut destination_columns = data_columns.clone();
-    if spec.write_mode == WriteMode::CdcAppend {
+    if write_mode == WriteMode::CdcAppend {
         destination_columns.push(op_column.clone());
     }
-    let stages_seq = spec.write_mode.is_merge();
+    let stages_seq = write_mode.is_merge();
     let mut staging_columns: Vec<Column> = data_columns.iter().map(Column::staged).collect();
     if op_index.is_some() {
         staging_columns.push(op_column);
@@ -460,7 +308,7 @@ pub fn map_schema(schema: &SchemaRef, spec: LoadSpec<'_>) -> Result<MappedSchema
         staging_columns.push(Column::new(SEQ_COLUMN, BigQueryType::Int64));
     }
     let staging = Arc::new(Schema::new(staging_columns.iter().map(Column::staging_field).collect::<Vec<_>>()));
-    Ok(MappedSchema {
+    MappedSchema {
         incoming: Arc::clone(schema),
         data_columns,
         data_indices,
@@ -470,7 +318,7 @@ pub fn map_schema(schema: &SchemaRef, spec: LoadSpec<'_>) -> Result<MappedSchema
         staging_columns,
         staging,
         stages_seq,
-    })
+    }
 }
 
 /// The declared key resolved against the schema: every key column present, top-level, not
@@ -508,244 +356,4 @@ fn key_columns(
 }
 
 #[cfg(test)]
-mod tests {
-    use std::collections::HashMap;
-
-    use super::*;
-
-    fn schema(fields: Vec<Field>) -> SchemaRef {
-        Arc::new(Schema::new(fields))
-    }
-
-    fn append() -> LoadSpec<'static> {
-        LoadSpec { write_mode: WriteMode::FullAppend, primary_key: &[] }
-    }
-
-    fn sql_types(fields: Vec<Field>) -> Vec<String> {
-        map_schema(&schema(fields), append()).unwrap().data_columns.iter().map(Column::sql_type).collect()
-    }
-
-    fn item(data_type: DataType) -> Arc<Field> {
-        Arc::new(Field::new_list_field(data_type, true))
-    }
-
-    #[test]
-    fn maps_every_supported_type() {
-        let json = Field::new("doc", DataType::Utf8, true)
-            .with_metadata(HashMap::from([(EXTENSION_NAME_KEY.to_string(), JSON_EXTENSION.to_string())]));
-        let json_by_key = Field::new("doc2", DataType::LargeUtf8, true)
-            .with_metadata(HashMap::from([(BIGQUERY_TYPE_KEY.to_string(), "json".to_string())]));
-        let entries = Field::new(
-            "entries",
-            DataType::Struct(
-                vec![Field::new("k", DataType::Utf8, false), Field::new("v", DataType::Float64, true)].into(),
-            ),
-            false,
-        );
-        let types = sql_types(vec![
-            Field::new("b", DataType::Boolean, false),
-            Field::new("i8", DataType::Int8, true),
-            Field::new("u32", DataType::UInt32, true),
-            Field::new("u64", DataType::UInt64, true),
-            Field::new("f16", DataType::Float16, true),
-            Field::new("s", DataType::LargeUtf8, true),
-            Field::new("v", DataType::Utf8View, true),
-            Field::new("bin", DataType::FixedSizeBinary(16), true),
-            Field::new("d", DataType::Date64, true),
-            Field::new("t32", DataType::Time32(TimeUnit::Millisecond), true),
-            Field::new("t64", DataType::Time64(TimeUnit::Nanosecond), true),
-            Field::new("ts", DataType::Timestamp(TimeUnit::Nanosecond, Some("+02:00".into())), true),
-            Field::new("dt", DataType::Timestamp(TimeUnit::Second, None), true),
-            Field::new("n", DataType::Decimal128(38, 9), true),
-            Field::new("bn", DataType::Decimal128(38, 10), true),
-            Field::new("bn2", DataType::Decimal256(76, 38), true),
-            Field::new("dict", DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)), true),
-            json,
-            json_by_key,
-            Field::new("tags", DataType::List(item(DataType::Utf8)), true),
-            Field::new("big", DataType::LargeList(item(DataType::Int32)), true),
-            Field::new("pair", DataType::FixedSizeList(item(DataType::Float32), 2), true),
-            Field::new(
-                "address",
-                DataType::Struct(
-                    vec![
-                        Field::new("city", DataType::Utf8, true),
-                        Field::new("at", DataType::Time64(TimeUnit::Microsecond), true),
-                    ]
-                    .into(),
-                ),
-                true,
-            ),
-            Field::new("m", DataType::Map(Arc::new(entries), false), true),
-        ]);
-        assert_eq!(
-            types,
-            [
-                "BOOL",
-                "INT64",
-                "INT64",
-                "NUMERIC",
-                "FLOAT64",
-                "STRING",
-                "STRING",
-                "BYTES",
-                "DATE",
-                "TIME",
-                "TIME",
-                "TIMESTAMP",
-                "DATETIME",
-                "NUMERIC",
-                "BIGNUMERIC",
-                "BIGNUMERIC",
-                "STRING",
-                "JSON",
-                "JSON",
-                "ARRAY<STRING>",
-                "ARRAY<INT64>",
-                "ARRAY<FLOAT64>",
-                "STRUCT<city STRING, at TIME>",
-                "ARRAY<STRUCT<key STRING, value FLOAT64>>",
-            ]
-        );
-    }
-
-    #[test]
-    fn stages_lossless_strings_and_microsecond_timestamps() {
-        let mapped = map_schema(
-            &schema(vec![
-                Field::new("n", DataType::Decimal128(10, 2), true),
-                Field::new("t", DataType::Time64(TimeUnit::Nanosecond), true),
-                Field::new("ts", DataType::Timestamp(TimeUnit::Nanosecond, Some("+02:00".into())), false),
-                Field::new("xs", DataType::List(item(DataType::Decimal128(5, 1))), true),
-            ]),
-            append(),
-        )
-        .unwrap();
-        let staged: Vec<&DataType> = mapped.staging.fields().iter().map(|f| f.data_type()).collect();
-        assert_eq!(staged[0], &DataType::Utf8);
-        assert_eq!(staged[1], &DataType::Utf8);
-        assert_eq!(staged[2], &DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())));
-        assert_eq!(staged[3], &DataType::List(item(DataType::Utf8)));
-        assert!(mapped.staging.fields().iter().all(|f| f.is_nullable()));
-        assert_eq!(mapped.staging_columns[3].sql_type(), "ARRAY<STRING>");
-        assert_eq!(mapped.destination_columns[3].sql_type(), "ARRAY<NUMERIC>");
-    }
-
-    #[test]
-    fn decimal_ranges_choose_numeric_bignumeric_or_refuse() {
-        let d = DataType::Decimal256(1, 0);
-        assert_eq!(decimal_type("c", &d, 38, 9), Ok(BigQueryType::Numeric));
-        assert_eq!(decimal_type("c", &d, 29, 0), Ok(BigQueryType::Numeric));
-        assert_eq!(decimal_type("c", &d, 30, 0), Ok(BigQueryType::BigNumeric));
-        assert_eq!(decimal_type("c", &d, 20, 10), Ok(BigQueryType::BigNumeric));
-        assert_eq!(decimal_type("c", &d, 76, 38), Ok(BigQueryType::BigNumeric));
-        assert!(decimal_type("c", &d, 76, 37).is_err(), "39 integer digits");
-        assert!(decimal_type("c", &d, 50, 39).is_err(), "39 decimals");
-        assert!(decimal_type("c", &d, 10, -2).is_err(), "negative scale");
-    }
-
-    #[test]
-    fn rejects_unsupported_types_naming_the_column() {
-        let list_of_list = DataType::List(item(DataType::List(item(DataType::Int64))));
-        for (data_type, column) in [
-            (DataType::Null, "weird"),
-            (DataType::Duration(TimeUnit::Second), "weird"),
-            (DataType::Interval(arrow_schema::IntervalUnit::DayTime), "weird"),
-            (DataType::Decimal256(76, 0), "weird"),
-            (list_of_list, "weird"),
-            (DataType::ListView(item(DataType::Int64)), "weird"),
-            (DataType::Struct(vec![Field::new("d", DataType::Duration(TimeUnit::Second), true)].into()), "weird.d"),
-            (DataType::Struct(arrow_schema::Fields::empty()), "weird"),
-            (
-                DataType::Union(
-                    arrow_schema::UnionFields::try_new(vec![0], vec![Field::new("a", DataType::Int64, true)]).unwrap(),
-                    arrow_schema::UnionMode::Dense,
-                ),
-                "weird",
-            ),
-        ] {
-            let err = map_schema(&schema(vec![Field::new("weird", data_type.clone(), true)]), append()).unwrap_err();
-            match err {
-                IngestError::UnsupportedType { column: got, .. } => assert_eq!(got, column, "{data_type}"),
-                other => panic!("{data_type}: {other:?}"),
-            }
-        }
-        let json_int = Field::new("j", DataType::Int64, true)
-            .with_metadata(HashMap::from([(EXTENSION_NAME_KEY.to_string(), JSON_EXTENSION.to_string())]));
-        assert!(matches!(map_schema(&schema(vec![json_int]), append()), Err(IngestError::UnsupportedType { .. })));
-    }
-
-    #[test]
-    fn rejects_bad_reserved_and_duplicate_names() {
-        for fields in [
-            vec![Field::new("_filament_seq", DataType::Int64, true)],
-            vec![Field::new("has space", DataType::Utf8, true)],
-            vec![Field::new("a", DataType::Utf8, true), Field::new("A", DataType::Utf8, true)],
-            vec![Field::new("s", DataType::Struct(vec![Field::new("bad-name", DataType::Utf8, true)].into()), true)],
-            vec![],
-        ] {
-            assert!(matches!(map_schema(&schema(fields), append()), Err(IngestError::InvalidColumn(_))));
-        }
-    }
-
-    #[test]
-    fn the_operation_column_belongs_to_cdc_modes_only() {
-        let with_op =
-            schema(vec![Field::new("id", DataType::Int64, false), Field::new(OP_COLUMN, DataType::Utf8, false)]);
-        let without_op = schema(vec![Field::new("id", DataType::Int64, false)]);
-        let key = ["id".to_string()];
-        let cdc_merge = LoadSpec { write_mode: WriteMode::CdcMerge, primary_key: &key };
-        let cdc_append = LoadSpec { write_mode: WriteMode::CdcAppend, primary_key: &[] };
-        assert!(matches!(map_schema(&with_op, append()), Err(IngestError::InvalidOperation(_))));
-        assert!(matches!(map_schema(&without_op, cdc_merge), Err(IngestError::InvalidOperation(_))));
-
-        let merged = map_schema(&with_op, cdc_merge).unwrap();
-        assert_eq!(merged.op_index, Some(1));
-        assert_eq!(merged.destination_columns, vec![Column::new("id", BigQueryType::Int64)]);
-        let staged: Vec<&str> = merged.staging_columns.iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(staged, ["id", OP_COLUMN, SEQ_COLUMN]);
-
-        let appended = map_schema(&with_op, cdc_append).unwrap();
-        let destination: Vec<&str> = appended.destination_columns.iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(destination, ["id", OP_COLUMN]);
-        assert!(!appended.stages_seq);
-    }
-
-    #[test]
-    fn key_columns_must_exist_and_be_eligible() {
-        let fields = schema(vec![
-            Field::new("id", DataType::Int64, false),
-            Field::new("at", DataType::Time64(TimeUnit::Microsecond), false),
-            Field::new("raw", DataType::Binary, false),
-            Field::new("n", DataType::Decimal128(10, 2), false),
-            Field::new("score", DataType::Float64, true),
-            Field::new("tags", DataType::List(item(DataType::Utf8)), true),
-            Field::new("s", DataType::Struct(vec![Field::new("a", DataType::Int64, true)].into()), true),
-        ]);
-        let upsert = |key: &[String]| {
-            map_schema(&fields, LoadSpec { write_mode: WriteMode::IncrementalUpsert, primary_key: key })
-        };
-        let eligible: Vec<String> = ["ID", "at", "raw", "n"].map(String::from).to_vec();
-        let mapped = upsert(&eligible).unwrap();
-        assert_eq!(mapped.key_columns, vec![("id".into(), 0), ("at".into(), 1), ("raw".into(), 2), ("n".into(), 3)]);
-        for bad in ["score", "tags", "s", "missing"] {
-            assert!(matches!(upsert(&[bad.to_string()]), Err(IngestError::InvalidPrimaryKey(_))), "{bad}");
-        }
-        assert!(matches!(upsert(&[]), Err(IngestError::InvalidPrimaryKey(_))));
-    }
-
-    #[test]
-    fn schema_fingerprint_changes_with_type_nullability_or_json() {
-        let a = canonical_schema_json(&Schema::new(vec![Field::new("x", DataType::Utf8, true)]));
-        let b = canonical_schema_json(&Schema::new(vec![Field::new("x", DataType::LargeUtf8, true)]));
-        let c = canonical_schema_json(&Schema::new(vec![Field::new("x", DataType::Utf8, false)]));
-        let d = canonical_schema_json(&Schema::new(vec![
-            Field::new("x", DataType::Utf8, true)
-                .with_metadata(HashMap::from([(EXTENSION_NAME_KEY.to_string(), JSON_EXTENSION.to_string())])),
-        ]));
-        for other in [&b, &c, &d] {
-            assert_ne!(schema_sha256(&a), schema_sha256(other));
-        }
-        assert_eq!(schema_sha256(&a), schema_sha256(&a.clone()));
-    }
-}
+mod tests;

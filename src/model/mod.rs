@@ -1,107 +1,26 @@
-//! Identifiers, write modes and states shared by every stage, with the validation rules of the
-//! contract (`../shared/docs/api-v1.md`). Anything that reaches SQL or a BigQuery name passes
-//! through one of the validated newtypes here first.
+//! The vocabulary every stage shares: identifiers and keys ([`ids`]), columns ([`columns`]),
+//! the staging contract ([`staging`]), write modes, execution and publication states, and the
+//! run's destination and batching settings, with the validation rules of the contract
+//! (`../shared/docs/api-v1.md`). Anything that reaches SQL or a BigQuery name passes through
+//! one of the validated types here first. `model` depends on nothing but [`crate::error`].
+
+pub(crate) mod columns;
+pub(crate) mod ids;
+pub(crate) mod staging;
+
+pub(crate) use ids::{DeliveryRef, ExecutionId, ExecutionKey, ResourceName, ResourceRef, RunId};
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::error::{ErrorCode, Problem};
+use crate::error::Problem;
+use ids::{validate_dataset_id, validate_location, validate_project_id};
 
-/// Prefix reserved for the gateway's own staging columns and tables.
-pub const RESERVED_PREFIX: &str = "_filament_";
-
-fn all_chars(s: &str, allowed: impl Fn(char) -> bool) -> bool {
-    s.chars().all(allowed)
-}
-
-fn invalid(kind: &str, value: &str, rule: &str) -> Problem {
-    // Echo at most a bounded prefix of the offending value.
-    let shown: String = value.chars().take(80).collect();
-    Problem::new(ErrorCode::InvalidIdentifier, format!("{kind} {shown:?} is invalid: {rule}"))
-}
-
-/// `run_id` / `execution_id`: `[A-Za-z0-9_-]{1,64}`.
-pub fn validate_id(kind: &str, value: &str) -> Result<(), Problem> {
-    let ok = (1..=64).contains(&value.len()) && all_chars(value, |c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-    if ok { Ok(()) } else { Err(invalid(kind, value, "use 1 to 64 of A-Z a-z 0-9 _ -")) }
-}
-
-/// Resource names: `[A-Za-z0-9_.-]{1,128}`.
-pub fn validate_resource_name(value: &str) -> Result<(), Problem> {
-    let ok = (1..=128).contains(&value.len())
-        && all_chars(value, |c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
-    if ok { Ok(()) } else { Err(invalid("resource", value, "use 1 to 128 of A-Z a-z 0-9 _ . -")) }
-}
-
-/// Table names: `[A-Za-z0-9_]{1,1024}`, and not in the reserved namespace.
-pub fn validate_table_name(value: &str) -> Result<(), Problem> {
-    let ok = (1..=1024).contains(&value.len()) && all_chars(value, |c| c.is_ascii_alphanumeric() || c == '_');
-    if !ok {
-        return Err(invalid("table", value, "use 1 to 1024 of A-Z a-z 0-9 _"));
-    }
-    if value.to_ascii_lowercase().starts_with(RESERVED_PREFIX) {
-        return Err(invalid("table", value, "the prefix _filament_ is reserved"));
-    }
-    Ok(())
-}
-
-/// The default table of a resource: its name with every other character replaced by `_`.
-pub fn default_table_name(resource: &str) -> String {
-    resource.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect()
-}
-
-/// Column names: `[A-Za-z_][A-Za-z0-9_]{0,299}`; the prefix `_filament_` is reserved.
-pub fn validate_column_name(value: &str) -> Result<(), Problem> {
-    let mut chars = value.chars();
-    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
-    let ok = first_ok && value.len() <= 300 && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if !ok {
-        return Err(invalid("column", value, "start with a letter or _, then up to 299 of A-Z a-z 0-9 _"));
-    }
-    if value.to_ascii_lowercase().starts_with(RESERVED_PREFIX) {
-        return Err(invalid("column", value, "the prefix _filament_ is reserved for the gateway"));
-    }
-    Ok(())
-}
-
-/// BigQuery dataset IDs: letters, digits and underscores, at most 1,024 characters.
-pub fn validate_dataset_id(value: &str) -> Result<(), Problem> {
-    let ok = (1..=1024).contains(&value.len()) && all_chars(value, |c| c.is_ascii_alphanumeric() || c == '_');
-    if ok {
-        Ok(())
-    } else {
-        let shown: String = value.chars().take(80).collect();
-        Err(Problem::new(ErrorCode::InvalidDatasetId, format!("dataset ID {shown:?} is invalid"))
-            .with_hint("Dataset IDs allow only letters, numbers, and underscores (no hyphens or dots)."))
-    }
-}
-
-/// Google Cloud project IDs (6-30 of lowercase letters, digits, hyphens; legacy domain-scoped
-/// IDs `example.com:proj` are also accepted). Validated because they reach job references and SQL.
-pub fn validate_project_id(value: &str) -> Result<(), Problem> {
-    let (domain, project) = match value.rsplit_once(':') {
-        Some((d, p)) => (Some(d), p),
-        None => (None, value),
-    };
-    let project_ok = (1..=63).contains(&project.len())
-        && all_chars(project, |c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && project.starts_with(|c: char| c.is_ascii_lowercase());
-    let domain_ok =
-        domain.is_none_or(|d| !d.is_empty() && all_chars(d, |c| c.is_ascii_alphanumeric() || c == '.' || c == '-'));
-    if project_ok && domain_ok {
-        Ok(())
-    } else {
-        Err(invalid("project", value, "use a Google Cloud project ID (lowercase letters, digits, hyphens)"))
-    }
-}
-
-/// BigQuery locations (`US`, `EU`, `europe-west1`, ...).
-pub fn validate_location(value: &str) -> Result<(), Problem> {
-    let ok = (1..=64).contains(&value.len()) && all_chars(value, |c| c.is_ascii_alphanumeric() || c == '-');
-    if ok { Ok(()) } else { Err(invalid("location", value, "use a BigQuery location such as US, EU or europe-west1")) }
-}
+/// Ceiling of the uncompressed payload of one AppendRows request (and of a run's
+/// `batching.max_bytes`): BigQuery's 10 MB request limit less room for the request's framing.
+pub(crate) const MAX_APPEND_PAYLOAD_BYTES: usize = 9 * 1024 * 1024;
 
 /// How a resource's rows reach its destination table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema, sqlx::Type)]
@@ -119,7 +38,7 @@ pub enum WriteMode {
 }
 
 impl WriteMode {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             WriteMode::FullReplace => "full_replace",
             WriteMode::FullAppend => "full_append",
@@ -134,7 +53,7 @@ impl WriteMode {
 
     /// Modes published with a MERGE keyed on the primary key (which they need), folding each
     /// key to its last operation by the staged `_filament_seq`.
-    pub fn is_merge(self) -> bool {
+    pub(crate) fn is_merge(self) -> bool {
         matches!(
             self,
             WriteMode::FullUpsert | WriteMode::IncrementalUpsert | WriteMode::IncrementalDelete | WriteMode::CdcMerge
@@ -142,7 +61,7 @@ impl WriteMode {
     }
 
     /// Modes that need a primary key.
-    pub fn requires_primary_key(self) -> bool {
+    pub(crate) fn requires_primary_key(self) -> bool {
         self.is_merge()
     }
 }
@@ -158,7 +77,7 @@ impl fmt::Display for WriteMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
 #[sqlx(type_name = "text", rename_all = "snake_case")]
-pub enum ExecutionState {
+pub(crate) enum ExecutionState {
     Extracting,
     Paused,
     Committing,
@@ -168,11 +87,18 @@ pub enum ExecutionState {
 }
 
 impl ExecutionState {
-    pub fn is_terminal(self) -> bool {
+    /// Where batches are accepted.
+    pub(crate) const ACCEPTING_BATCHES: &'static [Self] = &[Self::Extracting];
+    /// Where checkpoints, pause and commit may still act: extraction has not ended.
+    pub(crate) const BEFORE_COMMIT: &'static [Self] = &[Self::Extracting, Self::Paused];
+    /// Every state that has not ended: abort and failure move from these.
+    pub(crate) const OPEN: &'static [Self] = &[Self::Extracting, Self::Paused, Self::Committing];
+
+    pub(crate) fn is_terminal(self) -> bool {
         matches!(self, ExecutionState::Committed | ExecutionState::Failed | ExecutionState::Aborted)
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ExecutionState::Extracting => "extracting",
             ExecutionState::Paused => "paused",
@@ -190,33 +116,57 @@ impl fmt::Display for ExecutionState {
     }
 }
 
+/// How one delivery of an execution ended (`deliveries.final_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+pub(crate) enum DeliveryOutcome {
+    Committed,
+    Failed,
+    Aborted,
+    /// A newer delivery of the execution replaced it before it ended.
+    Redelivered,
+}
+
+impl DeliveryOutcome {
+    /// The outcome of a delivery left in `state` when the next one starts.
+    pub(crate) fn replaced_in(state: ExecutionState) -> Self {
+        match state {
+            ExecutionState::Committed => Self::Committed,
+            ExecutionState::Failed => Self::Failed,
+            ExecutionState::Aborted => Self::Aborted,
+            ExecutionState::Extracting | ExecutionState::Paused | ExecutionState::Committing => Self::Redelivered,
+        }
+    }
+}
+
 /// State of one destination table's publication query job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
 #[sqlx(type_name = "text", rename_all = "snake_case")]
-pub enum PublicationState {
+pub(crate) enum PublicationState {
     Running,
     Done,
     Failed,
 }
 
 /// Where a run loads: one BigQuery dataset.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
 #[serde(deny_unknown_fields)]
-pub struct Destination {
+pub(crate) struct Destination {
     /// Google Cloud project ID.
     #[schema(example = "my-project")]
-    pub project: String,
+    pub(crate) project: String,
     /// BigQuery dataset ID (letters, digits, underscores); created when missing.
     #[schema(example = "raw_filament")]
-    pub dataset: String,
+    pub(crate) dataset: String,
     /// Dataset location (for example `US`, `EU`); empty or absent lets BigQuery decide.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub location: Option<String>,
+    pub(crate) location: Option<String>,
 }
 
 impl Destination {
-    pub fn validate(&self) -> Result<(), Problem> {
+    pub(crate) fn validate(&self) -> Result<(), Problem> {
         validate_project_id(&self.project)?;
         validate_dataset_id(&self.dataset)?;
         if let Some(location) = self.location.as_deref().filter(|l| !l.is_empty()) {
@@ -226,7 +176,7 @@ impl Destination {
     }
 
     /// The location, treating an empty string as absent.
-    pub fn location(&self) -> Option<&str> {
+    pub(crate) fn location(&self) -> Option<&str> {
         self.location.as_deref().filter(|l| !l.is_empty())
     }
 }
@@ -234,23 +184,23 @@ impl Destination {
 /// Per-run overrides of the upload batching policy.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Batching {
+pub(crate) struct Batching {
     /// Rows per upload batch (default 20,000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 1_000_000)]
-    pub max_rows: Option<u64>,
+    pub(crate) max_rows: Option<u64>,
     /// Encoded bytes per upload batch (default about 8 MiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1024, maximum = 9_437_184)]
-    pub max_bytes: Option<u64>,
+    pub(crate) max_bytes: Option<u64>,
     /// Flush interval in milliseconds (default 10,000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 10, maximum = 3_600_000)]
-    pub flush_interval_ms: Option<u64>,
+    pub(crate) flush_interval_ms: Option<u64>,
 }
 
 impl Batching {
-    pub fn validate(&self) -> Result<(), Problem> {
+    pub(crate) fn validate(&self) -> Result<(), Problem> {
         let check = |name: &str, value: Option<u64>, min: u64, max: u64| match value {
             Some(v) if !(min..=max).contains(&v) => {
                 Err(Problem::invalid_request(format!("batching.{name} must be between {min} and {max}")))
@@ -258,47 +208,7 @@ impl Batching {
             _ => Ok(()),
         };
         check("max_rows", self.max_rows, 1, 1_000_000)?;
-        check("max_bytes", self.max_bytes, 1024, 9 * 1024 * 1024)?;
+        check("max_bytes", self.max_bytes, 1024, MAX_APPEND_PAYLOAD_BYTES as u64)?;
         check("flush_interval_ms", self.flush_interval_ms, 10, 3_600_000)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn identifiers_follow_the_contract() {
-        assert!(validate_id("run_id", "run-1_A").is_ok());
-        assert!(validate_id("run_id", "").is_err());
-        assert!(validate_id("run_id", &"a".repeat(65)).is_err());
-        assert!(validate_id("run_id", "a b").is_err());
-        assert!(validate_resource_name("public.users-v2").is_ok());
-        assert!(validate_resource_name("users;drop").is_err());
-        assert_eq!(default_table_name("public.users-v2"), "public_users_v2");
-        assert!(validate_table_name("users`; DROP").is_err());
-        assert!(validate_table_name("_filament_x").is_err());
-        assert!(validate_column_name("_id").is_ok());
-        assert!(validate_column_name("1abc").is_err());
-        assert!(validate_column_name("_FILAMENT_seq").is_err());
-        assert!(validate_column_name("a-b").is_err());
-    }
-
-    #[test]
-    fn dataset_ids_reject_hyphens_and_dots_with_a_hint() {
-        assert!(validate_dataset_id("raw_data_1").is_ok());
-        for bad in ["raw-data", "raw.data", ""] {
-            let problem = validate_dataset_id(bad).unwrap_err();
-            assert_eq!(problem.code, ErrorCode::InvalidDatasetId);
-            assert!(problem.hint.unwrap().contains("letters, numbers, and underscores"));
-        }
-    }
-
-    #[test]
-    fn project_ids() {
-        assert!(validate_project_id("my-project-123").is_ok());
-        assert!(validate_project_id("example.com:my-project").is_ok());
-        assert!(validate_project_id("My Project").is_err());
-        assert!(validate_project_id("p`x").is_err());
     }
 }

@@ -18,14 +18,14 @@ use crate::telemetry;
 const UNIT_BYTES: usize = 1024;
 
 #[derive(Debug, Clone)]
-pub struct ByteBudget {
+pub(crate) struct ByteBudget {
     semaphore: Arc<Semaphore>,
     capacity_units: usize,
 }
 
 /// Bytes held against the budget (and the resource's share); released on drop.
 #[derive(Debug)]
-pub struct BudgetPermit {
+pub(crate) struct BudgetPermit {
     permit: Option<OwnedSemaphorePermit>,
     share: Option<OwnedSemaphorePermit>,
     units: usize,
@@ -35,7 +35,7 @@ pub struct BudgetPermit {
 
 /// One resource's part of the budget.
 #[derive(Debug, Clone)]
-pub struct ResourceShare {
+pub(crate) struct ResourceShare {
     semaphore: Arc<Semaphore>,
     capacity_units: usize,
     /// Size of the resource's latest request: the estimate [`Self::wait_for_room`] waits for.
@@ -43,7 +43,7 @@ pub struct ResourceShare {
 }
 
 impl ResourceShare {
-    pub fn new(capacity_bytes: usize) -> Self {
+    pub(crate) fn new(capacity_bytes: usize) -> Self {
         let capacity_units = units_for(capacity_bytes);
         Self {
             semaphore: Arc::new(Semaphore::new(capacity_units)),
@@ -56,7 +56,7 @@ impl ResourceShare {
     /// resource's previous one, taking nothing: a request waits here before it reads and
     /// decodes its body, so waiting requests hold no decoded data. After `max_wait`, the 429
     /// `backpressure` problem.
-    pub async fn wait_for_room(&self, max_wait: Duration) -> Result<(), Problem> {
+    pub(crate) async fn wait_for_room(&self, max_wait: Duration) -> Result<(), Problem> {
         let units = self.last_request_units.load(Ordering::Relaxed).min(self.capacity_units);
         if units == 0 {
             return Ok(());
@@ -76,23 +76,23 @@ fn units_for(bytes: usize) -> usize {
 }
 
 impl ByteBudget {
-    pub fn new(capacity_bytes: usize) -> Self {
+    pub(crate) fn new(capacity_bytes: usize) -> Self {
         let capacity_units = units_for(capacity_bytes);
         Self { semaphore: Arc::new(Semaphore::new(capacity_units)), capacity_units }
     }
 
-    pub fn capacity_bytes(&self) -> usize {
+    pub(crate) fn capacity_bytes(&self) -> usize {
         self.capacity_units * UNIT_BYTES
     }
 
     /// Bytes currently held by queued and in-flight payloads.
-    pub fn in_use_bytes(&self) -> usize {
+    pub(crate) fn in_use_bytes(&self) -> usize {
         (self.capacity_units - self.semaphore.available_permits()) * UNIT_BYTES
     }
 
     /// Waits up to `max_wait` in all for `bytes` of `share` (when given) and of the budget;
     /// otherwise a 429 problem with `Retry-After`.
-    pub async fn acquire(
+    pub(crate) async fn acquire(
         &self,
         bytes: usize,
         share: Option<&ResourceShare>,
@@ -140,7 +140,7 @@ impl ByteBudget {
         }
     }
 
-    pub fn record_gauge(&self) {
+    pub(crate) fn record_gauge(&self) {
         metrics::gauge!(telemetry::BUDGET_BYTES_IN_USE).set(self.in_use_bytes() as f64);
     }
 }
@@ -148,22 +148,35 @@ impl ByteBudget {
 /// 429 `backpressure`: `what` stayed full for `waited`.
 fn backpressure(what: String, waited: Duration) -> Problem {
     metrics::counter!(telemetry::BACKPRESSURE_REJECTIONS).increment(1);
-    let mut problem =
-        Problem::new(ErrorCode::Backpressure, format!("{what} stayed full for {} ms", waited.as_millis()))
-            .with_hint("retry after the Retry-After delay; BigQuery is acknowledging slower than batches arrive");
-    problem.retry_after_secs = Some(2);
-    problem
+    Problem::new(ErrorCode::Backpressure, format!("{what} stayed full for {} ms", waited.as_millis()))
+        .with_hint("retry after the Retry-After delay; BigQuery is acknowledging slower than batches arrive")
+        .with_retry_after(2)
 }
 
 impl BudgetPermit {
     /// A permit holding nothing (payloads created outside the budget, e.g. in tests).
-    pub fn empty() -> Self {
+    pub(crate) fn empty() -> Self {
         Self { permit: None, share: None, units: 0, share_units: 0 }
+    }
+
+    /// Divides the permit among pieces of `piece_bytes` each, in order: every piece but the
+    /// last gets its own bytes (capped at what is left), the last gets the rest.
+    pub(crate) fn divide(mut self, piece_bytes: impl ExactSizeIterator<Item = usize>) -> Vec<BudgetPermit> {
+        let count = piece_bytes.len();
+        let mut pieces = Vec::with_capacity(count);
+        for (index, bytes) in piece_bytes.enumerate() {
+            if index + 1 == count {
+                pieces.push(std::mem::replace(&mut self, BudgetPermit::empty()));
+            } else {
+                pieces.push(self.split(bytes));
+            }
+        }
+        pieces
     }
 
     /// Splits `units_for(bytes)` off into a new permit (capped at what this one holds), with
     /// the matching part of the share.
-    pub fn split(&mut self, bytes: usize) -> BudgetPermit {
+    fn split(&mut self, bytes: usize) -> BudgetPermit {
         let units = units_for(bytes).min(self.units);
         let Some(split) = self.permit.as_mut().and_then(|p| p.split(units)) else {
             return BudgetPermit::empty();
@@ -177,7 +190,7 @@ impl BudgetPermit {
     }
 
     /// Joins another permit (of the same resource) into this one.
-    pub fn merge(&mut self, mut other: BudgetPermit) {
+    pub(crate) fn merge(&mut self, mut other: BudgetPermit) {
         fn join(mine: &mut Option<OwnedSemaphorePermit>, theirs: Option<OwnedSemaphorePermit>) {
             match (mine.as_mut(), theirs) {
                 (Some(m), Some(t)) => m.merge(t),

@@ -9,19 +9,19 @@ use crate::store::ReceiptRecord;
 
 /// What the fingerprint covers.
 #[derive(Debug)]
-pub struct FingerprintInput<'a> {
-    pub project: &'a str,
-    pub dataset: &'a str,
-    pub table: &'a str,
-    pub write_mode: WriteMode,
-    pub primary_key: &'a [String],
-    pub arrow_schema_sha256: &'a str,
-    pub receipts: &'a [ReceiptRecord],
+pub(crate) struct FingerprintInput<'a> {
+    pub(crate) project: &'a str,
+    pub(crate) dataset: &'a str,
+    pub(crate) table: &'a str,
+    pub(crate) write_mode: WriteMode,
+    pub(crate) primary_key: &'a [String],
+    pub(crate) arrow_schema_sha256: &'a str,
+    pub(crate) receipts: &'a [ReceiptRecord],
 }
 
 /// Hex SHA-256 over a canonical JSON of the inputs; receipts contribute (seq, rows, IPC SHA-256,
 /// checkpoint position) in `seq` order.
-pub fn fingerprint(input: &FingerprintInput<'_>) -> String {
+pub(crate) fn fingerprint(input: &FingerprintInput<'_>) -> String {
     let receipts: Vec<_> = input
         .receipts
         .iter()
@@ -44,7 +44,7 @@ mod tests {
 
     fn receipt(seq: i64, sha: &str, checkpoint_seq: i64) -> ReceiptRecord {
         ReceiptRecord {
-            resource: "r".into(),
+            resource: "r".parse().unwrap(),
             seq,
             rows: 10,
             uncompressed_bytes: 100,

@@ -17,7 +17,7 @@ fn sanitize(part: &str) -> String {
 /// The short hash of the unsanitised parts, and of the resource (two resources may publish
 /// into one table with one mode), keeps ids distinct when sanitising or truncating would make
 /// two of them equal.
-pub fn publication_job_id(
+pub(crate) fn publication_job_id(
     run_id: &str,
     execution_id: &str,
     resource: &str,

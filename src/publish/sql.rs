@@ -5,19 +5,20 @@
 //! Staged strings become their final types here (`PARSE_NUMERIC`, `PARSE_BIGNUMERIC`,
 //! `CAST(... AS TIME)`, `PARSE_JSON`), inside STRUCTs and ARRAYs too.
 
-use crate::ingest::schema::{BigQueryType, Column, OP_COLUMN, SEQ_COLUMN};
 use crate::model::WriteMode;
+use crate::model::columns::{BigQueryType, Column};
+use crate::model::staging::{OP_COLUMN, SEQ_COLUMN};
 
 /// A fully qualified table.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TableRef<'a> {
-    pub project: &'a str,
-    pub dataset: &'a str,
-    pub table: &'a str,
+pub(crate) struct TableRef<'a> {
+    pub(crate) project: &'a str,
+    pub(crate) dataset: &'a str,
+    pub(crate) table: &'a str,
 }
 
 /// Quotes one identifier part.
-pub fn quote_identifier(part: &str) -> String {
+pub(crate) fn quote_identifier(part: &str) -> String {
     let mut quoted = String::with_capacity(part.len() + 2);
     quoted.push('`');
     for c in part.chars() {
@@ -31,7 +32,7 @@ pub fn quote_identifier(part: &str) -> String {
 }
 
 impl TableRef<'_> {
-    pub fn quoted(&self) -> String {
+    pub(crate) fn quoted(&self) -> String {
         format!(
             "{}.{}.{}",
             quote_identifier(self.project),
@@ -43,21 +44,21 @@ impl TableRef<'_> {
 
 /// What one destination's publication statement needs.
 #[derive(Debug, Clone)]
-pub struct Publication<'a> {
-    pub destination: TableRef<'a>,
-    pub staging: TableRef<'a>,
-    pub write_mode: WriteMode,
+pub(crate) struct Publication<'a> {
+    pub(crate) destination: TableRef<'a>,
+    pub(crate) staging: TableRef<'a>,
+    pub(crate) write_mode: WriteMode,
     /// The destination columns the load writes (for `cdc_append` including `_filament_op`).
-    pub columns: &'a [Column],
+    pub(crate) columns: &'a [Column],
     /// Key columns, named as in `columns` (MERGE modes).
-    pub key: &'a [String],
+    pub(crate) key: &'a [String],
     /// `full_replace` only: whether this publication replaces the table (the run's first
     /// publication of the resource) or appends to it (a later segment).
-    pub replace: bool,
+    pub(crate) replace: bool,
 }
 
 /// The one statement (a script for `full_replace`) that publishes the staged rows.
-pub fn publication_statement(publication: &Publication<'_>) -> String {
+pub(crate) fn publication_statement(publication: &Publication<'_>) -> String {
     match publication.write_mode {
         WriteMode::FullReplace if publication.replace => replace(publication),
         WriteMode::FullReplace | WriteMode::FullAppend | WriteMode::IncrementalAppend | WriteMode::CdcAppend => {

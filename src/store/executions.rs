@@ -1,55 +1,53 @@
 //! Executions, their deliveries and checkpoints, and the durable checkpoint of a run.
 
 use chrono::{DateTime, Utc};
-use sqlx::Row as _;
 
-use super::{Store, StoreError, StoreResult};
+use super::{BindKey as _, Store, StoreError, StoreResult, state_names};
 use crate::error::Problem;
-use crate::model::ExecutionState;
+use crate::model::{DeliveryOutcome, DeliveryRef, ExecutionId, ExecutionKey, ExecutionState, ResourceName, RunId};
 
 /// An execution as stored; `delivery` is the current delivery.
-#[derive(Debug, Clone)]
-pub struct ExecutionRecord {
-    pub run_id: String,
-    pub execution_id: String,
-    pub delivery: i32,
-    pub state: ExecutionState,
-    pub error: Option<Problem>,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct ExecutionRecord {
+    pub(crate) run_id: RunId,
+    pub(crate) execution_id: ExecutionId,
+    pub(crate) delivery: i32,
+    pub(crate) state: ExecutionState,
+    #[sqlx(json(nullable))]
+    pub(crate) error: Option<Problem>,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) updated_at: DateTime<Utc>,
+}
+
+impl ExecutionRecord {
+    pub(crate) fn key(&self) -> ExecutionKey {
+        ExecutionKey { run_id: self.run_id.clone(), execution_id: self.execution_id.clone() }
+    }
+
+    /// The current delivery.
+    pub(crate) fn delivery_ref(&self) -> DeliveryRef {
+        self.key().delivery(self.delivery)
+    }
 }
 
 /// Per resource of the current delivery: what was received and acknowledged.
-#[derive(Debug, Clone)]
-pub struct ResourceProgress {
-    pub resource: String,
-    pub batches: i64,
-    pub rows_received: i64,
-    pub bytes_received: i64,
-    pub rows_acknowledged: i64,
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct ResourceProgress {
+    pub(crate) resource: ResourceName,
+    pub(crate) batches: i64,
+    pub(crate) rows_received: i64,
+    pub(crate) bytes_received: i64,
+    pub(crate) rows_acknowledged: i64,
 }
 
 /// Outcome of POSTing an execution.
 #[derive(Debug)]
-pub enum OpenExecution {
+pub(crate) enum OpenExecution {
     Created(ExecutionRecord),
     /// The execution existed: a new delivery started.
     Redelivered(ExecutionRecord),
     /// The execution is committing; a redelivery now would race the publication.
     Committing(ExecutionRecord),
-}
-
-fn execution_from_row(row: &sqlx::postgres::PgRow) -> StoreResult<ExecutionRecord> {
-    let error: Option<serde_json::Value> = row.try_get("error")?;
-    Ok(ExecutionRecord {
-        run_id: row.try_get("run_id")?,
-        execution_id: row.try_get("execution_id")?,
-        delivery: row.try_get("delivery")?,
-        state: row.try_get("state")?,
-        error: error.map(serde_json::from_value).transpose().map_err(|e| StoreError::Corrupt(e.to_string()))?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-    })
 }
 
 fn problem_json(problem: &Problem) -> StoreResult<serde_json::Value> {
@@ -58,62 +56,53 @@ fn problem_json(problem: &Problem) -> StoreResult<serde_json::Value> {
 
 impl Store {
     /// Creates the execution (delivery 1) or starts a new delivery of an existing one.
-    pub async fn open_execution(&self, run_id: &str, execution_id: &str) -> StoreResult<OpenExecution> {
+    pub(crate) async fn open_execution(&self, key: &ExecutionKey) -> StoreResult<OpenExecution> {
         let mut tx = self.pool.begin().await?;
         // Serialise concurrent opens of the same id on the run row.
-        sqlx::query("SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE").bind(run_id).execute(&mut *tx).await?;
-        let existing = sqlx::query("SELECT * FROM executions WHERE run_id = $1 AND execution_id = $2 FOR UPDATE")
-            .bind(run_id)
-            .bind(execution_id)
-            .fetch_optional(&mut *tx)
-            .await?;
+        sqlx::query("SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE").bind(&key.run_id).execute(&mut *tx).await?;
+        let existing: Option<ExecutionRecord> =
+            sqlx::query_as("SELECT * FROM executions WHERE run_id = $1 AND execution_id = $2 FOR UPDATE")
+                .bind_execution(key)
+                .fetch_optional(&mut *tx)
+                .await?;
         let outcome = match existing {
             None => {
-                let row = sqlx::query(
+                let record: ExecutionRecord = sqlx::query_as(
                     "INSERT INTO executions (run_id, execution_id, delivery, state)
                      VALUES ($1, $2, 1, 'extracting') RETURNING *",
                 )
-                .bind(run_id)
-                .bind(execution_id)
+                .bind_execution(key)
                 .fetch_one(&mut *tx)
                 .await?;
                 sqlx::query("INSERT INTO deliveries (run_id, execution_id, delivery) VALUES ($1, $2, 1)")
-                    .bind(run_id)
-                    .bind(execution_id)
+                    .bind_execution(key)
                     .execute(&mut *tx)
                     .await?;
-                OpenExecution::Created(execution_from_row(&row)?)
+                OpenExecution::Created(record)
             }
-            Some(row) => {
-                let current = execution_from_row(&row)?;
-                if current.state == ExecutionState::Committing {
-                    tx.rollback().await?;
-                    return Ok(OpenExecution::Committing(current));
-                }
+            Some(current) if current.state == ExecutionState::Committing => {
+                tx.rollback().await?;
+                return Ok(OpenExecution::Committing(current));
+            }
+            Some(current) => {
                 sqlx::query(
                     "UPDATE deliveries SET final_state = COALESCE(final_state, $4)
                      WHERE run_id = $1 AND execution_id = $2 AND delivery = $3",
                 )
-                .bind(run_id)
-                .bind(execution_id)
-                .bind(current.delivery)
-                .bind(if current.state.is_terminal() { current.state.as_str() } else { "redelivered" })
+                .bind_delivery(&current.delivery_ref())
+                .bind(DeliveryOutcome::replaced_in(current.state))
                 .execute(&mut *tx)
                 .await?;
-                let row = sqlx::query(
+                let record: ExecutionRecord = sqlx::query_as(
                     "UPDATE executions SET delivery = delivery + 1, state = 'extracting', error = NULL,
                             finished_at = NULL, updated_at = now()
                      WHERE run_id = $1 AND execution_id = $2 RETURNING *",
                 )
-                .bind(run_id)
-                .bind(execution_id)
+                .bind_execution(key)
                 .fetch_one(&mut *tx)
                 .await?;
-                let record = execution_from_row(&row)?;
                 sqlx::query("INSERT INTO deliveries (run_id, execution_id, delivery) VALUES ($1, $2, $3)")
-                    .bind(run_id)
-                    .bind(execution_id)
-                    .bind(record.delivery)
+                    .bind_delivery(&record.delivery_ref())
                     .execute(&mut *tx)
                     .await?;
                 OpenExecution::Redelivered(record)
@@ -123,104 +112,81 @@ impl Store {
         Ok(outcome)
     }
 
-    pub async fn get_execution(&self, run_id: &str, execution_id: &str) -> StoreResult<Option<ExecutionRecord>> {
-        let row = sqlx::query("SELECT * FROM executions WHERE run_id = $1 AND execution_id = $2")
-            .bind(run_id)
-            .bind(execution_id)
+    pub(crate) async fn get_execution(&self, key: &ExecutionKey) -> StoreResult<Option<ExecutionRecord>> {
+        Ok(sqlx::query_as("SELECT * FROM executions WHERE run_id = $1 AND execution_id = $2")
+            .bind_execution(key)
             .fetch_optional(&self.pool)
-            .await?;
-        row.as_ref().map(execution_from_row).transpose()
+            .await?)
     }
 
-    pub async fn list_executions(&self, run_id: &str) -> StoreResult<Vec<ExecutionRecord>> {
-        let rows = sqlx::query("SELECT * FROM executions WHERE run_id = $1 ORDER BY created_at, execution_id")
+    pub(crate) async fn list_executions(&self, run_id: &RunId) -> StoreResult<Vec<ExecutionRecord>> {
+        Ok(sqlx::query_as("SELECT * FROM executions WHERE run_id = $1 ORDER BY created_at, execution_id")
             .bind(run_id)
             .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(execution_from_row).collect()
+            .await?)
     }
 
-    /// Moves the current delivery from one of `from` to `to`; `None` when the execution was not
-    /// in one of `from` (or another delivery started meanwhile).
-    pub async fn transition_execution(
+    /// Moves the delivery from one of `from` to `to`; `None` when the execution was not in one
+    /// of `from` (or another delivery started meanwhile).
+    pub(crate) async fn transition_execution(
         &self,
-        run_id: &str,
-        execution_id: &str,
-        delivery: i32,
+        delivery: &DeliveryRef,
         from: &[ExecutionState],
         to: ExecutionState,
     ) -> StoreResult<Option<ExecutionRecord>> {
-        let from: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
-        let row = sqlx::query(
+        Ok(sqlx::query_as(
             "UPDATE executions SET state = $5, updated_at = now(),
-                    finished_at = CASE WHEN $5 IN ('committed', 'failed', 'aborted') THEN now() END
+                    finished_at = CASE WHEN $6 THEN now() END
              WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND state = ANY($4)
              RETURNING *",
         )
-        .bind(run_id)
-        .bind(execution_id)
-        .bind(delivery)
-        .bind(&from)
-        .bind(to.as_str())
+        .bind_delivery(delivery)
+        .bind(state_names(from))
+        .bind(to)
+        .bind(to.is_terminal())
         .fetch_optional(&self.pool)
-        .await?;
-        row.as_ref().map(execution_from_row).transpose()
+        .await?)
     }
 
-    /// Fails the current delivery with `problem` unless it already ended.
-    pub async fn fail_execution(
+    /// Fails the delivery with `problem` unless it already ended.
+    pub(crate) async fn fail_execution(
         &self,
-        run_id: &str,
-        execution_id: &str,
-        delivery: i32,
+        delivery: &DeliveryRef,
         problem: &Problem,
     ) -> StoreResult<Option<ExecutionRecord>> {
-        let row = sqlx::query(
+        Ok(sqlx::query_as(
             "UPDATE executions SET state = 'failed', error = $4, updated_at = now(), finished_at = now()
-             WHERE run_id = $1 AND execution_id = $2 AND delivery = $3
-               AND state IN ('extracting', 'paused', 'committing')
+             WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND state = ANY($5)
              RETURNING *",
         )
-        .bind(run_id)
-        .bind(execution_id)
-        .bind(delivery)
+        .bind_delivery(delivery)
         .bind(problem_json(problem)?)
+        .bind(state_names(ExecutionState::OPEN))
         .fetch_optional(&self.pool)
-        .await?;
-        row.as_ref().map(execution_from_row).transpose()
+        .await?)
     }
 
     /// Marks the delivery committed and, in the same transaction, makes its last checkpoint the
     /// run's durable checkpoint (an execution without checkpoints leaves the previous one).
-    pub async fn mark_committed(
-        &self,
-        run_id: &str,
-        execution_id: &str,
-        delivery: i32,
-    ) -> StoreResult<Option<ExecutionRecord>> {
+    pub(crate) async fn mark_committed(&self, delivery: &DeliveryRef) -> StoreResult<Option<ExecutionRecord>> {
         let mut tx = self.pool.begin().await?;
-        let row = sqlx::query(
+        let committed: Option<ExecutionRecord> = sqlx::query_as(
             "UPDATE executions SET state = 'committed', updated_at = now(), finished_at = now()
              WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND state = 'committing'
              RETURNING *",
         )
-        .bind(run_id)
-        .bind(execution_id)
-        .bind(delivery)
+        .bind_delivery(delivery)
         .fetch_optional(&mut *tx)
         .await?;
-        let Some(row) = row else {
+        let Some(committed) = committed else {
             tx.rollback().await?;
             return Ok(None);
         };
-        sqlx::query(
-            "UPDATE deliveries SET final_state = 'committed' WHERE run_id = $1 AND execution_id = $2 AND delivery = $3",
-        )
-        .bind(run_id)
-        .bind(execution_id)
-        .bind(delivery)
-        .execute(&mut *tx)
-        .await?;
+        sqlx::query("UPDATE deliveries SET final_state = $4 WHERE run_id = $1 AND execution_id = $2 AND delivery = $3")
+            .bind_delivery(delivery)
+            .bind(DeliveryOutcome::Committed)
+            .execute(&mut *tx)
+            .await?;
         sqlx::query(
             "UPDATE runs SET durable_checkpoint = c.value, durable_checkpoint_execution_id = $2, updated_at = now()
              FROM (SELECT value FROM checkpoints
@@ -228,28 +194,23 @@ impl Store {
                    ORDER BY checkpoint_seq DESC LIMIT 1) c
              WHERE runs.run_id = $1",
         )
-        .bind(run_id)
-        .bind(execution_id)
-        .bind(delivery)
+        .bind_delivery(delivery)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(Some(execution_from_row(&row)?))
+        Ok(Some(committed))
     }
 
-    /// Records a checkpoint of the current delivery; returns its sequence number (0, 1, ...).
-    pub async fn add_checkpoint(
+    /// Records a checkpoint of the delivery; returns its sequence number (0, 1, ...).
+    pub(crate) async fn add_checkpoint(
         &self,
-        run_id: &str,
-        execution_id: &str,
-        delivery: i32,
+        delivery: &DeliveryRef,
         value: &serde_json::Value,
         flushed_rows: i64,
     ) -> StoreResult<i64> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SELECT 1 FROM executions WHERE run_id = $1 AND execution_id = $2 FOR UPDATE")
-            .bind(run_id)
-            .bind(execution_id)
+            .bind_execution(&delivery.execution)
             .execute(&mut *tx)
             .await?;
         let seq: i64 = sqlx::query_scalar(
@@ -258,9 +219,7 @@ impl Store {
              FROM checkpoints WHERE run_id = $1 AND execution_id = $2 AND delivery = $3
              RETURNING checkpoint_seq",
         )
-        .bind(run_id)
-        .bind(execution_id)
-        .bind(delivery)
+        .bind_delivery(delivery)
         .bind(value)
         .bind(flushed_rows)
         .fetch_one(&mut *tx)
@@ -270,13 +229,8 @@ impl Store {
     }
 
     /// Received and acknowledged totals per resource of one delivery.
-    pub async fn resource_progress(
-        &self,
-        run_id: &str,
-        execution_id: &str,
-        delivery: i32,
-    ) -> StoreResult<Vec<ResourceProgress>> {
-        let rows = sqlx::query(
+    pub(crate) async fn resource_progress(&self, delivery: &DeliveryRef) -> StoreResult<Vec<ResourceProgress>> {
+        Ok(sqlx::query_as(
             "SELECT s.resource, s.rows_acknowledged,
                     COUNT(b.seq) AS batches,
                     COALESCE(SUM(b.rows), 0)::BIGINT AS rows_received,
@@ -287,33 +241,21 @@ impl Store {
              GROUP BY s.resource, s.rows_acknowledged
              ORDER BY s.resource",
         )
-        .bind(run_id)
-        .bind(execution_id)
-        .bind(delivery)
+        .bind_delivery(delivery)
         .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(ResourceProgress {
-                    resource: row.try_get("resource")?,
-                    batches: row.try_get("batches")?,
-                    rows_received: row.try_get("rows_received")?,
-                    bytes_received: row.try_get("bytes_received")?,
-                    rows_acknowledged: row.try_get("rows_acknowledged")?,
-                })
-            })
-            .collect()
+        .await?)
     }
 
     /// At start-up: executions left open by a previous process cannot resume (their queued
     /// payloads and pending streams lived in that process), so they fail and the extractor
     /// redelivers them. Assumes one gateway process per database.
-    pub async fn fail_interrupted_executions(&self, problem: &Problem) -> StoreResult<u64> {
+    pub(crate) async fn fail_interrupted_executions(&self, problem: &Problem) -> StoreResult<u64> {
         let done = sqlx::query(
             "UPDATE executions SET state = 'failed', error = $1, updated_at = now(), finished_at = now()
-             WHERE state IN ('extracting', 'paused', 'committing')",
+             WHERE state = ANY($2)",
         )
         .bind(problem_json(problem)?)
+        .bind(state_names(ExecutionState::OPEN))
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected())

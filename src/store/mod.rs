@@ -2,32 +2,36 @@
 //! resources, executions and their deliveries, batch receipts, checkpoints, staging streams and
 //! publications; the API and the publisher read and write durable state through [`Store`].
 //!
-//! Conditional updates (`... WHERE state = ANY(...)`) make state transitions safe against
+//! Conditional updates (`... WHERE state = ANY(...)`, the state sets bound from
+//! [`ExecutionState`](crate::model::ExecutionState)) make state transitions safe against
 //! concurrent requests; callers learn whether a transition happened from the returned row.
+//! Methods take typed keys ([`ExecutionKey`], [`DeliveryRef`], [`ResourceRef`]) and rows come
+//! back through `sqlx::FromRow`.
 
 mod batches;
 mod executions;
 mod publications;
 mod runs;
 
-pub use batches::{InsertBatch, NewBatch, ReceiptRecord, StagingStreamRecord};
-pub use executions::{ExecutionRecord, OpenExecution, ResourceProgress};
-pub use publications::{NewPublication, PublicationRecord};
-pub use runs::{NewRun, ResourceRecord, ResourceUpsert, RunRecord};
+pub(crate) use batches::{InsertBatch, NewBatch, ReceiptRecord};
+pub(crate) use executions::{ExecutionRecord, OpenExecution, ResourceProgress};
+pub(crate) use publications::{NewPublication, PublicationRecord};
+pub(crate) use runs::{NewRun, ResourceRecord, ResourceUpsert, RunRecord};
 
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions as _, PgPool};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions};
+use sqlx::query::{Query, QueryAs, QueryScalar};
+use sqlx::{ConnectOptions as _, PgPool, Postgres};
 
-use crate::config::DatabaseConfig;
 use crate::error::Problem;
+use crate::model::{DeliveryRef, ExecutionKey, ExecutionState, ResourceRef};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// Errors of the Postgres boundary.
 #[derive(Debug, thiserror::Error)]
-pub enum StoreError {
+pub(crate) enum StoreError {
     #[error("postgres: {0}")]
     Database(#[from] sqlx::Error),
     #[error("migration: {0}")]
@@ -36,19 +40,11 @@ pub enum StoreError {
     Corrupt(String),
 }
 
-impl StoreError {
-    /// Connection-level failures are worth retrying; constraint and data errors are not.
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, StoreError::Database(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_)))
-    }
-
-    /// Whether this is a unique-constraint violation (a concurrent insert won).
-    pub fn is_unique_violation(&self) -> bool {
-        match self {
-            StoreError::Database(sqlx::Error::Database(e)) => e.is_unique_violation(),
-            _ => false,
-        }
-    }
+/// How to reach the database.
+#[derive(Debug, Clone)]
+pub(crate) struct StoreSettings {
+    pub(crate) database_url: String,
+    pub(crate) max_connections: u32,
 }
 
 impl From<StoreError> for Problem {
@@ -58,37 +54,78 @@ impl From<StoreError> for Problem {
     }
 }
 
-pub type StoreResult<T> = Result<T, StoreError>;
+pub(crate) type StoreResult<T> = Result<T, StoreError>;
 
 /// Handle on the state database; cheap to clone.
 #[derive(Debug, Clone)]
-pub struct Store {
+pub(crate) struct Store {
     pool: PgPool,
 }
 
 impl Store {
-    pub async fn connect(config: &DatabaseConfig) -> StoreResult<Self> {
-        let options: PgConnectOptions = config
+    pub(crate) async fn connect(settings: &StoreSettings) -> StoreResult<Self> {
+        let options: PgConnectOptions = settings
             .database_url
             .parse::<PgConnectOptions>()?
             .log_statements(tracing::log::LevelFilter::Trace)
             .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(2));
         let pool = PgPoolOptions::new()
-            .max_connections(config.database_max_connections)
+            .max_connections(settings.max_connections)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await?;
         Ok(Self { pool })
     }
 
-    pub async fn migrate(&self) -> StoreResult<()> {
+    pub(crate) async fn migrate(&self) -> StoreResult<()> {
         MIGRATOR.run(&self.pool).await?;
         Ok(())
     }
 
     /// Readiness: one round trip.
-    pub async fn ping(&self) -> StoreResult<()> {
+    pub(crate) async fn ping(&self) -> StoreResult<()> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
     }
+}
+
+/// The names of `states`, for `state = ANY($n)`.
+fn state_names(states: &[ExecutionState]) -> Vec<&'static str> {
+    states.iter().map(|s| s.as_str()).collect()
+}
+
+/// Binds a key's columns in their usual order (`run_id, execution_id[, delivery[, resource]]`)
+/// as the next parameters of a query.
+trait BindKey<'q>: Sized {
+    fn bind_execution(self, key: &'q ExecutionKey) -> Self;
+    fn bind_delivery(self, delivery: &'q DeliveryRef) -> Self;
+    fn bind_resource(self, resource: &'q ResourceRef) -> Self;
+}
+
+macro_rules! bind_key_impl {
+    () => {
+        fn bind_execution(self, key: &'q ExecutionKey) -> Self {
+            self.bind(&key.run_id).bind(&key.execution_id)
+        }
+
+        fn bind_delivery(self, delivery: &'q DeliveryRef) -> Self {
+            self.bind_execution(&delivery.execution).bind(delivery.delivery)
+        }
+
+        fn bind_resource(self, resource: &'q ResourceRef) -> Self {
+            self.bind_delivery(&resource.delivery).bind(&resource.resource)
+        }
+    };
+}
+
+impl<'q> BindKey<'q> for Query<'q, Postgres, PgArguments> {
+    bind_key_impl!();
+}
+
+impl<'q, O> BindKey<'q> for QueryAs<'q, Postgres, O, PgArguments> {
+    bind_key_impl!();
+}
+
+impl<'q, O> BindKey<'q> for QueryScalar<'q, Postgres, O, PgArguments> {
+    bind_key_impl!();
 }

@@ -1,70 +1,45 @@
 //! Runs and their declared resources.
 
 use chrono::{DateTime, Utc};
-use sqlx::Row as _;
 
 use super::{Store, StoreError, StoreResult};
-use crate::model::{Batching, Destination, WriteMode};
+use crate::model::{Batching, Destination, ResourceName, RunId, WriteMode};
 
 /// A run as stored.
-#[derive(Debug, Clone)]
-pub struct RunRecord {
-    pub run_id: String,
-    pub destination: Destination,
-    pub batching: Batching,
-    pub definition_sha256: String,
-    pub durable_checkpoint: Option<serde_json::Value>,
-    pub durable_checkpoint_execution_id: Option<String>,
-    pub created_at: DateTime<Utc>,
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct RunRecord {
+    pub(crate) run_id: RunId,
+    #[sqlx(flatten)]
+    pub(crate) destination: Destination,
+    #[sqlx(json)]
+    pub(crate) batching: Batching,
+    pub(crate) definition_sha256: String,
+    pub(crate) durable_checkpoint: Option<serde_json::Value>,
+    pub(crate) durable_checkpoint_execution_id: Option<String>,
+    pub(crate) created_at: DateTime<Utc>,
 }
 
 /// A run to create.
 #[derive(Debug, Clone)]
-pub struct NewRun {
-    pub run_id: String,
-    pub destination: Destination,
-    pub batching: Batching,
-    pub definition_sha256: String,
+pub(crate) struct NewRun {
+    pub(crate) run_id: RunId,
+    pub(crate) destination: Destination,
+    pub(crate) batching: Batching,
+    pub(crate) definition_sha256: String,
 }
 
 /// A declared resource.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResourceRecord {
-    pub resource: String,
-    pub table_name: String,
-    pub write_mode: WriteMode,
-    pub primary_key: Vec<String>,
-}
-
-fn run_from_row(row: &sqlx::postgres::PgRow) -> StoreResult<RunRecord> {
-    let batching: serde_json::Value = row.try_get("batching")?;
-    Ok(RunRecord {
-        run_id: row.try_get("run_id")?,
-        destination: Destination {
-            project: row.try_get("project")?,
-            dataset: row.try_get("dataset")?,
-            location: row.try_get("location")?,
-        },
-        batching: serde_json::from_value(batching).map_err(|e| StoreError::Corrupt(e.to_string()))?,
-        definition_sha256: row.try_get("definition_sha256")?,
-        durable_checkpoint: row.try_get("durable_checkpoint")?,
-        durable_checkpoint_execution_id: row.try_get("durable_checkpoint_execution_id")?,
-        created_at: row.try_get("created_at")?,
-    })
-}
-
-fn resource_from_row(row: &sqlx::postgres::PgRow) -> StoreResult<ResourceRecord> {
-    Ok(ResourceRecord {
-        resource: row.try_get("resource")?,
-        table_name: row.try_get("table_name")?,
-        write_mode: row.try_get("write_mode")?,
-        primary_key: row.try_get("primary_key")?,
-    })
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct ResourceRecord {
+    pub(crate) resource: ResourceName,
+    pub(crate) table_name: String,
+    pub(crate) write_mode: WriteMode,
+    pub(crate) primary_key: Vec<String>,
 }
 
 /// Outcome of declaring a resource.
 #[derive(Debug)]
-pub enum ResourceUpsert {
+pub(crate) enum ResourceUpsert {
     Stored(ResourceRecord),
     /// Batches exist and the declaration would change mode, key or table.
     Conflict(ResourceRecord),
@@ -72,9 +47,9 @@ pub enum ResourceUpsert {
 
 impl Store {
     /// Inserts the run, or returns the existing one (`created == false`) for the caller to compare.
-    pub async fn create_run(&self, run: &NewRun) -> StoreResult<(RunRecord, bool)> {
+    pub(crate) async fn create_run(&self, run: &NewRun) -> StoreResult<(RunRecord, bool)> {
         let batching = serde_json::to_value(&run.batching).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let inserted = sqlx::query(
+        let inserted = sqlx::query_as::<_, RunRecord>(
             "INSERT INTO runs (run_id, project, dataset, location, batching, definition_sha256)
              VALUES ($1, $2, $3, $4, $5, $6)
              ON CONFLICT (run_id) DO NOTHING
@@ -89,7 +64,7 @@ impl Store {
         .fetch_optional(&self.pool)
         .await?;
         match inserted {
-            Some(row) => Ok((run_from_row(&row)?, true)),
+            Some(run) => Ok((run, true)),
             None => {
                 let existing = self.get_run(&run.run_id).await?;
                 existing.map(|r| (r, false)).ok_or_else(|| StoreError::Corrupt("run vanished".into()))
@@ -97,39 +72,45 @@ impl Store {
         }
     }
 
-    pub async fn get_run(&self, run_id: &str) -> StoreResult<Option<RunRecord>> {
-        let row = sqlx::query("SELECT * FROM runs WHERE run_id = $1").bind(run_id).fetch_optional(&self.pool).await?;
-        row.as_ref().map(run_from_row).transpose()
+    pub(crate) async fn get_run(&self, run_id: &RunId) -> StoreResult<Option<RunRecord>> {
+        Ok(sqlx::query_as("SELECT * FROM runs WHERE run_id = $1").bind(run_id).fetch_optional(&self.pool).await?)
     }
 
-    pub async fn list_resources(&self, run_id: &str) -> StoreResult<Vec<ResourceRecord>> {
-        let rows = sqlx::query("SELECT * FROM resources WHERE run_id = $1 ORDER BY resource")
+    /// The run's resources, by name.
+    pub(crate) async fn list_resources(&self, run_id: &RunId) -> StoreResult<Vec<ResourceRecord>> {
+        Ok(sqlx::query_as("SELECT * FROM resources WHERE run_id = $1 ORDER BY resource")
             .bind(run_id)
             .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(resource_from_row).collect()
+            .await?)
     }
 
-    pub async fn get_resource(&self, run_id: &str, resource: &str) -> StoreResult<Option<ResourceRecord>> {
-        let row = sqlx::query("SELECT * FROM resources WHERE run_id = $1 AND resource = $2")
+    pub(crate) async fn get_resource(
+        &self,
+        run_id: &RunId,
+        resource: &ResourceName,
+    ) -> StoreResult<Option<ResourceRecord>> {
+        Ok(sqlx::query_as("SELECT * FROM resources WHERE run_id = $1 AND resource = $2")
             .bind(run_id)
             .bind(resource)
             .fetch_optional(&self.pool)
-            .await?;
-        row.as_ref().map(resource_from_row).transpose()
+            .await?)
     }
 
     /// Declares or re-declares a resource. Re-declaring with another mode, key or table is
     /// allowed until the resource has batches; then it is a conflict and nothing changes.
-    pub async fn upsert_resource(&self, run_id: &str, declared: &ResourceRecord) -> StoreResult<ResourceUpsert> {
+    pub(crate) async fn upsert_resource(
+        &self,
+        run_id: &RunId,
+        declared: &ResourceRecord,
+    ) -> StoreResult<ResourceUpsert> {
         let mut tx = self.pool.begin().await?;
-        let existing = sqlx::query("SELECT * FROM resources WHERE run_id = $1 AND resource = $2 FOR UPDATE")
-            .bind(run_id)
-            .bind(&declared.resource)
-            .fetch_optional(&mut *tx)
-            .await?;
-        if let Some(row) = existing {
-            let current = resource_from_row(&row)?;
+        let existing: Option<ResourceRecord> =
+            sqlx::query_as("SELECT * FROM resources WHERE run_id = $1 AND resource = $2 FOR UPDATE")
+                .bind(run_id)
+                .bind(&declared.resource)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if let Some(current) = existing {
             if current == *declared {
                 tx.commit().await?;
                 return Ok(ResourceUpsert::Stored(current));
@@ -145,7 +126,7 @@ impl Store {
                 return Ok(ResourceUpsert::Conflict(current));
             }
         }
-        let row = sqlx::query(
+        let stored: ResourceRecord = sqlx::query_as(
             "INSERT INTO resources (run_id, resource, table_name, write_mode, primary_key)
              VALUES ($1, $2, $3, $4, $5)
              ON CONFLICT (run_id, resource) DO UPDATE
@@ -161,6 +142,6 @@ impl Store {
         .fetch_one(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(ResourceUpsert::Stored(resource_from_row(&row)?))
+        Ok(ResourceUpsert::Stored(stored))
     }
 }

@@ -1,0 +1,210 @@
+use std::collections::HashMap;
+
+use arrow_schema::TimeUnit;
+
+use super::*;
+
+fn schema(fields: Vec<Field>) -> SchemaRef {
+    Arc::new(Schema::new(fields))
+}
+
+fn append() -> LoadSpec<'static> {
+    LoadSpec { write_mode: WriteMode::FullAppend, primary_key: &[] }
+}
+
+fn sql_types(fields: Vec<Field>) -> Vec<String> {
+    map_schema(&schema(fields), append()).unwrap().data_columns.iter().map(Column::sql_type).collect()
+}
+
+fn item(data_type: DataType) -> Arc<Field> {
+    Arc::new(Field::new_list_field(data_type, true))
+}
+
+#[test]
+fn maps_every_supported_type() {
+    let json = Field::new("doc", DataType::Utf8, true)
+        .with_metadata(HashMap::from([(EXTENSION_NAME_KEY.to_string(), JSON_EXTENSION.to_string())]));
+    let json_by_key = Field::new("doc2", DataType::LargeUtf8, true)
+        .with_metadata(HashMap::from([(BIGQUERY_TYPE_KEY.to_string(), "json".to_string())]));
+    let entries = Field::new(
+        "entries",
+        DataType::Struct(vec![Field::new("k", DataType::Utf8, false), Field::new("v", DataType::Float64, true)].into()),
+        false,
+    );
+    let address = DataType::Struct(
+        vec![Field::new("city", DataType::Utf8, true), Field::new("at", DataType::Time64(TimeUnit::Microsecond), true)]
+            .into(),
+    );
+    let dictionary = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
+    let pairs: Vec<(Field, &str)> = vec![
+        (Field::new("b", DataType::Boolean, false), "BOOL"),
+        (Field::new("i8", DataType::Int8, true), "INT64"),
+        (Field::new("u32", DataType::UInt32, true), "INT64"),
+        (Field::new("u64", DataType::UInt64, true), "NUMERIC"),
+        (Field::new("f16", DataType::Float16, true), "FLOAT64"),
+        (Field::new("s", DataType::LargeUtf8, true), "STRING"),
+        (Field::new("v", DataType::Utf8View, true), "STRING"),
+        (Field::new("bin", DataType::FixedSizeBinary(16), true), "BYTES"),
+        (Field::new("d", DataType::Date64, true), "DATE"),
+        (Field::new("t32", DataType::Time32(TimeUnit::Millisecond), true), "TIME"),
+        (Field::new("t64", DataType::Time64(TimeUnit::Nanosecond), true), "TIME"),
+        (Field::new("ts", DataType::Timestamp(TimeUnit::Nanosecond, Some("+02:00".into())), true), "TIMESTAMP"),
+        (Field::new("dt", DataType::Timestamp(TimeUnit::Second, None), true), "DATETIME"),
+        (Field::new("n", DataType::Decimal128(38, 9), true), "NUMERIC"),
+        (Field::new("bn", DataType::Decimal128(38, 10), true), "BIGNUMERIC"),
+        (Field::new("bn2", DataType::Decimal256(76, 38), true), "BIGNUMERIC"),
+        (Field::new("dict", dictionary, true), "STRING"),
+        (json, "JSON"),
+        (json_by_key, "JSON"),
+        (Field::new("tags", DataType::List(item(DataType::Utf8)), true), "ARRAY<STRING>"),
+        (Field::new("big", DataType::LargeList(item(DataType::Int32)), true), "ARRAY<INT64>"),
+        (Field::new("pair", DataType::FixedSizeList(item(DataType::Float32), 2), true), "ARRAY<FLOAT64>"),
+        (Field::new("address", address, true), "STRUCT<city STRING, at TIME>"),
+        (Field::new("m", DataType::Map(Arc::new(entries), false), true), "ARRAY<STRUCT<key STRING, value FLOAT64>>"),
+    ];
+    let (fields, expected): (Vec<Field>, Vec<&str>) = pairs.into_iter().unzip();
+    let names: Vec<String> = fields.iter().map(|f| f.name().clone()).collect();
+    let actual = sql_types(fields);
+    for ((name, actual), expected) in names.iter().zip(&actual).zip(&expected) {
+        assert_eq!(actual, expected, "column {name}");
+    }
+    assert_eq!(actual.len(), expected.len());
+}
+
+#[test]
+fn stages_lossless_strings_and_microsecond_timestamps() {
+    let mapped = map_schema(
+        &schema(vec![
+            Field::new("n", DataType::Decimal128(10, 2), true),
+            Field::new("t", DataType::Time64(TimeUnit::Nanosecond), true),
+            Field::new("ts", DataType::Timestamp(TimeUnit::Nanosecond, Some("+02:00".into())), false),
+            Field::new("xs", DataType::List(item(DataType::Decimal128(5, 1))), true),
+        ]),
+        append(),
+    )
+    .unwrap();
+    let staged: Vec<&DataType> = mapped.staging.fields().iter().map(|f| f.data_type()).collect();
+    assert_eq!(staged[0], &DataType::Utf8);
+    assert_eq!(staged[1], &DataType::Utf8);
+    assert_eq!(staged[2], &DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())));
+    assert_eq!(staged[3], &DataType::List(item(DataType::Utf8)));
+    assert!(mapped.staging.fields().iter().all(|f| f.is_nullable()));
+    assert_eq!(mapped.staging_columns[3].sql_type(), "ARRAY<STRING>");
+    assert_eq!(mapped.destination_columns[3].sql_type(), "ARRAY<NUMERIC>");
+}
+
+#[test]
+fn decimal_ranges_choose_numeric_bignumeric_or_refuse() {
+    let d = DataType::Decimal256(1, 0);
+    assert_eq!(decimal_type("c", &d, 38, 9), Ok(BigQueryType::Numeric));
+    assert_eq!(decimal_type("c", &d, 29, 0), Ok(BigQueryType::Numeric));
+    assert_eq!(decimal_type("c", &d, 30, 0), Ok(BigQueryType::BigNumeric));
+    assert_eq!(decimal_type("c", &d, 20, 10), Ok(BigQueryType::BigNumeric));
+    assert_eq!(decimal_type("c", &d, 76, 38), Ok(BigQueryType::BigNumeric));
+    assert!(decimal_type("c", &d, 76, 37).is_err(), "39 integer digits");
+    assert!(decimal_type("c", &d, 50, 39).is_err(), "39 decimals");
+    assert!(decimal_type("c", &d, 10, -2).is_err(), "negative scale");
+}
+
+#[test]
+fn rejects_unsupported_types_naming_the_column() {
+    let list_of_list = DataType::List(item(DataType::List(item(DataType::Int64))));
+    for (data_type, column) in [
+        (DataType::Null, "weird"),
+        (DataType::Duration(TimeUnit::Second), "weird"),
+        (DataType::Interval(arrow_schema::IntervalUnit::DayTime), "weird"),
+        (DataType::Decimal256(76, 0), "weird"),
+        (list_of_list, "weird"),
+        (DataType::ListView(item(DataType::Int64)), "weird"),
+        (DataType::Struct(vec![Field::new("d", DataType::Duration(TimeUnit::Second), true)].into()), "weird.d"),
+        (DataType::Struct(arrow_schema::Fields::empty()), "weird"),
+        (
+            DataType::Union(
+                arrow_schema::UnionFields::try_new(vec![0], vec![Field::new("a", DataType::Int64, true)]).unwrap(),
+                arrow_schema::UnionMode::Dense,
+            ),
+            "weird",
+        ),
+    ] {
+        let err = map_schema(&schema(vec![Field::new("weird", data_type.clone(), true)]), append()).unwrap_err();
+        match err {
+            IngestError::UnsupportedType { column: got, .. } => assert_eq!(got, column, "{data_type}"),
+            other => panic!("{data_type}: {other:?}"),
+        }
+    }
+    let json_int = Field::new("j", DataType::Int64, true)
+        .with_metadata(HashMap::from([(EXTENSION_NAME_KEY.to_string(), JSON_EXTENSION.to_string())]));
+    assert!(matches!(map_schema(&schema(vec![json_int]), append()), Err(IngestError::UnsupportedType { .. })));
+}
+
+#[test]
+fn rejects_bad_reserved_and_duplicate_names() {
+    for fields in [
+        vec![Field::new("_filament_seq", DataType::Int64, true)],
+        vec![Field::new("has space", DataType::Utf8, true)],
+        vec![Field::new("a", DataType::Utf8, true), Field::new("A", DataType::Utf8, true)],
+        vec![Field::new("s", DataType::Struct(vec![Field::new("bad-name", DataType::Utf8, true)].into()), true)],
+        vec![],
+    ] {
+        assert!(matches!(map_schema(&schema(fields), append()), Err(IngestError::InvalidColumn(_))));
+    }
+}
+
+#[test]
+fn the_operation_column_belongs_to_cdc_modes_only() {
+    let with_op = schema(vec![Field::new("id", DataType::Int64, false), Field::new(OP_COLUMN, DataType::Utf8, false)]);
+    let without_op = schema(vec![Field::new("id", DataType::Int64, false)]);
+    let key = ["id".to_string()];
+    let cdc_merge = LoadSpec { write_mode: WriteMode::CdcMerge, primary_key: &key };
+    let cdc_append = LoadSpec { write_mode: WriteMode::CdcAppend, primary_key: &[] };
+    assert!(matches!(map_schema(&with_op, append()), Err(IngestError::InvalidOperation(_))));
+    assert!(matches!(map_schema(&without_op, cdc_merge), Err(IngestError::InvalidOperation(_))));
+
+    let merged = map_schema(&with_op, cdc_merge).unwrap();
+    assert_eq!(merged.op_index, Some(1));
+    assert_eq!(merged.destination_columns, vec![Column::new("id", BigQueryType::Int64)]);
+    let staged: Vec<&str> = merged.staging_columns.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(staged, ["id", OP_COLUMN, SEQ_COLUMN]);
+
+    let appended = map_schema(&with_op, cdc_append).unwrap();
+    let destination: Vec<&str> = appended.destination_columns.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(destination, ["id", OP_COLUMN]);
+    assert!(!appended.stages_seq);
+}
+
+#[test]
+fn key_columns_must_exist_and_be_eligible() {
+    let fields = schema(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("at", DataType::Time64(TimeUnit::Microsecond), false),
+        Field::new("raw", DataType::Binary, false),
+        Field::new("n", DataType::Decimal128(10, 2), false),
+        Field::new("score", DataType::Float64, true),
+        Field::new("tags", DataType::List(item(DataType::Utf8)), true),
+        Field::new("s", DataType::Struct(vec![Field::new("a", DataType::Int64, true)].into()), true),
+    ]);
+    let upsert =
+        |key: &[String]| map_schema(&fields, LoadSpec { write_mode: WriteMode::IncrementalUpsert, primary_key: key });
+    let eligible: Vec<String> = ["ID", "at", "raw", "n"].map(String::from).to_vec();
+    let mapped = upsert(&eligible).unwrap();
+    assert_eq!(mapped.key_columns, vec![("id".into(), 0), ("at".into(), 1), ("raw".into(), 2), ("n".into(), 3)]);
+    for bad in ["score", "tags", "s", "missing"] {
+        assert!(matches!(upsert(&[bad.to_string()]), Err(IngestError::InvalidPrimaryKey(_))), "{bad}");
+    }
+    assert!(matches!(upsert(&[]), Err(IngestError::InvalidPrimaryKey(_))));
+}
+
+#[test]
+fn schema_fingerprint_changes_with_type_nullability_or_json() {
+    let a = canonical_schema_json(&Schema::new(vec![Field::new("x", DataType::Utf8, true)]));
+    let b = canonical_schema_json(&Schema::new(vec![Field::new("x", DataType::LargeUtf8, true)]));
+    let c = canonical_schema_json(&Schema::new(vec![Field::new("x", DataType::Utf8, false)]));
+    let d = canonical_schema_json(&Schema::new(vec![
+        Field::new("x", DataType::Utf8, true)
+            .with_metadata(HashMap::from([(EXTENSION_NAME_KEY.to_string(), JSON_EXTENSION.to_string())])),
+    ]));
+    for other in [&b, &c, &d] {
+        assert_ne!(schema_sha256(&a), schema_sha256(other));
+    }
+    assert_eq!(schema_sha256(&a), schema_sha256(&a.clone()));
+}

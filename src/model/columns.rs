@@ -1,0 +1,182 @@
+//! The column vocabulary every stage shares: BigQuery column types and columns as the
+//! destination and staging tables hold them, with the Arrow type each is staged as. The
+//! mapping from Arrow schemas lives in `ingest::schema`; `bigquery` turns columns into table
+//! schemas and `publish` into SQL.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow_schema::{DataType, Field, TimeUnit};
+use serde::Serialize;
+
+/// BigQuery's limit on columns per table.
+pub(crate) const MAX_COLUMNS: usize = 10_000;
+/// BigQuery's limit on primary-key columns.
+pub(crate) const MAX_KEY_COLUMNS: usize = 16;
+
+/// A BigQuery column type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) enum BigQueryType {
+    Bool,
+    Int64,
+    Float64,
+    Numeric,
+    BigNumeric,
+    String,
+    Bytes,
+    Date,
+    Time,
+    Datetime,
+    Timestamp,
+    Json,
+    Struct(Vec<Column>),
+}
+
+impl BigQueryType {
+    /// The type name `tables.insert` takes.
+    pub(crate) fn type_name(&self) -> &'static str {
+        match self {
+            BigQueryType::Bool => "BOOL",
+            BigQueryType::Int64 => "INT64",
+            BigQueryType::Float64 => "FLOAT64",
+            BigQueryType::Numeric => "NUMERIC",
+            BigQueryType::BigNumeric => "BIGNUMERIC",
+            BigQueryType::String => "STRING",
+            BigQueryType::Bytes => "BYTES",
+            BigQueryType::Date => "DATE",
+            BigQueryType::Time => "TIME",
+            BigQueryType::Datetime => "DATETIME",
+            BigQueryType::Timestamp => "TIMESTAMP",
+            BigQueryType::Json => "JSON",
+            BigQueryType::Struct(_) => "RECORD",
+        }
+    }
+
+    /// Whether `name`, as `tables.get` reports a type (legacy or standard spelling), is this type.
+    /// Struct fields are compared by [`Column::matches_existing`].
+    pub(crate) fn is_named(&self, name: &str) -> bool {
+        let name = name.to_ascii_uppercase();
+        let aliases: &[&str] = match self {
+            BigQueryType::Bool => &["BOOL", "BOOLEAN"],
+            BigQueryType::Int64 => &["INT64", "INTEGER"],
+            BigQueryType::Float64 => &["FLOAT64", "FLOAT"],
+            BigQueryType::Numeric => &["NUMERIC", "DECIMAL"],
+            BigQueryType::BigNumeric => &["BIGNUMERIC", "BIGDECIMAL"],
+            BigQueryType::Struct(_) => &["RECORD", "STRUCT"],
+            other => return name == other.type_name(),
+        };
+        aliases.contains(&name.as_str())
+    }
+
+    /// Values staged as strings and converted by the publication query.
+    pub(crate) fn is_staged_as_string(&self) -> bool {
+        matches!(self, BigQueryType::Numeric | BigQueryType::BigNumeric | BigQueryType::Time | BigQueryType::Json)
+    }
+
+    /// Whether the publication query must convert the staged value (here or in a nested field).
+    pub(crate) fn needs_conversion(&self) -> bool {
+        match self {
+            BigQueryType::Struct(fields) => fields.iter().any(|f| f.bigquery_type.needs_conversion()),
+            other => other.is_staged_as_string(),
+        }
+    }
+
+    /// BigQuery allows these in primary keys (BYTES and TIME compare fine too).
+    pub(crate) fn is_key_eligible(&self) -> bool {
+        !matches!(self, BigQueryType::Float64 | BigQueryType::Json | BigQueryType::Struct(_))
+    }
+
+    /// The type rows are staged with.
+    pub(crate) fn staged(&self) -> BigQueryType {
+        match self {
+            BigQueryType::Struct(fields) => BigQueryType::Struct(fields.iter().map(Column::staged).collect()),
+            other if other.is_staged_as_string() => BigQueryType::String,
+            other => other.clone(),
+        }
+    }
+
+    /// The Arrow type of the staged value (what the Storage Write API expects for the column).
+    fn staging_arrow_type(&self) -> DataType {
+        match self {
+            BigQueryType::Bool => DataType::Boolean,
+            BigQueryType::Int64 => DataType::Int64,
+            BigQueryType::Float64 => DataType::Float64,
+            BigQueryType::Bytes => DataType::Binary,
+            BigQueryType::Date => DataType::Date32,
+            BigQueryType::Datetime => DataType::Timestamp(TimeUnit::Microsecond, None),
+            BigQueryType::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            BigQueryType::Struct(fields) => DataType::Struct(fields.iter().map(Column::staging_field).collect()),
+            BigQueryType::String
+            | BigQueryType::Numeric
+            | BigQueryType::BigNumeric
+            | BigQueryType::Time
+            | BigQueryType::Json => DataType::Utf8,
+        }
+    }
+}
+
+impl fmt::Display for BigQueryType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BigQueryType::Struct(fields) => {
+                f.write_str("STRUCT<")?;
+                for (i, field) in fields.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{field}")?;
+                }
+                f.write_str(">")
+            }
+            other => f.write_str(other.type_name()),
+        }
+    }
+}
+
+/// One column as the destination (or staging) table holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct Column {
+    pub(crate) name: String,
+    pub(crate) bigquery_type: BigQueryType,
+    /// An ARRAY (`REPEATED` mode); otherwise `NULLABLE`.
+    pub(crate) repeated: bool,
+}
+
+impl Column {
+    pub(crate) fn new(name: impl Into<String>, bigquery_type: BigQueryType) -> Self {
+        Self { name: name.into(), bigquery_type, repeated: false }
+    }
+
+    pub(crate) fn repeated(name: impl Into<String>, bigquery_type: BigQueryType) -> Self {
+        Self { name: name.into(), bigquery_type, repeated: true }
+    }
+
+    pub(crate) fn mode(&self) -> &'static str {
+        if self.repeated { "REPEATED" } else { "NULLABLE" }
+    }
+
+    pub(crate) fn staged(&self) -> Column {
+        Column { name: self.name.clone(), bigquery_type: self.bigquery_type.staged(), repeated: self.repeated }
+    }
+
+    /// The Arrow field of the staged column: lists for REPEATED columns.
+    pub(crate) fn staging_field(&self) -> Field {
+        let value_type = self.bigquery_type.staged().staging_arrow_type();
+        if self.repeated {
+            Field::new(&self.name, DataType::List(Arc::new(Field::new_list_field(value_type, true))), true)
+        } else {
+            Field::new(&self.name, value_type, true)
+        }
+    }
+
+    /// The SQL type, as error messages and docs show it (`ARRAY<STRUCT<a INT64>>`).
+    pub(crate) fn sql_type(&self) -> String {
+        if self.repeated { format!("ARRAY<{}>", self.bigquery_type) } else { self.bigquery_type.to_string() }
+    }
+}
+
+impl fmt::Display for Column {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.name, self.sql_type())
+    }
+}

@@ -1,0 +1,203 @@
+//! The accumulator of a lane: coalesces accepted payloads into upload batches (max rows, max
+//! bytes, flush interval; flushed on demand at checkpoints and when the lane closes) and hands
+//! them, each with its part of the byte budget, to the [`super::appender`].
+
+use arrow_array::RecordBatch;
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use super::admission::QueuedRows;
+use super::budget::BudgetPermit;
+use super::lane::{BatchingPolicy, LaneCommand};
+use crate::ingest::encode::{AppendPayload, record_batch_message};
+
+/// One upload batch ready to send.
+#[derive(Debug)]
+pub(super) struct Upload {
+    pub(super) rows: usize,
+    pub(super) message: Bytes,
+    /// Held until the upload is acknowledged: dropping it returns its bytes to the budget.
+    pub(super) _budget: BudgetPermit,
+}
+
+/// Coalesces payloads into upload batches. Payloads at least half a batch go out as encoded at
+/// request time; smaller ones accumulate (as staged rows) and are re-encoded together.
+pub(super) async fn accumulate(
+    policy: BatchingPolicy,
+    mut commands: mpsc::UnboundedReceiver<LaneCommand>,
+    uploads: mpsc::UnboundedSender<Upload>,
+) {
+    let mut pending = Pending::default();
+    loop {
+        let deadline = pending.started.map(|started| started + policy.flush_interval);
+        let command = tokio::select! {
+            command = commands.recv() => command,
+            () = sleep_until_opt(deadline) => {
+                pending.flush(&policy, &uploads);
+                continue;
+            }
+        };
+        match command {
+            Some(LaneCommand::Rows(rows)) => pending.add(rows, &policy, &uploads),
+            Some(LaneCommand::Flush(done)) => {
+                pending.flush(&policy, &uploads);
+                let _ = done.send(());
+            }
+            None => {
+                pending.flush(&policy, &uploads);
+                return;
+            }
+        }
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Rows accumulated towards the next upload batch.
+#[derive(Debug, Default)]
+struct Pending {
+    pieces: Vec<AppendPayload>,
+    permit: Option<BudgetPermit>,
+    rows: usize,
+    bytes: usize,
+    /// When the oldest accumulated rows arrived (tokio's clock, so tests can pause time).
+    started: Option<tokio::time::Instant>,
+}
+
+impl Pending {
+    /// Takes one request's payloads: big ones go out at once (after what is pending), small
+    /// ones accumulate, flushing first when they would overflow the batch.
+    fn add(&mut self, rows: QueuedRows, policy: &BatchingPolicy, uploads: &mpsc::UnboundedSender<Upload>) {
+        let (payloads, permit) = rows.into_parts();
+        let permits = permit.divide(payloads.iter().map(|p| p.serialized_record_batch.len()));
+        for (payload, share) in payloads.into_iter().zip(permits) {
+            let big =
+                payload.rows * 2 >= policy.max_rows || payload.serialized_record_batch.len() * 2 >= policy.max_bytes;
+            if big {
+                self.flush(policy, uploads);
+                let _ = uploads.send(Upload {
+                    rows: payload.rows,
+                    message: payload.serialized_record_batch,
+                    _budget: share,
+                });
+                continue;
+            }
+            if self.rows + payload.rows > policy.max_rows
+                || self.bytes + payload.serialized_record_batch.len() > policy.max_bytes
+            {
+                self.flush(policy, uploads);
+            }
+            self.push(payload, share);
+        }
+    }
+
+    fn push(&mut self, payload: AppendPayload, permit: BudgetPermit) {
+        self.rows += payload.rows;
+        self.bytes += payload.serialized_record_batch.len();
+        self.started.get_or_insert_with(tokio::time::Instant::now);
+        match self.permit.as_mut() {
+            Some(held) => held.merge(permit),
+            None => self.permit = Some(permit),
+        }
+        self.pieces.push(payload);
+    }
+
+    fn flush(&mut self, policy: &BatchingPolicy, uploads: &mpsc::UnboundedSender<Upload>) {
+        let pieces = std::mem::take(&mut self.pieces);
+        let permit = self.permit.take().unwrap_or_else(BudgetPermit::empty);
+        let rows = std::mem::take(&mut self.rows);
+        self.bytes = 0;
+        self.started = None;
+        if pieces.is_empty() {
+            return;
+        }
+        if pieces.len() > 1
+            && let Some(message) = coalesced(&pieces, policy.max_bytes)
+        {
+            let _ = uploads.send(Upload { rows, message, _budget: permit });
+            return;
+        }
+        // One piece, or coalescing did not fit: send the pieces as encoded at request time.
+        let permits = permit.divide(pieces.iter().map(|p| p.serialized_record_batch.len()));
+        for (piece, share) in pieces.into_iter().zip(permits) {
+            let _ = uploads.send(Upload { rows: piece.rows, message: piece.serialized_record_batch, _budget: share });
+        }
+    }
+}
+
+/// The pieces' staged rows as one record-batch message, when it fits in `max_bytes`.
+fn coalesced(pieces: &[AppendPayload], max_bytes: usize) -> Option<Bytes> {
+    let batches: Vec<RecordBatch> = pieces.iter().map(|p| p.batch.clone()).collect::<Option<_>>()?;
+    let schema = batches.first().map(RecordBatch::schema)?;
+    let combined = arrow_select::concat::concat_batches(&schema, &batches).ok()?;
+    record_batch_message(&combined).ok().filter(|message| message.len() <= max_bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use arrow_array::Int64Array;
+    use arrow_schema::{DataType, Field, Schema};
+    use tokio::sync::oneshot;
+
+    use super::*;
+
+    fn payload(first_id: i64, rows: usize) -> AppendPayload {
+        let batch = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)])),
+            vec![Arc::new(Int64Array::from_iter_values(first_id..first_id + rows as i64))],
+        )
+        .unwrap();
+        AppendPayload { rows, serialized_record_batch: record_batch_message(&batch).unwrap(), batch: Some(batch) }
+    }
+
+    fn rows(payloads: Vec<AppendPayload>) -> LaneCommand {
+        LaneCommand::Rows(QueuedRows::unbudgeted(payloads))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn small_rows_wait_for_the_flush_interval_or_the_row_limit() {
+        let policy = BatchingPolicy { max_rows: 100, max_bytes: 1 << 20, flush_interval: Duration::from_secs(10) };
+        let (commands, receiver) = mpsc::unbounded_channel();
+        let (uploads_tx, mut uploads) = mpsc::unbounded_channel();
+        tokio::spawn(accumulate(policy, receiver, uploads_tx));
+
+        for i in 0..3 {
+            commands.send(rows(vec![payload(i * 10, 10)])).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(9_900)).await;
+        assert!(uploads.try_recv().is_err(), "nothing before the flush interval");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let upload = uploads.try_recv().expect("flushed after 10 s");
+        assert_eq!(upload.rows, 30, "the three requests were coalesced into one upload");
+
+        // The row limit flushes without waiting: 10 x 10 rows fill one batch of 100.
+        for i in 0..11 {
+            commands.send(rows(vec![payload(100 + i * 10, 10)])).unwrap();
+        }
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(uploads.try_recv().expect("full batch").rows, 100);
+        assert!(uploads.try_recv().is_err(), "the 11th request waits for more rows");
+
+        // A flush (checkpoint) queues what is left and then answers.
+        let (done, flushed) = oneshot::channel();
+        commands.send(LaneCommand::Flush(done)).unwrap();
+        flushed.await.unwrap();
+        assert_eq!(uploads.try_recv().expect("flushed remainder").rows, 10);
+
+        // Payloads of at least half a batch go out as they are, in order.
+        commands.send(rows(vec![payload(0, 5), payload(5, 60)])).unwrap();
+        drop(commands);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let sizes: Vec<usize> = std::iter::from_fn(|| uploads.try_recv().ok()).map(|u| u.rows).collect();
+        assert_eq!(sizes, [5, 60]);
+    }
+}

@@ -1,0 +1,235 @@
+//! The appender of a lane: sends upload batches over one AppendRows connection at explicit row
+//! offsets with a sliding window (refilled per acknowledgement), under the gateway-wide
+//! in-flight limit. A retryable failure tears the connection down (no more sending or
+//! receiving), backs off as [`RetryPolicy::decide`](super::retry::RetryPolicy::decide) says,
+//! and replays every unacknowledged request, in order, on a new connection; `ALREADY_EXISTS` on
+//! a replay means the rows had landed. When the input closes and everything is acknowledged it
+//! reports the stream to commit.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::AppendRowsResponse;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+
+use super::accumulator::Upload;
+use super::lane::{LaneContext, LaneReport, LaneTarget};
+use super::prepare::prepare;
+use super::retry::RetryAction;
+use crate::bigquery::BigQueryError;
+use crate::bigquery::write::{AppendAck, AppendConnection, append_request, judge_append_response};
+use crate::error::{ErrorCode, Problem};
+use crate::telemetry::{self, AppendAcknowledged, AppendFailed};
+
+/// A request sent and not yet acknowledged; it keeps its payload for replay.
+#[derive(Debug)]
+struct InFlight {
+    offset: i64,
+    upload: Upload,
+    sent_at: Instant,
+    send_duration: Duration,
+    _slot: OwnedSemaphorePermit,
+}
+
+/// One lane's appends to its PENDING stream.
+#[derive(Debug)]
+pub(super) struct Appender<'a> {
+    context: &'a LaneContext,
+    target: &'a LaneTarget,
+    stream_name: String,
+    /// Outstanding requests on this stream at most.
+    window: usize,
+    /// Upload batches not sent yet.
+    queue: VecDeque<Upload>,
+    /// Sent and not acknowledged, in offset order.
+    in_flight: VecDeque<InFlight>,
+    connection: Option<AppendConnection>,
+    next_offset: i64,
+    acknowledged_rows: i64,
+    /// Acknowledged rows already added to the execution's progress in Postgres.
+    rows_recorded: i64,
+    /// Consecutive failed attempts (reset by an acknowledgement).
+    failed_attempts: u32,
+}
+
+impl<'a> Appender<'a> {
+    /// Prepares the lane's tables and stream, then appends every upload batch it receives until
+    /// `uploads` closes and all are acknowledged.
+    pub(super) async fn run(
+        context: &'a LaneContext,
+        target: &'a LaneTarget,
+        mut uploads: mpsc::UnboundedReceiver<Upload>,
+    ) -> Result<LaneReport, Problem> {
+        let stream_name = prepare(context, target).await?;
+        let mut appender = Appender {
+            context,
+            target,
+            stream_name,
+            window: context.inflight_per_stream.max(1),
+            queue: VecDeque::new(),
+            in_flight: VecDeque::new(),
+            connection: None,
+            next_offset: 0,
+            acknowledged_rows: 0,
+            rows_recorded: 0,
+            failed_attempts: 0,
+        };
+        let mut input_open = true;
+        while input_open || !appender.queue.is_empty() || !appender.in_flight.is_empty() {
+            let can_send = appender.in_flight.len() < appender.window && !appender.queue.is_empty();
+            tokio::select! {
+                biased;
+                response = next_response(&mut appender.connection), if !appender.in_flight.is_empty() => {
+                    appender.on_response(response).await?;
+                }
+                slot = Arc::clone(&context.inflight_requests).acquire_owned(), if can_send => {
+                    let slot = slot.map_err(|_| Problem::internal("in-flight limiter closed"))?;
+                    appender.send_next(slot).await?;
+                }
+                upload = uploads.recv(), if input_open => match upload {
+                    Some(upload) => appender.queue.push_back(upload),
+                    None => input_open = false,
+                },
+            }
+        }
+        Ok(appender.report())
+    }
+
+    fn report(self) -> LaneReport {
+        LaneReport {
+            resource: self.target.resource.resource.clone(),
+            staging_table: self.target.staging_table.clone(),
+            destination_columns: self.target.destination_columns.clone(),
+            stream_name: self.stream_name,
+            rows_sent: self.acknowledged_rows,
+        }
+    }
+
+    /// Judges the answer to the oldest request in flight.
+    async fn on_response(&mut self, response: Result<AppendRowsResponse, BigQueryError>) -> Result<(), Problem> {
+        let Some(front) = self.in_flight.front() else { return Ok(()) };
+        match response.and_then(|r| judge_append_response(front.offset, r)) {
+            Ok(ack) => {
+                self.on_acknowledged(ack).await;
+                Ok(())
+            }
+            Err(error) => self.on_failure(error).await,
+        }
+    }
+
+    /// Retires the oldest request: its payload and budget are released here.
+    async fn on_acknowledged(&mut self, ack: AppendAck) {
+        self.failed_attempts = 0;
+        let Some(done) = self.in_flight.pop_front() else { return };
+        AppendAcknowledged {
+            resource: &self.target.resource.resource,
+            rows: done.upload.rows,
+            uncompressed_bytes: done.upload.message.len(),
+            already_present: ack == AppendAck::AlreadyPresent,
+            send: done.send_duration,
+            response_wait: done.sent_at.elapsed(),
+        }
+        .emit();
+        self.acknowledged_rows += done.upload.rows as i64;
+        drop(done);
+        metrics::gauge!(telemetry::APPENDS_IN_FLIGHT).decrement(1.0);
+        // Progress for the execution view; not needed for correctness.
+        let rows = self.acknowledged_rows - self.rows_recorded;
+        if self.context.store.add_rows_acknowledged(&self.target.resource, rows).await.is_ok() {
+            self.rows_recorded = self.acknowledged_rows;
+        }
+    }
+
+    /// A failed attempt: give up, or stop sending and receiving, back off and replay
+    /// everything after the last acknowledgement, in order, on a new connection.
+    async fn on_failure(&mut self, error: BigQueryError) -> Result<(), Problem> {
+        let attempt = self.failed_attempts + 1;
+        let action = self.context.retry.decide(&error, attempt);
+        AppendFailed {
+            resource: &self.target.resource.resource,
+            offset: self.in_flight.front().map(|f| f.offset),
+            code: error.code_name(),
+            retryable: action != RetryAction::Fail,
+            attempt,
+            error: &error,
+        }
+        .emit();
+        let RetryAction::RetryAfter(backoff) = action else {
+            return Err(error.to_problem(ErrorCode::UploadFailed));
+        };
+        self.failed_attempts = attempt;
+        drop(self.connection.take());
+        tokio::time::sleep(backoff).await;
+        match self.reconnect().await {
+            Ok(open) => self.connection = Some(open),
+            // Judged on the next turn like a failed response (no connection).
+            Err(e) if e.is_retryable() => {}
+            Err(e) => return Err(e.to_problem(ErrorCode::UploadFailed)),
+        }
+        Ok(())
+    }
+
+    /// Sends the next queued upload at the stream's next offset (opening a connection when
+    /// there is none; its first request carries the writer schema).
+    async fn send_next(&mut self, slot: OwnedSemaphorePermit) -> Result<(), Problem> {
+        let Some(upload) = self.queue.pop_front() else { return Ok(()) };
+        let started = Instant::now();
+        let offset = self.next_offset;
+        self.next_offset += upload.rows as i64;
+        let schema = self.connection.is_none().then(|| self.target.serialized_schema.clone());
+        let request = append_request(&self.stream_name, schema, offset, upload.message.clone());
+        let sent = match self.connection.as_ref() {
+            Some(open) => open.send(&request),
+            None => match self.context.bigquery.writer().open_append_connection(&self.stream_name, vec![request]).await
+            {
+                Ok(open) => {
+                    self.connection = Some(open);
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            },
+        };
+        metrics::gauge!(telemetry::APPENDS_IN_FLIGHT).increment(1.0);
+        let send_duration = started.elapsed();
+        self.in_flight.push_back(InFlight { offset, upload, sent_at: Instant::now(), send_duration, _slot: slot });
+        if let Err(error) = sent {
+            // Judged like a failed response: the next turn sees no connection.
+            if !error.is_retryable() {
+                return Err(error.to_problem(ErrorCode::UploadFailed));
+            }
+            self.connection = None;
+        }
+        Ok(())
+    }
+
+    /// A new connection carrying every unacknowledged request again, in order (the first with
+    /// the writer schema).
+    async fn reconnect(&mut self) -> Result<AppendConnection, BigQueryError> {
+        let requests = self
+            .in_flight
+            .iter()
+            .enumerate()
+            .map(|(index, f)| {
+                let schema = (index == 0).then(|| self.target.serialized_schema.clone());
+                append_request(&self.stream_name, schema, f.offset, f.upload.message.clone())
+            })
+            .collect();
+        let connection = self.context.bigquery.writer().open_append_connection(&self.stream_name, requests).await?;
+        let now = Instant::now();
+        for f in self.in_flight.iter_mut() {
+            f.sent_at = now;
+        }
+        Ok(connection)
+    }
+}
+
+async fn next_response(connection: &mut Option<AppendConnection>) -> Result<AppendRowsResponse, BigQueryError> {
+    match connection.as_mut() {
+        Some(open) => open.next_response().await,
+        None => Err(BigQueryError::Grpc {
+            operation: "AppendRows",
+            status: tonic::Status::unavailable("no AppendRows connection"),
+        }),
+    }
+}

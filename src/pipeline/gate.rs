@@ -1,0 +1,83 @@
+//! The in-memory side of one delivery of an execution, and its gate: batch requests hold it
+//! shared ([`Accepting`]) while they check the state, record their receipt and enqueue; state
+//! transitions (pause, commit, abort, checkpoints, redelivery) hold it exclusively
+//! ([`Transitioning`]) while they change the state. So a batch is either fully accepted before
+//! a transition or rejected after it. [`Pipeline::enqueue`](super::Pipeline::enqueue) takes an
+//! `Accepting` guard and [`Pipeline::flush`](super::Pipeline::flush) a `Transitioning` one, so
+//! neither can be called without the gate.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use super::budget::ResourceShare;
+use super::lane::{LaneCommand, LaneReport};
+use crate::error::Problem;
+use crate::model::ResourceName;
+
+/// Uploads of one delivery of an execution.
+#[derive(Debug)]
+pub(crate) struct ExecutionUploads {
+    pub(crate) delivery: i32,
+    gate: Arc<RwLock<()>>,
+    pub(super) lanes: Mutex<HashMap<ResourceName, Lane>>,
+    pub(super) shares: Mutex<HashMap<ResourceName, ResourceShare>>,
+    pub(super) cancel: CancellationToken,
+}
+
+/// One resource's running lane.
+#[derive(Debug)]
+pub(super) struct Lane {
+    pub(super) commands: mpsc::UnboundedSender<LaneCommand>,
+    pub(super) worker: tokio::task::JoinHandle<Result<LaneReport, Problem>>,
+}
+
+/// The gate held shared: no state transition happens while a batch is being accepted.
+#[derive(Debug)]
+pub(crate) struct Accepting {
+    pub(super) uploads: Arc<ExecutionUploads>,
+    _gate: OwnedRwLockReadGuard<()>,
+}
+
+/// The gate held exclusively: no batch is half-accepted while the state changes.
+#[derive(Debug)]
+pub(crate) struct Transitioning {
+    pub(super) uploads: Arc<ExecutionUploads>,
+    _gate: OwnedRwLockWriteGuard<()>,
+}
+
+impl ExecutionUploads {
+    pub(super) fn new(delivery: i32) -> Self {
+        Self {
+            delivery,
+            gate: Arc::new(RwLock::new(())),
+            lanes: Mutex::default(),
+            shares: Mutex::default(),
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    /// Waits for the gate, shared.
+    pub(crate) async fn accepting(self: &Arc<Self>) -> Accepting {
+        Accepting { uploads: Arc::clone(self), _gate: Arc::clone(&self.gate).read_owned().await }
+    }
+
+    /// Waits for the gate, exclusively.
+    pub(crate) async fn begin_transition(self: &Arc<Self>) -> Transitioning {
+        Transitioning { uploads: Arc::clone(self), _gate: Arc::clone(&self.gate).write_owned().await }
+    }
+}
+
+impl Transitioning {
+    /// The delivery this gate belongs to.
+    pub(crate) fn delivery(&self) -> i32 {
+        self.uploads.delivery
+    }
+}
+
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding these short locks leaves consistent data; keep serving.
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

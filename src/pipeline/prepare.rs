@@ -1,0 +1,76 @@
+//! Setting up one lane's destination before its first append: the dataset, the destination
+//! table (created, or checked and extended with missing NULLABLE columns), the staging table
+//! (expiring after [`STAGING_TABLE_TTL`]) and its PENDING write stream, whose name is recorded
+//! in Postgres before any row is sent. The [`super::appender`] appends to that stream.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::lane::{LaneContext, LaneTarget};
+use crate::bigquery::metadata::{missing_columns, type_conflicts};
+use crate::bigquery::{BigQuery, BigQueryError, table_path};
+use crate::error::{ErrorCode, Problem};
+use crate::model::staging::STAGING_TABLE_TTL;
+use crate::telemetry::PhaseTiming;
+
+/// Prepares the lane's tables and stream (at most `max_concurrent_prepares` at once
+/// gateway-wide); returns the PENDING stream's name.
+pub(super) async fn prepare(context: &LaneContext, target: &LaneTarget) -> Result<String, Problem> {
+    let _slot =
+        Arc::clone(&context.prepares).acquire_owned().await.map_err(|_| Problem::internal("prepare limiter closed"))?;
+    let started = Instant::now();
+    let resource = &target.resource;
+    tracing::info!(run_id = %resource.delivery.run_id(), execution_id = %resource.delivery.execution_id(),
+        resource = %resource.resource, table = %target.destination_table, "bigquery.write.prepare.started");
+    let bigquery = &context.bigquery;
+    let fail = |e: BigQueryError| e.to_problem(ErrorCode::BigqueryError);
+    let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
+    bigquery.ensure_dataset(project, dataset, target.location.as_deref()).await.map_err(fail)?;
+    prepare_destination(bigquery, target).await?;
+    let expires_at_ms = chrono::Utc::now().timestamp_millis() + STAGING_TABLE_TTL.as_millis() as i64;
+    bigquery
+        .create_table(project, dataset, &target.staging_table, &target.staging_columns, Some(expires_at_ms))
+        .await
+        .map_err(fail)?;
+    let stream_name = bigquery
+        .writer()
+        .create_pending_stream(&table_path(project, dataset, &target.staging_table))
+        .await
+        .map_err(|e| e.to_problem(ErrorCode::UploadFailed))?;
+    context.store.set_stream_name(resource, &stream_name).await?;
+    PhaseTiming { resource: &resource.resource, phase: "prepare", duration: started.elapsed() }.emit();
+    Ok(stream_name)
+}
+
+/// Creates the destination table, or checks that the existing one takes the batches' columns
+/// (existing columns are never altered) and adds the missing ones.
+async fn prepare_destination(bigquery: &BigQuery, target: &LaneTarget) -> Result<(), Problem> {
+    let fail = |e: BigQueryError| e.to_problem(ErrorCode::BigqueryError);
+    let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
+    let (table, wanted) = (&target.destination_table, &target.destination_columns);
+    let Some(existing) = bigquery.table_fields(project, dataset, table).await.map_err(fail)? else {
+        bigquery.create_table(project, dataset, table, wanted, None).await.map_err(fail)?;
+        return Ok(());
+    };
+    let conflicts = type_conflicts(&existing, wanted);
+    if !conflicts.is_empty() {
+        let list: Vec<String> = conflicts
+            .iter()
+            .map(|(c, has, wants)| format!("{c} is {has} in the table, the batches send {wants}"))
+            .collect();
+        return Err(Problem::new(
+            ErrorCode::IncompatibleSchema,
+            format!("table {dataset}.{table}: {}", list.join("; ")),
+        )
+        .with_hint("existing columns are never altered: send the table's type, or load into a new table"));
+    }
+    let missing = missing_columns(&existing, wanted);
+    if !missing.is_empty() {
+        let names: Vec<&str> = missing.iter().map(|c| c.name.as_str()).collect();
+        let delivery = &target.resource.delivery;
+        tracing::info!(run_id = %delivery.run_id(), execution_id = %delivery.execution_id(), %table,
+            columns = %names.join(","), "bigquery.table.columns_added");
+        bigquery.add_columns(project, dataset, table, &existing, &missing).await.map_err(fail)?;
+    }
+    Ok(())
+}
