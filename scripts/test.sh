@@ -20,6 +20,10 @@ TOOLS_BIN="$(dirname "$FILAMENT_TOOLS_PYTHON")"
 "$TOOLS_BIN/kubernetes-validate" --strict --quiet deploy/kubernetes/*.yaml
 cargo test --locked --all-targets -- --test-threads "${FILAMENT_TEST_THREADS:-4}"
 
+# The extractor's side: the Python client against the real gateway, a generated client, and
+# the operators' dashboard and alerts (scripts/client-checks.sh says what each step checks).
+scripts/client-checks.sh "$(scripts/cargo-bin.sh debug)"
+
 # Fuzz smoke run of the batch-ingest path on the checked-in seed corpus (bounded time);
 # `make fuzz` runs it longer. New inputs go to build/, the checked-in corpus is read-only.
 scripts/fuzz.sh "${FILAMENT_FUZZ_SECONDS:-60}"
