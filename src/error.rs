@@ -59,6 +59,7 @@ error_codes! {
     HeadersTooLarge => "headers_too_large", REQUEST_HEADER_FIELDS_TOO_LARGE, "Request headers too large";
     Overloaded => "overloaded", SERVICE_UNAVAILABLE, "Too many concurrent requests";
     ExecutionNotExtracting => "execution_not_extracting", CONFLICT, "Execution is not extracting";
+    PublicationInProgress => "publication_in_progress", CONFLICT, "Publication in progress";
     RunConflict => "run_conflict", CONFLICT, "Run already exists with another definition";
     ResourceConflict => "resource_conflict", CONFLICT, "Resource conflicts with its declaration";
     BatchConflict => "batch_conflict", CONFLICT, "Batch sequence number reused with other content";

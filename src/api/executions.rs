@@ -295,8 +295,11 @@ async fn wait_for_terminal(state: &SharedState, key: &ExecutionKey) -> Result<Ex
     }
 }
 
-/// Abandon the execution: uploads are cancelled; nothing of it is published. Its staging tables
-/// are deleted unless it was committing (a publication may still read them; they expire).
+/// Abandon the execution: uploads are cancelled and nothing of it is published; every
+/// destination stays as it was. Accepted until a commit submits its first destination job;
+/// from then on destinations may change, so abort answers 409 `publication_in_progress` (naming
+/// the destinations already submitted) and the commit runs to its end (`committed` or
+/// `failed`). Staging tables are deleted (a committing execution's by its commit).
 #[utoipa::path(
     post, path = "/v1/runs/{run_id}/executions/{execution_id}/abort", tag = "executions", security(("bearer" = [])),
     params(("run_id" = String, Path, description = "Run id"), ("execution_id" = String, Path, description = "Execution id")),
@@ -304,7 +307,7 @@ async fn wait_for_terminal(state: &SharedState, key: &ExecutionKey) -> Result<Ex
         (status = 200, description = "Execution aborted", body = ExecutionView),
         (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 404, description = "No such run or execution", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 409, description = "`execution_not_extracting`: already terminal", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 409, description = "`execution_not_extracting`: already terminal; `publication_in_progress`: the commit already submitted destination jobs and runs to its end", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
@@ -314,7 +317,7 @@ pub(crate) async fn abort_execution(
 ) -> Result<axum::Json<ExecutionView>, Problem> {
     let (transitioning, run, before) = begin_transition(&state, &run_id, &execution_id).await?;
     let delivery = before.key().delivery(transitioning.delivery());
-    let aborted = state.store.transition_execution(&delivery, ExecutionState::OPEN, ExecutionState::Aborted).await?;
+    let aborted = state.store.abort_execution(&delivery).await?;
     match aborted {
         Some(record) => {
             state.pipeline.cancel(&record.key());
@@ -326,6 +329,35 @@ pub(crate) async fn abort_execution(
             }
             Ok(axum::Json(execution_view(&state.store, record).await?))
         }
-        None => Err(not_extracting(&load_execution(&state, &run_id, &execution_id).await?.1, "abort")),
+        None => {
+            let (_, current) = load_execution(&state, &run_id, &execution_id).await?;
+            if current.state == ExecutionState::Committing && current.publishing_at.is_some() {
+                return Err(publication_in_progress(&state, &current).await?);
+            }
+            Err(not_extracting(&current, "abort"))
+        }
     }
+}
+
+/// 409 for an abort that comes after the commit began changing destinations.
+async fn publication_in_progress(state: &SharedState, execution: &ExecutionRecord) -> Result<Problem, Problem> {
+    let submitted: Vec<String> = state
+        .store
+        .list_publications(&execution.key())
+        .await?
+        .into_iter()
+        .filter(|p| p.state != crate::model::PublicationState::Failed)
+        .map(|p| p.destination)
+        .collect();
+    let listed = if submitted.is_empty() { "none yet".to_string() } else { submitted.join(", ") };
+    Ok(Problem::new(
+        ErrorCode::PublicationInProgress,
+        format!(
+            "execution {} is publishing (destinations submitted: {listed}); the commit runs to its end",
+            execution.execution_id
+        ),
+    )
+    .with_hint(
+        "wait for the commit's outcome (GET the execution); a committed load is undone with a new load, not an abort",
+    ))
 }

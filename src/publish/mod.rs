@@ -3,11 +3,17 @@
 //! (deterministic job id, fingerprint persisted first), delete the staging tables and mark the
 //! execution committed, which makes its last checkpoint the run's durable checkpoint.
 //!
-//! Pure pieces: [`sql`] (statements per write mode), [`job_id`], [`fingerprint`], and
+//! Publication starts only once the delivery is marked publishing (so an abort before it
+//! changes nothing and an abort after it is refused), and follows [`plan`]: resources sharing a
+//! destination table publish in declaration order ([`destination`]), tables concurrently.
+//!
+//! Pure pieces: [`sql`] (statements per write mode), [`job_id`], [`fingerprint`], [`plan`], and
 //! [`reconcile`] (what a redelivered publication does).
 
+mod destination;
 pub(crate) mod fingerprint;
 pub(crate) mod job_id;
+mod plan;
 pub(crate) mod reconcile;
 pub(crate) mod sql;
 
@@ -18,25 +24,15 @@ use futures::StreamExt as _;
 use crate::bigquery::write::CommitOutcome;
 use crate::bigquery::{BigQuery, BigQueryError, table_path};
 use crate::error::{ErrorCode, Problem};
-use crate::model::{DeliveryRef, ExecutionState, PublicationState, ResourceName, WriteMode};
+use crate::model::{DeliveryRef, ExecutionState, ResourceName};
 use crate::pipeline::{LaneReport, Pipeline};
-use crate::store::{ExecutionRecord, NewPublication, ResourceRecord, RunRecord, Store};
+use crate::store::{ExecutionRecord, RunRecord, Store};
 use crate::telemetry;
-use reconcile::{Reconciled, reconcile};
+use destination::{PublishOutcome, Published};
 
 /// Destinations finalized, committed and published at once per commit. BigQuery runs at most
 /// two DML statements per table at a time; these are different tables.
 pub(crate) const MAX_CONCURRENT_PUBLICATIONS: usize = 8;
-
-/// How one destination's publication ended when it did not fail for good (that is `Err`).
-#[derive(Debug, Clone, PartialEq)]
-enum PublishOutcome {
-    /// Done now, earlier (a redelivery), or nothing to publish.
-    Published,
-    /// We lost track of the job (timeout, BigQuery unreachable): it may still finish. Its
-    /// record stays `running`, so a redelivery re-attaches to it under the same job id.
-    Unfinished(Problem),
-}
 
 /// Runs commits. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -101,33 +97,47 @@ impl Publisher {
             futures::stream::iter(commits).buffer_unordered(MAX_CONCURRENT_PUBLICATIONS).collect().await;
         committed.into_iter().collect::<Result<Vec<()>, Problem>>()?;
 
-        let resources = &self.store.list_resources(&run.run_id).await?;
-        let publications: Vec<_> = reports
-            .iter()
-            .map(|report| async move {
-                let outcome = match resources.iter().find(|r| r.resource == report.resource) {
-                    Some(resource) => self.publish(run, delivery, resource, report).await,
-                    None => Err(Problem::internal(format!("resource {} is no longer declared", report.resource))),
-                };
-                (report, outcome)
-            })
+        // The point of no return: from here destinations change, so an abort is refused. An
+        // abort that came first wins, and nothing is published.
+        if !self.store.begin_publishing(delivery).await? {
+            for report in &reports {
+                self.delete_staging_table(run, &report.staging_table).await;
+            }
+            return Err(Problem::new(ErrorCode::ExecutionNotExtracting, "the execution was aborted before publishing"));
+        }
+        let declared = self.store.list_resources_by_declaration(&run.run_id).await?;
+        let first_segment = !self.store.another_execution_committed(&delivery.execution).await?;
+        let destinations = plan::plan(&declared, &reports, first_segment)?;
+        let publications: Vec<_> = destinations
+            .into_iter()
+            .map(|destination| self.publish_destination(run, delivery, destination, first_segment))
             .collect();
-        let outcomes: Vec<(&LaneReport, Result<PublishOutcome, Problem>)> =
+        let published: Vec<Vec<Published>> =
             futures::stream::iter(publications).buffer_unordered(MAX_CONCURRENT_PUBLICATIONS).collect().await;
+        self.outcome(run, published.into_iter().flatten()).await
+    }
 
+    /// Deletes the staging tables no job will read again and names every failed destination
+    /// (the first failure's code, each failure in the detail).
+    async fn outcome(&self, run: &RunRecord, published: impl Iterator<Item = Published>) -> Result<(), Problem> {
         let mut failures: Vec<(ResourceName, Problem)> = Vec::new();
-        for (report, outcome) in outcomes {
-            match outcome {
-                Ok(PublishOutcome::Published) => self.delete_staging_table(run, &report.staging_table).await,
+        for Published { resource, staging_table, outcome } in published {
+            let problem = match outcome {
+                Ok(PublishOutcome::Published) => None,
                 // A job we stopped waiting for may still read its staging table: it expires.
-                Ok(PublishOutcome::Unfinished(problem)) => failures.push((report.resource.clone(), problem)),
-                Err(problem) => {
-                    self.delete_staging_table(run, &report.staging_table).await;
-                    failures.push((report.resource.clone(), problem));
+                Ok(PublishOutcome::Unfinished(problem)) => {
+                    failures.push((resource, problem));
+                    continue;
                 }
+                Err(problem) => Some(problem),
+            };
+            if let Some(table) = &staging_table {
+                self.delete_staging_table(run, table).await;
+            }
+            if let Some(problem) = problem {
+                failures.push((resource, problem));
             }
         }
-        // The first failure's code, every failed destination named in the detail.
         match failures.first() {
             None => Ok(()),
             Some((_, first)) => {
@@ -200,131 +210,4 @@ impl Publisher {
         self.store.set_stream_committed(&resource).await?;
         Ok(())
     }
-
-    /// One query job for the destination, unless this execution already published the same
-    /// content (a redelivery), in which case the earlier job stands.
-    async fn publish(
-        &self,
-        run: &RunRecord,
-        delivery: &DeliveryRef,
-        resource: &ResourceRecord,
-        report: &LaneReport,
-    ) -> Result<PublishOutcome, Problem> {
-        let staged = delivery.resource(report.resource.clone());
-        let staging = self
-            .store
-            .get_staging_stream(&staged)
-            .await?
-            .ok_or_else(|| Problem::internal(format!("no staging record for {}", report.resource)))?;
-        let receipts = self.store.list_receipts(&staged).await?;
-        let fingerprint = fingerprint::fingerprint(&fingerprint::FingerprintInput {
-            project: &run.destination.project,
-            dataset: &run.destination.dataset,
-            table: &resource.table_name,
-            write_mode: resource.write_mode,
-            primary_key: &resource.primary_key,
-            arrow_schema_sha256: &staging.arrow_schema_sha256,
-            receipts: &receipts,
-        });
-        let previous = self.store.get_publication(&delivery.execution, &report.resource).await?;
-        match reconcile(previous.as_ref(), &fingerprint) {
-            Reconciled::Submit | Reconciled::Reattach => {}
-            Reconciled::Reuse { job_id } => {
-                tracing::info!(run_id = %run.run_id, execution_id = %delivery.execution_id(),
-                    resource = %report.resource, %job_id,
-                    "redelivered execution staged the same content; reusing its publication");
-                metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "reused").increment(1);
-                return Ok(PublishOutcome::Published);
-            }
-            Reconciled::Refuse(problem) => return Err(problem),
-        }
-        // full_replace: the run's first publication of the resource replaces the table (even
-        // with no rows); later segments append.
-        let replace = resource.write_mode == WriteMode::FullReplace
-            && !self.store.published_by_another_execution(&delivery.execution, &report.resource).await?;
-        if report.rows_sent == 0 && !replace {
-            return Ok(PublishOutcome::Published);
-        }
-        let statement = statement_for(run, resource, report, replace);
-        self.run_and_record(run, delivery, resource, report, &fingerprint, &statement).await
-    }
-
-    /// Records the publication (job id and fingerprint) before submitting its job, runs the job
-    /// and records how it ended.
-    async fn run_and_record(
-        &self,
-        run: &RunRecord,
-        delivery: &DeliveryRef,
-        resource: &ResourceRecord,
-        report: &LaneReport,
-        fingerprint: &str,
-        statement: &str,
-    ) -> Result<PublishOutcome, Problem> {
-        let (run_id, execution_id) = (delivery.run_id(), delivery.execution_id());
-        let job_id = job_id::publication_job_id(
-            run_id,
-            execution_id,
-            &report.resource,
-            &run.destination.dataset,
-            &resource.table_name,
-            resource.write_mode,
-        );
-        let destination = format!("{}.{}", run.destination.dataset, resource.table_name);
-        self.store
-            .begin_publication(&NewPublication {
-                delivery,
-                resource: &report.resource,
-                destination: &destination,
-                job_id: &job_id,
-                fingerprint,
-            })
-            .await?;
-        tracing::info!(%run_id, %execution_id, resource = %report.resource, %job_id, "bigquery.write.publish.started");
-        let project = &run.destination.project;
-        let outcome = self
-            .bigquery
-            .run_query_job(project, run.destination.location(), &job_id, statement, self.query_job_timeout)
-            .await;
-        let (execution, resource) = (&delivery.execution, &report.resource);
-        match outcome {
-            Ok(outcome) => {
-                let rows = outcome.rows_affected;
-                self.store.finish_publication(execution, resource, PublicationState::Done, rows, None).await?;
-                metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "done").increment(1);
-                Ok(PublishOutcome::Published)
-            }
-            Err(e) if e.is_retryable() => {
-                tracing::warn!(%run_id, %execution_id, %resource, %job_id, error = %e,
-                    "lost track of the publication job; a redelivery re-attaches to it");
-                metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "unfinished").increment(1);
-                Ok(PublishOutcome::Unfinished(e.to_problem(ErrorCode::PublicationFailed)))
-            }
-            Err(e) => {
-                let problem = e.to_problem(ErrorCode::PublicationFailed);
-                let failed = PublicationState::Failed;
-                self.store.finish_publication(execution, resource, failed, None, Some(&problem)).await?;
-                metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "failed").increment(1);
-                Err(problem)
-            }
-        }
-    }
-}
-
-/// The statement that publishes `report`'s staged rows into the resource's destination.
-fn statement_for(run: &RunRecord, resource: &ResourceRecord, report: &LaneReport, replace: bool) -> String {
-    let project = &run.destination.project;
-    let key: Vec<String> = resource
-        .primary_key
-        .iter()
-        .filter_map(|k| report.destination_columns.iter().find(|c| c.name.eq_ignore_ascii_case(k)))
-        .map(|c| c.name.clone())
-        .collect();
-    sql::publication_statement(&sql::Publication {
-        destination: sql::TableRef { project, dataset: &run.destination.dataset, table: &resource.table_name },
-        staging: sql::TableRef { project, dataset: &run.destination.dataset, table: &report.staging_table },
-        write_mode: resource.write_mode,
-        columns: &report.destination_columns,
-        key: &key,
-        replace,
-    })
 }

@@ -62,6 +62,7 @@ mod tests {
     fn record(state: PublicationState, fingerprint: &str) -> PublicationRecord {
         PublicationRecord {
             resource: "users".parse().unwrap(),
+            destination: "raw.users".into(),
             job_id: "job-1".into(),
             fingerprint: fingerprint.into(),
             state,

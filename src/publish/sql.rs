@@ -70,6 +70,11 @@ pub(crate) fn publication_statement(publication: &Publication<'_>) -> String {
     }
 }
 
+/// An empty replacement: the source is empty now, so the destination is emptied.
+pub(crate) fn truncate_statement(destination: &TableRef<'_>) -> String {
+    format!("TRUNCATE TABLE {}", destination.quoted())
+}
+
 /// The staged value of `column` (at SQL expression `expr`) converted to its destination type.
 fn converted(expr: &str, column: &Column, depth: usize) -> String {
     if !column.bigquery_type.needs_conversion() {
@@ -300,6 +305,11 @@ mod tests {
             Column::repeated("tags", BigQueryType::String),
         ];
         insta::assert_snapshot!(statement(WriteMode::FullAppend, &columns, &[], false));
+    }
+
+    #[test]
+    fn an_empty_replacement_truncates() {
+        assert_eq!(truncate_statement(&DESTINATION), "TRUNCATE TABLE `my-project`.`raw`.`users`");
     }
 
     #[test]

@@ -15,6 +15,9 @@ pub(crate) struct ExecutionRecord {
     pub(crate) state: ExecutionState,
     #[sqlx(json(nullable))]
     pub(crate) error: Option<Problem>,
+    /// When the delivery's commit began publishing (its first destination job); abort is
+    /// refused from then on.
+    pub(crate) publishing_at: Option<DateTime<Utc>>,
     pub(crate) created_at: DateTime<Utc>,
     pub(crate) updated_at: DateTime<Utc>,
 }
@@ -95,7 +98,7 @@ impl Store {
                 .await?;
                 let record: ExecutionRecord = sqlx::query_as(
                     "UPDATE executions SET delivery = delivery + 1, state = 'extracting', error = NULL,
-                            finished_at = NULL, updated_at = now()
+                            publishing_at = NULL, finished_at = NULL, updated_at = now()
                      WHERE run_id = $1 AND execution_id = $2 RETURNING *",
                 )
                 .bind_execution(key)
@@ -145,6 +148,46 @@ impl Store {
         .bind(to)
         .bind(to.is_terminal())
         .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Marks the committing delivery as publishing, before its first destination job is
+    /// submitted; `false` when it is no longer committing (aborted or failed meanwhile), in
+    /// which case nothing may be published.
+    pub(crate) async fn begin_publishing(&self, delivery: &DeliveryRef) -> StoreResult<bool> {
+        let marked = sqlx::query(
+            "UPDATE executions SET publishing_at = COALESCE(publishing_at, now()), updated_at = now()
+             WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND state = 'committing'",
+        )
+        .bind_delivery(delivery)
+        .execute(&self.pool)
+        .await?;
+        Ok(marked.rows_affected() == 1)
+    }
+
+    /// Aborts the delivery unless it ended or began publishing; `None` otherwise.
+    pub(crate) async fn abort_execution(&self, delivery: &DeliveryRef) -> StoreResult<Option<ExecutionRecord>> {
+        Ok(sqlx::query_as(
+            "UPDATE executions SET state = 'aborted', updated_at = now(), finished_at = now()
+             WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND state = ANY($4)
+               AND publishing_at IS NULL
+             RETURNING *",
+        )
+        .bind_delivery(delivery)
+        .bind(state_names(ExecutionState::OPEN))
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Whether another execution of the run committed: the run's next execution is then a
+    /// continuing segment (a `full_replace` resource appends), otherwise it replaces.
+    pub(crate) async fn another_execution_committed(&self, key: &ExecutionKey) -> StoreResult<bool> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM executions
+                 WHERE run_id = $1 AND execution_id <> $2 AND state = 'committed')",
+        )
+        .bind_execution(key)
+        .fetch_one(&self.pool)
         .await?)
     }
 

@@ -7,6 +7,8 @@ use crate::model::{DeliveryRef, ExecutionKey, PublicationState, ResourceName};
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub(crate) struct PublicationRecord {
     pub(crate) resource: ResourceName,
+    /// `dataset.table`.
+    pub(crate) destination: String,
     pub(crate) job_id: String,
     pub(crate) fingerprint: String,
     pub(crate) state: PublicationState,
@@ -45,25 +47,6 @@ impl Store {
             .bind(resource)
             .fetch_optional(&self.pool)
             .await?)
-    }
-
-    /// Whether another execution of the run already published `resource` (a `full_replace`
-    /// resource is replaced by the run's first publication and appended to by later segments).
-    pub(crate) async fn published_by_another_execution(
-        &self,
-        execution: &ExecutionKey,
-        resource: &ResourceName,
-    ) -> StoreResult<bool> {
-        let published: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM publications
-                 WHERE run_id = $1 AND resource = $2 AND execution_id <> $3 AND state = 'done')",
-        )
-        .bind(&execution.run_id)
-        .bind(resource)
-        .bind(&execution.execution_id)
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(published)
     }
 
     /// Persists the job id and fingerprint before the job is submitted.

@@ -84,6 +84,14 @@ impl Store {
             .await?)
     }
 
+    /// The run's resources in the order they were first declared.
+    pub(crate) async fn list_resources_by_declaration(&self, run_id: &RunId) -> StoreResult<Vec<ResourceRecord>> {
+        Ok(sqlx::query_as("SELECT * FROM resources WHERE run_id = $1 ORDER BY created_at, resource")
+            .bind(run_id)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
     pub(crate) async fn get_resource(
         &self,
         run_id: &RunId,

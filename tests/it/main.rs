@@ -12,5 +12,6 @@ mod hardening;
 mod operations;
 mod pipeline;
 mod publication;
+mod publication_safety;
 mod troubleshooting;
 mod write_modes;

@@ -1,0 +1,219 @@
+//! Publishing one destination table: its planned publications one after another, each one
+//! query job under a deterministic job id, unless this execution already published the same
+//! content (a redelivery, decided by [`reconcile`]). The fingerprint and job id are recorded
+//! before the job is submitted.
+
+use super::plan::{DestinationPlan, PlannedPublication};
+use super::reconcile::{Reconciled, reconcile};
+use super::{Publisher, fingerprint, job_id, sql};
+use crate::error::{ErrorCode, Problem};
+use crate::model::{DeliveryRef, PublicationState, ResourceName, WriteMode};
+use crate::pipeline::LaneReport;
+use crate::store::{NewPublication, ResourceRecord, RunRecord};
+use crate::telemetry;
+
+/// How one publication ended when it did not fail for good.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum PublishOutcome {
+    /// Done now, earlier (a redelivery), or nothing to publish.
+    Published,
+    /// We lost track of the job (timeout, BigQuery unreachable): it may still finish. Its
+    /// record stays `running`, so a redelivery re-attaches to it under the same job id.
+    Unfinished(Problem),
+}
+
+/// One publication's result, with the staging table it read (to delete).
+#[derive(Debug)]
+pub(super) struct Published {
+    pub(super) resource: ResourceName,
+    pub(super) staging_table: Option<String>,
+    pub(super) outcome: Result<PublishOutcome, Problem>,
+}
+
+/// What a publication writes into its destination.
+struct Statement<'a> {
+    /// The staged rows, or `None` for an empty replacement (a truncation).
+    staged: Option<&'a LaneReport>,
+    sql: String,
+}
+
+impl Publisher {
+    /// The destination's publications in order. After one fails (or its outcome is unknown),
+    /// the later ones are not submitted: the table stays as a prefix of the declared order left it.
+    pub(super) async fn publish_destination(
+        &self,
+        run: &RunRecord,
+        delivery: &DeliveryRef,
+        destination: DestinationPlan<'_>,
+        first_segment: bool,
+    ) -> Vec<Published> {
+        let mut results = Vec::with_capacity(destination.publications.len());
+        let mut blocked = false;
+        for planned in destination.publications {
+            let outcome = if blocked {
+                Err(Problem::new(
+                    ErrorCode::PublicationFailed,
+                    format!("not published: an earlier publication into table {} failed", destination.table),
+                ))
+            } else {
+                self.publish(run, delivery, planned, first_segment).await
+            };
+            blocked |= !matches!(outcome, Ok(PublishOutcome::Published));
+            let staging_table = planned.staged.map(|report| report.staging_table.clone());
+            results.push(Published { resource: planned.resource.resource.clone(), staging_table, outcome });
+        }
+        results
+    }
+
+    /// One query job for the resource, unless this execution already published the same content.
+    async fn publish(
+        &self,
+        run: &RunRecord,
+        delivery: &DeliveryRef,
+        planned: PlannedPublication<'_>,
+        first_segment: bool,
+    ) -> Result<PublishOutcome, Problem> {
+        let resource = planned.resource;
+        let fingerprint = self.fingerprint(run, delivery, planned).await?;
+        let previous = self.store.get_publication(&delivery.execution, &resource.resource).await?;
+        match reconcile(previous.as_ref(), &fingerprint) {
+            Reconciled::Submit | Reconciled::Reattach => {}
+            Reconciled::Reuse { job_id } => {
+                tracing::info!(run_id = %run.run_id, execution_id = %delivery.execution_id(),
+                    resource = %resource.resource, %job_id,
+                    "redelivered execution staged the same content; reusing its publication");
+                metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "reused").increment(1);
+                return Ok(PublishOutcome::Published);
+            }
+            Reconciled::Refuse(problem) => return Err(problem),
+        }
+        match self.statement(run, planned, first_segment).await? {
+            Some(statement) => self.run_and_record(run, delivery, resource, &fingerprint, &statement).await,
+            None => Ok(PublishOutcome::Published),
+        }
+    }
+
+    /// The fingerprint of what the resource staged in this delivery (nothing, for an empty
+    /// replacement).
+    async fn fingerprint(
+        &self,
+        run: &RunRecord,
+        delivery: &DeliveryRef,
+        planned: PlannedPublication<'_>,
+    ) -> Result<String, Problem> {
+        let resource = planned.resource;
+        let (schema_sha256, receipts) = match planned.staged {
+            Some(report) => {
+                let staged = delivery.resource(report.resource.clone());
+                let staging = self
+                    .store
+                    .get_staging_stream(&staged)
+                    .await?
+                    .ok_or_else(|| Problem::internal(format!("no staging record for {}", report.resource)))?;
+                (staging.arrow_schema_sha256, self.store.list_receipts(&staged).await?)
+            }
+            None => (String::new(), Vec::new()),
+        };
+        Ok(fingerprint::fingerprint(&fingerprint::FingerprintInput {
+            project: &run.destination.project,
+            dataset: &run.destination.dataset,
+            table: &resource.table_name,
+            write_mode: resource.write_mode,
+            primary_key: &resource.primary_key,
+            arrow_schema_sha256: &schema_sha256,
+            receipts: &receipts,
+        }))
+    }
+
+    /// The statement to run, or `None` when there is nothing to do: no staged rows and no
+    /// replacement, or an empty replacement of a table that does not exist.
+    async fn statement<'a>(
+        &self,
+        run: &RunRecord,
+        planned: PlannedPublication<'a>,
+        first_segment: bool,
+    ) -> Result<Option<Statement<'a>>, Problem> {
+        let resource = planned.resource;
+        // full_replace: the run's first segment replaces the table (even with no rows); a
+        // segment that follows a committed execution appends.
+        let replace = resource.write_mode == WriteMode::FullReplace && first_segment;
+        let (project, dataset) = (&run.destination.project, &run.destination.dataset);
+        let destination = sql::TableRef { project, dataset, table: &resource.table_name };
+        let Some(report) = planned.staged else {
+            let exists = self.bigquery.table_fields(project, dataset, &resource.table_name).await;
+            let exists = exists.map_err(|e| e.to_problem(ErrorCode::PublicationFailed))?.is_some();
+            return Ok(exists.then(|| Statement { staged: None, sql: sql::truncate_statement(&destination) }));
+        };
+        if report.rows_sent == 0 && !replace {
+            return Ok(None);
+        }
+        let key: Vec<String> = resource
+            .primary_key
+            .iter()
+            .filter_map(|k| report.destination_columns.iter().find(|c| c.name.eq_ignore_ascii_case(k)))
+            .map(|c| c.name.clone())
+            .collect();
+        let sql = sql::publication_statement(&sql::Publication {
+            destination,
+            staging: sql::TableRef { project, dataset, table: &report.staging_table },
+            write_mode: resource.write_mode,
+            columns: &report.destination_columns,
+            key: &key,
+            replace,
+        });
+        Ok(Some(Statement { staged: Some(report), sql }))
+    }
+
+    /// Records the publication (job id and fingerprint) before submitting its job, runs the job
+    /// and records how it ended.
+    async fn run_and_record(
+        &self,
+        run: &RunRecord,
+        delivery: &DeliveryRef,
+        resource: &ResourceRecord,
+        fingerprint: &str,
+        statement: &Statement<'_>,
+    ) -> Result<PublishOutcome, Problem> {
+        let (run_id, execution_id) = (delivery.run_id(), delivery.execution_id());
+        let name = &resource.resource;
+        let job_id = job_id::publication_job_id(
+            run_id,
+            execution_id,
+            name,
+            &run.destination.dataset,
+            &resource.table_name,
+            resource.write_mode,
+        );
+        let destination = format!("{}.{}", run.destination.dataset, resource.table_name);
+        let record =
+            NewPublication { delivery, resource: name, destination: &destination, job_id: &job_id, fingerprint };
+        self.store.begin_publication(&record).await?;
+        let staged_rows = statement.staged.map_or(0, |report| report.rows_sent);
+        tracing::info!(%run_id, %execution_id, resource = %name, %job_id, staged_rows, "bigquery.write.publish.started");
+        let (project, location) = (&run.destination.project, run.destination.location());
+        let outcome =
+            self.bigquery.run_query_job(project, location, &job_id, &statement.sql, self.query_job_timeout).await;
+        let execution = &delivery.execution;
+        match outcome {
+            Ok(outcome) => {
+                let rows = outcome.rows_affected;
+                self.store.finish_publication(execution, name, PublicationState::Done, rows, None).await?;
+                metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "done").increment(1);
+                Ok(PublishOutcome::Published)
+            }
+            Err(e) if e.is_retryable() => {
+                tracing::warn!(%run_id, %execution_id, resource = %name, %job_id, error = %e,
+                    "lost track of the publication job; a redelivery re-attaches to it");
+                metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "unfinished").increment(1);
+                Ok(PublishOutcome::Unfinished(e.to_problem(ErrorCode::PublicationFailed)))
+            }
+            Err(e) => {
+                let problem = e.to_problem(ErrorCode::PublicationFailed);
+                let failed = PublicationState::Failed;
+                self.store.finish_publication(execution, name, failed, None, Some(&problem)).await?;
+                metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "failed").increment(1);
+                Err(problem)
+            }
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Which publications a commit runs, and in what order: pure, from the run's resources in
+//! declaration order and the drained lanes' reports. Resources that share a destination table
+//! publish one after another in the order they were declared (concurrent DML on one table
+//! races, and BigQuery refuses it with "Could not serialize access"); different tables publish
+//! concurrently. A `full_replace` resource that received no rows still publishes (an empty
+//! replacement truncates its table) when the execution is the run's first segment.
+
+use crate::error::Problem;
+use crate::model::WriteMode;
+use crate::pipeline::LaneReport;
+use crate::store::ResourceRecord;
+
+/// One resource's publication.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PlannedPublication<'a> {
+    pub(crate) resource: &'a ResourceRecord,
+    /// What its lane staged; `None` for an empty replacement (no lane ever started).
+    pub(crate) staged: Option<&'a LaneReport>,
+}
+
+/// The publications into one destination table, in declaration order.
+#[derive(Debug, Clone)]
+pub(crate) struct DestinationPlan<'a> {
+    pub(crate) table: &'a str,
+    pub(crate) publications: Vec<PlannedPublication<'a>>,
+}
+
+/// Groups the publications by destination table. `declared` is in declaration order;
+/// `first_segment` says whether no other execution of the run committed (empty replacements
+/// run only then). A report of an undeclared resource is an internal error.
+pub(crate) fn plan<'a>(
+    declared: &'a [ResourceRecord],
+    reports: &'a [LaneReport],
+    first_segment: bool,
+) -> Result<Vec<DestinationPlan<'a>>, Problem> {
+    if let Some(orphan) = reports.iter().find(|r| !declared.iter().any(|d| d.resource == r.resource)) {
+        return Err(Problem::internal(format!("resource {} is no longer declared", orphan.resource)));
+    }
+    let mut destinations: Vec<DestinationPlan<'a>> = Vec::new();
+    for resource in declared {
+        let staged = reports.iter().find(|r| r.resource == resource.resource);
+        let empty_replacement = staged.is_none() && resource.write_mode == WriteMode::FullReplace && first_segment;
+        if staged.is_none() && !empty_replacement {
+            continue;
+        }
+        let publication = PlannedPublication { resource, staged };
+        match destinations.iter_mut().find(|d| d.table == resource.table_name) {
+            Some(destination) => destination.publications.push(publication),
+            None => destinations.push(DestinationPlan { table: &resource.table_name, publications: vec![publication] }),
+        }
+    }
+    Ok(destinations)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resource(name: &str, table: &str, write_mode: WriteMode) -> ResourceRecord {
+        ResourceRecord {
+            resource: name.parse().unwrap(),
+            table_name: table.into(),
+            write_mode,
+            primary_key: vec!["id".into()],
+        }
+    }
+
+    fn report(name: &str) -> LaneReport {
+        LaneReport {
+            resource: name.parse().unwrap(),
+            staging_table: format!("_filament_stg_{name}"),
+            destination_columns: Vec::new(),
+            stream_name: format!("stream-{name}"),
+            rows_sent: 1,
+        }
+    }
+
+    fn names(plans: &[DestinationPlan<'_>]) -> Vec<(String, Vec<String>)> {
+        plans
+            .iter()
+            .map(|d| (d.table.to_string(), d.publications.iter().map(|p| p.resource.resource.to_string()).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn resources_sharing_a_table_publish_in_declaration_order() {
+        // Declared: the upsert first, then the delete (whose name sorts first), then another table.
+        let declared = [
+            resource("z_upserts", "users", WriteMode::IncrementalUpsert),
+            resource("a_deletes", "users", WriteMode::IncrementalDelete),
+            resource("orders", "orders", WriteMode::FullAppend),
+        ];
+        let reports = [report("a_deletes"), report("orders"), report("z_upserts")];
+        let plans = plan(&declared, &reports, false).unwrap();
+        assert_eq!(
+            names(&plans),
+            [
+                ("users".to_string(), vec!["z_upserts".to_string(), "a_deletes".to_string()]),
+                ("orders".to_string(), vec!["orders".to_string()]),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_idle_full_replace_resource_replaces_only_in_the_first_segment() {
+        let declared =
+            [resource("snapshot", "snapshot", WriteMode::FullReplace), resource("log", "log", WriteMode::FullAppend)];
+        let first = plan(&declared, &[], true).unwrap();
+        assert_eq!(names(&first), [("snapshot".to_string(), vec!["snapshot".to_string()])]);
+        assert!(first[0].publications[0].staged.is_none());
+        assert!(plan(&declared, &[], false).unwrap().is_empty(), "a later segment leaves the table alone");
+    }
+
+    #[test]
+    fn a_report_without_a_declaration_is_an_internal_error() {
+        assert!(plan(&[], &[report("ghost")], true).is_err());
+    }
+}

@@ -1,0 +1,170 @@
+//! Publication under real conditions: resources sharing a destination table publish in
+//! declaration order, an abort never reports `aborted` over changed tables, and `full_replace`
+//! replaces in every first segment of a run (also after a failed attempt, and when the source
+//! is empty now).
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::support::arrow::{batch, ids, ipc_stream};
+use crate::support::rest_proxy::{JobMode, RestProxy};
+use crate::support::{Gateway, GatewayOptions, required_env};
+
+fn count(rows: &[Vec<Value>]) -> i64 {
+    rows[0][0].as_str().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("not a count: {rows:?}"))
+}
+
+/// Rows of a table; a table that was never created (the emulator answers no rows) holds none.
+async fn rows_in(gw: &Gateway, table: &str) -> i64 {
+    let rows = gw.query(&format!("SELECT COUNT(*) FROM {}.{table}", gw.dataset)).await;
+    if rows.is_empty() { 0 } else { count(&rows) }
+}
+
+async fn id_list(gw: &Gateway, table: &str) -> Vec<i64> {
+    gw.query(&format!("SELECT id FROM {}.{table} ORDER BY id", gw.dataset))
+        .await
+        .iter()
+        .map(|r| r[0].as_str().unwrap().parse().unwrap())
+        .collect()
+}
+
+fn keys(range: std::ops::Range<i64>) -> arrow_array::RecordBatch {
+    use std::sync::Arc;
+    batch(
+        vec![arrow_schema::Field::new("id", arrow_schema::DataType::Int64, false)],
+        vec![Arc::new(arrow_array::Int64Array::from_iter_values(range))],
+    )
+}
+
+/// Polls the execution until it ends, for at most `deadline`.
+async fn terminal(gw: &Gateway, run: &str, execution: &str, deadline: Duration) -> Value {
+    let started = std::time::Instant::now();
+    loop {
+        let (status, body) = gw.json(Method::GET, &format!("/v1/runs/{run}/executions/{execution}"), None).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        if ["committed", "failed", "aborted"].contains(&body["state"].as_str().unwrap_or("")) {
+            return body;
+        }
+        assert!(started.elapsed() < deadline, "execution {execution} did not end within {deadline:?}: {body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn resources_sharing_a_table_publish_in_declaration_order() {
+    let gw = Gateway::spawn().await;
+    // The delete resource's name sorts first; the upsert was declared first and must run first.
+    for attempt in 0..3 {
+        let run = format!("r{attempt}");
+        gw.create_run(&run).await;
+        let keyed = |mode: &str| json!({"table": "users", "write_mode": mode, "primary_key": ["id"]});
+        gw.declare(&run, "z_upserts", keyed("incremental_upsert")).await;
+        gw.declare(&run, "a_deletes", keyed("incremental_delete")).await;
+        gw.open_new_execution(&run, "e").await;
+        gw.post_accepted(&run, "e", "z_upserts", None, ipc_stream(&[ids(0..100)])).await;
+        gw.post_accepted(&run, "e", "a_deletes", None, ipc_stream(&[keys(0..50)])).await;
+        let committed = gw.commit_and_wait(&run, "e").await;
+        assert_eq!(committed["state"], "committed", "{committed}");
+        assert_eq!(id_list(&gw, "users").await, (50..100).collect::<Vec<_>>(), "attempt {attempt}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_abort_either_wins_before_publication_or_is_refused_and_the_commit_completes() {
+    let gw = Gateway::spawn().await;
+    let mut outcomes = Vec::new();
+    for (index, delay_ms) in [0u64, 5, 20, 50, 70, 100, 200, 400].into_iter().enumerate() {
+        let (run, table) = (format!("r{index}"), format!("t{index}"));
+        gw.create_run(&run).await;
+        gw.declare(&run, "t", json!({"table": table, "write_mode": "full_append"})).await;
+        gw.open_new_execution(&run, "e").await;
+        gw.post_accepted(&run, "e", "t", None, ipc_stream(&[ids(0..5_000)])).await;
+        let (status, _) = gw.json(Method::POST, &format!("/v1/runs/{run}/executions/e/commit"), None).await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        let (abort_status, abort) = gw.json(Method::POST, &format!("/v1/runs/{run}/executions/e/abort"), None).await;
+        let ended = terminal(&gw, &run, "e", Duration::from_secs(60)).await;
+        let rows = rows_in(&gw, &table).await;
+        match abort_status {
+            StatusCode::OK => {
+                assert_eq!(ended["state"], "aborted", "delay {delay_ms}: {ended}");
+                assert_eq!(rows, 0, "delay {delay_ms}: aborted, so the destination is unchanged");
+            }
+            StatusCode::CONFLICT => {
+                assert!(
+                    ["publication_in_progress", "execution_not_extracting"].contains(&abort["code"].as_str().unwrap()),
+                    "{abort}"
+                );
+                assert_eq!(ended["state"], "committed", "delay {delay_ms}: {ended}");
+                assert_eq!(rows, 5_000, "delay {delay_ms}: committed, so every row is published");
+            }
+            other => panic!("delay {delay_ms}: abort answered {other}: {abort}"),
+        }
+        outcomes.push(ended["state"].as_str().unwrap().to_string());
+    }
+    eprintln!("abort outcomes by delay: {outcomes:?}");
+    assert_eq!(outcomes[0], "aborted", "an abort right after the commit request wins: {outcomes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_full_replace_resource_truncates_in_the_first_segment_only() {
+    let gw = Gateway::spawn().await;
+    gw.create_run("seed").await;
+    gw.declare("seed", "t", json!({"write_mode": "full_append"})).await;
+    gw.open_new_execution("seed", "e").await;
+    gw.post_accepted("seed", "e", "t", None, ipc_stream(&[ids(0..50)])).await;
+    assert_eq!(gw.commit_and_wait("seed", "e").await["state"], "committed");
+
+    // The source is empty now: the run's first execution posts nothing and empties the table.
+    gw.create_run("r").await;
+    gw.declare("r", "t", json!({"write_mode": "full_replace"})).await;
+    gw.declare("r", "never_loaded", json!({"write_mode": "full_replace"})).await;
+    gw.open_new_execution("r", "e1").await;
+    assert_eq!(gw.commit_and_wait("r", "e1").await["state"], "committed");
+    assert_eq!(rows_in(&gw, "t").await, 0, "the empty replacement truncated the table");
+
+    // A later segment appends; an idle later segment leaves the table alone.
+    gw.open_new_execution("r", "e2").await;
+    gw.post_accepted("r", "e2", "t", None, ipc_stream(&[ids(100..110)])).await;
+    assert_eq!(gw.commit_and_wait("r", "e2").await["state"], "committed");
+    gw.open_new_execution("r", "e3").await;
+    assert_eq!(gw.commit_and_wait("r", "e3").await["state"], "committed");
+    assert_eq!(id_list(&gw, "t").await, (100..110).collect::<Vec<_>>());
+    let url = format!(
+        "http://{}/bigquery/v2/projects/{}/datasets/{}/tables/never_loaded",
+        gw.emulator_rest, gw.project, gw.dataset
+    );
+    let missing = reqwest::get(&url).await.unwrap().status();
+    assert_eq!(missing, StatusCode::NOT_FOUND, "no table, nothing to do");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_corrected_attempt_after_a_failed_execution_replaces_again() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    let env = vec![("BIGQUERY_EMULATOR_HOST".to_string(), proxy.address.clone())];
+    let gw = Gateway::spawn_with(GatewayOptions { env, ..Default::default() }).await;
+    gw.create_run("r").await;
+    gw.declare("r", "a", json!({"table": "ta", "write_mode": "full_replace"})).await;
+    gw.declare("r", "b", json!({"table": "tb", "write_mode": "full_append"})).await;
+    let load = |execution: &'static str| {
+        let gw = &gw;
+        async move {
+            gw.open_new_execution("r", execution).await;
+            gw.post_accepted("r", execution, "a", None, ipc_stream(&[ids(0..10)])).await;
+            gw.post_accepted("r", execution, "b", None, ipc_stream(&[ids(0..3)])).await;
+            gw.commit_and_wait("r", execution).await
+        }
+    };
+    proxy.set_jobs(JobMode::Fail { query_contains: "`tb`".into(), message: "Query error: boom".into() });
+    let failed = load("e1").await;
+    assert_eq!(failed["state"], "failed", "{failed}");
+    assert_eq!(rows_in(&gw, "ta").await, 10, "the failed attempt replaced ta");
+
+    proxy.set_jobs(JobMode::Forward);
+    let committed = load("e2").await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+    assert_eq!(id_list(&gw, "ta").await, (0..10).collect::<Vec<_>>(), "replaced again, not appended");
+    assert_eq!(rows_in(&gw, "tb").await, 3);
+}
