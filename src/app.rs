@@ -99,7 +99,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         Endpoints::new(config.bigquery_emulator_host.as_deref(), config.bigquery_storage_emulator_host.as_deref());
     let bigquery =
         BigQuery::connect(endpoints.clone(), config.append_gzip_level).await.context("building BigQuery clients")?;
-    if let Err(e) = crate::bigquery::credentials::probe(&bigquery.credentials).await {
+    if let Err(e) = bigquery.probe_credentials(crate::bigquery::CREDENTIALS_DEADLINE).await {
         // Not fatal: /readyz reports it, and the fix may be applied without a restart.
         let problem = e.to_problem(ErrorCode::MissingCredentials);
         tracing::error!(detail = %problem.detail, hint = problem.hint.as_deref().unwrap_or(""), "credentials probe failed");

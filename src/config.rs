@@ -162,7 +162,8 @@ pub enum LogFormat {
 impl ServeConfig {
     /// Checks what clap cannot: consistent emulator settings and usable tokens.
     pub fn validate(&self) -> Result<(), String> {
-        if self.bigquery_emulator_host.is_some() != self.bigquery_storage_emulator_host.is_some() {
+        let given = |host: &Option<String>| host.as_deref().is_some_and(|h| !h.is_empty());
+        if given(&self.bigquery_emulator_host) != given(&self.bigquery_storage_emulator_host) {
             return Err("set both BIGQUERY_EMULATOR_HOST and BIGQUERY_STORAGE_EMULATOR_HOST, or neither".into());
         }
         if self.api_tokens.iter().any(|t| t.trim().len() < 16) {

@@ -1,6 +1,6 @@
 //! `POST /v1/connections/test`: authenticate and run `SELECT 1` as a query job.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
@@ -8,6 +8,7 @@ use utoipa::ToSchema;
 
 use super::SharedState;
 use super::error::{ApiJson, ProblemDocument};
+use crate::bigquery::{BigQueryError, CONNECTION_TEST_DEADLINE, CREDENTIALS_DEADLINE, within};
 use crate::error::{ErrorCode, Problem};
 use crate::model::ids::{validate_location, validate_project_id};
 
@@ -48,11 +49,23 @@ pub(crate) async fn test_connection(
         validate_location(location)?;
     }
     let started = Instant::now();
+    let bigquery = &state.bigquery;
+    bigquery.probe_credentials(CREDENTIALS_DEADLINE).await.map_err(|e| e.to_problem(ErrorCode::MissingCredentials))?;
     let job_id = format!("filament_connection_test_{}", hex::encode(rand::random::<[u8; 12]>()));
-    state
-        .bigquery
-        .run_query_job(&request.project, location, &job_id, "SELECT 1", Duration::from_secs(60))
-        .await
-        .map_err(|e| e.to_problem(ErrorCode::BigqueryError))?;
+    let remaining = CONNECTION_TEST_DEADLINE.saturating_sub(started.elapsed());
+    let job = bigquery.run_query_job(&request.project, location, &job_id, "SELECT 1", remaining);
+    within("connection test", remaining, job).await.map_err(|e| connection_problem(&e, &bigquery.endpoints.rest))?;
     Ok(axum::Json(ConnectionTestResponse { ok: true, elapsed_ms: started.elapsed().as_millis() as u64 }))
+}
+
+/// The connection test's problem: BigQuery's own diagnosis, or for an endpoint that did not
+/// answer in time, `bigquery_unavailable` naming the endpoint.
+fn connection_problem(error: &BigQueryError, endpoint: &str) -> Problem {
+    let problem = error.to_problem(ErrorCode::BigqueryError);
+    match error {
+        BigQueryError::Timeout { seconds, .. } => problem.with_hint(format!(
+            "BigQuery's REST API at {endpoint} did not answer within {seconds} s: check that the gateway can reach it (DNS, firewall, proxy, Private Google Access)"
+        )),
+        _ => problem,
+    }
 }

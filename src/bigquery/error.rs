@@ -136,11 +136,7 @@ impl BigQueryError {
             );
         }
         if let BigQueryError::Credentials(detail) = self {
-            return Problem::new(
-                ErrorCode::MissingCredentials,
-                format!("could not obtain Google credentials: {detail}"),
-            )
-            .with_hint(
+            return Problem::new(ErrorCode::MissingCredentials, detail.clone()).with_hint(
                 "attach a service account, configure Workload Identity, or run `gcloud auth application-default login`",
             );
         }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use google_cloud_bigquery_v2::model::{Job, JobConfiguration, JobConfigurationQuery, JobReference};
 
-use super::{BigQuery, BigQueryError, BigQueryResult};
+use super::{BigQuery, BigQueryError, BigQueryResult, rest_call};
 
 /// How a finished job ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,7 +50,8 @@ impl BigQuery {
         let job = Job::new().set_job_reference(reference).set_configuration(
             JobConfiguration::new().set_query(JobConfigurationQuery::new().set_query(sql).set_use_legacy_sql(false)),
         );
-        let (mut job, reused) = match self.jobs.insert_job().set_project_id(project).set_job(job).send().await {
+        let insert = self.jobs.insert_job().set_project_id(project).set_job(job).send();
+        let (mut job, reused) = match rest_call("jobs.insert", insert).await? {
             Ok(job) => (job, false),
             Err(e) if e.http_status_code() == Some(409) => (self.get_job(project, location, job_id).await?, true),
             Err(e) => return Err(BigQueryError::rest("jobs.insert")(e)),
@@ -76,6 +77,6 @@ impl BigQuery {
         if let Some(location) = location {
             request = request.set_location(location);
         }
-        request.send().await.map_err(BigQueryError::rest("jobs.get"))
+        rest_call("jobs.get", request.send()).await?.map_err(BigQueryError::rest("jobs.get"))
     }
 }

@@ -5,7 +5,7 @@ use google_cloud_bigquery_v2::model::{
     Dataset, DatasetReference, Table, TableFieldSchema, TableReference, TableSchema,
 };
 
-use super::{BigQuery, BigQueryError, BigQueryResult};
+use super::{BigQuery, BigQueryError, BigQueryResult, rest_call};
 use crate::model::columns::{BigQueryType, Column};
 
 /// The field schema `tables.insert` / `tables.patch` take for a column (nested for STRUCTs).
@@ -64,7 +64,12 @@ impl BigQuery {
         dataset: &str,
         location: Option<&str>,
     ) -> BigQueryResult<()> {
-        match self.datasets.get_dataset().set_project_id(project).set_dataset_id(dataset).send().await {
+        match rest_call(
+            "datasets.get",
+            self.datasets.get_dataset().set_project_id(project).set_dataset_id(dataset).send(),
+        )
+        .await?
+        {
             Ok(_) => return Ok(()),
             Err(e) if e.http_status_code() == Some(404) => {}
             Err(e) => return Err(BigQueryError::rest("datasets.get")(e)),
@@ -74,7 +79,12 @@ impl BigQuery {
         if let Some(location) = location {
             body = body.set_location(location);
         }
-        match self.datasets.insert_dataset().set_project_id(project).set_dataset(body).send().await {
+        match rest_call(
+            "datasets.insert",
+            self.datasets.insert_dataset().set_project_id(project).set_dataset(body).send(),
+        )
+        .await?
+        {
             Ok(_) => Ok(()),
             // Created concurrently by another resource or gateway: fine.
             Err(e) if e.http_status_code() == Some(409) => Ok(()),
@@ -89,7 +99,8 @@ impl BigQuery {
         dataset: &str,
         table: &str,
     ) -> BigQueryResult<Option<Vec<TableFieldSchema>>> {
-        match self.tables.get_table().set_project_id(project).set_dataset_id(dataset).set_table_id(table).send().await {
+        let get = self.tables.get_table().set_project_id(project).set_dataset_id(dataset).set_table_id(table).send();
+        match rest_call("tables.get", get).await? {
             Ok(table) => Ok(Some(table.schema.map(|s| s.fields).unwrap_or_default())),
             Err(e) if e.http_status_code() == Some(404) => Ok(None),
             Err(e) => Err(BigQueryError::rest("tables.get")(e)),
@@ -114,7 +125,8 @@ impl BigQuery {
         if let Some(expiration_ms) = expiration_ms {
             body = body.set_expiration_time(expiration_ms);
         }
-        match self.tables.insert_table().set_project_id(project).set_dataset_id(dataset).set_table(body).send().await {
+        let insert = self.tables.insert_table().set_project_id(project).set_dataset_id(dataset).set_table(body).send();
+        match rest_call("tables.insert", insert).await? {
             Ok(_) => Ok(true),
             Err(e) if e.http_status_code() == Some(409) => Ok(false),
             Err(e) => Err(BigQueryError::rest("tables.insert")(e)),
@@ -134,29 +146,20 @@ impl BigQuery {
     ) -> BigQueryResult<()> {
         let fields = existing.iter().cloned().chain(added.iter().map(|c| field_schema(c)));
         let body = Table::new().set_schema(TableSchema::new().set_fields(fields));
-        self.tables
+        let patch = self
+            .tables
             .patch_table()
             .set_project_id(project)
             .set_dataset_id(dataset)
             .set_table_id(table)
-            .set_table(body)
-            .send()
-            .await
-            .map(|_| ())
-            .map_err(BigQueryError::rest("tables.patch"))
+            .set_table(body);
+        rest_call("tables.patch", patch.send()).await?.map(|_| ()).map_err(BigQueryError::rest("tables.patch"))
     }
 
     /// Deletes a table; a table that is already gone is fine.
     pub(crate) async fn delete_table(&self, project: &str, dataset: &str, table: &str) -> BigQueryResult<()> {
-        match self
-            .tables
-            .delete_table()
-            .set_project_id(project)
-            .set_dataset_id(dataset)
-            .set_table_id(table)
-            .send()
-            .await
-        {
+        let delete = self.tables.delete_table().set_project_id(project).set_dataset_id(dataset).set_table_id(table);
+        match rest_call("tables.delete", delete.send()).await? {
             Ok(_) => Ok(()),
             Err(e) if e.http_status_code() == Some(404) => Ok(()),
             Err(e) => Err(BigQueryError::rest("tables.delete")(e)),

@@ -13,6 +13,9 @@ pub(crate) mod write;
 
 pub(crate) use error::{BigQueryError, BigQueryResult};
 
+use std::time::Duration;
+
+use credentials::CredentialSource;
 use google_cloud_auth::credentials::Credentials;
 use google_cloud_bigquery_v2::client::{DatasetService, JobService, TableService};
 
@@ -28,15 +31,49 @@ pub(crate) struct Endpoints {
 }
 
 impl Endpoints {
-    /// BigQuery itself, or the emulator at REST and gRPC `host:port` when both are given.
-    pub(crate) fn new(emulator_rest: Option<&str>, emulator_grpc: Option<&str>) -> Self {
-        match (emulator_rest, emulator_grpc) {
+    /// BigQuery itself, or the emulator at REST and gRPC `host:port` when both are given (an
+    /// empty value counts as not given).
+    pub(crate) fn new<'a>(emulator_rest: Option<&'a str>, emulator_grpc: Option<&'a str>) -> Self {
+        let given = |host: Option<&'a str>| host.filter(|h| !h.is_empty());
+        match (given(emulator_rest), given(emulator_grpc)) {
             (Some(rest), Some(grpc)) => {
                 Self { rest: format!("http://{rest}"), grpc: format!("http://{grpc}"), emulator: true }
             }
             _ => Self { rest: BIGQUERY_REST_ENDPOINT.into(), grpc: BIGQUERY_WRITE_ENDPOINT.into(), emulator: false },
         }
     }
+}
+
+/// `/readyz` answers within Kubernetes' default probe timeout (5 s).
+pub(crate) const READINESS_DEADLINE: Duration = Duration::from_secs(4);
+/// Credentials yield a token within this, or they count as missing or unusable.
+pub(crate) const CREDENTIALS_DEADLINE: Duration = Duration::from_secs(5);
+/// `POST /v1/connections/test` answers within this.
+pub(crate) const CONNECTION_TEST_DEADLINE: Duration = Duration::from_secs(15);
+/// One REST call (datasets, tables, `jobs.insert`, one `jobs.get` poll), retries included: an
+/// unreachable endpoint fails the call after this instead of hanging.
+pub(crate) const REST_CALL_DEADLINE: Duration = Duration::from_secs(60);
+
+/// `call` within `deadline`, or a retryable [`BigQueryError::Timeout`] naming `operation`.
+pub(crate) async fn within<T>(
+    operation: &'static str,
+    deadline: Duration,
+    call: impl Future<Output = BigQueryResult<T>>,
+) -> BigQueryResult<T> {
+    // Boxed: REST call futures are large, and nesting them by value overflows debug stacks.
+    match tokio::time::timeout(deadline, Box::pin(call)).await {
+        Ok(result) => result,
+        Err(_) => Err(BigQueryError::Timeout { operation, seconds: deadline.as_secs() }),
+    }
+}
+
+/// A REST call's answer within [`REST_CALL_DEADLINE`] (the caller judges BigQuery's errors), or
+/// a [`BigQueryError::Timeout`].
+pub(crate) async fn rest_call<T>(
+    operation: &'static str,
+    call: impl Future<Output = Result<T, google_cloud_gax::error::Error>>,
+) -> BigQueryResult<Result<T, google_cloud_gax::error::Error>> {
+    within(operation, REST_CALL_DEADLINE, async { Ok(call.await) }).await
 }
 
 /// `projects/p/datasets/d/tables/t`, the Storage Write API's table path.
@@ -52,45 +89,52 @@ pub(crate) struct BigQuery {
     pub(crate) jobs: JobService,
     pub(crate) writer: write::WriteClient,
     pub(crate) credentials: Credentials,
+    pub(crate) credential_source: CredentialSource,
+    pub(crate) endpoints: Endpoints,
 }
 
 impl BigQuery {
     /// Clients for `endpoints`; AppendRows requests are gzip-compressed at `append_gzip_level`
     /// (0: uncompressed).
     pub(crate) async fn connect(endpoints: Endpoints, append_gzip_level: u32) -> anyhow::Result<Self> {
-        let credentials = credentials::build(endpoints.emulator).map_err(|e| {
+        let credential_source = CredentialSource::detect(endpoints.emulator);
+        let credentials = credentials::build(&credential_source).map_err(|e| {
             let problem = e.to_problem(crate::error::ErrorCode::MissingCredentials);
             anyhow::anyhow!("{}: {} (hint: {})", problem.code, problem.detail, problem.hint.unwrap_or_default())
         })?;
-        let datasets = DatasetService::builder()
-            .with_endpoint(&endpoints.rest)
-            .with_credentials(credentials.clone())
-            .build()
-            .await?;
-        let tables = TableService::builder()
-            .with_endpoint(&endpoints.rest)
-            .with_credentials(credentials.clone())
-            .build()
-            .await?;
-        let jobs =
-            JobService::builder().with_endpoint(&endpoints.rest).with_credentials(credentials.clone()).build().await?;
+        let rest = &endpoints.rest;
+        let (datasets, tables, jobs) = tokio::join!(
+            DatasetService::builder().with_endpoint(rest).with_credentials(credentials.clone()).build(),
+            TableService::builder().with_endpoint(rest).with_credentials(credentials.clone()).build(),
+            JobService::builder().with_endpoint(rest).with_credentials(credentials.clone()).build(),
+        );
+        let (datasets, tables, jobs) = (datasets?, tables?, jobs?);
         let writer = write::WriteClient::connect(&endpoints.grpc, credentials.clone(), append_gzip_level)?;
-        Ok(Self { datasets, tables, jobs, writer, credentials })
+        Ok(Self { datasets, tables, jobs, writer, credentials, credential_source, endpoints })
     }
 
     pub(crate) fn writer(&self) -> &write::WriteClient {
         &self.writer
     }
 
-    /// Readiness: credentials produce a token and the REST API answers (any HTTP status proves
-    /// it is reachable; only transport and credential failures count as not ready).
+    /// Whether the credentials yield a token within `deadline`.
+    pub(crate) async fn probe_credentials(&self, deadline: Duration) -> BigQueryResult<()> {
+        credentials::probe(&self.credentials, &self.credential_source, deadline).await
+    }
+
+    /// Readiness, within [`READINESS_DEADLINE`]: credentials produce a token and the REST API
+    /// answers (any HTTP status proves it is reachable; only transport and credential failures
+    /// count as not ready).
     pub(crate) async fn probe(&self, project: &str) -> BigQueryResult<()> {
-        credentials::probe(&self.credentials).await?;
-        let result = self.datasets.list_datasets().set_project_id(project).set_max_results(1u32).send().await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(e) if e.http_status_code().is_some() => Ok(()),
-            Err(e) => Err(BigQueryError::Rest { operation: "datasets.list", source: e }),
-        }
+        let started = tokio::time::Instant::now();
+        self.probe_credentials(READINESS_DEADLINE).await?;
+        let list = async {
+            match self.datasets.list_datasets().set_project_id(project).set_max_results(1u32).send().await {
+                Ok(_) => Ok(()),
+                Err(e) if e.http_status_code().is_some() => Ok(()),
+                Err(e) => Err(BigQueryError::Rest { operation: "datasets.list", source: e }),
+            }
+        };
+        within("datasets.list", READINESS_DEADLINE.saturating_sub(started.elapsed()), list).await
     }
 }

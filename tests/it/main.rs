@@ -14,4 +14,5 @@ mod pipeline;
 mod publication;
 mod publication_safety;
 mod troubleshooting;
+mod unreachable;
 mod write_modes;
