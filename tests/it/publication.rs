@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use crate::support::arrow::{batch, ids, ipc_stream};
 use crate::support::fake_write::FakeWrite;
 use crate::support::rest_proxy::{JobMode, RestProxy};
-use crate::support::{Gateway, GatewayOptions, required_env};
+use crate::support::{Gateway, GatewayOptions, eventually, required_env};
 
 async fn gateway_via(proxy: &RestProxy, fake: Option<&FakeWrite>) -> Gateway {
     let mut env = vec![("BIGQUERY_EMULATOR_HOST".to_string(), proxy.address.clone())];
@@ -299,26 +299,19 @@ async fn abort_before_commit_deletes_the_staging_tables() {
     let (status, _) =
         gw.json(Method::POST, "/v1/runs/r/executions/e/checkpoints", Some(json!({"checkpoint": 1}))).await;
     assert_eq!(status, StatusCode::OK);
-    let mut staging = None;
-    for _ in 0..100 {
-        staging = proxy
+    let staging = eventually(Duration::from_secs(10), "the lane to create its staging table", || async {
+        proxy
             .requests("POST", "/tables")
             .iter()
             .filter_map(|r| r.body["tableReference"]["tableId"].as_str().map(str::to_string))
-            .find(|t| t.starts_with("_filament_stg_"));
-        if staging.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let staging = staging.expect("the lane created its staging table");
+            .find(|t| t.starts_with("_filament_stg_"))
+    })
+    .await;
     let (status, aborted) = gw.json(Method::POST, "/v1/runs/r/executions/e/abort", None).await;
     assert_eq!(status, StatusCode::OK, "{aborted}");
-    for _ in 0..100 {
-        if !proxy.requests("DELETE", &format!("/tables/{staging}")).is_empty() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("staging table {staging} was not deleted after abort");
+    let deleted = format!("the abort to delete staging table {staging}");
+    eventually(Duration::from_secs(10), &deleted, || async {
+        (!proxy.requests("DELETE", &format!("/tables/{staging}")).is_empty()).then_some(())
+    })
+    .await;
 }

@@ -7,10 +7,13 @@
 
 pub mod arrow;
 pub mod emulator;
+mod eventually;
 pub mod fake_rest;
 pub mod fake_write;
 pub mod proxy;
 pub mod rest_proxy;
+
+pub use eventually::eventually;
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -158,13 +161,11 @@ impl Gateway {
         let pid = self.child.id().to_string();
         let status = Command::new("kill").args(["-TERM", &pid]).status().expect("kill");
         assert!(status.success());
-        for _ in 0..600 {
-            if let Some(exit) = self.child.try_wait().expect("wait") {
-                return exit;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("the gateway did not exit within 60 s of SIGTERM");
+        let child = &mut self.child;
+        eventually(Duration::from_secs(60), "the gateway to exit after SIGTERM", || {
+            std::future::ready(child.try_wait().expect("wait"))
+        })
+        .await
     }
 
     /// Kills the process abruptly (a crash), keeping its database.

@@ -1,0 +1,28 @@
+//! Bounded waiting: every poll in the suite has a deadline and, when it passes, says what it
+//! waited for instead of hanging the run.
+
+use std::future::Future;
+use std::time::Duration;
+
+/// How long `eventually` sleeps between two tries.
+const POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Calls `probe` until it answers `Some`, sleeping briefly between tries, and returns that value.
+/// Panics naming `what` once `timeout` has passed, including when a single try outlives it.
+///
+/// The probe is a closure returning a future (`|| async { .. }`) rather than an async closure:
+/// the futures of async closures are not known to be `Send` inside `tokio::spawn`.
+pub async fn eventually<T, F, P>(timeout: Duration, what: &str, mut probe: P) -> T
+where
+    P: FnMut() -> F,
+    F: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match tokio::time::timeout_at(deadline, probe()).await {
+            Ok(Some(value)) => return value,
+            Ok(None) if tokio::time::Instant::now() < deadline => tokio::time::sleep(POLL_INTERVAL).await,
+            Ok(None) | Err(_) => panic!("gave up after {timeout:?} waiting for {what}"),
+        }
+    }
+}
