@@ -3,16 +3,18 @@
 //! offsets that end up in the stream: nothing lost, nothing duplicated.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
 use crate::support::arrow::{ids, ipc_stream};
 use crate::support::emulator::PrivateEmulator;
 use crate::support::fake_write::{AppendFault, FakeWrite};
 use crate::support::proxy::CuttingProxy;
-use crate::support::{Gateway, GatewayOptions};
+use crate::support::{Gateway, GatewayOptions, eventually};
 
 async fn gateway_on_fake(fake: &FakeWrite, extra: &[(&str, &str)]) -> Gateway {
     let mut env = vec![
@@ -218,16 +220,15 @@ async fn a_slow_table_does_not_stall_a_fast_one() {
         post_ok(&gw, "fast", batch * 10..batch * 10 + 10).await;
     }
     // Poll until the fast table is fully acknowledged; the slow one must still be uploading.
-    let progress = loop {
-        let (_, execution) = gw.json(Method::GET, "/v1/runs/run/executions/e", None).await;
-        let resources = execution["resources"].as_array().unwrap().clone();
+    let progress = eventually(Duration::from_secs(30), "the fast table to be fully acknowledged", || async {
+        let (status, execution) = gw.json(Method::GET, "/v1/runs/run/executions/e", None).await;
+        assert_eq!(status, StatusCode::OK, "{execution}");
+        let resources = execution["resources"].as_array().unwrap();
         let get = |name: &str| resources.iter().find(|r| r["resource"] == name).cloned().unwrap();
         let (fast, slow) = (get("fast"), get("slow"));
-        if fast["rows_acknowledged"] == fast["rows_received"] {
-            break slow;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+        (fast["rows_acknowledged"] == fast["rows_received"]).then_some(slow)
+    })
+    .await;
     assert!(
         progress["rows_acknowledged"].as_i64().unwrap() < progress["rows_received"].as_i64().unwrap(),
         "the fast table finished first: {progress}"
@@ -235,6 +236,42 @@ async fn a_slow_table_does_not_stall_a_fast_one() {
     assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
     assert_exact_stream(&fake.stream_for("_filament_stg_fast_"), 0..400);
     assert_exact_stream(&fake.stream_for("_filament_stg_slow_"), 0..80);
+}
+
+/// Samples the upload budget gauge every 10 ms until `stop` is cancelled; the highest value seen.
+fn spawn_budget_sampler(gw: Arc<Gateway>, stop: CancellationToken) -> tokio::task::JoinHandle<u64> {
+    tokio::spawn(async move {
+        let mut max_seen = 0u64;
+        loop {
+            let metrics = gw.unauthenticated(Method::GET, "/metrics").send().await.unwrap().text().await.unwrap();
+            // The gauge is exported once the budget is first used; until then there is nothing to see.
+            let in_use = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix("filament_upload_budget_bytes_in_use "))
+                .map(|v| v.trim().parse::<f64>().unwrap() as u64);
+            max_seen = max_seen.max(in_use.unwrap_or_default());
+            tokio::select! {
+                () = stop.cancelled() => return max_seen,
+                () = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+        }
+    })
+}
+
+/// Posts batch `seq` until it is accepted, counting the 429 answers in `rejected`.
+async fn post_until_accepted(gw: &Gateway, seq: i64, body: Vec<u8>, rejected: &AtomicUsize) {
+    eventually(Duration::from_secs(120), &format!("batch {seq} to be accepted"), || async {
+        let (status, response) = gw.post_batch("run", "e", "t", Some(seq), body.clone()).await;
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            assert_eq!(response["code"], "backpressure");
+            assert_eq!(response["status"], 429);
+            rejected.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        assert_eq!(status, StatusCode::ACCEPTED, "{response}");
+        Some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -247,30 +284,12 @@ async fn the_byte_budget_bounds_memory_and_answers_429_instead_of_buffering() {
             .await,
     );
     prepare_run(&gw, json!({}), &["t"]).await;
-    let sampler = {
-        let gw = Arc::clone(&gw);
-        tokio::spawn(async move {
-            let mut max_seen = 0u64;
-            for _ in 0..2000 {
-                let metrics = gw.unauthenticated(Method::GET, "/metrics").send().await.unwrap().text().await.unwrap();
-                let in_use = metrics
-                    .lines()
-                    .find_map(|l| l.strip_prefix("filament_upload_budget_bytes_in_use "))
-                    .map(|v| v.trim().parse::<f64>().unwrap() as u64)
-                    .unwrap_or(0);
-                max_seen = max_seen.max(in_use);
-                if metrics.contains("filament_sampler_stop") {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            max_seen
-        })
-    };
+    let stop_sampling = CancellationToken::new();
+    let sampler = spawn_budget_sampler(Arc::clone(&gw), stop_sampling.clone());
     // 16 MiB of rows (16x the budget), six requests at a time, each retried after a 429.
     const ROWS_PER_BATCH: i64 = 8192; // 128 KiB of Arrow per batch
     const BATCHES: i64 = 128;
-    let rejected = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let rejected = Arc::new(AtomicUsize::new(0));
     let mut workers = Vec::new();
     for worker in 0..6 {
         let gw = Arc::clone(&gw);
@@ -278,18 +297,7 @@ async fn the_byte_budget_bounds_memory_and_answers_429_instead_of_buffering() {
         workers.push(tokio::spawn(async move {
             for batch in (worker..BATCHES).step_by(6) {
                 let body = ipc_stream(&[ids(batch * ROWS_PER_BATCH..(batch + 1) * ROWS_PER_BATCH)]);
-                loop {
-                    let (status, response) = gw.post_batch("run", "e", "t", Some(batch), body.clone()).await;
-                    if status == StatusCode::TOO_MANY_REQUESTS {
-                        assert_eq!(response["code"], "backpressure");
-                        assert_eq!(response["status"], 429);
-                        rejected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                    assert_eq!(status, StatusCode::ACCEPTED, "{response}");
-                    break;
-                }
+                post_until_accepted(&gw, batch, body, &rejected).await;
             }
         }));
     }
@@ -297,10 +305,11 @@ async fn the_byte_budget_bounds_memory_and_answers_429_instead_of_buffering() {
         worker.await.unwrap();
     }
     assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
-    sampler.abort();
-    let max_seen = sampler.await.unwrap_or(0);
+    stop_sampling.cancel();
+    let max_seen = sampler.await.unwrap();
+    assert!(max_seen > 0, "the sampler saw the budget in use");
     assert!(max_seen <= BUDGET, "budget gauge {max_seen} exceeded {BUDGET}");
-    assert!(rejected.load(std::sync::atomic::Ordering::Relaxed) > 0, "a full budget answers 429");
+    assert!(rejected.load(Ordering::Relaxed) > 0, "a full budget answers 429");
     let stream = fake.stream_for("_filament_stg_t_");
     let mut sorted = stream.ids.clone();
     sorted.sort_unstable();
@@ -355,9 +364,10 @@ async fn commit_refuses_pending_streams_older_than_the_limit() {
     prepare_run(&gw, json!({}), &["t"]).await;
     post_ok(&gw, "t", 0..5).await;
     // Wait until the stream exists (and is thus older than 0 s).
-    while fake.with(|s| s.streams.is_empty()) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(Duration::from_secs(10), "the lane to create its write stream", || async {
+        (!fake.with(|s| s.streams.is_empty())).then_some(())
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let (status, body) = gw.json(Method::POST, "/v1/runs/run/executions/e/commit", None).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
