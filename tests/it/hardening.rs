@@ -9,7 +9,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::json;
 
 use crate::support::arrow::{batch, ids, ipc_stream};
-use crate::support::{Gateway, required_env, send};
+use crate::support::{Gateway, GatewayOptions, required_env, send};
 
 const MARKER: &str = "ZZ-SECRET-ROW-VALUE-7f3a";
 
@@ -98,11 +98,7 @@ async fn sigterm_lets_a_running_commit_finish() {
     // The commit finished before the process exited.
     let counts = gw.query(&format!("SELECT COUNT(*) FROM {}.t", gw.dataset)).await;
     assert_eq!(counts[0][0], "5000");
-    let restarted = Gateway::spawn_with(crate::support::GatewayOptions {
-        database_url: Some(gw.database_url.clone()),
-        ..Default::default()
-    })
-    .await;
+    let restarted = GatewayOptions::new().database_url(&gw.database_url).spawn().await;
     let (_, execution) =
         send(restarted.request(Method::GET, "/v1/runs/run/executions/e").bearer_auth(&restarted.token)).await;
     assert_eq!(execution["state"], "committed", "{execution}");
@@ -117,11 +113,7 @@ async fn an_interrupted_execution_fails_at_restart_and_a_redelivery_loads_every_
     let (status, _) = gw.post_batch("run", "e", "t", Some(0), ipc_stream(&[ids(0..700)])).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     gw.kill();
-    let mut restarted = Gateway::spawn_with(crate::support::GatewayOptions {
-        database_url: Some(gw.database_url.clone()),
-        ..Default::default()
-    })
-    .await;
+    let mut restarted = GatewayOptions::new().database_url(&gw.database_url).spawn().await;
     restarted.dataset = gw.dataset.clone();
     let (_, execution) = restarted.json(Method::GET, "/v1/runs/run/executions/e", None).await;
     assert_eq!(execution["state"], "failed", "{execution}");

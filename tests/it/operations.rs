@@ -4,7 +4,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::support::arrow::{ids, ipc_stream};
-use crate::support::{Gateway, send};
+use crate::support::{Gateway, GatewayOptions, send};
 
 const OPENAPI_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json");
 
@@ -81,14 +81,7 @@ async fn health_readiness_and_metrics() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn readiness_fails_when_bigquery_is_unreachable() {
-    let options = crate::support::GatewayOptions {
-        env: vec![
-            ("BIGQUERY_EMULATOR_HOST".into(), "127.0.0.1:9".into()),
-            ("BIGQUERY_STORAGE_EMULATOR_HOST".into(), "127.0.0.1:9".into()),
-        ],
-        ..Default::default()
-    };
-    let gw = Gateway::spawn_with(options).await;
+    let gw = GatewayOptions::new().rest_host("127.0.0.1:9").storage_write_host("127.0.0.1:9").spawn().await;
     let (status, ready) = send(gw.unauthenticated(Method::GET, "/readyz")).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{ready}");
     assert_eq!(ready["checks"][0]["ok"], true);

@@ -16,14 +16,8 @@ use crate::support::fake_write::{AppendFault, FakeWrite};
 use crate::support::proxy::CuttingProxy;
 use crate::support::{Gateway, GatewayOptions, eventually};
 
-async fn gateway_on_fake(fake: &FakeWrite, extra: &[(&str, &str)]) -> Gateway {
-    let mut env = vec![
-        ("BIGQUERY_STORAGE_EMULATOR_HOST".to_string(), fake.address.clone()),
-        ("FILAMENT_APPEND_INITIAL_BACKOFF_MS".to_string(), "20".to_string()),
-    ];
-    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    Gateway::spawn_with(GatewayOptions { env, ..Default::default() }).await
-}
+/// Appends retried this soon after a scripted fault keep the tests fast.
+const FAST_RETRY: Duration = Duration::from_millis(20);
 
 /// Run `run` with `batching`, resources declared full_append, execution `e` open.
 async fn prepare_run(gw: &Gateway, batching: Value, resources: &[&str]) {
@@ -64,7 +58,7 @@ async fn windows_refill_per_acknowledgement_within_the_stream_and_global_limits(
         s.table_delays.push((String::new(), Duration::from_millis(100)));
         s.hold_responses = true;
     });
-    let gw = gateway_on_fake(&fake, &[]).await;
+    let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
     prepare_run(&gw, json!({"max_rows": 10}), &["a", "b", "c"]).await;
     for batch in 0..10 {
         for resource in ["a", "b", "c"] {
@@ -106,7 +100,7 @@ async fn the_window_refills_per_acknowledgement() {
         s.table_delays.push((String::new(), Duration::from_millis(100)));
         s.hold_responses = true;
     });
-    let gw = gateway_on_fake(&fake, &[]).await;
+    let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
     prepare_run(&gw, json!({"max_rows": 10}), &["t"]).await;
     for batch in 0..12 {
         post_ok(&gw, "t", batch * 10..batch * 10 + 10).await;
@@ -127,7 +121,7 @@ async fn the_window_refills_per_acknowledgement() {
 async fn at_most_eight_resources_are_set_up_at_once() {
     let fake = FakeWrite::start().await;
     fake.with(|s| s.create_delay = Duration::from_millis(400));
-    let gw = gateway_on_fake(&fake, &[]).await;
+    let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
     let resources: Vec<String> = (0..12).map(|i| format!("r{i}")).collect();
     let names: Vec<&str> = resources.iter().map(String::as_str).collect();
     prepare_run(&gw, json!({}), &names).await;
@@ -156,7 +150,7 @@ async fn lost_responses_and_dropped_connections_neither_lose_nor_duplicate_rows(
         AppendFault::DropResponseAfterApply,
         AppendFault::Status(tonic::Code::ResourceExhausted),
     ]);
-    let gw = gateway_on_fake(&fake, &[]).await;
+    let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
     prepare_run(&gw, json!({"max_rows": 10}), &["t"]).await;
     for batch in 0..20 {
         post_ok(&gw, "t", batch * 10..batch * 10 + 10).await;
@@ -194,7 +188,7 @@ async fn permanent_append_errors_fail_the_execution() {
     for (fault, name) in cases {
         let fake = FakeWrite::start().await;
         fake.script([fault]);
-        let gw = gateway_on_fake(&fake, &[]).await;
+        let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
         prepare_run(&gw, json!({}), &["t"]).await;
         post_ok(&gw, "t", 0..10).await;
         let (status, body) = gw.json(Method::POST, "/v1/runs/run/executions/e/commit?wait=true", None).await;
@@ -211,7 +205,7 @@ async fn permanent_append_errors_fail_the_execution() {
 async fn a_slow_table_does_not_stall_a_fast_one() {
     let fake = FakeWrite::start().await;
     fake.with(|s| s.table_delays.push(("_filament_stg_slow_".into(), Duration::from_millis(400))));
-    let gw = gateway_on_fake(&fake, &[]).await;
+    let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
     prepare_run(&gw, json!({"max_rows": 10}), &["slow", "fast"]).await;
     for batch in 0..8 {
         post_ok(&gw, "slow", batch * 10..batch * 10 + 10).await;
@@ -279,10 +273,14 @@ async fn the_byte_budget_bounds_memory_and_answers_429_instead_of_buffering() {
     const BUDGET: u64 = 1024 * 1024;
     let fake = FakeWrite::start().await;
     fake.with(|s| s.table_delays.push((String::new(), Duration::from_millis(60))));
-    let gw = Arc::new(
-        gateway_on_fake(&fake, &[("FILAMENT_MAX_BUFFERED_BYTES", "1048576"), ("FILAMENT_BACKPRESSURE_WAIT_MS", "100")])
-            .await,
-    );
+    let gw = GatewayOptions::new()
+        .fake_write(&fake)
+        .append_initial_backoff(FAST_RETRY)
+        .env("FILAMENT_MAX_BUFFERED_BYTES", &BUDGET.to_string())
+        .env("FILAMENT_BACKPRESSURE_WAIT_MS", "100")
+        .spawn()
+        .await;
+    let gw = Arc::new(gw);
     prepare_run(&gw, json!({}), &["t"]).await;
     let stop_sampling = CancellationToken::new();
     let sampler = spawn_budget_sampler(Arc::clone(&gw), stop_sampling.clone());
@@ -322,15 +320,12 @@ async fn connections_cut_mid_stream_to_the_emulator_still_load_every_row_once() 
     let emulator = PrivateEmulator::start().await;
     // Cut the first two connections after 200 KB and 150 KB (gzip-compressed) sent toward the emulator.
     let proxy = CuttingProxy::start(&emulator.grpc, vec![200_000, 150_000]).await;
-    let gw = Gateway::spawn_with(GatewayOptions {
-        env: vec![
-            ("BIGQUERY_EMULATOR_HOST".into(), emulator.rest.clone()),
-            ("BIGQUERY_STORAGE_EMULATOR_HOST".into(), proxy.address.clone()),
-            ("FILAMENT_APPEND_INITIAL_BACKOFF_MS".into(), "50".into()),
-        ],
-        ..Default::default()
-    })
-    .await;
+    let gw = GatewayOptions::new()
+        .rest_host(&emulator.rest)
+        .storage_write_host(&proxy.address)
+        .append_initial_backoff(Duration::from_millis(50))
+        .spawn()
+        .await;
     prepare_run(&gw, json!({"max_rows": 5000}), &["t"]).await;
     for batch in 0..40 {
         post_ok(&gw, "t", batch * 5000..(batch + 1) * 5000).await;
@@ -348,7 +343,7 @@ async fn connections_cut_mid_stream_to_the_emulator_still_load_every_row_once() 
 async fn a_lost_commit_response_is_resolved_by_asking_bigquery() {
     let fake = FakeWrite::start().await;
     fake.with(|s| s.lose_commit_response = true);
-    let gw = gateway_on_fake(&fake, &[]).await;
+    let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
     prepare_run(&gw, json!({}), &["t"]).await;
     post_ok(&gw, "t", 0..50).await;
     let committed = gw.commit_and_wait("run", "e").await;
@@ -360,7 +355,12 @@ async fn a_lost_commit_response_is_resolved_by_asking_bigquery() {
 #[tokio::test(flavor = "multi_thread")]
 async fn commit_refuses_pending_streams_older_than_the_limit() {
     let fake = FakeWrite::start().await;
-    let gw = gateway_on_fake(&fake, &[("FILAMENT_PENDING_STREAM_MAX_AGE_SECS", "0")]).await;
+    let gw = GatewayOptions::new()
+        .fake_write(&fake)
+        .append_initial_backoff(FAST_RETRY)
+        .env("FILAMENT_PENDING_STREAM_MAX_AGE_SECS", "0")
+        .spawn()
+        .await;
     prepare_run(&gw, json!({}), &["t"]).await;
     post_ok(&gw, "t", 0..5).await;
     // Wait until the stream exists (and is thus older than 0 s).

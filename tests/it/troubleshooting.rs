@@ -9,15 +9,7 @@ use serde_json::json;
 use crate::support::arrow::{ids, ipc_stream};
 use crate::support::fake_rest::{FakeRest, RestAnswer, bigquery_error, service_disabled_info};
 use crate::support::fake_write::FakeWrite;
-use crate::support::{Gateway, GatewayOptions, eventually, required_env};
-
-async fn gateway_on_rest(fake: &FakeRest) -> Gateway {
-    Gateway::spawn_with(GatewayOptions {
-        env: vec![("BIGQUERY_EMULATOR_HOST".into(), fake.address.clone())],
-        ..Default::default()
-    })
-    .await
-}
+use crate::support::{GatewayOptions, eventually, required_env};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_connection_test_names_disabled_apis_missing_permissions_and_location_mismatches() {
@@ -59,7 +51,7 @@ async fn the_connection_test_names_disabled_apis_missing_permissions_and_locatio
             vec![],
         ),
     });
-    let gw = gateway_on_rest(&fake).await;
+    let gw = GatewayOptions::new().fake_rest(&fake).spawn().await;
     let test = |project: &'static str| {
         let gw = &gw;
         async move {
@@ -109,11 +101,7 @@ async fn a_disabled_storage_api_fails_the_run_with_its_fix() {
             details.encode_to_vec().into(),
         ))
     });
-    let gw = Gateway::spawn_with(GatewayOptions {
-        env: vec![("BIGQUERY_STORAGE_EMULATOR_HOST".into(), fake.address.clone())],
-        ..Default::default()
-    })
-    .await;
+    let gw = GatewayOptions::new().fake_write(&fake).spawn().await;
     gw.create_run("run").await;
     gw.declare("run", "t", json!({"write_mode": "full_append"})).await;
     gw.open_execution("run", "e").await;
