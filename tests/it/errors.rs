@@ -8,15 +8,12 @@ use reqwest::{Method, StatusCode};
 use serde_json::json;
 
 use crate::support::arrow::{batch, ids, ipc_stream};
-use crate::support::{Gateway, GatewayOptions, assert_problem, send};
+use crate::support::{Gateway, GatewayOptions, TestRun, assert_problem, send};
 
 /// A gateway with run `run`, resource `t` (full_append) and execution `e` extracting.
 async fn ready_gateway(options: GatewayOptions) -> Gateway {
     let gw = options.spawn().await;
-    gw.create_run("run").await;
-    gw.declare("run", "t", json!({"write_mode": "full_append"})).await;
-    let (status, _) = gw.open_execution("run", "e").await;
-    assert_eq!(status, StatusCode::CREATED);
+    TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
     gw
 }
 

@@ -7,34 +7,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::arrow::{ids, ipc_stream};
 use crate::support::emulator::PrivateEmulator;
 use crate::support::fake_write::{AppendFault, FakeWrite};
 use crate::support::proxy::CuttingProxy;
-use crate::support::{Gateway, GatewayOptions, eventually};
+use crate::support::{Gateway, GatewayOptions, TestRun, eventually};
 
 /// Appends retried this soon after a scripted fault keep the tests fast.
 const FAST_RETRY: Duration = Duration::from_millis(20);
-
-/// Run `run` with `batching`, resources declared full_append, execution `e` open.
-async fn prepare_run(gw: &Gateway, batching: Value, resources: &[&str]) {
-    let (status, body) = gw
-        .json(
-            Method::POST,
-            "/v1/runs",
-            Some(json!({"run_id": "run", "destination": {"project": gw.project, "dataset": gw.dataset}, "batching": batching})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
-    for resource in resources {
-        gw.declare("run", resource, json!({"write_mode": "full_append"})).await;
-    }
-    let (status, _) = gw.open_execution("run", "e").await;
-    assert_eq!(status, StatusCode::CREATED);
-}
 
 async fn post_ok(gw: &Gateway, resource: &str, range: std::ops::Range<i64>) {
     let (status, body) = gw.post_batch("run", "e", resource, None, ipc_stream(&[ids(range)])).await;
@@ -59,7 +42,7 @@ async fn windows_refill_per_acknowledgement_within_the_stream_and_global_limits(
         s.hold_responses = true;
     });
     let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
-    prepare_run(&gw, json!({"max_rows": 10}), &["a", "b", "c"]).await;
+    TestRun::new("run", "e").batching(json!({"max_rows": 10})).full_append(&["a", "b", "c"]).open(&gw).await;
     for batch in 0..10 {
         for resource in ["a", "b", "c"] {
             post_ok(&gw, resource, batch * 10..batch * 10 + 10).await;
@@ -101,7 +84,7 @@ async fn the_window_refills_per_acknowledgement() {
         s.hold_responses = true;
     });
     let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
-    prepare_run(&gw, json!({"max_rows": 10}), &["t"]).await;
+    TestRun::new("run", "e").batching(json!({"max_rows": 10})).full_append(&["t"]).open(&gw).await;
     for batch in 0..12 {
         post_ok(&gw, "t", batch * 10..batch * 10 + 10).await;
     }
@@ -124,7 +107,7 @@ async fn at_most_eight_resources_are_set_up_at_once() {
     let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
     let resources: Vec<String> = (0..12).map(|i| format!("r{i}")).collect();
     let names: Vec<&str> = resources.iter().map(String::as_str).collect();
-    prepare_run(&gw, json!({}), &names).await;
+    TestRun::new("run", "e").full_append(&names).open(&gw).await;
     for resource in &names {
         post_ok(&gw, resource, 0..5).await;
     }
@@ -151,7 +134,7 @@ async fn lost_responses_and_dropped_connections_neither_lose_nor_duplicate_rows(
         AppendFault::Status(tonic::Code::ResourceExhausted),
     ]);
     let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
-    prepare_run(&gw, json!({"max_rows": 10}), &["t"]).await;
+    TestRun::new("run", "e").batching(json!({"max_rows": 10})).full_append(&["t"]).open(&gw).await;
     for batch in 0..20 {
         post_ok(&gw, "t", batch * 10..batch * 10 + 10).await;
     }
@@ -189,7 +172,7 @@ async fn permanent_append_errors_fail_the_execution() {
         let fake = FakeWrite::start().await;
         fake.script([fault]);
         let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
-        prepare_run(&gw, json!({}), &["t"]).await;
+        TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
         post_ok(&gw, "t", 0..10).await;
         let (status, body) = gw.json(Method::POST, "/v1/runs/run/executions/e/commit?wait=true", None).await;
         assert_eq!(status, StatusCode::OK, "{body}");
@@ -206,7 +189,7 @@ async fn a_slow_table_does_not_stall_a_fast_one() {
     let fake = FakeWrite::start().await;
     fake.with(|s| s.table_delays.push(("_filament_stg_slow_".into(), Duration::from_millis(400))));
     let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
-    prepare_run(&gw, json!({"max_rows": 10}), &["slow", "fast"]).await;
+    TestRun::new("run", "e").batching(json!({"max_rows": 10})).full_append(&["slow", "fast"]).open(&gw).await;
     for batch in 0..8 {
         post_ok(&gw, "slow", batch * 10..batch * 10 + 10).await;
     }
@@ -281,7 +264,7 @@ async fn the_byte_budget_bounds_memory_and_answers_429_instead_of_buffering() {
         .spawn()
         .await;
     let gw = Arc::new(gw);
-    prepare_run(&gw, json!({}), &["t"]).await;
+    TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
     let stop_sampling = CancellationToken::new();
     let sampler = spawn_budget_sampler(Arc::clone(&gw), stop_sampling.clone());
     // 16 MiB of rows (16x the budget), six requests at a time, each retried after a 429.
@@ -326,7 +309,7 @@ async fn connections_cut_mid_stream_to_the_emulator_still_load_every_row_once() 
         .append_initial_backoff(Duration::from_millis(50))
         .spawn()
         .await;
-    prepare_run(&gw, json!({"max_rows": 5000}), &["t"]).await;
+    TestRun::new("run", "e").batching(json!({"max_rows": 5000})).full_append(&["t"]).open(&gw).await;
     for batch in 0..40 {
         post_ok(&gw, "t", batch * 5000..(batch + 1) * 5000).await;
     }
@@ -344,7 +327,7 @@ async fn a_lost_commit_response_is_resolved_by_asking_bigquery() {
     let fake = FakeWrite::start().await;
     fake.with(|s| s.lose_commit_response = true);
     let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
-    prepare_run(&gw, json!({}), &["t"]).await;
+    TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
     post_ok(&gw, "t", 0..50).await;
     let committed = gw.commit_and_wait("run", "e").await;
     assert_eq!(committed["state"], "committed", "{committed}");
@@ -361,7 +344,7 @@ async fn commit_refuses_pending_streams_older_than_the_limit() {
         .env("FILAMENT_PENDING_STREAM_MAX_AGE_SECS", "0")
         .spawn()
         .await;
-    prepare_run(&gw, json!({}), &["t"]).await;
+    TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
     post_ok(&gw, "t", 0..5).await;
     // Wait until the stream exists (and is thus older than 0 s).
     eventually(Duration::from_secs(10), "the lane to create its write stream", || async {

@@ -9,7 +9,7 @@ use serde_json::json;
 use crate::support::arrow::{ids, ipc_stream};
 use crate::support::fake_rest::{FakeRest, RestAnswer, bigquery_error, service_disabled_info};
 use crate::support::fake_write::FakeWrite;
-use crate::support::{GatewayOptions, eventually, required_env};
+use crate::support::{GatewayOptions, TestRun, eventually, required_env};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_connection_test_names_disabled_apis_missing_permissions_and_location_mismatches() {
@@ -102,9 +102,7 @@ async fn a_disabled_storage_api_fails_the_run_with_its_fix() {
         ))
     });
     let gw = GatewayOptions::new().fake_write(&fake).spawn().await;
-    gw.create_run("run").await;
-    gw.declare("run", "t", json!({"write_mode": "full_append"})).await;
-    gw.open_execution("run", "e").await;
+    TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
     let (status, _) = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(0..3)])).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     // The lane fails the execution as soon as stream creation is refused.

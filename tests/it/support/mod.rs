@@ -12,8 +12,12 @@ pub mod fake_rest;
 pub mod fake_write;
 pub mod proxy;
 pub mod rest_proxy;
+mod test_run;
 
 pub use eventually::eventually;
+// `benches/ingest.rs` includes this module too and sets up its runs by hand.
+#[allow(unused_imports)]
+pub use test_run::TestRun;
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};
