@@ -146,7 +146,7 @@ async fn seq_replay_returns_the_same_receipt_and_adds_no_rows() {
     assert_problem(conflict, StatusCode::CONFLICT, "batch_conflict");
     assert_eq!(gw.db_snapshot().await, before, "replays change nothing");
     // Without seq the next number is assigned.
-    let (_, next) = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(10..15)])).await;
+    let next = gw.post_accepted("run", "e", "t", None, ipc_stream(&[ids(10..15)])).await;
     assert_eq!(next["seq"], 1);
     gw.commit_and_wait("run", "e").await;
     let counts = gw.query(&format!("SELECT COUNT(*), COUNT(DISTINCT id) FROM {}.t", gw.dataset)).await;
