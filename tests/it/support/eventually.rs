@@ -26,3 +26,35 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    #[should_panic(expected = "gave up after 1s waiting for the answer")]
+    async fn a_probe_that_never_answers_fails_naming_what_it_waited_for() {
+        eventually(Duration::from_secs(1), "the answer", || async { None::<()> }).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    #[should_panic(expected = "gave up after 1s waiting for a slow answer")]
+    async fn a_probe_that_outlives_the_deadline_fails_too() {
+        eventually(Duration::from_secs(1), "a slow answer", || async {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Some(())
+        })
+        .await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_answer_is_returned() {
+        let mut tries = 0;
+        let answer = eventually(Duration::from_secs(1), "the third try", || {
+            tries += 1;
+            std::future::ready((tries == 3).then_some(tries))
+        })
+        .await;
+        assert_eq!(answer, 3);
+    }
+}
