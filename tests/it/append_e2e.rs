@@ -5,7 +5,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::support::arrow::{BASE_MICROS, DAY_MS, common_types, ids, ipc_stream};
-use crate::support::{Gateway, assert_problem, required_env};
+use crate::support::{Gateway, TestRun, assert_problem, required_env};
 
 fn int(v: &Value) -> i64 {
     v.as_str().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("not an integer: {v}"))
@@ -18,11 +18,11 @@ fn date_string(days_since_epoch: i64) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn two_resources_load_every_common_type_and_checkpoint_becomes_durable_at_commit() {
     let gw = Gateway::spawn().await;
-    gw.create_run("run1").await;
-    gw.declare("run1", "shop.items", json!({"write_mode": "full_append"})).await;
-    gw.declare("run1", "events", json!({"table": "event_log", "write_mode": "incremental_append"})).await;
-    let (status, execution) = gw.open_execution("run1", "e1").await;
-    assert_eq!(status, StatusCode::CREATED, "{execution}");
+    let execution = TestRun::new("run1", "e1")
+        .full_append(&["shop.items"])
+        .resource("events", json!({"table": "event_log", "write_mode": "incremental_append"}))
+        .open(&gw)
+        .await;
     assert_eq!(execution["state"], "extracting");
 
     // Three batches for items (one request with two record batches), two for events.
@@ -111,15 +111,17 @@ async fn a_second_execution_appends_a_segment_and_moves_the_durable_checkpoint()
     gw.create_run("run").await;
     gw.declare("run", "t", json!({"write_mode": "incremental_append"})).await;
     for (execution, range, cursor) in [("seg1", 0..100, 1), ("seg2", 100..250, 2)] {
-        gw.open_execution("run", execution).await;
+        gw.open_new_execution("run", execution).await;
         let (status, body) = gw.post_batch("run", execution, "t", Some(0), ipc_stream(&[ids(range)])).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-        gw.json(
-            Method::POST,
-            &format!("/v1/runs/run/executions/{execution}/checkpoints"),
-            Some(json!({"checkpoint": cursor})),
-        )
-        .await;
+        let (status, checkpoint) = gw
+            .json(
+                Method::POST,
+                &format!("/v1/runs/run/executions/{execution}/checkpoints"),
+                Some(json!({"checkpoint": cursor})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{checkpoint}");
         assert_eq!(gw.commit_and_wait("run", execution).await["state"], "committed");
         let (_, run) = gw.json(Method::GET, "/v1/runs/run", None).await;
         assert_eq!(run["durable_checkpoint"], json!(cursor));
@@ -132,9 +134,7 @@ async fn a_second_execution_appends_a_segment_and_moves_the_durable_checkpoint()
 #[tokio::test(flavor = "multi_thread")]
 async fn seq_replay_returns_the_same_receipt_and_adds_no_rows() {
     let gw = Gateway::spawn().await;
-    gw.create_run("run").await;
-    gw.declare("run", "t", json!({"write_mode": "full_append"})).await;
-    gw.open_execution("run", "e").await;
+    TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
     let body = ipc_stream(&[ids(0..10)]);
     let (status, receipt) = gw.post_batch("run", "e", "t", Some(0), body.clone()).await;
     assert_eq!(status, StatusCode::ACCEPTED);
@@ -146,7 +146,7 @@ async fn seq_replay_returns_the_same_receipt_and_adds_no_rows() {
     assert_problem(conflict, StatusCode::CONFLICT, "batch_conflict");
     assert_eq!(gw.db_snapshot().await, before, "replays change nothing");
     // Without seq the next number is assigned.
-    let (_, next) = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(10..15)])).await;
+    let next = gw.post_accepted("run", "e", "t", None, ipc_stream(&[ids(10..15)])).await;
     assert_eq!(next["seq"], 1);
     gw.commit_and_wait("run", "e").await;
     let counts = gw.query(&format!("SELECT COUNT(*), COUNT(DISTINCT id) FROM {}.t", gw.dataset)).await;
@@ -158,26 +158,27 @@ async fn a_redelivered_committed_execution_publishes_once_and_a_changed_one_is_r
     let gw = Gateway::spawn().await;
     gw.create_run("run").await;
     gw.declare("run", "t", json!({"write_mode": "full_append"})).await;
-    let deliver = |range: std::ops::Range<i64>| {
+    // The first delivery opens the execution (201), every later one reopens it (200).
+    let deliver = |opened_status: StatusCode, range: std::ops::Range<i64>| {
         let gw = &gw;
         async move {
             let (status, opened) = gw.open_execution("run", "e").await;
-            assert!(status.is_success(), "{opened}");
+            assert_eq!(status, opened_status, "{opened}");
             let (status, body) = gw.post_batch("run", "e", "t", Some(0), ipc_stream(&[ids(range)])).await;
             assert_eq!(status, StatusCode::ACCEPTED, "{body}");
             gw.json(Method::POST, "/v1/runs/run/executions/e/commit?wait=true", None).await
         }
     };
-    let (_, first) = deliver(0..20).await;
+    let (_, first) = deliver(StatusCode::CREATED, 0..20).await;
     assert_eq!(first["state"], "committed", "{first}");
-    let (status, second) = deliver(0..20).await;
+    let (status, second) = deliver(StatusCode::OK, 0..20).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(second["state"], "committed", "{second}");
     assert_eq!(second["delivery"], 2);
     let count = gw.query(&format!("SELECT COUNT(*) FROM {}.t", gw.dataset)).await;
     assert_eq!(int(&count[0][0]), 20, "the redelivery reused the publication");
 
-    let (_, third) = deliver(0..21).await;
+    let (_, third) = deliver(StatusCode::OK, 0..21).await;
     assert_eq!(third["state"], "failed", "{third}");
     assert_eq!(third["error"]["code"], "replay_mismatch", "{third}");
     let count = gw.query(&format!("SELECT COUNT(*) FROM {}.t", gw.dataset)).await;
@@ -189,9 +190,7 @@ async fn gzip_and_zstd_bodies_are_decoded_and_hashed_after_decoding() {
     use sha2::Digest as _;
     use std::io::Write as _;
     let gw = Gateway::spawn().await;
-    gw.create_run("run").await;
-    gw.declare("run", "t", json!({"write_mode": "full_append"})).await;
-    gw.open_execution("run", "e").await;
+    TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
     let path = "/v1/runs/run/executions/e/resources/t/batches";
     let plain = ipc_stream(&[ids(0..100)]);
     let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());

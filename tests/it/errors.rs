@@ -8,15 +8,12 @@ use reqwest::{Method, StatusCode};
 use serde_json::json;
 
 use crate::support::arrow::{batch, ids, ipc_stream};
-use crate::support::{Gateway, GatewayOptions, assert_problem, send};
+use crate::support::{Gateway, GatewayOptions, TestRun, assert_problem, send};
 
 /// A gateway with run `run`, resource `t` (full_append) and execution `e` extracting.
 async fn ready_gateway(options: GatewayOptions) -> Gateway {
-    let gw = Gateway::spawn_with(options).await;
-    gw.create_run("run").await;
-    gw.declare("run", "t", json!({"write_mode": "full_append"})).await;
-    let (status, _) = gw.open_execution("run", "e").await;
-    assert_eq!(status, StatusCode::CREATED);
+    let gw = options.spawn().await;
+    TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
     gw
 }
 
@@ -32,7 +29,7 @@ macro_rules! rejected_without_trace {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn missing_or_wrong_tokens_are_unauthorized() {
-    let gw = ready_gateway(GatewayOptions::default()).await;
+    let gw = ready_gateway(GatewayOptions::new()).await;
     rejected_without_trace!(
         gw,
         StatusCode::UNAUTHORIZED,
@@ -53,7 +50,7 @@ async fn missing_or_wrong_tokens_are_unauthorized() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn unknown_ids_are_not_found() {
-    let gw = ready_gateway(GatewayOptions::default()).await;
+    let gw = ready_gateway(GatewayOptions::new()).await;
     rejected_without_trace!(gw, StatusCode::NOT_FOUND, "not_found", gw.json(Method::GET, "/v1/runs/nope", None).await);
     rejected_without_trace!(
         gw,
@@ -83,7 +80,7 @@ async fn unknown_ids_are_not_found() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_identifiers_and_dataset_ids_are_unprocessable() {
-    let gw = ready_gateway(GatewayOptions::default()).await;
+    let gw = ready_gateway(GatewayOptions::new()).await;
     let run =
         |run_id: &str, dataset: &str| json!({"run_id": run_id, "destination": {"project": "demo", "dataset": dataset}});
     rejected_without_trace!(
@@ -137,7 +134,7 @@ async fn bad_identifiers_and_dataset_ids_are_unprocessable() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn wrong_media_types_and_encodings_are_unsupported() {
-    let gw = ready_gateway(GatewayOptions::default()).await;
+    let gw = ready_gateway(GatewayOptions::new()).await;
     let path = "/v1/runs/run/executions/e/resources/t/batches";
     let body = ipc_stream(&[ids(0..3)]);
     rejected_without_trace!(
@@ -168,7 +165,7 @@ async fn wrong_media_types_and_encodings_are_unsupported() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn malformed_or_truncated_ipc_is_invalid() {
-    let gw = ready_gateway(GatewayOptions::default()).await;
+    let gw = ready_gateway(GatewayOptions::new()).await;
     let body = ipc_stream(&[ids(0..100)]);
     rejected_without_trace!(
         gw,
@@ -198,7 +195,7 @@ async fn malformed_or_truncated_ipc_is_invalid() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_schema_change_within_a_resource_is_refused() {
-    let gw = ready_gateway(GatewayOptions::default()).await;
+    let gw = ready_gateway(GatewayOptions::new()).await;
     let (status, _) = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(0..5)])).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     let other = batch(
@@ -216,7 +213,7 @@ async fn a_schema_change_within_a_resource_is_refused() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn unsupported_types_and_precision_loss_name_the_column() {
-    let gw = ready_gateway(GatewayOptions::default()).await;
+    let gw = ready_gateway(GatewayOptions::new()).await;
     let duration = batch(
         vec![Field::new("elapsed", DataType::Duration(TimeUnit::Second), true)],
         vec![Arc::new(arrow_array::DurationSecondArray::from(vec![1]))],
@@ -244,13 +241,9 @@ async fn unsupported_types_and_precision_loss_name_the_column() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn oversized_bodies_and_rows_are_refused() {
-    let options = GatewayOptions {
-        env: vec![
-            ("FILAMENT_MAX_BATCH_BODY_BYTES".into(), "200000".into()),
-            ("FILAMENT_MAX_APPEND_REQUEST_BYTES".into(), "65536".into()),
-        ],
-        ..Default::default()
-    };
+    let options = GatewayOptions::new()
+        .env("FILAMENT_MAX_BATCH_BODY_BYTES", "200000")
+        .env("FILAMENT_MAX_APPEND_REQUEST_BYTES", "65536");
     let gw = ready_gateway(options).await;
     rejected_without_trace!(
         gw,
@@ -272,7 +265,7 @@ async fn oversized_bodies_and_rows_are_refused() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn batches_after_pause_or_commit_conflict() {
-    let gw = ready_gateway(GatewayOptions::default()).await;
+    let gw = ready_gateway(GatewayOptions::new()).await;
     let (status, paused) = gw.json(Method::POST, "/v1/runs/run/executions/e/pause", None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(paused["state"], "paused");
@@ -299,7 +292,7 @@ async fn batches_after_pause_or_commit_conflict() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn conflicting_definitions_and_missing_keys_are_refused() {
-    let gw = ready_gateway(GatewayOptions::default()).await;
+    let gw = ready_gateway(GatewayOptions::new()).await;
     let (status, _) = gw
         .json(
             Method::POST,
@@ -354,8 +347,7 @@ async fn conflicting_definitions_and_missing_keys_are_refused() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn protective_limits_answer_with_their_documented_errors() {
-    let options =
-        GatewayOptions { env: vec![("FILAMENT_MAX_CONCURRENT_REQUESTS".into(), "1".into())], ..Default::default() };
+    let options = GatewayOptions::new().env("FILAMENT_MAX_CONCURRENT_REQUESTS", "1");
     let gw = ready_gateway(options).await;
     let long_path = format!("/v1/runs/{}", "r".repeat(5000));
     rejected_without_trace!(gw, StatusCode::URI_TOO_LONG, "uri_too_long", gw.json(Method::GET, &long_path, None).await);
@@ -389,7 +381,7 @@ async fn protective_limits_answer_with_their_documented_errors() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn keyed_batches_need_eligible_non_null_keys_and_valid_operations() {
-    let gw = ready_gateway(GatewayOptions::default()).await;
+    let gw = ready_gateway(GatewayOptions::new()).await;
     gw.declare("run", "m", json!({"write_mode": "cdc_merge", "primary_key": ["id"]})).await;
     gw.declare("run", "f", json!({"write_mode": "incremental_upsert", "primary_key": ["score"]})).await;
     let id_op = |ids: Vec<Option<i64>>, ops: Vec<Option<&str>>| {

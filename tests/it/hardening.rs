@@ -9,17 +9,14 @@ use reqwest::{Method, StatusCode};
 use serde_json::json;
 
 use crate::support::arrow::{batch, ids, ipc_stream};
-use crate::support::{Gateway, required_env, send};
+use crate::support::{Gateway, GatewayOptions, TestRun, required_env, send};
 
 const MARKER: &str = "ZZ-SECRET-ROW-VALUE-7f3a";
 
 #[tokio::test(flavor = "multi_thread")]
 async fn row_values_never_reach_logs_or_error_bodies() {
     let gw = Gateway::spawn().await;
-    gw.create_run("run").await;
-    gw.declare("run", "t", json!({"write_mode": "full_append"})).await;
-    gw.declare("run", "t2", json!({"write_mode": "full_append"})).await;
-    gw.open_execution("run", "e").await;
+    TestRun::new("run", "e").full_append(&["t", "t2"]).open(&gw).await;
     let rows = |n: usize| {
         batch(
             vec![Field::new("id", DataType::Int64, true), Field::new("secret", DataType::Utf8, true)],
@@ -83,9 +80,7 @@ async fn the_connection_test_runs_a_query_job() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_lets_a_running_commit_finish() {
     let mut gw = Gateway::spawn().await;
-    gw.create_run("run").await;
-    gw.declare("run", "t", json!({"write_mode": "full_append"})).await;
-    gw.open_execution("run", "e").await;
+    TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
     for i in 0..5 {
         let (status, _) = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(i * 1000..(i + 1) * 1000)])).await;
         assert_eq!(status, StatusCode::ACCEPTED);
@@ -98,11 +93,7 @@ async fn sigterm_lets_a_running_commit_finish() {
     // The commit finished before the process exited.
     let counts = gw.query(&format!("SELECT COUNT(*) FROM {}.t", gw.dataset)).await;
     assert_eq!(counts[0][0], "5000");
-    let restarted = Gateway::spawn_with(crate::support::GatewayOptions {
-        database_url: Some(gw.database_url.clone()),
-        ..Default::default()
-    })
-    .await;
+    let restarted = GatewayOptions::new().database_url(&gw.database_url).spawn().await;
     let (_, execution) =
         send(restarted.request(Method::GET, "/v1/runs/run/executions/e").bearer_auth(&restarted.token)).await;
     assert_eq!(execution["state"], "committed", "{execution}");
@@ -111,17 +102,11 @@ async fn sigterm_lets_a_running_commit_finish() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_interrupted_execution_fails_at_restart_and_a_redelivery_loads_every_row_once() {
     let mut gw = Gateway::spawn().await;
-    gw.create_run("run").await;
-    gw.declare("run", "t", json!({"write_mode": "full_append"})).await;
-    gw.open_execution("run", "e").await;
+    TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
     let (status, _) = gw.post_batch("run", "e", "t", Some(0), ipc_stream(&[ids(0..700)])).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     gw.kill();
-    let mut restarted = Gateway::spawn_with(crate::support::GatewayOptions {
-        database_url: Some(gw.database_url.clone()),
-        ..Default::default()
-    })
-    .await;
+    let mut restarted = GatewayOptions::new().database_url(&gw.database_url).spawn().await;
     restarted.dataset = gw.dataset.clone();
     let (_, execution) = restarted.json(Method::GET, "/v1/runs/run/executions/e", None).await;
     assert_eq!(execution["state"], "failed", "{execution}");

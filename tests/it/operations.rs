@@ -1,10 +1,10 @@
 //! Operations endpoints, auth on every `/v1` route, and the OpenAPI document's drift.
 
 use reqwest::{Method, StatusCode};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::support::arrow::{ids, ipc_stream};
-use crate::support::{Gateway, send};
+use crate::support::{Gateway, GatewayOptions, TestRun, send};
 
 const OPENAPI_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json");
 
@@ -60,9 +60,7 @@ async fn health_readiness_and_metrics() {
     assert_eq!(status, StatusCode::OK, "{ready}");
     assert_eq!(ready["checks"].as_array().unwrap().len(), 2);
 
-    gw.create_run("run").await;
-    gw.declare("run", "t", json!({"write_mode": "full_append"})).await;
-    gw.open_execution("run", "e").await;
+    TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
     let (status, _) = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(0..42)])).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     gw.commit_and_wait("run", "e").await;
@@ -81,14 +79,7 @@ async fn health_readiness_and_metrics() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn readiness_fails_when_bigquery_is_unreachable() {
-    let options = crate::support::GatewayOptions {
-        env: vec![
-            ("BIGQUERY_EMULATOR_HOST".into(), "127.0.0.1:9".into()),
-            ("BIGQUERY_STORAGE_EMULATOR_HOST".into(), "127.0.0.1:9".into()),
-        ],
-        ..Default::default()
-    };
-    let gw = Gateway::spawn_with(options).await;
+    let gw = GatewayOptions::new().rest_host("127.0.0.1:9").storage_write_host("127.0.0.1:9").spawn().await;
     let (status, ready) = send(gw.unauthenticated(Method::GET, "/readyz")).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{ready}");
     assert_eq!(ready["checks"][0]["ok"], true);

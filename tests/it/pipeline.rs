@@ -3,42 +3,21 @@
 //! offsets that end up in the stream: nothing lost, nothing duplicated.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
-use serde_json::{Value, json};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 use crate::support::arrow::{ids, ipc_stream};
 use crate::support::emulator::PrivateEmulator;
 use crate::support::fake_write::{AppendFault, FakeWrite};
 use crate::support::proxy::CuttingProxy;
-use crate::support::{Gateway, GatewayOptions};
+use crate::support::{Gateway, GatewayOptions, TestRun, eventually};
 
-async fn gateway_on_fake(fake: &FakeWrite, extra: &[(&str, &str)]) -> Gateway {
-    let mut env = vec![
-        ("BIGQUERY_STORAGE_EMULATOR_HOST".to_string(), fake.address.clone()),
-        ("FILAMENT_APPEND_INITIAL_BACKOFF_MS".to_string(), "20".to_string()),
-    ];
-    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    Gateway::spawn_with(GatewayOptions { env, ..Default::default() }).await
-}
-
-/// Run `run` with `batching`, resources declared full_append, execution `e` open.
-async fn prepare_run(gw: &Gateway, batching: Value, resources: &[&str]) {
-    let (status, body) = gw
-        .json(
-            Method::POST,
-            "/v1/runs",
-            Some(json!({"run_id": "run", "destination": {"project": gw.project, "dataset": gw.dataset}, "batching": batching})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
-    for resource in resources {
-        gw.declare("run", resource, json!({"write_mode": "full_append"})).await;
-    }
-    let (status, _) = gw.open_execution("run", "e").await;
-    assert_eq!(status, StatusCode::CREATED);
-}
+/// Appends retried this soon after a scripted fault keep the tests fast.
+const FAST_RETRY: Duration = Duration::from_millis(20);
 
 async fn post_ok(gw: &Gateway, resource: &str, range: std::ops::Range<i64>) {
     let (status, body) = gw.post_batch("run", "e", resource, None, ipc_stream(&[ids(range)])).await;
@@ -62,8 +41,8 @@ async fn windows_refill_per_acknowledgement_within_the_stream_and_global_limits(
         s.table_delays.push((String::new(), Duration::from_millis(100)));
         s.hold_responses = true;
     });
-    let gw = gateway_on_fake(&fake, &[]).await;
-    prepare_run(&gw, json!({"max_rows": 10}), &["a", "b", "c"]).await;
+    let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
+    TestRun::new("run", "e").batching(json!({"max_rows": 10})).full_append(&["a", "b", "c"]).open(&gw).await;
     for batch in 0..10 {
         for resource in ["a", "b", "c"] {
             post_ok(&gw, resource, batch * 10..batch * 10 + 10).await;
@@ -104,8 +83,8 @@ async fn the_window_refills_per_acknowledgement() {
         s.table_delays.push((String::new(), Duration::from_millis(100)));
         s.hold_responses = true;
     });
-    let gw = gateway_on_fake(&fake, &[]).await;
-    prepare_run(&gw, json!({"max_rows": 10}), &["t"]).await;
+    let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
+    TestRun::new("run", "e").batching(json!({"max_rows": 10})).full_append(&["t"]).open(&gw).await;
     for batch in 0..12 {
         post_ok(&gw, "t", batch * 10..batch * 10 + 10).await;
     }
@@ -125,10 +104,10 @@ async fn the_window_refills_per_acknowledgement() {
 async fn at_most_eight_resources_are_set_up_at_once() {
     let fake = FakeWrite::start().await;
     fake.with(|s| s.create_delay = Duration::from_millis(400));
-    let gw = gateway_on_fake(&fake, &[]).await;
+    let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
     let resources: Vec<String> = (0..12).map(|i| format!("r{i}")).collect();
     let names: Vec<&str> = resources.iter().map(String::as_str).collect();
-    prepare_run(&gw, json!({}), &names).await;
+    TestRun::new("run", "e").full_append(&names).open(&gw).await;
     for resource in &names {
         post_ok(&gw, resource, 0..5).await;
     }
@@ -154,8 +133,8 @@ async fn lost_responses_and_dropped_connections_neither_lose_nor_duplicate_rows(
         AppendFault::DropResponseAfterApply,
         AppendFault::Status(tonic::Code::ResourceExhausted),
     ]);
-    let gw = gateway_on_fake(&fake, &[]).await;
-    prepare_run(&gw, json!({"max_rows": 10}), &["t"]).await;
+    let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
+    TestRun::new("run", "e").batching(json!({"max_rows": 10})).full_append(&["t"]).open(&gw).await;
     for batch in 0..20 {
         post_ok(&gw, "t", batch * 10..batch * 10 + 10).await;
     }
@@ -192,8 +171,8 @@ async fn permanent_append_errors_fail_the_execution() {
     for (fault, name) in cases {
         let fake = FakeWrite::start().await;
         fake.script([fault]);
-        let gw = gateway_on_fake(&fake, &[]).await;
-        prepare_run(&gw, json!({}), &["t"]).await;
+        let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
+        TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
         post_ok(&gw, "t", 0..10).await;
         let (status, body) = gw.json(Method::POST, "/v1/runs/run/executions/e/commit?wait=true", None).await;
         assert_eq!(status, StatusCode::OK, "{body}");
@@ -209,8 +188,8 @@ async fn permanent_append_errors_fail_the_execution() {
 async fn a_slow_table_does_not_stall_a_fast_one() {
     let fake = FakeWrite::start().await;
     fake.with(|s| s.table_delays.push(("_filament_stg_slow_".into(), Duration::from_millis(400))));
-    let gw = gateway_on_fake(&fake, &[]).await;
-    prepare_run(&gw, json!({"max_rows": 10}), &["slow", "fast"]).await;
+    let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
+    TestRun::new("run", "e").batching(json!({"max_rows": 10})).full_append(&["slow", "fast"]).open(&gw).await;
     for batch in 0..8 {
         post_ok(&gw, "slow", batch * 10..batch * 10 + 10).await;
     }
@@ -218,16 +197,15 @@ async fn a_slow_table_does_not_stall_a_fast_one() {
         post_ok(&gw, "fast", batch * 10..batch * 10 + 10).await;
     }
     // Poll until the fast table is fully acknowledged; the slow one must still be uploading.
-    let progress = loop {
-        let (_, execution) = gw.json(Method::GET, "/v1/runs/run/executions/e", None).await;
-        let resources = execution["resources"].as_array().unwrap().clone();
+    let progress = eventually(Duration::from_secs(30), "the fast table to be fully acknowledged", || async {
+        let (status, execution) = gw.json(Method::GET, "/v1/runs/run/executions/e", None).await;
+        assert_eq!(status, StatusCode::OK, "{execution}");
+        let resources = execution["resources"].as_array().unwrap();
         let get = |name: &str| resources.iter().find(|r| r["resource"] == name).cloned().unwrap();
         let (fast, slow) = (get("fast"), get("slow"));
-        if fast["rows_acknowledged"] == fast["rows_received"] {
-            break slow;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+        (fast["rows_acknowledged"] == fast["rows_received"]).then_some(slow)
+    })
+    .await;
     assert!(
         progress["rows_acknowledged"].as_i64().unwrap() < progress["rows_received"].as_i64().unwrap(),
         "the fast table finished first: {progress}"
@@ -237,40 +215,62 @@ async fn a_slow_table_does_not_stall_a_fast_one() {
     assert_exact_stream(&fake.stream_for("_filament_stg_slow_"), 0..80);
 }
 
+/// Samples the upload budget gauge every 10 ms until `stop` is cancelled; the highest value seen.
+fn spawn_budget_sampler(gw: Arc<Gateway>, stop: CancellationToken) -> tokio::task::JoinHandle<u64> {
+    tokio::spawn(async move {
+        let mut max_seen = 0u64;
+        loop {
+            let metrics = gw.unauthenticated(Method::GET, "/metrics").send().await.unwrap().text().await.unwrap();
+            // The gauge is exported once the budget is first used; until then there is nothing to see.
+            let in_use = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix("filament_upload_budget_bytes_in_use "))
+                .map(|v| v.trim().parse::<f64>().unwrap() as u64);
+            max_seen = max_seen.max(in_use.unwrap_or_default());
+            tokio::select! {
+                () = stop.cancelled() => return max_seen,
+                () = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+        }
+    })
+}
+
+/// Posts batch `seq` until it is accepted, counting the 429 answers in `rejected`.
+async fn post_until_accepted(gw: &Gateway, seq: i64, body: Vec<u8>, rejected: &AtomicUsize) {
+    eventually(Duration::from_secs(120), &format!("batch {seq} to be accepted"), || async {
+        let (status, response) = gw.post_batch("run", "e", "t", Some(seq), body.clone()).await;
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            assert_eq!(response["code"], "backpressure");
+            assert_eq!(response["status"], 429);
+            rejected.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        assert_eq!(status, StatusCode::ACCEPTED, "{response}");
+        Some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_byte_budget_bounds_memory_and_answers_429_instead_of_buffering() {
     const BUDGET: u64 = 1024 * 1024;
     let fake = FakeWrite::start().await;
     fake.with(|s| s.table_delays.push((String::new(), Duration::from_millis(60))));
-    let gw = Arc::new(
-        gateway_on_fake(&fake, &[("FILAMENT_MAX_BUFFERED_BYTES", "1048576"), ("FILAMENT_BACKPRESSURE_WAIT_MS", "100")])
-            .await,
-    );
-    prepare_run(&gw, json!({}), &["t"]).await;
-    let sampler = {
-        let gw = Arc::clone(&gw);
-        tokio::spawn(async move {
-            let mut max_seen = 0u64;
-            for _ in 0..2000 {
-                let metrics = gw.unauthenticated(Method::GET, "/metrics").send().await.unwrap().text().await.unwrap();
-                let in_use = metrics
-                    .lines()
-                    .find_map(|l| l.strip_prefix("filament_upload_budget_bytes_in_use "))
-                    .map(|v| v.trim().parse::<f64>().unwrap() as u64)
-                    .unwrap_or(0);
-                max_seen = max_seen.max(in_use);
-                if metrics.contains("filament_sampler_stop") {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            max_seen
-        })
-    };
+    let gw = GatewayOptions::new()
+        .fake_write(&fake)
+        .append_initial_backoff(FAST_RETRY)
+        .env("FILAMENT_MAX_BUFFERED_BYTES", &BUDGET.to_string())
+        .env("FILAMENT_BACKPRESSURE_WAIT_MS", "100")
+        .spawn()
+        .await;
+    let gw = Arc::new(gw);
+    TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
+    let stop_sampling = CancellationToken::new();
+    let sampler = spawn_budget_sampler(Arc::clone(&gw), stop_sampling.clone());
     // 16 MiB of rows (16x the budget), six requests at a time, each retried after a 429.
     const ROWS_PER_BATCH: i64 = 8192; // 128 KiB of Arrow per batch
     const BATCHES: i64 = 128;
-    let rejected = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let rejected = Arc::new(AtomicUsize::new(0));
     let mut workers = Vec::new();
     for worker in 0..6 {
         let gw = Arc::clone(&gw);
@@ -278,18 +278,7 @@ async fn the_byte_budget_bounds_memory_and_answers_429_instead_of_buffering() {
         workers.push(tokio::spawn(async move {
             for batch in (worker..BATCHES).step_by(6) {
                 let body = ipc_stream(&[ids(batch * ROWS_PER_BATCH..(batch + 1) * ROWS_PER_BATCH)]);
-                loop {
-                    let (status, response) = gw.post_batch("run", "e", "t", Some(batch), body.clone()).await;
-                    if status == StatusCode::TOO_MANY_REQUESTS {
-                        assert_eq!(response["code"], "backpressure");
-                        assert_eq!(response["status"], 429);
-                        rejected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                    assert_eq!(status, StatusCode::ACCEPTED, "{response}");
-                    break;
-                }
+                post_until_accepted(&gw, batch, body, &rejected).await;
             }
         }));
     }
@@ -297,10 +286,11 @@ async fn the_byte_budget_bounds_memory_and_answers_429_instead_of_buffering() {
         worker.await.unwrap();
     }
     assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
-    sampler.abort();
-    let max_seen = sampler.await.unwrap_or(0);
+    stop_sampling.cancel();
+    let max_seen = sampler.await.unwrap();
+    assert!(max_seen > 0, "the sampler saw the budget in use");
     assert!(max_seen <= BUDGET, "budget gauge {max_seen} exceeded {BUDGET}");
-    assert!(rejected.load(std::sync::atomic::Ordering::Relaxed) > 0, "a full budget answers 429");
+    assert!(rejected.load(Ordering::Relaxed) > 0, "a full budget answers 429");
     let stream = fake.stream_for("_filament_stg_t_");
     let mut sorted = stream.ids.clone();
     sorted.sort_unstable();
@@ -313,16 +303,13 @@ async fn connections_cut_mid_stream_to_the_emulator_still_load_every_row_once() 
     let emulator = PrivateEmulator::start().await;
     // Cut the first two connections after 200 KB and 150 KB (gzip-compressed) sent toward the emulator.
     let proxy = CuttingProxy::start(&emulator.grpc, vec![200_000, 150_000]).await;
-    let gw = Gateway::spawn_with(GatewayOptions {
-        env: vec![
-            ("BIGQUERY_EMULATOR_HOST".into(), emulator.rest.clone()),
-            ("BIGQUERY_STORAGE_EMULATOR_HOST".into(), proxy.address.clone()),
-            ("FILAMENT_APPEND_INITIAL_BACKOFF_MS".into(), "50".into()),
-        ],
-        ..Default::default()
-    })
-    .await;
-    prepare_run(&gw, json!({"max_rows": 5000}), &["t"]).await;
+    let gw = GatewayOptions::new()
+        .rest_host(&emulator.rest)
+        .storage_write_host(&proxy.address)
+        .append_initial_backoff(Duration::from_millis(50))
+        .spawn()
+        .await;
+    TestRun::new("run", "e").batching(json!({"max_rows": 5000})).full_append(&["t"]).open(&gw).await;
     for batch in 0..40 {
         post_ok(&gw, "t", batch * 5000..(batch + 1) * 5000).await;
     }
@@ -339,8 +326,8 @@ async fn connections_cut_mid_stream_to_the_emulator_still_load_every_row_once() 
 async fn a_lost_commit_response_is_resolved_by_asking_bigquery() {
     let fake = FakeWrite::start().await;
     fake.with(|s| s.lose_commit_response = true);
-    let gw = gateway_on_fake(&fake, &[]).await;
-    prepare_run(&gw, json!({}), &["t"]).await;
+    let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
+    TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
     post_ok(&gw, "t", 0..50).await;
     let committed = gw.commit_and_wait("run", "e").await;
     assert_eq!(committed["state"], "committed", "{committed}");
@@ -351,13 +338,19 @@ async fn a_lost_commit_response_is_resolved_by_asking_bigquery() {
 #[tokio::test(flavor = "multi_thread")]
 async fn commit_refuses_pending_streams_older_than_the_limit() {
     let fake = FakeWrite::start().await;
-    let gw = gateway_on_fake(&fake, &[("FILAMENT_PENDING_STREAM_MAX_AGE_SECS", "0")]).await;
-    prepare_run(&gw, json!({}), &["t"]).await;
+    let gw = GatewayOptions::new()
+        .fake_write(&fake)
+        .append_initial_backoff(FAST_RETRY)
+        .env("FILAMENT_PENDING_STREAM_MAX_AGE_SECS", "0")
+        .spawn()
+        .await;
+    TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
     post_ok(&gw, "t", 0..5).await;
     // Wait until the stream exists (and is thus older than 0 s).
-    while fake.with(|s| s.streams.is_empty()) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(Duration::from_secs(10), "the lane to create its write stream", || async {
+        (!fake.with(|s| s.streams.is_empty())).then_some(())
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let (status, body) = gw.json(Method::POST, "/v1/runs/run/executions/e/commit", None).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");

@@ -14,21 +14,13 @@ use serde_json::{Value, json};
 use crate::support::arrow::{batch, ids, ipc_stream};
 use crate::support::fake_write::FakeWrite;
 use crate::support::rest_proxy::{JobMode, RestProxy};
-use crate::support::{Gateway, GatewayOptions, required_env};
-
-async fn gateway_via(proxy: &RestProxy, fake: Option<&FakeWrite>) -> Gateway {
-    let mut env = vec![("BIGQUERY_EMULATOR_HOST".to_string(), proxy.address.clone())];
-    if let Some(fake) = fake {
-        env.push(("BIGQUERY_STORAGE_EMULATOR_HOST".to_string(), fake.address.clone()));
-    }
-    Gateway::spawn_with(GatewayOptions { env, ..Default::default() }).await
-}
+use crate::support::{Gateway, GatewayOptions, eventually, required_env};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn at_most_eight_destinations_publish_at_once() {
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
     let fake = FakeWrite::start().await;
-    let gw = gateway_via(&proxy, Some(&fake)).await;
+    let gw = GatewayOptions::new().rest_proxy(&proxy).fake_write(&fake).spawn().await;
     gw.create_run("r").await;
     let resources: Vec<String> = (0..12).map(|i| format!("t{i:02}")).collect();
     for resource in &resources {
@@ -52,7 +44,7 @@ async fn at_most_eight_destinations_publish_at_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_existing_job_id_is_reused_and_never_run_twice() {
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
-    let gw = gateway_via(&proxy, None).await;
+    let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
     gw.create_run("r").await;
     gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
     gw.open_new_execution("r", "e").await;
@@ -74,7 +66,7 @@ async fn an_existing_job_id_is_reused_and_never_run_twice() {
 async fn a_failed_job_is_surfaced_on_redelivery_without_a_new_job() {
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
     let fake = FakeWrite::start().await;
-    let gw = gateway_via(&proxy, Some(&fake)).await;
+    let gw = GatewayOptions::new().rest_proxy(&proxy).fake_write(&fake).spawn().await;
     gw.create_run("r").await;
     gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
     gw.open_new_execution("r", "e").await;
@@ -100,7 +92,7 @@ async fn a_failed_job_is_surfaced_on_redelivery_without_a_new_job() {
 #[tokio::test(flavor = "multi_thread")]
 async fn new_columns_are_added_with_tables_patch_and_staging_tables_expire_in_seven_days() {
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
-    let gw = gateway_via(&proxy, None).await;
+    let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
     gw.create_run("r").await;
     gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
     gw.open_new_execution("r", "e1").await;
@@ -185,7 +177,7 @@ async fn an_incompatible_existing_type_fails_naming_the_column_and_both_types() 
 async fn struct_array_and_map_columns_become_record_and_repeated_fields() {
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
     let fake = FakeWrite::start().await;
-    let gw = gateway_via(&proxy, Some(&fake)).await;
+    let gw = GatewayOptions::new().rest_proxy(&proxy).fake_write(&fake).spawn().await;
     gw.create_run("r").await;
     gw.declare("r", "orders", json!({"write_mode": "full_append"})).await;
 
@@ -256,7 +248,7 @@ async fn struct_array_and_map_columns_become_record_and_repeated_fields() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failure_during_publication_reports_each_destination() {
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
-    let gw = gateway_via(&proxy, None).await;
+    let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
     gw.create_run("r").await;
     gw.declare("r", "good", json!({"write_mode": "full_append"})).await;
     gw.declare("r", "bad", json!({"write_mode": "full_append"})).await;
@@ -290,7 +282,7 @@ async fn a_failure_during_publication_reports_each_destination() {
 #[tokio::test(flavor = "multi_thread")]
 async fn abort_before_commit_deletes_the_staging_tables() {
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
-    let gw = gateway_via(&proxy, None).await;
+    let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
     gw.create_run("r").await;
     gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
     gw.open_new_execution("r", "e").await;
@@ -299,26 +291,19 @@ async fn abort_before_commit_deletes_the_staging_tables() {
     let (status, _) =
         gw.json(Method::POST, "/v1/runs/r/executions/e/checkpoints", Some(json!({"checkpoint": 1}))).await;
     assert_eq!(status, StatusCode::OK);
-    let mut staging = None;
-    for _ in 0..100 {
-        staging = proxy
+    let staging = eventually(Duration::from_secs(10), "the lane to create its staging table", || async {
+        proxy
             .requests("POST", "/tables")
             .iter()
             .filter_map(|r| r.body["tableReference"]["tableId"].as_str().map(str::to_string))
-            .find(|t| t.starts_with("_filament_stg_"));
-        if staging.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let staging = staging.expect("the lane created its staging table");
+            .find(|t| t.starts_with("_filament_stg_"))
+    })
+    .await;
     let (status, aborted) = gw.json(Method::POST, "/v1/runs/r/executions/e/abort", None).await;
     assert_eq!(status, StatusCode::OK, "{aborted}");
-    for _ in 0..100 {
-        if !proxy.requests("DELETE", &format!("/tables/{staging}")).is_empty() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("staging table {staging} was not deleted after abort");
+    let deleted = format!("the abort to delete staging table {staging}");
+    eventually(Duration::from_secs(10), &deleted, || async {
+        (!proxy.requests("DELETE", &format!("/tables/{staging}")).is_empty()).then_some(())
+    })
+    .await;
 }

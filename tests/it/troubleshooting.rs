@@ -9,15 +9,7 @@ use serde_json::json;
 use crate::support::arrow::{ids, ipc_stream};
 use crate::support::fake_rest::{FakeRest, RestAnswer, bigquery_error, service_disabled_info};
 use crate::support::fake_write::FakeWrite;
-use crate::support::{Gateway, GatewayOptions, required_env};
-
-async fn gateway_on_rest(fake: &FakeRest) -> Gateway {
-    Gateway::spawn_with(GatewayOptions {
-        env: vec![("BIGQUERY_EMULATOR_HOST".into(), fake.address.clone())],
-        ..Default::default()
-    })
-    .await
-}
+use crate::support::{GatewayOptions, TestRun, eventually, required_env};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_connection_test_names_disabled_apis_missing_permissions_and_location_mismatches() {
@@ -59,7 +51,7 @@ async fn the_connection_test_names_disabled_apis_missing_permissions_and_locatio
             vec![],
         ),
     });
-    let gw = gateway_on_rest(&fake).await;
+    let gw = GatewayOptions::new().fake_rest(&fake).spawn().await;
     let test = |project: &'static str| {
         let gw = &gw;
         async move {
@@ -109,26 +101,17 @@ async fn a_disabled_storage_api_fails_the_run_with_its_fix() {
             details.encode_to_vec().into(),
         ))
     });
-    let gw = Gateway::spawn_with(GatewayOptions {
-        env: vec![("BIGQUERY_STORAGE_EMULATOR_HOST".into(), fake.address.clone())],
-        ..Default::default()
-    })
-    .await;
-    gw.create_run("run").await;
-    gw.declare("run", "t", json!({"write_mode": "full_append"})).await;
-    gw.open_execution("run", "e").await;
+    let gw = GatewayOptions::new().fake_write(&fake).spawn().await;
+    TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
     let (status, _) = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(0..3)])).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     // The lane fails the execution as soon as stream creation is refused.
-    let mut execution = serde_json::Value::Null;
-    for _ in 0..100 {
-        execution = gw.json(Method::GET, "/v1/runs/run/executions/e", None).await.1;
-        if execution["state"] == "failed" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(execution["state"], "failed", "{execution}");
+    let execution = eventually(Duration::from_secs(5), "execution e to fail", || async {
+        let (status, execution) = gw.json(Method::GET, "/v1/runs/run/executions/e", None).await;
+        assert_eq!(status, StatusCode::OK, "{execution}");
+        (execution["state"] == "failed").then_some(execution)
+    })
+    .await;
     assert_eq!(execution["error"]["code"], "service_disabled", "{execution}");
     assert!(execution["error"]["hint"].as_str().unwrap().contains("bigquerystorage.googleapis.com"));
     let (status, body) = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(3..6)])).await;

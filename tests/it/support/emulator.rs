@@ -4,7 +4,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::required_env;
+use super::{eventually, required_env};
 
 pub struct PrivateEmulator {
     child: Child,
@@ -29,15 +29,10 @@ impl PrivateEmulator {
             .expect("start bqemulator");
         let emulator = Self { child, rest: format!("127.0.0.1:{rest_port}"), grpc: format!("127.0.0.1:{grpc_port}") };
         for address in [&emulator.rest, &emulator.grpc] {
-            let mut ready = false;
-            for _ in 0..300 {
-                if tokio::net::TcpStream::connect(address).await.is_ok() {
-                    ready = true;
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            assert!(ready, "bqemulator did not listen on {address}");
+            eventually(Duration::from_secs(30), &format!("bqemulator to listen on {address}"), || async {
+                tokio::net::TcpStream::connect(address).await.ok()
+            })
+            .await;
         }
         emulator
     }

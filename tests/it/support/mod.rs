@@ -7,10 +7,17 @@
 
 pub mod arrow;
 pub mod emulator;
+mod eventually;
 pub mod fake_rest;
 pub mod fake_write;
 pub mod proxy;
 pub mod rest_proxy;
+mod test_run;
+
+pub use eventually::eventually;
+// `benches/ingest.rs` includes this module too and sets up its runs by hand.
+#[allow(unused_imports)]
+pub use test_run::TestRun;
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -43,6 +50,33 @@ fn database_url_for(admin_url: &str, database: &str) -> String {
     }
 }
 
+/// Creates `database` on the cluster `admin_url` points at; its URL.
+async fn fresh_database(admin_url: &str, database: &str) -> String {
+    let mut admin = PgConnection::connect(admin_url).await.expect("connect to the admin database");
+    sqlx::query(&format!("CREATE DATABASE {database}")).execute(&mut admin).await.expect("create database");
+    database_url_for(admin_url, database)
+}
+
+/// The base URL a freshly spawned gateway announces on its first stdout line (within 60 s).
+async fn listening_address(child: &mut Child, stderr_path: &std::path::Path) -> String {
+    let stdout = child.stdout.take().expect("stdout");
+    let first_line = tokio::task::spawn_blocking(move || {
+        let mut reader = BufReader::new(stdout);
+        let mut line = String::new();
+        reader.read_line(&mut line).map(|_| line)
+    });
+    let log = || std::fs::read_to_string(stderr_path).unwrap_or_default();
+    let line = tokio::time::timeout(Duration::from_secs(60), first_line)
+        .await
+        .unwrap_or_else(|_| panic!("gateway did not start; log: {}", log()))
+        .expect("join")
+        .expect("read stdout");
+    line.trim()
+        .strip_prefix("filament-bigquery listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}; log: {}", log()))
+        .to_string()
+}
+
 /// A gateway process with its own database; killed on drop.
 pub struct Gateway {
     child: Child,
@@ -57,19 +91,76 @@ pub struct Gateway {
     http: reqwest::Client,
 }
 
-/// Options for spawning.
-#[derive(Default, Clone)]
+/// How to spawn a gateway, as a builder:
+/// `GatewayOptions::new().fake_write(&fake).env("K", "V").spawn().await`.
+/// The fields stay public for `benches/ingest.rs`, which builds the struct directly.
+#[derive(Debug, Default, Clone)]
 pub struct GatewayOptions {
+    /// Extra environment, applied over the defaults `spawn` sets.
     pub env: Vec<(String, String)>,
     /// Reuse an existing database (restart scenarios) instead of creating one.
     pub database_url: Option<String>,
 }
 
-impl Gateway {
-    pub async fn spawn() -> Self {
-        Self::spawn_with(GatewayOptions::default()).await
+impl GatewayOptions {
+    pub fn new() -> Self {
+        Self::default()
     }
 
+    /// Sets one variable of the gateway's environment; a later value for the same name wins.
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.retain(|(k, _)| k != name);
+        self.env.push((name.to_string(), value.to_string()));
+        self
+    }
+
+    /// BigQuery's REST API (tables, jobs) at `address` instead of the shared emulator's.
+    pub fn rest_host(self, address: &str) -> Self {
+        self.env("BIGQUERY_EMULATOR_HOST", address)
+    }
+
+    /// The Storage Write API at `address` instead of the shared emulator's.
+    pub fn storage_write_host(self, address: &str) -> Self {
+        self.env("BIGQUERY_STORAGE_EMULATOR_HOST", address)
+    }
+
+    /// Appends go to the scriptable Storage Write fake.
+    pub fn fake_write(self, fake: &fake_write::FakeWrite) -> Self {
+        self.storage_write_host(&fake.address)
+    }
+
+    /// REST calls go to the scripted REST fake.
+    pub fn fake_rest(self, fake: &fake_rest::FakeRest) -> Self {
+        self.rest_host(&fake.address)
+    }
+
+    /// REST calls go through the recording proxy (which forwards to the emulator).
+    pub fn rest_proxy(self, proxy: &rest_proxy::RestProxy) -> Self {
+        self.rest_host(&proxy.address)
+    }
+
+    /// The first retry of a failed append waits `backoff` (fault tests keep it short).
+    pub fn append_initial_backoff(self, backoff: Duration) -> Self {
+        self.env("FILAMENT_APPEND_INITIAL_BACKOFF_MS", &backoff.as_millis().to_string())
+    }
+
+    /// Reuses the database at `url` (a restart) instead of creating a fresh one.
+    pub fn database_url(mut self, url: &str) -> Self {
+        self.database_url = Some(url.to_string());
+        self
+    }
+
+    pub async fn spawn(self) -> Gateway {
+        Gateway::spawn_with(self).await
+    }
+}
+
+impl Gateway {
+    pub async fn spawn() -> Self {
+        GatewayOptions::new().spawn().await
+    }
+
+    /// Spawns with `options`; tests write `options.spawn()`, `benches/ingest.rs` calls this.
     pub async fn spawn_with(options: GatewayOptions) -> Self {
         let admin_url = required_env("DATABASE_URL");
         let rest = required_env("BIGQUERY_EMULATOR_HOST");
@@ -77,12 +168,7 @@ impl Gateway {
         let suffix = random_suffix();
         let database_url = match options.database_url {
             Some(url) => url,
-            None => {
-                let database = format!("fbq_test_{suffix}");
-                let mut admin = PgConnection::connect(&admin_url).await.expect("connect to the admin database");
-                sqlx::query(&format!("CREATE DATABASE {database}")).execute(&mut admin).await.expect("create database");
-                database_url_for(&admin_url, &database)
-            }
+            None => fresh_database(&admin_url, &format!("fbq_test_{suffix}")).await,
         };
         let token = format!("test-token-{}", random_suffix());
         let log_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
@@ -107,29 +193,7 @@ impl Gateway {
         let emulator_rest =
             options.env.iter().find(|(k, _)| k == "BIGQUERY_EMULATOR_HOST").map(|(_, v)| v.clone()).unwrap_or(rest);
         let mut child = command.spawn().expect("spawn the gateway binary");
-        let stdout = child.stdout.take().expect("stdout");
-        let first_line = tokio::task::spawn_blocking(move || {
-            let mut reader = BufReader::new(stdout);
-            let mut line = String::new();
-            reader.read_line(&mut line).map(|_| line)
-        });
-        let line = tokio::time::timeout(Duration::from_secs(60), first_line)
-            .await
-            .unwrap_or_else(|_| {
-                panic!("gateway did not start; log: {}", std::fs::read_to_string(&stderr_path).unwrap_or_default())
-            })
-            .expect("join")
-            .expect("read stdout");
-        let base_url = line
-            .trim()
-            .strip_prefix("filament-bigquery listening on ")
-            .unwrap_or_else(|| {
-                panic!(
-                    "unexpected first line {line:?}; log: {}",
-                    std::fs::read_to_string(&stderr_path).unwrap_or_default()
-                )
-            })
-            .to_string();
+        let base_url = listening_address(&mut child, &stderr_path).await;
         Self {
             child,
             base_url,
@@ -158,13 +222,11 @@ impl Gateway {
         let pid = self.child.id().to_string();
         let status = Command::new("kill").args(["-TERM", &pid]).status().expect("kill");
         assert!(status.success());
-        for _ in 0..600 {
-            if let Some(exit) = self.child.try_wait().expect("wait") {
-                return exit;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("the gateway did not exit within 60 s of SIGTERM");
+        let child = &mut self.child;
+        eventually(Duration::from_secs(60), "the gateway to exit after SIGTERM", || {
+            std::future::ready(child.try_wait().expect("wait"))
+        })
+        .await
     }
 
     /// Kills the process abruptly (a crash), keeping its database.
