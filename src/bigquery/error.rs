@@ -16,6 +16,9 @@ pub(crate) enum BigQueryError {
     /// `stream_errors`, a job's `errorResult`).
     #[error("{operation}: {message}")]
     InResponse { operation: &'static str, code: i32, message: String },
+    /// A query job ended with an `errorResult` (it can never run again under its id).
+    #[error("query job: {message} ({reason})")]
+    JobFailed { reason: String, message: String },
     /// Credentials could not produce a token.
     #[error("credentials: {0}")]
     Credentials(String),
@@ -27,6 +30,9 @@ pub(crate) enum BigQueryError {
     #[error("connecting to the Storage Write API: {0}")]
     Connect(String),
 }
+
+/// `errorResult.reason`s of a query job that a new attempt may not meet again.
+const TRANSIENT_JOB_REASONS: &[&str] = &["rateLimitExceeded", "backendError", "internalError", "jobBackendError"];
 
 /// gRPC codes Google's clients retry on the Storage Write API.
 const RETRYABLE_GRPC: &[tonic::Code] = &[
@@ -68,7 +74,19 @@ impl BigQueryError {
             BigQueryError::Grpc { status, .. } => RETRYABLE_GRPC.contains(&status.code()),
             BigQueryError::InResponse { code, .. } => RETRYABLE_GRPC.iter().any(|c| *c as i32 == *code),
             BigQueryError::Timeout { .. } | BigQueryError::Connect(_) => true,
-            BigQueryError::Credentials(_) | BigQueryError::Inconsistent(_) => false,
+            BigQueryError::Credentials(_) | BigQueryError::Inconsistent(_) | BigQueryError::JobFailed { .. } => false,
+        }
+    }
+
+    /// A query job that failed for a passing reason: the same statement may succeed under a new
+    /// job id (BigQuery's transient `errorResult` reasons, and a DML conflict with a concurrent
+    /// statement on the same table).
+    pub(crate) fn is_transient_job_failure(&self) -> bool {
+        match self {
+            BigQueryError::JobFailed { reason, message } => {
+                TRANSIENT_JOB_REASONS.contains(&reason.as_str()) || message.contains("Could not serialize access")
+            }
+            _ => false,
         }
     }
 

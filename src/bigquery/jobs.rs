@@ -18,11 +18,7 @@ pub(crate) struct JobOutcome {
 
 fn job_error(job: &Job) -> Option<BigQueryError> {
     let error = job.status.as_ref()?.error_result.as_ref()?;
-    Some(BigQueryError::InResponse {
-        operation: "query job",
-        code: 0,
-        message: format!("{} ({})", error.message, error.reason),
-    })
+    Some(BigQueryError::JobFailed { reason: error.reason.clone(), message: error.message.clone() })
 }
 
 fn is_done(job: &Job) -> bool {

@@ -6,11 +6,20 @@
 use super::plan::{DestinationPlan, PlannedPublication};
 use super::reconcile::{Reconciled, reconcile};
 use super::{Publisher, fingerprint, job_id, sql};
+use std::time::Duration;
+
+use crate::bigquery::BigQueryError;
+use crate::bigquery::jobs::JobOutcome;
 use crate::error::{ErrorCode, Problem};
 use crate::model::{DeliveryRef, PublicationState, ResourceName, WriteMode};
 use crate::pipeline::LaneReport;
 use crate::store::{NewPublication, ResourceRecord, RunRecord};
 use crate::telemetry;
+
+/// Attempts of one publication (the first included) when its jobs fail transiently.
+const MAX_PUBLICATION_ATTEMPTS: u32 = 4;
+/// Delay before the second attempt; doubled before each further one.
+const PUBLICATION_RETRY_BACKOFF: Duration = Duration::from_secs(1);
 
 /// How one publication ended when it did not fail for good.
 #[derive(Debug, Clone, PartialEq)]
@@ -164,8 +173,9 @@ impl Publisher {
         Ok(Some(Statement { staged: Some(report), sql }))
     }
 
-    /// Records the publication (job id and fingerprint) before submitting its job, runs the job
-    /// and records how it ended.
+    /// Runs the publication's job, and after a transient failure (BigQuery's passing reasons, a
+    /// DML conflict) runs it again under the next attempt's job id, after a backoff, up to
+    /// [`MAX_PUBLICATION_ATTEMPTS`].
     async fn run_and_record(
         &self,
         run: &RunRecord,
@@ -175,24 +185,59 @@ impl Publisher {
         statement: &Statement<'_>,
     ) -> Result<PublishOutcome, Problem> {
         let (run_id, execution_id) = (delivery.run_id(), delivery.execution_id());
-        let name = &resource.resource;
-        let job_id = job_id::publication_job_id(
+        let base = job_id::publication_job_id(
             run_id,
             execution_id,
-            name,
+            &resource.resource,
             &run.destination.dataset,
             &resource.table_name,
             resource.write_mode,
         );
+        let mut attempt = 1;
+        loop {
+            let job_id = job_id::attempt_job_id(&base, attempt);
+            let outcome = self.run_attempt(run, delivery, resource, fingerprint, statement, &job_id).await?;
+            match outcome {
+                Err(e) if e.is_transient_job_failure() && attempt < MAX_PUBLICATION_ATTEMPTS => {
+                    tracing::warn!(%run_id, %execution_id, resource = %resource.resource, %job_id, phase = "publish",
+                        retryable = true, attempt, error = %e, "bigquery.write.retry");
+                    tokio::time::sleep(PUBLICATION_RETRY_BACKOFF * 2u32.pow(attempt - 1)).await;
+                    attempt += 1;
+                }
+                outcome => return self.record_outcome(delivery, resource, &job_id, outcome).await,
+            }
+        }
+    }
+
+    /// Records the attempt (job id and fingerprint) before submitting its job, then runs it.
+    async fn run_attempt(
+        &self,
+        run: &RunRecord,
+        delivery: &DeliveryRef,
+        resource: &ResourceRecord,
+        fingerprint: &str,
+        statement: &Statement<'_>,
+        job_id: &str,
+    ) -> Result<Result<JobOutcome, BigQueryError>, Problem> {
+        let (run_id, execution_id, name) = (delivery.run_id(), delivery.execution_id(), &resource.resource);
         let destination = format!("{}.{}", run.destination.dataset, resource.table_name);
-        let record =
-            NewPublication { delivery, resource: name, destination: &destination, job_id: &job_id, fingerprint };
+        let record = NewPublication { delivery, resource: name, destination: &destination, job_id, fingerprint };
         self.store.begin_publication(&record).await?;
         let staged_rows = statement.staged.map_or(0, |report| report.rows_sent);
         tracing::info!(%run_id, %execution_id, resource = %name, %job_id, staged_rows, "bigquery.write.publish.started");
         let (project, location) = (&run.destination.project, run.destination.location());
-        let outcome =
-            self.bigquery.run_query_job(project, location, &job_id, &statement.sql, self.query_job_timeout).await;
+        Ok(self.bigquery.run_query_job(project, location, job_id, &statement.sql, self.query_job_timeout).await)
+    }
+
+    /// Records how the publication's last attempt ended.
+    async fn record_outcome(
+        &self,
+        delivery: &DeliveryRef,
+        resource: &ResourceRecord,
+        job_id: &str,
+        outcome: Result<JobOutcome, BigQueryError>,
+    ) -> Result<PublishOutcome, Problem> {
+        let (run_id, execution_id, name) = (delivery.run_id(), delivery.execution_id(), &resource.resource);
         let execution = &delivery.execution;
         match outcome {
             Ok(outcome) => {

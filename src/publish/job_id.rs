@@ -8,6 +8,8 @@ use crate::model::WriteMode;
 
 /// BigQuery's limit on job id length.
 const MAX_JOB_ID_LEN: usize = 1024;
+/// Room kept for the attempt suffix (`-a2`, ..., `-a99`).
+const ATTEMPT_SUFFIX_LEN: usize = 4;
 
 fn sanitize(part: &str) -> String {
     part.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect()
@@ -29,9 +31,16 @@ pub(crate) fn publication_job_id(
         Sha256::digest(format!("{run_id}\n{execution_id}\n{resource}\n{dataset}\n{table}\n{write_mode}").as_bytes());
     let hash = &hex::encode(digest)[..12];
     let readable = sanitize(&format!("filament_{run_id}_{execution_id}_{dataset}_{table}_{write_mode}"));
-    let budget = MAX_JOB_ID_LEN - hash.len() - 1;
+    let budget = MAX_JOB_ID_LEN - ATTEMPT_SUFFIX_LEN - hash.len() - 1;
     let readable: String = readable.chars().take(budget).collect();
     format!("{readable}_{hash}")
+}
+
+/// The job id of attempt `attempt` (1-based) of a publication: the deterministic id, then
+/// `-a2`, `-a3`, ... for retries after a transient failure (a failed job can never run again
+/// under its id). A redelivery walks the same sequence, so it recognises every attempt.
+pub(crate) fn attempt_job_id(base: &str, attempt: u32) -> String {
+    if attempt <= 1 { base.to_string() } else { format!("{base}-a{attempt}") }
 }
 
 #[cfg(test)]
@@ -54,7 +63,9 @@ mod tests {
             &"t".repeat(1024),
             WriteMode::CdcMerge,
         );
-        assert!(long.len() <= MAX_JOB_ID_LEN);
+        assert!(attempt_job_id(&long, 99).len() <= MAX_JOB_ID_LEN);
+        assert_eq!(attempt_job_id(&a, 1), a);
+        assert_eq!(attempt_job_id(&a, 2), format!("{a}-a2"));
         assert!(long.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'));
     }
 }

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::support::arrow::{batch, ids, ipc_stream};
 use crate::support::rest_proxy::{JobMode, RestProxy};
-use crate::support::{Gateway, GatewayOptions, required_env};
+use crate::support::{Gateway, GatewayOptions, eventually, required_env};
 
 fn count(rows: &[Vec<Value>]) -> i64 {
     rows[0][0].as_str().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("not a count: {rows:?}"))
@@ -38,18 +38,15 @@ fn keys(range: std::ops::Range<i64>) -> arrow_array::RecordBatch {
     )
 }
 
-/// Polls the execution until it ends, for at most `deadline`.
+/// The execution once it ended (within `deadline`).
 async fn terminal(gw: &Gateway, run: &str, execution: &str, deadline: Duration) -> Value {
-    let started = std::time::Instant::now();
-    loop {
-        let (status, body) = gw.json(Method::GET, &format!("/v1/runs/{run}/executions/{execution}"), None).await;
+    let path = format!("/v1/runs/{run}/executions/{execution}");
+    eventually(deadline, &format!("execution {execution} of run {run} to end"), || async {
+        let (status, body) = gw.json(Method::GET, &path, None).await;
         assert_eq!(status, StatusCode::OK, "{body}");
-        if ["committed", "failed", "aborted"].contains(&body["state"].as_str().unwrap_or("")) {
-            return body;
-        }
-        assert!(started.elapsed() < deadline, "execution {execution} did not end within {deadline:?}: {body}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        ["committed", "failed", "aborted"].contains(&body["state"].as_str().unwrap_or("")).then_some(body)
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -143,8 +140,7 @@ async fn an_idle_full_replace_resource_truncates_in_the_first_segment_only() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_corrected_attempt_after_a_failed_execution_replaces_again() {
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
-    let env = vec![("BIGQUERY_EMULATOR_HOST".to_string(), proxy.address.clone())];
-    let gw = Gateway::spawn_with(GatewayOptions { env, ..Default::default() }).await;
+    let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
     gw.create_run("r").await;
     gw.declare("r", "a", json!({"table": "ta", "write_mode": "full_replace"})).await;
     gw.declare("r", "b", json!({"table": "tb", "write_mode": "full_append"})).await;
@@ -167,4 +163,34 @@ async fn a_corrected_attempt_after_a_failed_execution_replaces_again() {
     assert_eq!(committed["state"], "committed", "{committed}");
     assert_eq!(id_list(&gw, "ta").await, (0..10).collect::<Vec<_>>(), "replaced again, not appended");
     assert_eq!(rows_in(&gw, "tb").await, 3);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn transient_job_failures_are_retried_under_attempt_ids() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
+    let failures = [
+        ("backendError", "Backend error. Job aborted."),
+        ("invalidQuery", "Could not serialize access to table p:d.t due to concurrent update"),
+    ];
+    for (index, (reason, message)) in failures.into_iter().enumerate() {
+        let (run, table) = (format!("r{index}"), format!("t{index}"));
+        gw.create_run(&run).await;
+        gw.declare(&run, "t", json!({"table": table, "write_mode": "full_append"})).await;
+        gw.open_new_execution(&run, "e").await;
+        gw.post_accepted(&run, "e", "t", None, ipc_stream(&[ids(0..10)])).await;
+        proxy.set_jobs(JobMode::FailFirstAttempt { reason: reason.into(), message: message.into() });
+        let committed = gw.commit_and_wait(&run, "e").await;
+        assert_eq!(committed["state"], "committed", "{reason}: {committed}");
+        assert_eq!(rows_in(&gw, &table).await, 10, "{reason}: published once");
+        let job_ids: Vec<String> = proxy
+            .requests("POST", "/jobs")
+            .iter()
+            .filter_map(|r| r.body["jobReference"]["jobId"].as_str().map(str::to_string))
+            .filter(|id| id.contains(&format!("_{run}_")))
+            .collect();
+        assert_eq!(job_ids.len(), 2, "{reason}: {job_ids:?}");
+        assert_eq!(job_ids[1], format!("{}-a2", job_ids[0]), "the retry adds an attempt suffix");
+        assert_eq!(committed["resources"][0]["publication"]["job_id"], job_ids[1].as_str(), "{committed}");
+    }
 }

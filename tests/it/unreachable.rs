@@ -16,24 +16,22 @@ fn blackhole() -> (std::net::TcpListener, String) {
     (listener, address)
 }
 
-async fn timed(gw: &Gateway, request: reqwest::RequestBuilder) -> (StatusCode, Value, Duration) {
-    let _ = gw;
+async fn timed(request: reqwest::RequestBuilder) -> (StatusCode, Value, Duration) {
     let started = Instant::now();
     let (status, body) = send(request).await;
     (status, body, started.elapsed())
 }
 
 async fn connection_test(gw: &Gateway) -> (StatusCode, Value, Duration) {
-    timed(gw, gw.request(Method::POST, "/v1/connections/test").json(&json!({"project": "demo"}))).await
+    timed(gw.request(Method::POST, "/v1/connections/test").json(&json!({"project": "demo"}))).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unreachable_bigquery_gets_answers_within_the_deadlines() {
     let (_hole, address) = blackhole();
-    let env = vec![("BIGQUERY_EMULATOR_HOST".to_string(), address.clone())];
-    let gw = Gateway::spawn_with(GatewayOptions { env, ..Default::default() }).await;
+    let gw = GatewayOptions::new().rest_host(&address).spawn().await;
 
-    let (status, ready, elapsed) = timed(&gw, gw.unauthenticated(Method::GET, "/readyz")).await;
+    let (status, ready, elapsed) = timed(gw.unauthenticated(Method::GET, "/readyz")).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{ready}");
     assert_eq!(ready["checks"][1]["ok"], false, "{ready}");
     assert!(elapsed < Duration::from_secs(5), "/readyz took {elapsed:?}");
@@ -50,14 +48,10 @@ async fn missing_credentials_are_reported_plainly_and_in_time() {
     // No emulator (empty values count as unset), no GOOGLE_APPLICATION_CREDENTIALS, no HOME and
     // so no gcloud file, and a metadata server that never answers.
     let (_hole, metadata) = blackhole();
-    let env =
-        [("BIGQUERY_EMULATOR_HOST", ""), ("BIGQUERY_STORAGE_EMULATOR_HOST", ""), ("GCE_METADATA_HOST", &metadata)]
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-    let gw = Gateway::spawn_with(GatewayOptions { env, ..Default::default() }).await;
+    let gw =
+        GatewayOptions::new().rest_host("").storage_write_host("").env("GCE_METADATA_HOST", &metadata).spawn().await;
 
-    let (status, ready, elapsed) = timed(&gw, gw.unauthenticated(Method::GET, "/readyz")).await;
+    let (status, ready, elapsed) = timed(gw.unauthenticated(Method::GET, "/readyz")).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{ready}");
     let error = ready["checks"][1]["error"].as_str().unwrap_or_default();
     for expected in

@@ -29,6 +29,7 @@ where
 
 #[cfg(test)]
 mod tests {
+    #[allow(unused_imports)] // `benches/ingest.rs` includes this file; its tests do not run there
     use super::*;
 
     #[tokio::test(start_paused = true)]

@@ -28,6 +28,9 @@ pub enum JobMode {
     /// Answer `jobs.insert` of queries containing `query_contains` with a DONE job that failed
     /// with `message`; forward the others.
     Fail { query_contains: String, message: String },
+    /// Answer the first attempt of every publication (a job id without an `-aN` suffix) with a
+    /// DONE job that failed with `reason` and `message`; forward the retries.
+    FailFirstAttempt { reason: String, message: String },
     /// Answer `jobs.insert` with a RUNNING job that `jobs.get` reports DONE after this long.
     RunFor(Duration),
 }
@@ -103,7 +106,7 @@ impl RestProxy {
     }
 }
 
-fn job(id: &str, state: &str, error: Option<&str>) -> Value {
+fn job(id: &str, state: &str, error: Option<(&str, &str)>) -> Value {
     let mut job = json!({
         "kind": "bigquery#job",
         "id": format!("demo:US.{id}"),
@@ -111,9 +114,9 @@ fn job(id: &str, state: &str, error: Option<&str>) -> Value {
         "status": {"state": state},
         "statistics": {"query": {"numDmlAffectedRows": "0"}},
     });
-    if let Some(message) = error {
-        job["status"]["errorResult"] = json!({"reason": "invalidQuery", "message": message});
-        job["status"]["errors"] = json!([{"reason": "invalidQuery", "message": message}]);
+    if let Some((reason, message)) = error {
+        job["status"]["errorResult"] = json!({"reason": reason, "message": message});
+        job["status"]["errors"] = json!([{"reason": reason, "message": message}]);
     }
     job
 }
@@ -156,7 +159,15 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
                 let failed = shared.state.lock().unwrap().failed_jobs.contains(&id);
                 if (is_insert && query.contains(&query_contains)) || failed {
                     shared.state.lock().unwrap().failed_jobs.push(id.clone());
-                    return axum::Json(job(&id, "DONE", Some(&message))).into_response();
+                    return axum::Json(job(&id, "DONE", Some(("invalidQuery", &message)))).into_response();
+                }
+            }
+            JobMode::FailFirstAttempt { reason, message } => {
+                let retry = id.rsplit_once("-a").is_some_and(|(_, attempt)| attempt.parse::<u32>().is_ok());
+                let failed = shared.state.lock().unwrap().failed_jobs.contains(&id);
+                if (is_insert && !retry) || failed {
+                    shared.state.lock().unwrap().failed_jobs.push(id.clone());
+                    return axum::Json(job(&id, "DONE", Some((&reason, &message)))).into_response();
                 }
             }
             JobMode::RunFor(duration) => {
