@@ -6,7 +6,7 @@
 use super::plan::{DestinationPlan, PlannedPublication};
 use super::reconcile::{Reconciled, reconcile};
 use super::{Publisher, fingerprint, job_id, sql};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::bigquery::BigQueryError;
 use crate::bigquery::jobs::JobOutcome;
@@ -14,7 +14,7 @@ use crate::error::{ErrorCode, Problem};
 use crate::model::{DeliveryRef, PublicationState, ResourceName, WriteMode};
 use crate::pipeline::LaneReport;
 use crate::store::{NewPublication, ResourceRecord, RunRecord};
-use crate::telemetry;
+use crate::telemetry::{self, PhaseTiming};
 
 /// Attempts of one publication (the first included) when its jobs fail transiently.
 const MAX_PUBLICATION_ATTEMPTS: u32 = 4;
@@ -226,7 +226,11 @@ impl Publisher {
         let staged_rows = statement.staged.map_or(0, |report| report.rows_sent);
         tracing::info!(%run_id, %execution_id, resource = %name, %job_id, staged_rows, "bigquery.write.publish.started");
         let (project, location) = (&run.destination.project, run.destination.location());
-        Ok(self.bigquery.run_query_job(project, location, job_id, &statement.sql, self.query_job_timeout).await)
+        let started = Instant::now();
+        let outcome =
+            self.bigquery.run_query_job(project, location, job_id, &statement.sql, self.query_job_timeout).await;
+        PhaseTiming { resource: name, phase: "publish", duration: started.elapsed() }.emit();
+        Ok(outcome)
     }
 
     /// Records how the publication's last attempt ended.

@@ -17,7 +17,7 @@ mod plan;
 pub(crate) mod reconcile;
 pub(crate) mod sql;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 
@@ -27,7 +27,7 @@ use crate::error::{ErrorCode, Problem};
 use crate::model::{DeliveryRef, ExecutionState, ResourceName};
 use crate::pipeline::{LaneReport, Pipeline};
 use crate::store::{ExecutionRecord, RunRecord, Store};
-use crate::telemetry;
+use crate::telemetry::{self, PhaseTiming};
 use destination::{PublishOutcome, Published};
 
 /// Destinations finalized, committed and published at once per commit. BigQuery runs at most
@@ -175,7 +175,11 @@ impl Publisher {
     async fn commit_stream(&self, run: &RunRecord, delivery: &DeliveryRef, report: &LaneReport) -> Result<(), Problem> {
         let writer = self.bigquery.writer();
         let upload_failed = |e: BigQueryError| e.to_problem(ErrorCode::UploadFailed);
+        let timing =
+            |phase, started: Instant| PhaseTiming { resource: &report.resource, phase, duration: started.elapsed() };
+        let started = Instant::now();
         let row_count = writer.finalize(&report.stream_name).await.map_err(upload_failed)?;
+        timing("finalize", started).emit();
         if row_count != report.rows_sent {
             return Err(Problem::new(
                 ErrorCode::RowCountMismatch,
@@ -188,7 +192,10 @@ impl Publisher {
         let resource = delivery.resource(report.resource.clone());
         self.store.set_stream_finalized(&resource, row_count).await?;
         let path = table_path(&run.destination.project, &run.destination.dataset, &report.staging_table);
-        match writer.batch_commit(&path, vec![report.stream_name.clone()]).await {
+        let started = Instant::now();
+        let committed = writer.batch_commit(&path, vec![report.stream_name.clone()]).await;
+        timing("commit", started).emit();
+        match committed {
             Ok(CommitOutcome::Committed) => {}
             Ok(CommitOutcome::Rejected(errors)) => {
                 return Err(Problem::new(

@@ -66,6 +66,16 @@ async fn resources_sharing_a_table_publish_in_declaration_order() {
         assert_eq!(committed["state"], "committed", "{committed}");
         assert_eq!(id_list(&gw, "users").await, (50..100).collect::<Vec<_>>(), "attempt {attempt}");
     }
+    // Slow-write diagnostics cover the commit too: finalize, stream commit, each job.
+    let logs = gw.logs();
+    for phase in ["finalize", "commit", "publish"] {
+        let timed = logs.lines().any(|l| {
+            l.contains("bigquery.write.timing")
+                && l.contains(&format!("phase=\"{phase}\""))
+                && l.contains("duration_ms=")
+        });
+        assert!(timed, "no bigquery.write.timing for phase {phase}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
