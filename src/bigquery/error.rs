@@ -158,6 +158,13 @@ impl BigQueryError {
                 "attach a service account, configure Workload Identity, or run `gcloud auth application-default login`",
             );
         }
+        if let BigQueryError::Rest { source, .. } = self
+            && is_quota(source)
+        {
+            return Problem::new(ErrorCode::QuotaExceeded, message).with_hint(
+                "BigQuery's quota or rate limit named in the detail stayed exhausted through the gateway's retries: wait and retry, spread the load (fewer concurrent runs or tables), or request a higher quota in the Google Cloud console (IAM & Admin > Quotas)",
+            );
+        }
         let infos = self.error_infos();
         let reasons: Vec<&str> = infos.iter().map(|(reason, _)| reason.as_str()).collect();
         if reasons.contains(&"SERVICE_DISABLED")
@@ -191,6 +198,21 @@ impl BigQueryError {
         }
         Problem::new(fallback, message)
     }
+}
+
+/// `errors[].reason`s of a REST answer that mean a quota or rate limit was hit.
+const QUOTA_REASONS: &[&str] = &["rateLimitExceeded", "quotaExceeded"];
+
+/// Whether a REST answer is a quota condition (403 or 429 with a quota reason), not a refusal.
+pub(crate) fn is_quota(error: &google_cloud_gax::error::Error) -> bool {
+    let quota_status = matches!(error.http_status_code(), Some(403 | 429));
+    let reasons = error.status().map(|status| {
+        status.details.iter().any(|detail| {
+            matches!(detail, google_cloud_gax::error::rpc::StatusDetails::ErrorInfo(info)
+                if QUOTA_REASONS.contains(&info.reason.as_str()))
+        })
+    });
+    quota_status && reasons.unwrap_or(false)
 }
 
 /// The canonical name of a gRPC status code.

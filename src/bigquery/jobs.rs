@@ -46,7 +46,7 @@ impl BigQuery {
         let job = Job::new().set_job_reference(reference).set_configuration(
             JobConfiguration::new().set_query(JobConfigurationQuery::new().set_query(sql).set_use_legacy_sql(false)),
         );
-        let insert = self.jobs.insert_job().set_project_id(project).set_job(job).send();
+        let insert = || self.jobs.insert_job().set_project_id(project).set_job(job.clone()).send();
         let (mut job, reused) = match rest_call("jobs.insert", insert).await? {
             Ok(job) => (job, false),
             Err(e) if e.http_status_code() == Some(409) => (self.get_job(project, location, job_id).await?, true),
@@ -69,10 +69,13 @@ impl BigQuery {
     }
 
     pub(crate) async fn get_job(&self, project: &str, location: Option<&str>, job_id: &str) -> BigQueryResult<Job> {
-        let mut request = self.jobs.get_job().set_project_id(project).set_job_id(job_id);
-        if let Some(location) = location {
-            request = request.set_location(location);
-        }
-        rest_call("jobs.get", request.send()).await?.map_err(BigQueryError::rest("jobs.get"))
+        let get = || {
+            let request = self.jobs.get_job().set_project_id(project).set_job_id(job_id);
+            match location {
+                Some(location) => request.set_location(location).send(),
+                None => request.send(),
+            }
+        };
+        rest_call("jobs.get", get).await?.map_err(BigQueryError::rest("jobs.get"))
     }
 }

@@ -64,10 +64,9 @@ impl BigQuery {
         dataset: &str,
         location: Option<&str>,
     ) -> BigQueryResult<()> {
-        match rest_call(
-            "datasets.get",
-            self.datasets.get_dataset().set_project_id(project).set_dataset_id(dataset).send(),
-        )
+        match rest_call("datasets.get", || {
+            self.datasets.get_dataset().set_project_id(project).set_dataset_id(dataset).send()
+        })
         .await?
         {
             Ok(_) => return Ok(()),
@@ -79,12 +78,8 @@ impl BigQuery {
         if let Some(location) = location {
             body = body.set_location(location);
         }
-        match rest_call(
-            "datasets.insert",
-            self.datasets.insert_dataset().set_project_id(project).set_dataset(body).send(),
-        )
-        .await?
-        {
+        let insert = || self.datasets.insert_dataset().set_project_id(project).set_dataset(body.clone()).send();
+        match rest_call("datasets.insert", insert).await? {
             Ok(_) => Ok(()),
             // Created concurrently by another resource or gateway: fine.
             Err(e) if e.http_status_code() == Some(409) => Ok(()),
@@ -99,7 +94,7 @@ impl BigQuery {
         dataset: &str,
         table: &str,
     ) -> BigQueryResult<Option<Vec<TableFieldSchema>>> {
-        let get = self.tables.get_table().set_project_id(project).set_dataset_id(dataset).set_table_id(table).send();
+        let get = || self.tables.get_table().set_project_id(project).set_dataset_id(dataset).set_table_id(table).send();
         match rest_call("tables.get", get).await? {
             Ok(table) => Ok(Some(table.schema.map(|s| s.fields).unwrap_or_default())),
             Err(e) if e.http_status_code() == Some(404) => Ok(None),
@@ -125,7 +120,9 @@ impl BigQuery {
         if let Some(expiration_ms) = expiration_ms {
             body = body.set_expiration_time(expiration_ms);
         }
-        let insert = self.tables.insert_table().set_project_id(project).set_dataset_id(dataset).set_table(body).send();
+        let insert = || {
+            self.tables.insert_table().set_project_id(project).set_dataset_id(dataset).set_table(body.clone()).send()
+        };
         match rest_call("tables.insert", insert).await? {
             Ok(_) => Ok(true),
             Err(e) if e.http_status_code() == Some(409) => Ok(false),
@@ -146,20 +143,24 @@ impl BigQuery {
     ) -> BigQueryResult<()> {
         let fields = existing.iter().cloned().chain(added.iter().map(|c| field_schema(c)));
         let body = Table::new().set_schema(TableSchema::new().set_fields(fields));
-        let patch = self
-            .tables
-            .patch_table()
-            .set_project_id(project)
-            .set_dataset_id(dataset)
-            .set_table_id(table)
-            .set_table(body);
-        rest_call("tables.patch", patch.send()).await?.map(|_| ()).map_err(BigQueryError::rest("tables.patch"))
+        let patch = || {
+            let body = body.clone();
+            self.tables
+                .patch_table()
+                .set_project_id(project)
+                .set_dataset_id(dataset)
+                .set_table_id(table)
+                .set_table(body)
+                .send()
+        };
+        rest_call("tables.patch", patch).await?.map(|_| ()).map_err(BigQueryError::rest("tables.patch"))
     }
 
     /// Deletes a table; a table that is already gone is fine.
     pub(crate) async fn delete_table(&self, project: &str, dataset: &str, table: &str) -> BigQueryResult<()> {
-        let delete = self.tables.delete_table().set_project_id(project).set_dataset_id(dataset).set_table_id(table);
-        match rest_call("tables.delete", delete.send()).await? {
+        let delete =
+            || self.tables.delete_table().set_project_id(project).set_dataset_id(dataset).set_table_id(table).send();
+        match rest_call("tables.delete", delete).await? {
             Ok(_) => Ok(()),
             Err(e) if e.http_status_code() == Some(404) => Ok(()),
             Err(e) => Err(BigQueryError::rest("tables.delete")(e)),

@@ -68,13 +68,37 @@ pub(crate) async fn within<T>(
 }
 
 /// A REST call's answer within [`REST_CALL_DEADLINE`] (the caller judges BigQuery's errors), or
-/// a [`BigQueryError::Timeout`].
-pub(crate) async fn rest_call<T>(
+/// a [`BigQueryError::Timeout`]. Quota answers (403/429 `rateLimitExceeded`, `quotaExceeded`)
+/// are retried after 0.5, 1, 2 and 4 s; one that persists is returned (`quota_exceeded`).
+pub(crate) async fn rest_call<T, Call, Answer>(
     operation: &'static str,
-    call: impl Future<Output = Result<T, google_cloud_gax::error::Error>>,
-) -> BigQueryResult<Result<T, google_cloud_gax::error::Error>> {
-    within(operation, REST_CALL_DEADLINE, async { Ok(call.await) }).await
+    mut call: Call,
+) -> BigQueryResult<Result<T, google_cloud_gax::error::Error>>
+where
+    Call: FnMut() -> Answer,
+    Answer: Future<Output = Result<T, google_cloud_gax::error::Error>>,
+{
+    within(operation, REST_CALL_DEADLINE, async {
+        let mut backoff = QUOTA_FIRST_BACKOFF;
+        for _ in 0..QUOTA_RETRIES {
+            match call().await {
+                Err(e) if error::is_quota(&e) => {
+                    tracing::warn!(operation, error = %e, backoff_ms = backoff.as_millis() as u64,
+                        code = "quota", "bigquery.rest.retry");
+                    tokio::time::sleep(backoff).await;
+                    backoff *= 2;
+                }
+                answer => return Ok(answer),
+            }
+        }
+        Ok(call().await)
+    })
+    .await
 }
+
+/// Retries of a REST call that BigQuery answered with a quota error.
+const QUOTA_RETRIES: u32 = 4;
+const QUOTA_FIRST_BACKOFF: Duration = Duration::from_millis(500);
 
 /// `projects/p/datasets/d/tables/t`, the Storage Write API's table path.
 pub(crate) fn table_path(project: &str, dataset: &str, table: &str) -> String {

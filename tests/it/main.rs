@@ -13,6 +13,7 @@ mod operations;
 mod pipeline;
 mod publication;
 mod publication_safety;
+mod quotas;
 mod troubleshooting;
 mod unreachable;
 mod write_modes;

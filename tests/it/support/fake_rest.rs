@@ -22,7 +22,11 @@ pub struct RestAnswer {
 pub struct FakeRest {
     pub address: String,
     answers: Arc<Mutex<Vec<RestAnswer>>>,
+    /// Every request seen: (method, path).
+    seen: Arc<Mutex<Vec<(String, String)>>>,
 }
+
+type FakeState = (Arc<Mutex<Vec<RestAnswer>>>, Arc<Mutex<Vec<(String, String)>>>);
 
 /// BigQuery's error body.
 pub fn bigquery_error(status: u16, status_name: &str, message: &str, reason: &str, details: Vec<Value>) -> Value {
@@ -47,11 +51,17 @@ pub fn service_disabled_info(service: &str) -> Value {
 impl FakeRest {
     pub async fn start(answers: Vec<RestAnswer>) -> Self {
         let answers = Arc::new(Mutex::new(answers));
+        let seen = Arc::default();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
-        let app = axum::Router::new().fallback(answer).with_state(Arc::clone(&answers));
+        let app = axum::Router::new().fallback(answer).with_state((Arc::clone(&answers), Arc::clone(&seen)));
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        Self { address, answers }
+        Self { address, answers, seen }
+    }
+
+    /// How many requests with this method and a path containing `path_part` arrived.
+    pub fn hits(&self, method: &str, path_part: &str) -> usize {
+        self.seen.lock().unwrap().iter().filter(|(m, p)| m == method && p.contains(path_part)).count()
     }
 
     pub fn push(&self, answer: RestAnswer) {
@@ -59,9 +69,10 @@ impl FakeRest {
     }
 }
 
-async fn answer(State(answers): State<Arc<Mutex<Vec<RestAnswer>>>>, request: Request) -> Response {
+async fn answer(State((answers, seen)): State<FakeState>, request: Request) -> Response {
     let method = request.method().as_str().to_string();
     let path = request.uri().path().to_string();
+    seen.lock().unwrap().push((method.clone(), path.clone()));
     let found = answers.lock().unwrap().iter().find(|a| a.method == method && path.contains(a.path_contains)).cloned();
     match found {
         Some(a) => (StatusCode::from_u16(a.status).unwrap(), axum::Json(a.body)).into_response(),
