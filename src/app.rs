@@ -13,11 +13,12 @@ use tokio_util::task::TaskTracker;
 use crate::api::{ApiSettings, ApiState, router};
 use crate::bigquery::{BigQuery, Endpoints};
 use crate::config::{DatabaseConfig, ServeConfig};
-use crate::error::{ErrorCode, Problem};
+use crate::error::ErrorCode;
 use crate::model::MAX_APPEND_PAYLOAD_BYTES;
 use crate::pipeline::retry::RetryPolicy;
 use crate::pipeline::{Pipeline, PipelineLimits};
 use crate::publish::Publisher;
+use crate::replica::Replica;
 use crate::store::{Store, StoreSettings};
 use crate::telemetry;
 
@@ -82,18 +83,10 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let limits = pipeline_limits(&config).context("invalid configuration")?;
     let store = Store::connect(&store_settings(&config.database)).await.context("connecting to Postgres")?;
     store.migrate().await.context("applying migrations")?;
-    let interrupted = store
-        .fail_interrupted_executions(
-            &Problem::new(
-                ErrorCode::GatewayRestarted,
-                "the gateway restarted while this execution was open; its uploads were lost",
-            )
-            .with_hint("deliver the execution again (POST it with the same execution_id)"),
-        )
-        .await?;
-    if interrupted > 0 {
-        tracing::warn!(executions = interrupted, "failed executions left open by a previous process");
-    }
+    // Only executions whose replica stopped renewing its lease fail: live replicas keep theirs.
+    let replica = Replica::new(store.clone(), Duration::from_secs(config.replica_lease_secs));
+    replica.sweep().await;
+    tracing::info!(replica = %replica.lease.owner, lease_secs = config.replica_lease_secs, "gateway replica");
 
     let endpoints =
         Endpoints::new(config.bigquery_emulator_host.as_deref(), config.bigquery_storage_emulator_host.as_deref());
@@ -133,7 +126,10 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         metrics: telemetry::metrics_handle(),
         commits: commits.clone(),
         request_slots: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_requests as usize)),
+        replica: replica.clone(),
     });
+    let stop_heartbeat = tokio_util::sync::CancellationToken::new();
+    let heartbeat = replica.spawn_heartbeat(stop_heartbeat.clone());
 
     let listener =
         tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
@@ -148,8 +144,11 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     axum::serve(listener, router(state)).with_graceful_shutdown(shutdown_signal()).await?;
     commits.close();
     if tokio::time::timeout(SHUTDOWN_GRACE, commits.wait()).await.is_err() {
-        tracing::warn!("shutdown: commits still running after the grace period; they fail on the next start");
+        tracing::warn!("shutdown: commits still running after the grace period; they fail");
     }
+    stop_heartbeat.cancel();
+    let _ = heartbeat.await;
+    replica.release().await;
     tracing::info!("gateway stopped");
     Ok(())
 }

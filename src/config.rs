@@ -145,6 +145,11 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_QUERY_JOB_TIMEOUT_SECS", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
     pub query_job_timeout_secs: u64,
 
+    /// How long a replica's claim on the executions it serves lasts without renewal (renewed
+    /// every third of it): an execution whose replica crashed fails this long after.
+    #[arg(long, env = "FILAMENT_REPLICA_LEASE_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub replica_lease_secs: u64,
+
     /// Log format: `text` for people, `json` for log pipelines.
     #[arg(long, env = "FILAMENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

@@ -71,6 +71,7 @@ error_codes! {
     IncompatibleSchema => "incompatible_schema", UNPROCESSABLE_ENTITY, "Incompatible destination schema";
     PendingStreamExpired => "pending_stream_expired", CONFLICT, "Pending stream expired";
     GatewayRestarted => "gateway_restarted", SERVICE_UNAVAILABLE, "Gateway restarted during the execution";
+    ExecutionOwnedElsewhere => "execution_owned_elsewhere", SERVICE_UNAVAILABLE, "Execution served by another replica";
     ServiceDisabled => "service_disabled", BAD_GATEWAY, "BigQuery API disabled";
     MissingCredentials => "missing_credentials", BAD_GATEWAY, "Missing Google credentials";
     PermissionDenied => "permission_denied", BAD_GATEWAY, "Permission denied";

@@ -14,6 +14,7 @@
 //! - `publish`: commit: finalize and commit streams, then one query job per destination;
 //!   pure SQL generation, deterministic job ids, fingerprints and the redelivery decision.
 //! - `store`: the only module that talks to Postgres (sqlx).
+//! - `replica`: this process as one replica of a fleet: leases on the executions it serves.
 //! - [`model`]: identifiers and keys, columns, the staging contract, write modes and states
 //!   shared by every stage.
 //! - [`error`]: the closed set of stable error codes and their HTTP statuses.
@@ -33,5 +34,6 @@ pub mod ingest;
 pub mod model;
 pub(crate) mod pipeline;
 pub(crate) mod publish;
+pub(crate) mod replica;
 pub(crate) mod store;
 pub mod telemetry;

@@ -77,6 +77,7 @@ type Answer = (StatusCode, axum::Json<Receipt>);
         (status = 415, description = "`unsupported_media_type`", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 422, description = "`invalid_identifier`, `schema_mismatch`, `unsupported_type`, `precision_loss`, `invalid_value`, `invalid_operation`, `invalid_primary_key`, `null_primary_key`, `row_too_large`", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 429, description = "`backpressure`: retry after `Retry-After` seconds", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 503, description = "`execution_owned_elsewhere`: another gateway replica serves the execution (retry after `Retry-After`; route by run id); `gateway_restarted`: the replica that served it stopped", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn post_batch(
@@ -124,6 +125,7 @@ async fn load_target(
     resource: ResourceName,
 ) -> Result<BatchTarget, Problem> {
     let (run, execution) = load_execution(state, run_id, execution_id).await?;
+    state.replica.check_owner(&execution).await?;
     let declared = state.store.get_resource(&run.run_id, &resource).await?.ok_or_else(|| {
         Problem::not_found(format!("resource {resource} of run {} (declare it with PUT first)", run.run_id))
     })?;

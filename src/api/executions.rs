@@ -74,6 +74,7 @@ async fn begin_transition(
     let uploads = state.pipeline.execution(&execution.key(), execution.delivery);
     let transitioning = uploads.begin_transition().await;
     let (run, current) = load_execution(state, run_id, execution_id).await?;
+    state.replica.check_owner(&current).await?;
     Ok((transitioning, run, current))
 }
 
@@ -117,7 +118,7 @@ pub(crate) async fn open_execution(
         Some(previous) => Some(state.pipeline.execution(&key, previous.delivery).begin_transition().await),
         None => None,
     };
-    let (status, record) = match state.store.open_execution(&key).await? {
+    let (status, record) = match state.store.open_execution(&key, &state.replica.lease).await? {
         OpenExecution::Created(record) => (StatusCode::CREATED, record),
         OpenExecution::Redelivered(record) => {
             // The previous delivery's uploads are abandoned: their pending streams are never
@@ -162,6 +163,7 @@ pub(crate) async fn get_execution(
         (status = 409, description = "`execution_not_extracting`", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 503, description = "`execution_owned_elsewhere`: another gateway replica serves the execution (retry after `Retry-After`; route by run id); `gateway_restarted`: the replica that served it stopped", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn post_checkpoint(
@@ -191,6 +193,7 @@ pub(crate) async fn post_checkpoint(
         (status = 404, description = "No such run or execution", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 409, description = "`execution_not_extracting`", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 503, description = "`execution_owned_elsewhere`: another gateway replica serves the execution (retry after `Retry-After`; route by run id); `gateway_restarted`: the replica that served it stopped", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn pause_execution(
@@ -219,6 +222,7 @@ pub(crate) async fn pause_execution(
         (status = 404, description = "No such run or execution", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 409, description = "`execution_not_extracting`: failed or aborted", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 503, description = "`execution_owned_elsewhere`: another gateway replica serves the execution (retry after `Retry-After`; route by run id); `gateway_restarted`: the replica that served it stopped", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn commit_execution(
@@ -309,6 +313,7 @@ async fn wait_for_terminal(state: &SharedState, key: &ExecutionKey) -> Result<Ex
         (status = 404, description = "No such run or execution", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 409, description = "`execution_not_extracting`: already terminal; `publication_in_progress`: the commit already submitted destination jobs and runs to its end", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 503, description = "`execution_owned_elsewhere`: another gateway replica serves the execution (retry after `Retry-After`; route by run id); `gateway_restarted`: the replica that served it stopped", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn abort_execution(

@@ -60,6 +60,8 @@ pub(crate) struct ApiState {
     pub(crate) commits: TaskTracker,
     /// Requests being served; a request that finds none free is shed.
     pub(crate) request_slots: Arc<tokio::sync::Semaphore>,
+    /// This replica: its lease on the executions it serves.
+    pub(crate) replica: crate::replica::Replica,
 }
 
 pub(crate) type SharedState = Arc<ApiState>;

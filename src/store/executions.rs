@@ -18,6 +18,9 @@ pub(crate) struct ExecutionRecord {
     /// When the delivery's commit began publishing (its first destination job); abort is
     /// refused from then on.
     pub(crate) publishing_at: Option<DateTime<Utc>>,
+    /// The replica whose memory holds the open delivery's uploads.
+    pub(crate) owner: Option<String>,
+    pub(crate) lease_expires_at: Option<DateTime<Utc>>,
     pub(crate) created_at: DateTime<Utc>,
     pub(crate) updated_at: DateTime<Utc>,
 }
@@ -43,6 +46,21 @@ pub(crate) struct ResourceProgress {
     pub(crate) rows_acknowledged: i64,
 }
 
+/// A replica's claim on the executions it serves.
+#[derive(Debug, Clone)]
+pub(crate) struct Lease {
+    /// The replica's id (unique per process).
+    pub(crate) owner: String,
+    /// How long a claim lasts without renewal.
+    pub(crate) duration: std::time::Duration,
+}
+
+impl Lease {
+    fn seconds(&self) -> f64 {
+        self.duration.as_secs_f64()
+    }
+}
+
 /// Outcome of POSTing an execution.
 #[derive(Debug)]
 pub(crate) enum OpenExecution {
@@ -58,8 +76,9 @@ fn problem_json(problem: &Problem) -> StoreResult<serde_json::Value> {
 }
 
 impl Store {
-    /// Creates the execution (delivery 1) or starts a new delivery of an existing one.
-    pub(crate) async fn open_execution(&self, key: &ExecutionKey) -> StoreResult<OpenExecution> {
+    /// Creates the execution (delivery 1) or starts a new delivery of an existing one, owned
+    /// by `lease.owner`.
+    pub(crate) async fn open_execution(&self, key: &ExecutionKey, lease: &Lease) -> StoreResult<OpenExecution> {
         let mut tx = self.pool.begin().await?;
         // Serialise concurrent opens of the same id on the run row.
         sqlx::query("SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE").bind(&key.run_id).execute(&mut *tx).await?;
@@ -71,10 +90,12 @@ impl Store {
         let outcome = match existing {
             None => {
                 let record: ExecutionRecord = sqlx::query_as(
-                    "INSERT INTO executions (run_id, execution_id, delivery, state)
-                     VALUES ($1, $2, 1, 'extracting') RETURNING *",
+                    "INSERT INTO executions (run_id, execution_id, delivery, state, owner, lease_expires_at)
+                     VALUES ($1, $2, 1, 'extracting', $3, now() + $4 * interval '1 second') RETURNING *",
                 )
                 .bind_execution(key)
+                .bind(&lease.owner)
+                .bind(lease.seconds())
                 .fetch_one(&mut *tx)
                 .await?;
                 sqlx::query("INSERT INTO deliveries (run_id, execution_id, delivery) VALUES ($1, $2, 1)")
@@ -98,10 +119,13 @@ impl Store {
                 .await?;
                 let record: ExecutionRecord = sqlx::query_as(
                     "UPDATE executions SET delivery = delivery + 1, state = 'extracting', error = NULL,
-                            publishing_at = NULL, finished_at = NULL, updated_at = now()
+                            publishing_at = NULL, finished_at = NULL, updated_at = now(),
+                            owner = $3, lease_expires_at = now() + $4 * interval '1 second'
                      WHERE run_id = $1 AND execution_id = $2 RETURNING *",
                 )
                 .bind_execution(key)
+                .bind(&lease.owner)
+                .bind(lease.seconds())
                 .fetch_one(&mut *tx)
                 .await?;
                 sqlx::query("INSERT INTO deliveries (run_id, execution_id, delivery) VALUES ($1, $2, $3)")
@@ -289,18 +313,35 @@ impl Store {
         .await?)
     }
 
-    /// At start-up: executions left open by a previous process cannot resume (their queued
-    /// payloads and pending streams lived in that process), so they fail and the extractor
-    /// redelivers them. Assumes one gateway process per database.
-    pub(crate) async fn fail_interrupted_executions(&self, problem: &Problem) -> StoreResult<u64> {
-        let done = sqlx::query(
-            "UPDATE executions SET state = 'failed', error = $1, updated_at = now(), finished_at = now()
-             WHERE state = ANY($2)",
+    /// Renews the lease of every open execution `lease.owner` serves; returns how many.
+    pub(crate) async fn renew_leases(&self, lease: &Lease) -> StoreResult<u64> {
+        let renewed = sqlx::query(
+            "UPDATE executions SET lease_expires_at = now() + $2 * interval '1 second'
+             WHERE owner = $1 AND state = ANY($3)",
         )
-        .bind(problem_json(problem)?)
+        .bind(&lease.owner)
+        .bind(lease.seconds())
         .bind(state_names(ExecutionState::OPEN))
         .execute(&self.pool)
         .await?;
-        Ok(done.rows_affected())
+        Ok(renewed.rows_affected())
+    }
+
+    /// Fails the open executions whose owner stopped renewing its lease (a crashed replica, or
+    /// a process from before leases): their uploads were in its memory. With `owner`, fails
+    /// that replica's open executions at once instead (it is shutting down).
+    pub(crate) async fn fail_orphaned_executions(&self, owner: Option<&str>, problem: &Problem) -> StoreResult<u64> {
+        let failed = sqlx::query(
+            "UPDATE executions SET state = 'failed', error = $1, updated_at = now(), finished_at = now()
+             WHERE state = ANY($2)
+               AND (CASE WHEN $3::text IS NULL THEN lease_expires_at IS NULL OR lease_expires_at < now()
+                         ELSE owner = $3 END)",
+        )
+        .bind(problem_json(problem)?)
+        .bind(state_names(ExecutionState::OPEN))
+        .bind(owner)
+        .execute(&self.pool)
+        .await?;
+        Ok(failed.rows_affected())
     }
 }

@@ -14,7 +14,7 @@ mod publications;
 mod runs;
 
 pub(crate) use batches::{InsertBatch, NewBatch, ReceiptRecord};
-pub(crate) use executions::{ExecutionRecord, OpenExecution, ResourceProgress};
+pub(crate) use executions::{ExecutionRecord, Lease, OpenExecution, ResourceProgress};
 pub(crate) use publications::{NewPublication, PublicationRecord};
 pub(crate) use runs::{NewRun, ResourceRecord, ResourceUpsert, RunRecord};
 

@@ -2,6 +2,7 @@
 //! shutdown on SIGTERM, refusing to start without tokens.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow_array::{Int64Array, StringArray, TimestampNanosecondArray};
 use arrow_schema::{DataType, Field, TimeUnit};
@@ -9,7 +10,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::json;
 
 use crate::support::arrow::{batch, ids, ipc_stream};
-use crate::support::{Gateway, GatewayOptions, TestRun, required_env, send};
+use crate::support::{Gateway, GatewayOptions, TestRun, eventually, required_env, send};
 
 const MARKER: &str = "ZZ-SECRET-ROW-VALUE-7f3a";
 
@@ -101,14 +102,20 @@ async fn sigterm_lets_a_running_commit_finish() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_interrupted_execution_fails_at_restart_and_a_redelivery_loads_every_row_once() {
-    let mut gw = Gateway::spawn().await;
+    // A crashed replica's executions fail once its lease (2 s here) expires.
+    let mut gw = GatewayOptions::new().env("FILAMENT_REPLICA_LEASE_SECS", "2").spawn().await;
     TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
     let (status, _) = gw.post_batch("run", "e", "t", Some(0), ipc_stream(&[ids(0..700)])).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     gw.kill();
-    let mut restarted = GatewayOptions::new().database_url(&gw.database_url).spawn().await;
+    let mut restarted =
+        GatewayOptions::new().database_url(&gw.database_url).env("FILAMENT_REPLICA_LEASE_SECS", "2").spawn().await;
     restarted.dataset = gw.dataset.clone();
-    let (_, execution) = restarted.json(Method::GET, "/v1/runs/run/executions/e", None).await;
+    let execution = eventually(Duration::from_secs(15), "the crashed replica's execution to fail", || async {
+        let (_, execution) = restarted.json(Method::GET, "/v1/runs/run/executions/e", None).await;
+        (execution["state"] == "failed").then_some(execution)
+    })
+    .await;
     assert_eq!(execution["state"], "failed", "{execution}");
     assert_eq!(execution["error"]["code"], "gateway_restarted");
     let (status, redelivered) = restarted.open_execution("run", "e").await;

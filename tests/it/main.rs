@@ -14,6 +14,7 @@ mod pipeline;
 mod publication;
 mod publication_safety;
 mod quotas;
+mod replicas;
 mod troubleshooting;
 mod unreachable;
 mod write_modes;
