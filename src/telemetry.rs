@@ -29,6 +29,7 @@ pub(crate) const BACKPRESSURE_REJECTIONS: &str = "filament_backpressure_rejectio
 pub(crate) const APPEND_RETRIES: &str = "filament_append_retries_total";
 pub(crate) const APPEND_LATENCY: &str = "filament_append_latency_seconds";
 pub(crate) const HTTP_REQUEST_DURATION: &str = "filament_http_request_duration_seconds";
+pub(crate) const PUBLICATION_DURATION: &str = "filament_publication_duration_seconds";
 
 /// Operations at least this long are logged at INFO, shorter ones at DEBUG.
 pub(crate) const SLOW_OPERATION: Duration = Duration::from_secs(1);
@@ -189,4 +190,9 @@ fn describe() {
     describe_histogram!(APPEND_LATENCY, Unit::Seconds, "From sending an AppendRows request to its response");
     describe_counter!(EXECUTIONS_FINISHED, Unit::Count, "Executions that reached a terminal state, by state");
     describe_histogram!(HTTP_REQUEST_DURATION, Unit::Seconds, "From receiving an HTTP request to answering it");
+    describe_histogram!(
+        PUBLICATION_DURATION,
+        Unit::Seconds,
+        "From submitting a publication job to its end, by outcome (done, failed, unfinished)"
+    );
 }

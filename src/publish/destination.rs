@@ -229,7 +229,14 @@ impl Publisher {
         let started = Instant::now();
         let outcome =
             self.bigquery.run_query_job(project, location, job_id, &statement.sql, self.query_job_timeout).await;
-        PhaseTiming { resource: name, phase: "publish", duration: started.elapsed() }.emit();
+        let duration = started.elapsed();
+        PhaseTiming { resource: name, phase: "publish", duration }.emit();
+        let outcome_label = match &outcome {
+            Ok(_) => "done",
+            Err(e) if e.is_retryable() => "unfinished",
+            Err(_) => "failed",
+        };
+        metrics::histogram!(telemetry::PUBLICATION_DURATION, "outcome" => outcome_label).record(duration.as_secs_f64());
         Ok(outcome)
     }
 
