@@ -43,8 +43,24 @@ async fn windows_refill_per_acknowledgement_within_the_stream_and_global_limits(
     });
     let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
     TestRun::new("run", "e").batching(json!({"max_rows": 10})).full_append(&["a", "b", "c"]).open(&gw).await;
+    // Stream a fills its window of 4 first, so the limits are observed deterministically: the
+    // other two streams then share the remaining 4 of the 8 gateway-wide slots.
     for batch in 0..10 {
-        for resource in ["a", "b", "c"] {
+        post_ok(&gw, "a", batch * 10..batch * 10 + 10).await;
+    }
+    eventually(Duration::from_secs(30), "stream a to hold a full window", || async {
+        let held = fake.with(|s| {
+            s.outstanding_per_stream
+                .iter()
+                .filter(|(name, _)| name.contains("_filament_stg_a_"))
+                .map(|(_, n)| *n)
+                .sum::<usize>()
+        });
+        (held == 4).then_some(())
+    })
+    .await;
+    for batch in 0..10 {
+        for resource in ["b", "c"] {
             post_ok(&gw, resource, batch * 10..batch * 10 + 10).await;
         }
     }
