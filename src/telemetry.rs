@@ -30,6 +30,7 @@ pub(crate) const APPEND_RETRIES: &str = "filament_append_retries_total";
 pub(crate) const APPEND_LATENCY: &str = "filament_append_latency_seconds";
 pub(crate) const HTTP_REQUEST_DURATION: &str = "filament_http_request_duration_seconds";
 pub(crate) const PUBLICATION_DURATION: &str = "filament_publication_duration_seconds";
+pub(crate) const PUBLICATION_BYTES_BILLED: &str = "filament_publication_bytes_billed_total";
 
 /// Operations at least this long are logged at INFO, shorter ones at DEBUG.
 pub(crate) const SLOW_OPERATION: Duration = Duration::from_secs(1);
@@ -61,6 +62,33 @@ impl PhaseTiming<'_> {
     pub(crate) fn emit(&self) {
         let (resource, phase, duration_ms) = (self.resource, self.phase, millis(self.duration));
         log_by_duration!(self.duration, %resource, phase, duration_ms, "bigquery.write.timing");
+    }
+}
+
+/// `bigquery.write.timing` of one publication job, with what it cost; and the bytes billed
+/// counted per destination.
+#[derive(Debug)]
+pub(crate) struct PublishTiming<'a> {
+    pub(crate) resource: &'a str,
+    pub(crate) dataset: &'a str,
+    pub(crate) table: &'a str,
+    pub(crate) duration: Duration,
+    pub(crate) cost: Option<&'a crate::model::JobCost>,
+}
+
+impl PublishTiming<'_> {
+    pub(crate) fn emit(&self) {
+        let cost = self.cost.cloned().unwrap_or_default();
+        if let Some(billed) = cost.bytes_billed.filter(|b| *b > 0) {
+            let (dataset, table) = (self.dataset.to_string(), self.table.to_string());
+            metrics::counter!(PUBLICATION_BYTES_BILLED, "dataset" => dataset, "table" => table)
+                .increment(billed as u64);
+        }
+        let (resource, duration_ms) = (self.resource, millis(self.duration));
+        let (bytes_processed, bytes_billed, slot_ms) = (cost.bytes_processed, cost.bytes_billed, cost.slot_ms);
+        let (rows_inserted, rows_updated, rows_deleted) = (cost.rows_inserted, cost.rows_updated, cost.rows_deleted);
+        log_by_duration!(self.duration, %resource, phase = "publish", duration_ms, bytes_processed, bytes_billed,
+            slot_ms, rows_inserted, rows_updated, rows_deleted, "bigquery.write.timing");
     }
 }
 
@@ -190,6 +218,11 @@ fn describe() {
     describe_histogram!(APPEND_LATENCY, Unit::Seconds, "From sending an AppendRows request to its response");
     describe_counter!(EXECUTIONS_FINISHED, Unit::Count, "Executions that reached a terminal state, by state");
     describe_histogram!(HTTP_REQUEST_DURATION, Unit::Seconds, "From receiving an HTTP request to answering it");
+    describe_counter!(
+        PUBLICATION_BYTES_BILLED,
+        Unit::Bytes,
+        "Bytes BigQuery billed for publication jobs, by dataset and table"
+    );
     describe_histogram!(
         PUBLICATION_DURATION,
         Unit::Seconds,

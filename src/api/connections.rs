@@ -53,7 +53,7 @@ pub(crate) async fn test_connection(
     bigquery.probe_credentials(CREDENTIALS_DEADLINE).await.map_err(|e| e.to_problem(ErrorCode::MissingCredentials))?;
     let job_id = format!("filament_connection_test_{}", hex::encode(rand::random::<[u8; 12]>()));
     let remaining = CONNECTION_TEST_DEADLINE.saturating_sub(started.elapsed());
-    let job = bigquery.run_query_job(&request.project, location, &job_id, "SELECT 1", remaining);
+    let job = bigquery.run_query_job(&request.project, location, &job_id, "SELECT 1", &[], remaining);
     within("connection test", remaining, job).await.map_err(|e| connection_problem(&e, &bigquery.endpoints.rest))?;
     Ok(axum::Json(ConnectionTestResponse { ok: true, elapsed_ms: started.elapsed().as_millis() as u64 }))
 }

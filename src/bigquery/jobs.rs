@@ -6,6 +6,7 @@ use std::time::Duration;
 use google_cloud_bigquery_v2::model::{Job, JobConfiguration, JobConfigurationQuery, JobReference};
 
 use super::{BigQuery, BigQueryError, BigQueryResult, rest_call};
+use crate::model::JobCost;
 
 /// How a finished job ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -14,6 +15,21 @@ pub(crate) struct JobOutcome {
     pub(crate) rows_affected: Option<i64>,
     /// Whether the job already existed (submitted earlier under the same id).
     pub(crate) reused: bool,
+    pub(crate) cost: JobCost,
+}
+
+fn job_cost(job: &Job) -> JobCost {
+    let Some(statistics) = job.statistics.as_ref() else { return JobCost::default() };
+    let query = statistics.query.as_ref();
+    let dml = query.and_then(|q| q.dml_stats.as_ref());
+    JobCost {
+        bytes_processed: query.and_then(|q| q.total_bytes_processed).or(statistics.total_bytes_processed),
+        bytes_billed: query.and_then(|q| q.total_bytes_billed),
+        slot_ms: query.and_then(|q| q.total_slot_ms).or(statistics.total_slot_ms),
+        rows_inserted: dml.and_then(|d| d.inserted_row_count),
+        rows_updated: dml.and_then(|d| d.updated_row_count),
+        rows_deleted: dml.and_then(|d| d.deleted_row_count),
+    }
 }
 
 fn job_error(job: &Job) -> Option<BigQueryError> {
@@ -30,13 +46,16 @@ fn rows_affected(job: &Job) -> Option<i64> {
 }
 
 impl BigQuery {
-    /// Runs `sql` (GoogleSQL) as job `job_id` and waits for it, up to `timeout`.
+    /// Runs `sql` (GoogleSQL) as job `job_id`, labelled with `labels`, and waits for it, up to
+    /// `timeout`.
+    #[allow(clippy::too_many_arguments)] // one job's whole description, each part distinct
     pub(crate) async fn run_query_job(
         &self,
         project: &str,
         location: Option<&str>,
         job_id: &str,
         sql: &str,
+        labels: &[(&str, String)],
         timeout: Duration,
     ) -> BigQueryResult<JobOutcome> {
         let mut reference = JobReference::new().set_project_id(project).set_job_id(job_id);
@@ -44,7 +63,9 @@ impl BigQuery {
             reference = reference.set_location(location);
         }
         let job = Job::new().set_job_reference(reference).set_configuration(
-            JobConfiguration::new().set_query(JobConfigurationQuery::new().set_query(sql).set_use_legacy_sql(false)),
+            JobConfiguration::new()
+                .set_query(JobConfigurationQuery::new().set_query(sql).set_use_legacy_sql(false))
+                .set_labels(labels.iter().map(|(k, v)| (k.to_string(), v.clone()))),
         );
         let insert = || self.jobs.insert_job().set_project_id(project).set_job(job.clone()).send();
         let (mut job, reused) = match rest_call("jobs.insert", insert).await? {
@@ -65,7 +86,7 @@ impl BigQuery {
         if let Some(error) = job_error(&job) {
             return Err(error);
         }
-        Ok(JobOutcome { rows_affected: rows_affected(&job), reused })
+        Ok(JobOutcome { rows_affected: rows_affected(&job), reused, cost: job_cost(&job) })
     }
 
     pub(crate) async fn get_job(&self, project: &str, location: Option<&str>, job_id: &str) -> BigQueryResult<Job> {

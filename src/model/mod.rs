@@ -116,6 +116,21 @@ impl fmt::Display for ExecutionState {
     }
 }
 
+/// What a finished job cost and did, as BigQuery reports it (absent figures are `None`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct JobCost {
+    /// Bytes the job read (`totalBytesProcessed`).
+    pub(crate) bytes_processed: Option<i64>,
+    /// Bytes billed for it (`totalBytesBilled`; on-demand pricing bills these).
+    pub(crate) bytes_billed: Option<i64>,
+    /// Slot milliseconds it used (`totalSlotMs`; capacity pricing consumes these).
+    pub(crate) slot_ms: Option<i64>,
+    /// Rows inserted, updated and deleted (`dmlStats`).
+    pub(crate) rows_inserted: Option<i64>,
+    pub(crate) rows_updated: Option<i64>,
+    pub(crate) rows_deleted: Option<i64>,
+}
+
 /// How one delivery of an execution ended (`deliveries.final_state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
 #[serde(rename_all = "snake_case")]

@@ -14,7 +14,7 @@ use crate::error::{ErrorCode, Problem};
 use crate::model::{DeliveryRef, PublicationState, ResourceName, WriteMode};
 use crate::pipeline::LaneReport;
 use crate::store::{NewPublication, ResourceRecord, RunRecord};
-use crate::telemetry::{self, PhaseTiming};
+use crate::telemetry::{self, PublishTiming};
 
 /// Attempts of one publication (the first included) when its jobs fail transiently.
 const MAX_PUBLICATION_ATTEMPTS: u32 = 4;
@@ -226,17 +226,22 @@ impl Publisher {
         let staged_rows = statement.staged.map_or(0, |report| report.rows_sent);
         tracing::info!(%run_id, %execution_id, resource = %name, %job_id, staged_rows, "bigquery.write.publish.started");
         let (project, location) = (&run.destination.project, run.destination.location());
+        let labels = job_id::publication_labels(run_id, execution_id, name);
         let started = Instant::now();
-        let outcome =
-            self.bigquery.run_query_job(project, location, job_id, &statement.sql, self.query_job_timeout).await;
+        let outcome = self
+            .bigquery
+            .run_query_job(project, location, job_id, &statement.sql, &labels, self.query_job_timeout)
+            .await;
         let duration = started.elapsed();
-        PhaseTiming { resource: name, phase: "publish", duration }.emit();
         let outcome_label = match &outcome {
             Ok(_) => "done",
             Err(e) if e.is_retryable() => "unfinished",
             Err(_) => "failed",
         };
         metrics::histogram!(telemetry::PUBLICATION_DURATION, "outcome" => outcome_label).record(duration.as_secs_f64());
+        let cost = outcome.as_ref().ok().map(|o| &o.cost);
+        let (dataset, table) = (run.destination.dataset.as_str(), resource.table_name.as_str());
+        PublishTiming { resource: name, dataset, table, duration, cost }.emit();
         Ok(outcome)
     }
 
@@ -253,6 +258,7 @@ impl Publisher {
         match outcome {
             Ok(outcome) => {
                 let rows = outcome.rows_affected;
+                self.store.record_publication_cost(execution, name, &outcome.cost).await?;
                 self.store.finish_publication(execution, name, PublicationState::Done, rows, None).await?;
                 metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "done").increment(1);
                 Ok(PublishOutcome::Published)

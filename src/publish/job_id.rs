@@ -43,6 +43,24 @@ pub(crate) fn attempt_job_id(base: &str, attempt: u32) -> String {
     if attempt <= 1 { base.to_string() } else { format!("{base}-a{attempt}") }
 }
 
+/// BigQuery label values: lowercase letters, digits, `_` and `-`, at most 63 characters.
+fn label_value(part: &str) -> String {
+    part.chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c.to_ascii_lowercase() } else { '_' })
+        .take(63)
+        .collect()
+}
+
+/// The labels of a publication job, so users find it in `INFORMATION_SCHEMA.JOBS` and billing
+/// exports: `filament_run`, `filament_execution`, `filament_resource`.
+pub(crate) fn publication_labels(run_id: &str, execution_id: &str, resource: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("filament_run", label_value(run_id)),
+        ("filament_execution", label_value(execution_id)),
+        ("filament_resource", label_value(resource)),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,6 +82,10 @@ mod tests {
             WriteMode::CdcMerge,
         );
         assert!(attempt_job_id(&long, 99).len() <= MAX_JOB_ID_LEN);
+        let labels = publication_labels("Run-1", &"E".repeat(64), "public.Users");
+        assert_eq!(labels[0], ("filament_run", "run-1".to_string()));
+        assert_eq!(labels[1].1.len(), 63);
+        assert_eq!(labels[2].1, "public_users");
         assert_eq!(attempt_job_id(&a, 1), a);
         assert_eq!(attempt_job_id(&a, 2), format!("{a}-a2"));
         assert!(long.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'));

@@ -69,6 +69,7 @@ mod tests {
             rows_affected: None,
             error: (state == PublicationState::Failed)
                 .then(|| Problem::new(ErrorCode::PublicationFailed, "syntax error")),
+            cost: Default::default(),
         }
     }
 

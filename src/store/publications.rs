@@ -2,7 +2,7 @@
 
 use super::{BindKey as _, Store, StoreError, StoreResult};
 use crate::error::Problem;
-use crate::model::{DeliveryRef, ExecutionKey, PublicationState, ResourceName};
+use crate::model::{DeliveryRef, ExecutionKey, JobCost, PublicationState, ResourceName};
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub(crate) struct PublicationRecord {
@@ -15,6 +15,8 @@ pub(crate) struct PublicationRecord {
     pub(crate) rows_affected: Option<i64>,
     #[sqlx(json(nullable))]
     pub(crate) error: Option<Problem>,
+    #[sqlx(flatten)]
+    pub(crate) cost: JobCost,
 }
 
 /// A publication about to be submitted.
@@ -64,6 +66,31 @@ impl Store {
         .bind(publication.destination)
         .bind(publication.job_id)
         .bind(publication.fingerprint)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Records what the publication's job cost and did.
+    pub(crate) async fn record_publication_cost(
+        &self,
+        execution: &ExecutionKey,
+        resource: &ResourceName,
+        cost: &JobCost,
+    ) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE publications SET bytes_processed = $4, bytes_billed = $5, slot_ms = $6,
+                    rows_inserted = $7, rows_updated = $8, rows_deleted = $9
+             WHERE run_id = $1 AND execution_id = $2 AND resource = $3",
+        )
+        .bind_execution(execution)
+        .bind(resource)
+        .bind(cost.bytes_processed)
+        .bind(cost.bytes_billed)
+        .bind(cost.slot_ms)
+        .bind(cost.rows_inserted)
+        .bind(cost.rows_updated)
+        .bind(cost.rows_deleted)
         .execute(&self.pool)
         .await?;
         Ok(())

@@ -12,6 +12,7 @@ mod hardening;
 mod operations;
 mod pipeline;
 mod publication;
+mod publication_cost;
 mod publication_safety;
 mod quotas;
 mod replicas;

@@ -112,7 +112,17 @@ fn job(id: &str, state: &str, error: Option<(&str, &str)>) -> Value {
         "id": format!("demo:US.{id}"),
         "jobReference": {"projectId": "demo", "jobId": id, "location": "US"},
         "status": {"state": state},
-        "statistics": {"query": {"numDmlAffectedRows": "0"}},
+        "statistics": {
+            "totalBytesProcessed": "1048576",
+            "totalSlotMs": "1234",
+            "query": {
+                "numDmlAffectedRows": "0",
+                "totalBytesProcessed": "1048576",
+                "totalBytesBilled": "10485760",
+                "totalSlotMs": "1234",
+                "dmlStats": {"insertedRowCount": "7", "updatedRowCount": "0", "deletedRowCount": "0"},
+            },
+        },
     });
     if let Some((reason, message)) = error {
         job["status"]["errorResult"] = json!({"reason": reason, "message": message});
