@@ -125,7 +125,7 @@ pub struct ServeConfig {
 
     /// Requests served at once; beyond it requests are shed with 503 `overloaded` (and
     /// `Retry-After`) instead of queueing without bound.
-    #[arg(long, env = "FILAMENT_MAX_CONCURRENT_REQUESTS", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, env = "FILAMENT_MAX_CONCURRENT_REQUESTS", default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_concurrent_requests: u32,
 
     /// Longest accepted request URI, in bytes (414 `uri_too_long` beyond).
