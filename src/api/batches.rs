@@ -23,8 +23,9 @@ use super::views::Receipt;
 use crate::error::{ErrorCode, Problem};
 use crate::ingest::decode::{BodyDecoder, DecodedBody};
 use crate::ingest::encode::{REQUEST_FRAMING_BYTES, schema_message};
-use crate::ingest::encode_payloads;
 use crate::ingest::schema::{LoadSpec, MappedSchema, map_schema, schema_sha256};
+use crate::ingest::{bounds, encode_payloads};
+use crate::model::bounds::KeyRange;
 use crate::model::staging::{MAX_KEYED_SEQ, staging_table_name};
 use crate::model::{ExecutionState, ResourceName, ResourceRef};
 use crate::pipeline::{BatchingPolicy, EncodedBatch, ExecutionUploads, LaneTarget, ReservedBatch};
@@ -149,6 +150,8 @@ struct AcceptedBody {
     mapped: MappedSchema,
     serialized_schema: Bytes,
     max_payload_bytes: usize,
+    /// Keyed modes: the batch's key ranges, recorded with its receipt.
+    key_ranges: Option<Vec<KeyRange>>,
 }
 
 struct EncodedRequest {
@@ -199,6 +202,7 @@ async fn decode_and_encode(
         .saturating_sub(REQUEST_FRAMING_BYTES + serialized_schema.len())
         .max(1024);
     let payloads = encode_payloads(&body, &mapped, max_payload_bytes)?;
+    let key_ranges = mapped.stages_seq.then(|| bounds::key_ranges(&payloads, &mapped));
     let batch = EncodedBatch { payloads, rows: body.rows, stages_seq: mapped.stages_seq };
     let accepted = AcceptedBody {
         rows: body.rows,
@@ -209,6 +213,7 @@ async fn decode_and_encode(
         mapped,
         serialized_schema,
         max_payload_bytes,
+        key_ranges,
     };
     Ok(Decoded::New(Box::new(EncodedRequest { batch, accepted })))
 }
@@ -247,6 +252,7 @@ async fn record_and_enqueue(
             arrow_schema: &body.canonical_schema,
             arrow_schema_sha256: &body.canonical_schema_sha256,
             staging_table: &staging_table,
+            key_ranges: body.key_ranges.as_ref().map(|ranges| serde_json::json!(ranges)),
         })
         .await?;
     let receipt = match inserted {

@@ -7,6 +7,7 @@
 //! (lossless casts, precision checks) and [`encode`] serialises it as encapsulated IPC messages
 //! split below the AppendRows request budget. The result goes to [`crate::pipeline`].
 
+pub(crate) mod bounds;
 pub(crate) mod convert;
 pub mod decode;
 pub mod encode;

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use crate::bigquery::BigQueryError;
 use crate::bigquery::jobs::JobOutcome;
 use crate::error::{ErrorCode, Problem};
+use crate::model::bounds::{KeyRange, covering_ranges};
 use crate::model::{DeliveryRef, PublicationState, ResourceName, WriteMode};
 use crate::pipeline::LaneReport;
 use crate::store::{NewPublication, ResourceRecord, RunRecord};
@@ -83,7 +84,7 @@ impl Publisher {
         first_segment: bool,
     ) -> Result<PublishOutcome, Problem> {
         let resource = planned.resource;
-        let fingerprint = self.fingerprint(run, delivery, planned).await?;
+        let (fingerprint, key_ranges) = self.fingerprint(run, delivery, planned).await?;
         let previous = self.store.get_publication(&delivery.execution, &resource.resource).await?;
         match reconcile(previous.as_ref(), &fingerprint) {
             Reconciled::Submit | Reconciled::Reattach => {}
@@ -96,20 +97,20 @@ impl Publisher {
             }
             Reconciled::Refuse(problem) => return Err(problem),
         }
-        match self.statement(run, planned, first_segment).await? {
+        match self.statement(run, planned, first_segment, &key_ranges).await? {
             Some(statement) => self.run_and_record(run, delivery, resource, &fingerprint, &statement).await,
             None => Ok(PublishOutcome::Published),
         }
     }
 
     /// The fingerprint of what the resource staged in this delivery (nothing, for an empty
-    /// replacement).
+    /// replacement), and the key ranges covering its batches.
     async fn fingerprint(
         &self,
         run: &RunRecord,
         delivery: &DeliveryRef,
         planned: PlannedPublication<'_>,
-    ) -> Result<String, Problem> {
+    ) -> Result<(String, Vec<KeyRange>), Problem> {
         let resource = planned.resource;
         let (schema_sha256, receipts) = match planned.staged {
             Some(report) => {
@@ -123,7 +124,7 @@ impl Publisher {
             }
             None => (String::new(), Vec::new()),
         };
-        Ok(fingerprint::fingerprint(&fingerprint::FingerprintInput {
+        let fingerprint = fingerprint::fingerprint(&fingerprint::FingerprintInput {
             project: &run.destination.project,
             dataset: &run.destination.dataset,
             table: &resource.table_name,
@@ -131,7 +132,9 @@ impl Publisher {
             primary_key: &resource.primary_key,
             arrow_schema_sha256: &schema_sha256,
             receipts: &receipts,
-        }))
+        });
+        let ranges = covering_ranges(receipts.iter().map(|r| r.key_ranges.as_deref()));
+        Ok((fingerprint, ranges))
     }
 
     /// The statement to run, or `None` when there is nothing to do: no staged rows and no
@@ -141,6 +144,7 @@ impl Publisher {
         run: &RunRecord,
         planned: PlannedPublication<'a>,
         first_segment: bool,
+        key_ranges: &[KeyRange],
     ) -> Result<Option<Statement<'a>>, Problem> {
         let resource = planned.resource;
         // full_replace: the run's first segment replaces the table (even with no rows); a
@@ -168,6 +172,7 @@ impl Publisher {
             write_mode: resource.write_mode,
             columns: &report.destination_columns,
             key: &key,
+            key_ranges,
             replace,
         });
         Ok(Some(Statement { staged: Some(report), sql }))

@@ -50,6 +50,7 @@ mod tests {
             uncompressed_bytes: 100,
             arrow_ipc_sha256: sha.into(),
             checkpoint_seq,
+            key_ranges: None,
         }
     }
 

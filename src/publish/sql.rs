@@ -6,6 +6,7 @@
 //! `CAST(... AS TIME)`, `PARSE_JSON`), inside STRUCTs and ARRAYs too.
 
 use crate::model::WriteMode;
+use crate::model::bounds::KeyRange;
 use crate::model::columns::{BigQueryType, Column};
 use crate::model::staging::{OP_COLUMN, SEQ_COLUMN};
 
@@ -52,6 +53,9 @@ pub(crate) struct Publication<'a> {
     pub(crate) columns: &'a [Column],
     /// Key columns, named as in `columns` (MERGE modes).
     pub(crate) key: &'a [String],
+    /// Ranges covering every staged key value (MERGE modes): the destination side is bounded by
+    /// them (implied by the join, so always safe), which lets BigQuery prune what it scans.
+    pub(crate) key_ranges: &'a [KeyRange],
     /// `full_replace` only: whether this publication replaces the table (the run's first
     /// publication of the resource) or appends to it (a later segment).
     pub(crate) replace: bool,
@@ -157,13 +161,19 @@ fn merge(p: &Publication<'_>) -> String {
         select.push(op.clone());
     }
     let partition: Vec<String> = key_columns.iter().map(|k| converted(&quote_identifier(&k.name), k, 0)).collect();
-    let on: Vec<String> = key_columns
+    let mut on: Vec<String> = key_columns
         .iter()
         .map(|k| {
             let name = quote_identifier(&k.name);
             format!("T.{name} = S.{name}")
         })
         .collect();
+    for k in &key_columns {
+        if let Some(range) = p.key_ranges.iter().find(|r| r.column.eq_ignore_ascii_case(&k.name)) {
+            let (min, max) = (range.min.sql_literal(), range.max.sql_literal());
+            on.push(format!("T.{} BETWEEN {min} AND {max}", quote_identifier(&k.name)));
+        }
+    }
     let mut statement = format!(
         "MERGE {} AS T\nUSING (\n  SELECT {}\n  FROM {}\n  WHERE TRUE\n  QUALIFY ROW_NUMBER() OVER (PARTITION BY {} ORDER BY {} DESC) = 1\n) AS S\nON {}",
         p.destination.quoted(),
@@ -204,6 +214,7 @@ fn merge(p: &Publication<'_>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::bounds::KeyValue;
 
     const DESTINATION: TableRef<'static> = TableRef { project: "my-project", dataset: "raw", table: "users" };
     const STAGING: TableRef<'static> =
@@ -219,14 +230,29 @@ mod tests {
     }
 
     fn statement(write_mode: WriteMode, columns: &[Column], key: &[String], replace: bool) -> String {
+        bounded(write_mode, columns, key, &[], replace)
+    }
+
+    fn bounded(
+        write_mode: WriteMode,
+        columns: &[Column],
+        key: &[String],
+        ranges: &[KeyRange],
+        replace: bool,
+    ) -> String {
         publication_statement(&Publication {
             destination: DESTINATION,
             staging: STAGING,
             write_mode,
             columns,
             key,
+            key_ranges: ranges,
             replace,
         })
+    }
+
+    fn id_range(min: i64, max: i64) -> Vec<KeyRange> {
+        vec![KeyRange { column: "id".into(), min: KeyValue::Int64(min), max: KeyValue::Int64(max) }]
     }
 
     #[test]
@@ -252,15 +278,16 @@ mod tests {
     #[test]
     fn upserts_fold_keys_to_the_last_row_then_merge() {
         let key = vec!["id".to_string()];
-        let sql = statement(WriteMode::IncrementalUpsert, &columns(), &key, false);
-        assert_eq!(sql, statement(WriteMode::FullUpsert, &columns(), &key, false));
+        let sql = bounded(WriteMode::IncrementalUpsert, &columns(), &key, &id_range(3, 97), false);
+        assert_eq!(sql, bounded(WriteMode::FullUpsert, &columns(), &key, &id_range(3, 97), false));
+        assert!(sql.contains("ON T.`id` = S.`id` AND T.`id` BETWEEN 3 AND 97"), "{sql}");
         insta::assert_snapshot!(sql);
     }
 
     #[test]
     fn incremental_delete_only_deletes() {
         let key = vec!["id".to_string()];
-        insta::assert_snapshot!(statement(WriteMode::IncrementalDelete, &columns()[..1], &key, false));
+        insta::assert_snapshot!(bounded(WriteMode::IncrementalDelete, &columns()[..1], &key, &id_range(-5, 5), false));
     }
 
     #[test]
@@ -268,11 +295,26 @@ mod tests {
         let key = vec!["tenant".to_string(), "at".to_string()];
         let mut columns = vec![Column::new("tenant", BigQueryType::String), Column::new("at", BigQueryType::Time)];
         columns.extend(columns_without_id());
-        insta::assert_snapshot!(statement(WriteMode::CdcMerge, &columns, &key, false));
+        // TIME keys get no range (the gateway stages them as strings); STRING keys do.
+        let ranges = [KeyRange {
+            column: "tenant".into(),
+            min: KeyValue::String("acme".into()),
+            max: KeyValue::String("o'hara".into()),
+        }];
+        insta::assert_snapshot!(bounded(WriteMode::CdcMerge, &columns, &key, &ranges, false));
     }
 
     fn columns_without_id() -> Vec<Column> {
         columns().into_iter().skip(1).collect()
+    }
+
+    #[test]
+    fn ranges_bound_only_keyed_merges() {
+        let key = vec!["id".to_string()];
+        let append = bounded(WriteMode::FullAppend, &columns(), &[], &id_range(1, 2), false);
+        assert!(!append.contains("BETWEEN"), "appends read only the staging table: {append}");
+        let unbounded = statement(WriteMode::IncrementalUpsert, &columns(), &key, false);
+        assert!(unbounded.contains("ON T.`id` = S.`id`\n"), "no range, no bound: {unbounded}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use chrono::{DateTime, Utc};
 
 use super::{BindKey as _, Store, StoreResult};
+use crate::model::bounds::KeyRange;
 use crate::model::{DeliveryRef, ResourceName, ResourceRef};
 
 /// A receipt as stored (the 202/200 answer of a batch request).
@@ -14,6 +15,9 @@ pub(crate) struct ReceiptRecord {
     pub(crate) uncompressed_bytes: i64,
     pub(crate) arrow_ipc_sha256: String,
     pub(crate) checkpoint_seq: i64,
+    /// Keyed modes: the batch's key ranges (`model::bounds`).
+    #[sqlx(json(nullable))]
+    pub(crate) key_ranges: Option<Vec<KeyRange>>,
 }
 
 /// A batch to record, with the schema its resource must keep in this delivery.
@@ -28,6 +32,8 @@ pub(crate) struct NewBatch<'a> {
     pub(crate) arrow_schema: &'a serde_json::Value,
     pub(crate) arrow_schema_sha256: &'a str,
     pub(crate) staging_table: &'a str,
+    /// Keyed modes: the batch's key ranges.
+    pub(crate) key_ranges: Option<serde_json::Value>,
 }
 
 /// Outcome of recording a batch.
@@ -109,12 +115,13 @@ impl Store {
             }
         }
         let inserted: ReceiptRecord = sqlx::query_as(
-            "INSERT INTO batches (run_id, execution_id, delivery, resource, seq, rows, uncompressed_bytes, arrow_ipc_sha256, checkpoint_seq)
+            "INSERT INTO batches (run_id, execution_id, delivery, resource, seq, rows, uncompressed_bytes, arrow_ipc_sha256, checkpoint_seq, key_ranges)
              SELECT $1, $2, $3, $4,
                     COALESCE($5, (SELECT COALESCE(MAX(seq) + 1, 0) FROM batches
                                   WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND resource = $4)),
                     $6, $7, $8,
-                    (SELECT COUNT(*) FROM checkpoints WHERE run_id = $1 AND execution_id = $2 AND delivery = $3)
+                    (SELECT COUNT(*) FROM checkpoints WHERE run_id = $1 AND execution_id = $2 AND delivery = $3),
+                    $9
              RETURNING *",
         )
         .bind_resource(batch.resource)
@@ -122,6 +129,7 @@ impl Store {
         .bind(batch.rows)
         .bind(batch.uncompressed_bytes)
         .bind(batch.arrow_ipc_sha256)
+        .bind(&batch.key_ranges)
         .fetch_one(&mut *tx)
         .await?;
         tx.commit().await?;

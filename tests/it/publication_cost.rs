@@ -40,3 +40,43 @@ async fn job_statistics_are_recorded_and_jobs_carry_labels() {
     let timing = gw.logs().lines().any(|l| l.contains("phase=\"publish\"") && l.contains("bytes_billed=10485760"));
     assert!(timing, "the publish timing carries the statistics");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_keyed_merge_is_bounded_by_the_staged_key_range_and_its_result_unchanged() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
+    // The destination holds keys 0..100; the run upserts 10..20 and 40..45 (two batches).
+    TestRun::new("seed", "e").full_append(&["users"]).open(&gw).await;
+    gw.post_accepted("seed", "e", "users", None, ipc_stream(&[ids(0..100)])).await;
+    assert_eq!(gw.commit_and_wait("seed", "e").await["state"], "committed");
+    gw.create_run("r").await;
+    gw.declare("r", "users", json!({"write_mode": "incremental_upsert", "primary_key": ["id"]})).await;
+    gw.open_new_execution("r", "e").await;
+    let doubled = |range: std::ops::Range<i64>| {
+        use std::sync::Arc;
+        crate::support::arrow::batch(
+            vec![
+                arrow_schema::Field::new("id", arrow_schema::DataType::Int64, false),
+                arrow_schema::Field::new("v", arrow_schema::DataType::Int64, true),
+            ],
+            vec![
+                Arc::new(arrow_array::Int64Array::from_iter_values(range.clone())),
+                Arc::new(arrow_array::Int64Array::from_iter_values(range.map(|i| -i))),
+            ],
+        )
+    };
+    gw.post_accepted("r", "e", "users", None, ipc_stream(&[doubled(40..45)])).await;
+    gw.post_accepted("r", "e", "users", None, ipc_stream(&[doubled(10..20)])).await;
+    assert_eq!(gw.commit_and_wait("r", "e").await["state"], "committed");
+
+    let merge = proxy.queries().into_iter().find(|q| q.starts_with("MERGE")).expect("the MERGE was submitted");
+    assert!(merge.contains("T.`id` BETWEEN 10 AND 44"), "the destination side is bounded: {merge}");
+    let rows = gw.query(&format!("SELECT id, v FROM {}.users ORDER BY id", gw.dataset)).await;
+    let value = |r: &Vec<serde_json::Value>| r[1].as_str().unwrap().parse::<i64>().unwrap();
+    assert_eq!(rows.len(), 100, "keys outside the range untouched, none added");
+    for row in &rows {
+        let id: i64 = row[0].as_str().unwrap().parse().unwrap();
+        let expected = if (10..20).contains(&id) || (40..45).contains(&id) { -id } else { id * 10 };
+        assert_eq!(value(row), expected, "key {id}");
+    }
+}

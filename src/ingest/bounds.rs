@@ -1,0 +1,129 @@
+//! The key ranges of one batch request (`model::bounds`), computed from its staged rows while
+//! it is ingested, so publication needs no extra query to bound its MERGE.
+
+use arrow_array::cast::AsArray as _;
+use arrow_array::types::{Date32Type, Int64Type, TimestampMicrosecondType};
+use arrow_array::{Array, RecordBatch};
+use arrow_schema::{DataType, TimeUnit};
+
+use super::encode::AppendPayload;
+use super::schema::MappedSchema;
+use crate::model::bounds::{KeyRange, KeyValue};
+
+/// The range of every key column whose staged type has an agreed order (INT64, STRING, DATE,
+/// DATETIME, TIMESTAMP) over the staged rows of `payloads`; empty for unkeyed modes or no rows.
+pub(crate) fn key_ranges(payloads: &[AppendPayload], mapped: &MappedSchema) -> Vec<KeyRange> {
+    let batches: Vec<&RecordBatch> = payloads.iter().filter_map(|p| p.batch.as_ref()).collect();
+    if batches.len() != payloads.len() || batches.iter().all(|b| b.num_rows() == 0) {
+        return Vec::new();
+    }
+    mapped.key_columns.iter().filter_map(|(name, _)| column_range(&batches, name)).collect()
+}
+
+fn column_range(batches: &[&RecordBatch], name: &str) -> Option<KeyRange> {
+    let mut range: Option<KeyRange> = None;
+    for batch in batches {
+        let column = batch.column_by_name(name)?;
+        let (min, max) = min_max(column.as_ref())?;
+        let this = KeyRange { column: name.to_string(), min, max };
+        match range.as_mut() {
+            Some(range) => {
+                if !range.widen(&this) {
+                    return None;
+                }
+            }
+            None => range = Some(this),
+        }
+    }
+    range
+}
+
+/// Smallest and largest non-null value of a staged key column, when its type is ordered here.
+fn min_max(array: &dyn Array) -> Option<(KeyValue, KeyValue)> {
+    fn bounds<T: Ord + Copy>(values: impl Iterator<Item = Option<T>>) -> Option<(T, T)> {
+        values.flatten().fold(None, |acc, v| Some(acc.map_or((v, v), |(lo, hi): (T, T)| (lo.min(v), hi.max(v)))))
+    }
+    match array.data_type() {
+        DataType::Int64 => {
+            bounds(array.as_primitive::<Int64Type>().iter()).map(|(lo, hi)| (KeyValue::Int64(lo), KeyValue::Int64(hi)))
+        }
+        DataType::Date32 => {
+            bounds(array.as_primitive::<Date32Type>().iter()).map(|(lo, hi)| (KeyValue::Date(lo), KeyValue::Date(hi)))
+        }
+        DataType::Timestamp(TimeUnit::Microsecond, zone) => {
+            let (lo, hi) = bounds(array.as_primitive::<TimestampMicrosecondType>().iter())?;
+            Some(match zone {
+                Some(_) => (KeyValue::Timestamp(lo), KeyValue::Timestamp(hi)),
+                None => (KeyValue::Datetime(lo), KeyValue::Datetime(hi)),
+            })
+        }
+        DataType::Utf8 => {
+            let strings = array.as_string::<i32>();
+            let mut values = strings.iter().flatten();
+            let first = values.next()?;
+            let (lo, hi) = values.fold((first, first), |(lo, hi), v| {
+                (if v.as_bytes() < lo.as_bytes() { v } else { lo }, if v.as_bytes() > hi.as_bytes() { v } else { hi })
+            });
+            Some((KeyValue::String(lo.to_string()), KeyValue::String(hi.to_string())))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::{Float64Array, Int64Array, StringArray};
+    use arrow_schema::{Field, Schema};
+
+    use super::*;
+    use crate::ingest::encode::record_batch_message;
+    use crate::ingest::schema::{LoadSpec, map_schema};
+    use crate::model::WriteMode;
+
+    fn payload(ids: Vec<i64>, names: Vec<&str>) -> (AppendPayload, Arc<Schema>) {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, false),
+            Field::new("score", DataType::Float64, true),
+        ]));
+        let rows = ids.len();
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int64Array::from(ids)),
+                Arc::new(StringArray::from(names)),
+                Arc::new(Float64Array::from(vec![0.5; rows])),
+            ],
+        )
+        .unwrap();
+        (
+            AppendPayload { rows, serialized_record_batch: record_batch_message(&batch).unwrap(), batch: Some(batch) },
+            schema,
+        )
+    }
+
+    #[test]
+    fn ranges_cover_every_payload_for_ordered_key_types_only() {
+        let (a, schema) = payload(vec![7, -2, 40], vec!["m", "b", "z"]);
+        let (b, _) = payload(vec![3], vec!["a"]);
+        let key = ["id".to_string(), "name".to_string()];
+        let mapped =
+            map_schema(&schema, LoadSpec { write_mode: WriteMode::IncrementalUpsert, primary_key: &key }).unwrap();
+        let ranges = key_ranges(&[a.clone(), b], &mapped);
+        assert_eq!(
+            ranges,
+            vec![
+                KeyRange { column: "id".into(), min: KeyValue::Int64(-2), max: KeyValue::Int64(40) },
+                KeyRange {
+                    column: "name".into(),
+                    min: KeyValue::String("a".into()),
+                    max: KeyValue::String("z".into())
+                },
+            ]
+        );
+        let append = map_schema(&schema, LoadSpec { write_mode: WriteMode::FullAppend, primary_key: &[] }).unwrap();
+        assert!(key_ranges(&[a], &append).is_empty(), "no key, no range");
+    }
+}
