@@ -75,6 +75,7 @@ error_codes! {
     PermissionDenied => "permission_denied", BAD_GATEWAY, "Permission denied";
     DatasetLocationMismatch => "dataset_location_mismatch", BAD_GATEWAY, "Dataset location mismatch";
     BigqueryUnavailable => "bigquery_unavailable", SERVICE_UNAVAILABLE, "BigQuery unavailable";
+    QuotaExceeded => "quota_exceeded", SERVICE_UNAVAILABLE, "BigQuery quota exceeded";
     BigqueryError => "bigquery_error", BAD_GATEWAY, "BigQuery error";
     NotReady => "not_ready", SERVICE_UNAVAILABLE, "Not ready";
     InternalError => "internal_error", INTERNAL_SERVER_ERROR, "Internal error";

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::lane::{LaneContext, LaneTarget};
+use crate::bigquery::error::dataset_location_mismatch;
 use crate::bigquery::metadata::{missing_columns, type_conflicts};
 use crate::bigquery::{BigQuery, BigQueryError, table_path};
 use crate::error::{ErrorCode, Problem};
@@ -25,7 +26,9 @@ pub(super) async fn prepare(context: &LaneContext, target: &LaneTarget) -> Resul
     let bigquery = &context.bigquery;
     let fail = |e: BigQueryError| e.to_problem(ErrorCode::BigqueryError);
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
-    bigquery.ensure_dataset(project, dataset, target.location.as_deref()).await.map_err(fail)?;
+    let existing_location =
+        bigquery.ensure_dataset(project, dataset, target.location.as_deref()).await.map_err(fail)?;
+    check_location(target, existing_location.as_deref())?;
     prepare_destination(bigquery, target).await?;
     let expires_at_ms = chrono::Utc::now().timestamp_millis() + STAGING_TABLE_TTL.as_millis() as i64;
     bigquery
@@ -40,6 +43,20 @@ pub(super) async fn prepare(context: &LaneContext, target: &LaneTarget) -> Resul
     context.store.set_stream_name(resource, &stream_name).await?;
     PhaseTiming { resource: &resource.resource, phase: "prepare", duration: started.elapsed() }.emit();
     Ok(stream_name)
+}
+
+/// Refuses a dataset that exists in another location than the run's (compared
+/// case-insensitively: `US` and `us` are one location) before any row is uploaded: otherwise
+/// it would only show at publication, once every row was sent.
+fn check_location(target: &LaneTarget, existing: Option<&str>) -> Result<(), Problem> {
+    let (Some(wanted), Some(existing)) = (target.location.as_deref(), existing) else { return Ok(()) };
+    if existing.is_empty() || existing.eq_ignore_ascii_case(wanted) {
+        return Ok(());
+    }
+    Err(dataset_location_mismatch(format!(
+        "dataset {}:{} is in location {existing}, the run's location is {wanted}",
+        target.project, target.dataset
+    )))
 }
 
 /// Creates the destination table, or checks that the existing one takes the batches' columns
