@@ -12,5 +12,6 @@ mod hardening;
 mod operations;
 mod pipeline;
 mod publication;
+mod reliability;
 mod troubleshooting;
 mod write_modes;

@@ -1,6 +1,7 @@
 //! A TCP proxy that forwards to a target and cuts connections at chosen points: connection
 //! number `n` is closed (both directions) once it has carried `cut_after[n]` bytes toward the
-//! target; connections past the list are never cut.
+//! target; connections past the list are never cut. [`CuttingProxy::cutting_every`] cuts every
+//! connection after the same number of bytes (a network that keeps cutting).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,6 +16,15 @@ pub struct CuttingProxy {
 
 impl CuttingProxy {
     pub async fn start(target: &str, cut_after: Vec<usize>) -> Self {
+        Self::start_with(target, move |connection| cut_after.get(connection).copied()).await
+    }
+
+    /// Cuts every connection once it has carried `bytes` toward the target.
+    pub async fn cutting_every(target: &str, bytes: usize) -> Self {
+        Self::start_with(target, move |_| Some(bytes)).await
+    }
+
+    async fn start_with(target: &str, cut_after: impl Fn(usize) -> Option<usize> + Send + 'static) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
         let cuts = Arc::new(AtomicUsize::new(0));
@@ -23,7 +33,7 @@ impl CuttingProxy {
         tokio::spawn(async move {
             let mut connection = 0usize;
             while let Ok((client, _)) = listener.accept().await {
-                let limit = cut_after.get(connection).copied();
+                let limit = cut_after(connection);
                 connection += 1;
                 let target = target.clone();
                 let counter = Arc::clone(&counter);
