@@ -38,6 +38,9 @@ const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 #[derive(Debug, Clone)]
 pub(crate) struct WriteClient {
     channel: Channel,
+    /// Each AppendRows call gets a connection of its own from here: one lane's window and
+    /// replays do not share a transport (or its failures) with the other lanes.
+    endpoint: Endpoint,
     /// `scheme://authority` of the endpoint, for hand-built AppendRows calls.
     origin: String,
     credentials: Credentials,
@@ -86,7 +89,7 @@ impl WriteClient {
         }
         let origin = endpoint.trim_end_matches('/').to_string();
         let gzip_level = (gzip_level > 0).then_some(gzip_level.min(9));
-        Ok(Self { channel: builder.connect_lazy(), origin, credentials, gzip_level })
+        Ok(Self { channel: builder.connect_lazy(), endpoint: builder, origin, credentials, gzip_level })
     }
 
     /// How AppendRows requests are compressed, for logs: `gzip-1` .. `gzip-9` or `none`.
@@ -190,7 +193,7 @@ impl WriteClient {
         first: Vec<AppendRowsRequest>,
     ) -> BigQueryResult<AppendConnection> {
         let (sender, receiver) = mpsc::unbounded_channel::<Bytes>();
-        let connection = AppendConnection { sender, responses: None, gzip_level: self.gzip_level };
+        let connection = AppendConnection { sender, responses: None, gzip_level: self.gzip_level, _channel: None };
         for request in &first {
             connection.send(request)?;
         }
@@ -213,7 +216,8 @@ impl WriteClient {
             .body(tonic::body::Body::new(http_body_util::StreamBody::new(frames)))
             .map_err(|e| BigQueryError::Connect(format!("building the AppendRows request: {e}")))?;
         let grpc_error = |status: tonic::Status| BigQueryError::Grpc { operation: "AppendRows", status };
-        let mut channel = self.channel.clone();
+        let dedicated = self.endpoint.connect().await.map_err(|e| BigQueryError::Connect(format!("{e}: {e:?}")))?;
+        let mut channel = dedicated.clone();
         let channel = channel.ready().await.map_err(|e| grpc_error(tonic::Status::from_error(e.into())))?;
         let response = tower::Service::call(channel, request)
             .await
@@ -228,7 +232,7 @@ impl WriteClient {
         let decoder = tonic_prost::ProstCodec::<AppendRowsRequest, AppendRowsResponse>::default().decoder();
         let responses =
             tonic::Streaming::new_response(decoder, response.into_body(), status_code, None, Some(MAX_RESPONSE_BYTES));
-        Ok(AppendConnection { responses: Some(responses), ..connection })
+        Ok(AppendConnection { responses: Some(responses), _channel: Some(dedicated), ..connection })
     }
 }
 
@@ -238,6 +242,8 @@ pub(crate) struct AppendConnection {
     sender: mpsc::UnboundedSender<Bytes>,
     responses: Option<tonic::Streaming<AppendRowsResponse>>,
     gzip_level: Option<u32>,
+    /// The call's own connection, closed with it.
+    _channel: Option<Channel>,
 }
 
 /// One gRPC length-prefixed message: compressed flag, big-endian length, the (compressed)

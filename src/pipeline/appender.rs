@@ -47,7 +47,7 @@ struct Unacknowledged {
 enum Connection {
     /// None yet (or torn down after a failure): the next send opens one.
     Closed,
-    Open(AppendConnection),
+    Open(Box<AppendConnection>),
     /// Opening or sending failed: the error is judged like a failed response, on the next turn.
     Broken(BigQueryError),
 }
@@ -112,7 +112,7 @@ impl<'a> Appender<'a> {
                 }
                 slot = Arc::clone(&context.inflight_requests).acquire_owned(), if can_send => {
                     let slot = slot.map_err(|_| Problem::internal("in-flight limiter closed"))?;
-                    appender.send_next(slot).await?;
+                    appender.send_next(slot).await;
                 }
                 upload = uploads.recv(), if input_open => match upload {
                     Some(upload) => appender.queue.push_back(upload),
@@ -205,11 +205,11 @@ impl<'a> Appender<'a> {
     /// Sends the next request: a replayed one at its offset, else the next queued upload at
     /// the stream's next offset (opening a connection when there is none; its first request
     /// carries the writer schema).
-    async fn send_next(&mut self, slot: OwnedSemaphorePermit) -> Result<(), Problem> {
+    async fn send_next(&mut self, slot: OwnedSemaphorePermit) {
         let (offset, upload) = match self.replay.pop_front() {
             Some(again) => (again.offset, again.upload),
             None => {
-                let Some(upload) = self.queue.pop_front() else { return Ok(()) };
+                let Some(upload) = self.queue.pop_front() else { return };
                 let offset = self.next_offset;
                 self.next_offset += upload.rows as i64;
                 (offset, upload)
@@ -226,7 +226,7 @@ impl<'a> Appender<'a> {
             Connection::Closed => {
                 match self.context.bigquery.writer().open_append_connection(&self.stream_name, vec![request]).await {
                     Ok(open) => {
-                        self.connection = Connection::Open(open);
+                        self.connection = Connection::Open(Box::new(open));
                         Ok(())
                     }
                     Err(e) => Err(e),
@@ -237,13 +237,9 @@ impl<'a> Appender<'a> {
         let send_duration = started.elapsed();
         self.in_flight.push_back(InFlight { offset, upload, sent_at: Instant::now(), send_duration, _slot: slot });
         if let Err(error) = sent {
-            if !error.is_retryable() {
-                return Err(error.to_problem(ErrorCode::UploadFailed));
-            }
-            // Judged like a failed response, with the real error (not a missing connection).
+            // Judged like a failed response (logged, retried or not), with the real error.
             self.connection = Connection::Broken(error);
         }
-        Ok(())
     }
 }
 

@@ -165,12 +165,14 @@ async fn a_network_that_cuts_every_connection_still_loads_every_row_once() {
     prepare_run(&gw, json!({}), json!({"max_rows": ROWS_PER_BATCH}), &resources).await;
     for batch in 0..BATCHES {
         for resource in resources {
-            post_ok(&gw, resource, noisy_rows(batch * ROWS_PER_BATCH as i64, ROWS_PER_BATCH)).await;
+            let body = noisy_rows(batch * ROWS_PER_BATCH as i64, ROWS_PER_BATCH);
+            let (status, response) = gw.post_batch("run", "e", resource, None, body).await;
+            assert_eq!(status, StatusCode::ACCEPTED, "{response}\n{:?}", proxy.endings());
         }
     }
     let committed = gw.commit_and_wait("run", "e").await;
     let logs = gw.logs();
-    assert_eq!(committed["state"], "committed", "{committed}");
+    assert_eq!(committed["state"], "committed", "{committed}\n{:?}", proxy.endings());
     assert!(proxy.cuts() >= 5, "the proxy cut {} connections", proxy.cuts());
     for resource in resources {
         assert_exact_stream(

@@ -12,6 +12,8 @@ use tokio::net::{TcpListener, TcpStream};
 pub struct CuttingProxy {
     pub address: String,
     cuts: Arc<AtomicUsize>,
+    /// How each connection ended, in order (`cut`, `client closed`, `server closed`, ...).
+    endings: Arc<std::sync::Mutex<Vec<&'static str>>>,
 }
 
 impl CuttingProxy {
@@ -30,6 +32,8 @@ impl CuttingProxy {
         let cuts = Arc::new(AtomicUsize::new(0));
         let target = target.to_string();
         let counter = Arc::clone(&cuts);
+        let endings = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let ended = Arc::clone(&endings);
         tokio::spawn(async move {
             let mut connection = 0usize;
             while let Ok((client, _)) = listener.accept().await {
@@ -37,8 +41,12 @@ impl CuttingProxy {
                 connection += 1;
                 let target = target.clone();
                 let counter = Arc::clone(&counter);
+                let ended = Arc::clone(&ended);
                 tokio::spawn(async move {
-                    let Ok(server) = TcpStream::connect(&target).await else { return };
+                    let Ok(server) = TcpStream::connect(&target).await else {
+                        ended.lock().unwrap().push("connecting to the target failed");
+                        return;
+                    };
                     let (mut client_read, mut client_write) = client.into_split();
                     let (mut server_read, mut server_write) = server.into_split();
                     let upstream = async {
@@ -46,31 +54,37 @@ impl CuttingProxy {
                         let mut buffer = vec![0u8; 16 * 1024];
                         loop {
                             let n = match client_read.read(&mut buffer).await {
-                                Ok(0) | Err(_) => return false,
+                                Ok(0) | Err(_) => return "client closed",
                                 Ok(n) => n,
                             };
                             if server_write.write_all(&buffer[..n]).await.is_err() {
-                                return false;
+                                return "writing to the target failed";
                             }
                             sent += n;
                             if limit.is_some_and(|limit| sent >= limit) {
-                                return true;
+                                return "cut";
                             }
                         }
                     };
                     let downstream = tokio::io::copy(&mut server_read, &mut client_write);
                     // Whichever side ends first, both directions stop (the sockets drop).
-                    let cut = tokio::select! {
-                        cut = upstream => cut,
-                        _ = downstream => false,
+                    let ending = tokio::select! {
+                        ending = upstream => ending,
+                        _ = downstream => "server closed",
                     };
-                    if cut {
+                    if ending == "cut" {
                         counter.fetch_add(1, Ordering::SeqCst);
                     }
+                    ended.lock().unwrap().push(ending);
                 });
             }
         });
-        Self { address, cuts }
+        Self { address, cuts, endings }
+    }
+
+    /// How the connections ended so far, in order.
+    pub fn endings(&self) -> Vec<&'static str> {
+        self.endings.lock().unwrap().clone()
     }
 
     pub fn cuts(&self) -> usize {
