@@ -38,8 +38,9 @@ const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 #[derive(Debug, Clone)]
 pub(crate) struct WriteClient {
     channel: Channel,
-    /// Each AppendRows call gets a connection of its own from here: one lane's window and
-    /// replays do not share a transport (or its failures) with the other lanes.
+    /// Where an AppendRows call that must not share the channel gets a connection of its own
+    /// (a lane reconnecting after a failure: its replays then neither share a transport, nor
+    /// its failures, with the other lanes).
     endpoint: Endpoint,
     /// `scheme://authority` of the endpoint, for hand-built AppendRows calls.
     origin: String,
@@ -185,12 +186,14 @@ impl WriteClient {
     }
 
     /// Opens an AppendRows call whose first requests are `first` (queued before the call starts:
-    /// some servers send response headers only once they have a message). Later requests go
-    /// through the returned connection; responses arrive in request order, one each.
+    /// some servers send response headers only once they have a message), on the shared
+    /// channel or, when `dedicated`, on a connection of its own. Later requests go through the
+    /// returned connection; responses arrive in request order, one each.
     pub(crate) async fn open_append_connection(
         &self,
         stream_name: &str,
         first: Vec<AppendRowsRequest>,
+        dedicated: bool,
     ) -> BigQueryResult<AppendConnection> {
         let (sender, receiver) = mpsc::unbounded_channel::<Bytes>();
         let connection = AppendConnection { sender, responses: None, gzip_level: self.gzip_level, _channel: None };
@@ -216,8 +219,11 @@ impl WriteClient {
             .body(tonic::body::Body::new(http_body_util::StreamBody::new(frames)))
             .map_err(|e| BigQueryError::Connect(format!("building the AppendRows request: {e}")))?;
         let grpc_error = |status: tonic::Status| BigQueryError::Grpc { operation: "AppendRows", status };
-        let dedicated = self.endpoint.connect().await.map_err(|e| BigQueryError::Connect(format!("{e}: {e:?}")))?;
-        let mut channel = dedicated.clone();
+        let own_channel = match dedicated {
+            true => Some(self.endpoint.connect().await.map_err(|e| BigQueryError::Connect(format!("{e}: {e:?}")))?),
+            false => None,
+        };
+        let mut channel = own_channel.clone().unwrap_or_else(|| self.channel.clone());
         let channel = channel.ready().await.map_err(|e| grpc_error(tonic::Status::from_error(e.into())))?;
         let response = tower::Service::call(channel, request)
             .await
@@ -232,7 +238,7 @@ impl WriteClient {
         let decoder = tonic_prost::ProstCodec::<AppendRowsRequest, AppendRowsResponse>::default().decoder();
         let responses =
             tonic::Streaming::new_response(decoder, response.into_body(), status_code, None, Some(MAX_RESPONSE_BYTES));
-        Ok(AppendConnection { responses: Some(responses), _channel: Some(dedicated), ..connection })
+        Ok(AppendConnection { responses: Some(responses), _channel: own_channel, ..connection })
     }
 }
 
@@ -242,7 +248,7 @@ pub(crate) struct AppendConnection {
     sender: mpsc::UnboundedSender<Bytes>,
     responses: Option<tonic::Streaming<AppendRowsResponse>>,
     gzip_level: Option<u32>,
-    /// The call's own connection, closed with it.
+    /// The call's own connection (dedicated calls), closed with it.
     _channel: Option<Channel>,
 }
 

@@ -75,6 +75,8 @@ pub(super) struct Appender<'a> {
     rows_recorded: i64,
     /// Consecutive failed attempts (reset by an acknowledgement).
     failures: FailureStreak,
+    /// A connection failed once: later ones are the lane's own, not the shared channel.
+    reconnecting: bool,
 }
 
 impl<'a> Appender<'a> {
@@ -101,6 +103,7 @@ impl<'a> Appender<'a> {
             acknowledged_rows: 0,
             rows_recorded: 0,
             failures: FailureStreak::default(),
+            reconnecting: false,
         };
         let mut input_open = true;
         while input_open || appender.has_unsent() || !appender.in_flight.is_empty() {
@@ -198,6 +201,7 @@ impl<'a> Appender<'a> {
             self.replay.push_front(Unacknowledged { offset: f.offset, upload: f.upload });
         }
         self.congestion_window = 1;
+        self.reconnecting = true;
         tokio::time::sleep(backoff).await;
         Ok(())
     }
@@ -224,7 +228,8 @@ impl<'a> Appender<'a> {
             // A broken connection is judged (and replaced) on the next turn.
             Connection::Broken(_) => Ok(()),
             Connection::Closed => {
-                match self.context.bigquery.writer().open_append_connection(&self.stream_name, vec![request]).await {
+                let writer = self.context.bigquery.writer();
+                match writer.open_append_connection(&self.stream_name, vec![request], self.reconnecting).await {
                     Ok(open) => {
                         self.connection = Connection::Open(Box::new(open));
                         Ok(())

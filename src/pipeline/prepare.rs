@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::lane::{LaneContext, LaneTarget};
+use super::retry::{FailureStreak, RetryAction};
 use crate::bigquery::error::dataset_location_mismatch;
 use crate::bigquery::metadata::{missing_columns, type_conflicts};
 use crate::bigquery::{BigQuery, BigQueryError, table_path};
 use crate::error::{ErrorCode, Problem};
 use crate::model::staging::STAGING_TABLE_TTL;
-use crate::telemetry::PhaseTiming;
+use crate::telemetry::{AppendFailed, PhaseTiming};
 
 /// Prepares the lane's tables and stream (at most `max_concurrent_prepares` at once
 /// gateway-wide); returns the PENDING stream's name.
@@ -35,14 +36,38 @@ pub(super) async fn prepare(context: &LaneContext, target: &LaneTarget) -> Resul
         .create_table(project, dataset, &target.staging_table, &target.staging_columns, Some(expires_at_ms))
         .await
         .map_err(fail)?;
-    let stream_name = bigquery
-        .writer()
-        .create_pending_stream(&table_path(project, dataset, &target.staging_table))
+    let staging_path = table_path(project, dataset, &target.staging_table);
+    // A stream created by an attempt whose answer was lost stays empty and is never committed.
+    let stream_name = retried(context, target, || bigquery.writer().create_pending_stream(&staging_path))
         .await
         .map_err(|e| e.to_problem(ErrorCode::UploadFailed))?;
     context.store.set_stream_name(resource, &stream_name).await?;
     PhaseTiming { resource: &resource.resource, phase: "prepare", duration: started.elapsed() }.emit();
     Ok(stream_name)
+}
+
+/// Runs a Storage Write call again after retryable failures, as the retry policy decides (a
+/// connection cut under `CreateWriteStream` must not fail the execution).
+async fn retried<T, F, Fut>(context: &LaneContext, target: &LaneTarget, mut call: F) -> Result<T, BigQueryError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, BigQueryError>>,
+{
+    let mut failures = FailureStreak::default();
+    loop {
+        let error = match call().await {
+            Ok(value) => return Ok(value),
+            Err(error) => error,
+        };
+        let (attempt, action) = failures.record(&context.retry, &error);
+        let resource = &target.resource.resource;
+        let retryable = action != RetryAction::Fail;
+        AppendFailed { resource, offset: None, code: error.code_name(), retryable, attempt, error: &error }.emit();
+        match action {
+            RetryAction::RetryAfter(delay) => tokio::time::sleep(delay).await,
+            RetryAction::Fail => return Err(error),
+        }
+    }
 }
 
 /// Refuses a dataset that exists in another location than the run's (compared
