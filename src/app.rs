@@ -28,6 +28,9 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// Longest delay between two attempts of a failed append.
 const APPEND_MAX_BACKOFF: Duration = Duration::from_secs(10);
 
+/// Longest delay between two attempts while BigQuery's quota is exhausted.
+const QUOTA_MAX_BACKOFF: Duration = Duration::from_secs(30);
+
 /// Smallest accepted `FILAMENT_MAX_APPEND_REQUEST_BYTES`.
 const MIN_APPEND_REQUEST_BYTES: usize = 64 * 1024;
 
@@ -64,6 +67,8 @@ fn pipeline_limits(config: &ServeConfig) -> anyhow::Result<PipelineLimits> {
             max_attempts: config.append_max_attempts,
             initial_backoff: Duration::from_millis(config.append_initial_backoff_ms),
             max_backoff: APPEND_MAX_BACKOFF,
+            quota_wait: Duration::from_secs(config.quota_wait_secs),
+            max_quota_backoff: QUOTA_MAX_BACKOFF,
         },
     })
 }

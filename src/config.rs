@@ -118,6 +118,12 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_APPEND_INITIAL_BACKOFF_MS", default_value_t = 200)]
     pub append_initial_backoff_ms: u64,
 
+    /// How long an AppendRows `RESOURCE_EXHAUSTED` (BigQuery's Storage Write quota, which can
+    /// take minutes to refill) is waited out, in seconds, keeping the stream, before the
+    /// execution fails with `quota_exceeded`. Meanwhile the budget fills and batches get 429.
+    #[arg(long, env = "FILAMENT_QUOTA_WAIT_SECS", default_value_t = 900)]
+    pub quota_wait_secs: u64,
+
     /// Refuse to commit an execution whose oldest PENDING stream is older than this (BigQuery
     /// garbage-collects uncommitted streams after about 24 hours).
     #[arg(long, env = "FILAMENT_PENDING_STREAM_MAX_AGE_SECS", default_value_t = 23 * 3600)]

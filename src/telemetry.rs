@@ -92,18 +92,23 @@ impl PublishTiming<'_> {
     }
 }
 
-/// `bigquery.write.timing` of a batch request's wait for room in the upload budget.
+/// `bigquery.write.timing` of a batch request from its admission until its bytes are in the
+/// budget (`duration_ms`, decoding included), and the part of it spent in waits that end in 429
+/// when they last too long (`backpressure_ms`: the resource's share, a decode slot, the budget).
 #[derive(Debug)]
 pub(crate) struct QueueTiming<'a> {
     pub(crate) resource: &'a str,
     pub(crate) rows: usize,
+    pub(crate) duration: Duration,
     pub(crate) backpressure: Duration,
 }
 
 impl QueueTiming<'_> {
     pub(crate) fn emit(&self) {
-        let (resource, rows, backpressure_ms) = (self.resource, self.rows, millis(self.backpressure));
-        log_by_duration!(self.backpressure, %resource, phase = "queue", backpressure_ms, rows, "bigquery.write.timing");
+        let (resource, rows, duration_ms, backpressure_ms) =
+            (self.resource, self.rows, millis(self.duration), millis(self.backpressure));
+        log_by_duration!(self.duration, %resource, phase = "queue", duration_ms, backpressure_ms, rows,
+            "bigquery.write.timing");
     }
 }
 

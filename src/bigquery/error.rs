@@ -90,6 +90,17 @@ impl BigQueryError {
         }
     }
 
+    /// Whether BigQuery refused for quota (`RESOURCE_EXHAUSTED`, as a status or inside an
+    /// AppendRows response): retried for as long as the quota wait allows, not per attempt.
+    pub(crate) fn is_quota_exhausted(&self) -> bool {
+        const RESOURCE_EXHAUSTED: i32 = tonic::Code::ResourceExhausted as i32;
+        match self {
+            BigQueryError::Grpc { status, .. } => status.code() == tonic::Code::ResourceExhausted,
+            BigQueryError::InResponse { code, .. } => *code == RESOURCE_EXHAUSTED,
+            _ => false,
+        }
+    }
+
     /// A short name for logs and metric labels: the gRPC code (`UNAVAILABLE`, ...) or the kind.
     pub(crate) fn code_name(&self) -> &'static str {
         match self {
@@ -181,8 +192,11 @@ impl BigQueryError {
         }
         // From datasets.get (HTTP 404) or a job's errorResult ("notFound").
         if lower.contains("not found: dataset") && lower.contains("in location") {
-            return Problem::new(ErrorCode::DatasetLocationMismatch, message).with_hint(
-                "the dataset lives in another location: set the run's location to match it, or leave it empty",
+            return dataset_location_mismatch(message);
+        }
+        if self.is_quota_exhausted() {
+            return Problem::new(ErrorCode::QuotaExceeded, message).with_hint(
+                "BigQuery's Storage Write API quota (AppendRows throughput) stayed exhausted for FILAMENT_QUOTA_WAIT_SECS: request a quota increase, or lower FILAMENT_MAX_INFLIGHT_REQUESTS",
             );
         }
         let permission = self.http_status() == Some(403)
@@ -213,6 +227,13 @@ pub(crate) fn is_quota(error: &google_cloud_gax::error::Error) -> bool {
         })
     });
     quota_status && reasons.unwrap_or(false)
+}
+
+/// `dataset_location_mismatch` with its fix: the dataset exists in another location than the
+/// run's.
+pub(crate) fn dataset_location_mismatch(detail: String) -> Problem {
+    Problem::new(ErrorCode::DatasetLocationMismatch, detail)
+        .with_hint("the dataset lives in another location: set the run's location to match it, or leave it empty")
 }
 
 /// The canonical name of a gRPC status code.
@@ -314,6 +335,10 @@ mod tests {
         let problem = denied.to_problem(ErrorCode::UploadFailed);
         assert_eq!(problem.code, ErrorCode::PermissionDenied);
         assert!(problem.detail.contains("bigquery.tables.updateData"));
+        let quota = BigQueryError::InResponse { operation: "append", code: 8, message: "Exceeds quota".into() };
+        let problem = quota.to_problem(ErrorCode::UploadFailed);
+        assert_eq!(problem.code, ErrorCode::QuotaExceeded);
+        assert!(problem.hint.unwrap().contains("AppendRows throughput"));
         let other = BigQueryError::InResponse { operation: "append", code: 3, message: "bad row".into() };
         assert_eq!(other.to_problem(ErrorCode::UploadFailed).code, ErrorCode::UploadFailed);
     }

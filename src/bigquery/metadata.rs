@@ -57,19 +57,20 @@ pub(crate) fn field_accepts(existing: &TableFieldSchema, wanted: &Column) -> boo
 }
 
 impl BigQuery {
-    /// Creates the dataset when it does not exist (in `location` when given).
+    /// Creates the dataset when it does not exist (in `location` when given). Returns the
+    /// location of a dataset that already existed (`None` when it was created here).
     pub(crate) async fn ensure_dataset(
         &self,
         project: &str,
         dataset: &str,
         location: Option<&str>,
-    ) -> BigQueryResult<()> {
+    ) -> BigQueryResult<Option<String>> {
         match rest_call("datasets.get", || {
             self.datasets.get_dataset().set_project_id(project).set_dataset_id(dataset).send()
         })
         .await?
         {
-            Ok(_) => return Ok(()),
+            Ok(existing) => return Ok(Some(existing.location)),
             Err(e) if e.http_status_code() == Some(404) => {}
             Err(e) => return Err(BigQueryError::rest("datasets.get")(e)),
         }
@@ -80,9 +81,9 @@ impl BigQuery {
         }
         let insert = || self.datasets.insert_dataset().set_project_id(project).set_dataset(body.clone()).send();
         match rest_call("datasets.insert", insert).await? {
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(None),
             // Created concurrently by another resource or gateway: fine.
-            Err(e) if e.http_status_code() == Some(409) => Ok(()),
+            Err(e) if e.http_status_code() == Some(409) => Ok(None),
             Err(e) => Err(BigQueryError::rest("datasets.insert")(e)),
         }
     }

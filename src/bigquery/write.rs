@@ -38,6 +38,10 @@ const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 #[derive(Debug, Clone)]
 pub(crate) struct WriteClient {
     channel: Channel,
+    /// Where an AppendRows call that must not share the channel gets a connection of its own
+    /// (a lane reconnecting after a failure: its replays then neither share a transport, nor
+    /// its failures, with the other lanes).
+    endpoint: Endpoint,
     /// `scheme://authority` of the endpoint, for hand-built AppendRows calls.
     origin: String,
     credentials: Credentials,
@@ -86,7 +90,7 @@ impl WriteClient {
         }
         let origin = endpoint.trim_end_matches('/').to_string();
         let gzip_level = (gzip_level > 0).then_some(gzip_level.min(9));
-        Ok(Self { channel: builder.connect_lazy(), origin, credentials, gzip_level })
+        Ok(Self { channel: builder.connect_lazy(), endpoint: builder, origin, credentials, gzip_level })
     }
 
     /// How AppendRows requests are compressed, for logs: `gzip-1` .. `gzip-9` or `none`.
@@ -182,15 +186,17 @@ impl WriteClient {
     }
 
     /// Opens an AppendRows call whose first requests are `first` (queued before the call starts:
-    /// some servers send response headers only once they have a message). Later requests go
-    /// through the returned connection; responses arrive in request order, one each.
+    /// some servers send response headers only once they have a message), on the shared
+    /// channel or, when `dedicated`, on a connection of its own. Later requests go through the
+    /// returned connection; responses arrive in request order, one each.
     pub(crate) async fn open_append_connection(
         &self,
         stream_name: &str,
         first: Vec<AppendRowsRequest>,
+        dedicated: bool,
     ) -> BigQueryResult<AppendConnection> {
         let (sender, receiver) = mpsc::unbounded_channel::<Bytes>();
-        let connection = AppendConnection { sender, responses: None, gzip_level: self.gzip_level };
+        let connection = AppendConnection { sender, responses: None, gzip_level: self.gzip_level, _channel: None };
         for request in &first {
             connection.send(request)?;
         }
@@ -213,7 +219,11 @@ impl WriteClient {
             .body(tonic::body::Body::new(http_body_util::StreamBody::new(frames)))
             .map_err(|e| BigQueryError::Connect(format!("building the AppendRows request: {e}")))?;
         let grpc_error = |status: tonic::Status| BigQueryError::Grpc { operation: "AppendRows", status };
-        let mut channel = self.channel.clone();
+        let own_channel = match dedicated {
+            true => Some(self.endpoint.connect().await.map_err(|e| BigQueryError::Connect(format!("{e}: {e:?}")))?),
+            false => None,
+        };
+        let mut channel = own_channel.clone().unwrap_or_else(|| self.channel.clone());
         let channel = channel.ready().await.map_err(|e| grpc_error(tonic::Status::from_error(e.into())))?;
         let response = tower::Service::call(channel, request)
             .await
@@ -228,7 +238,7 @@ impl WriteClient {
         let decoder = tonic_prost::ProstCodec::<AppendRowsRequest, AppendRowsResponse>::default().decoder();
         let responses =
             tonic::Streaming::new_response(decoder, response.into_body(), status_code, None, Some(MAX_RESPONSE_BYTES));
-        Ok(AppendConnection { responses: Some(responses), ..connection })
+        Ok(AppendConnection { responses: Some(responses), _channel: own_channel, ..connection })
     }
 }
 
@@ -238,6 +248,8 @@ pub(crate) struct AppendConnection {
     sender: mpsc::UnboundedSender<Bytes>,
     responses: Option<tonic::Streaming<AppendRowsResponse>>,
     gzip_level: Option<u32>,
+    /// The call's own connection (dedicated calls), closed with it.
+    _channel: Option<Channel>,
 }
 
 /// One gRPC length-prefixed message: compressed flag, big-endian length, the (compressed)

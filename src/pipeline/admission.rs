@@ -11,7 +11,7 @@
 //!    `seq` into the staged rows: [`QueuedRows`], the only thing a lane accepts. So nothing is
 //!    enqueued without a budget permit, and nothing is stamped before its receipt exists.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -30,6 +30,9 @@ pub(crate) struct Admission {
     pub(super) share: ResourceShare,
     pub(super) budget: ByteBudget,
     pub(super) deadline: Instant,
+    /// When `Pipeline::admit` started, and how long it waited (share and decode slot).
+    pub(super) admitted_at: Instant,
+    pub(super) waited: Duration,
     /// Held while the body is decoded and encoded, until its bytes are in the budget.
     pub(super) decode_slot: OwnedSemaphorePermit,
 }
@@ -68,7 +71,13 @@ impl Admission {
         let remaining_wait = self.deadline.saturating_duration_since(queue_started);
         let permit = self.budget.acquire(encoded_bytes, Some(&self.share), remaining_wait).await?;
         drop(self.decode_slot);
-        QueueTiming { resource: &self.resource, rows: batch.rows, backpressure: queue_started.elapsed() }.emit();
+        QueueTiming {
+            resource: &self.resource,
+            rows: batch.rows,
+            duration: self.admitted_at.elapsed(),
+            backpressure: self.waited + queue_started.elapsed(),
+        }
+        .emit();
         Ok(ReservedBatch { payloads: batch.payloads, stages_seq: batch.stages_seq, permit })
     }
 }

@@ -1,10 +1,13 @@
 //! The appender of a lane: sends upload batches over one AppendRows connection at explicit row
 //! offsets with a sliding window (refilled per acknowledgement), under the gateway-wide
 //! in-flight limit. A retryable failure tears the connection down (no more sending or
-//! receiving), backs off as [`RetryPolicy::decide`](super::retry::RetryPolicy::decide) says,
-//! and replays every unacknowledged request, in order, on a new connection; `ALREADY_EXISTS` on
-//! a replay means the rows had landed. When the input closes and everything is acknowledged it
-//! reports the stream to commit.
+//! receiving), backs off as [`FailureStreak::record`](super::retry::FailureStreak::record)
+//! decides, and replays every unacknowledged request, in order and at the same offsets, on a new
+//! connection; `ALREADY_EXISTS` on a replay means the rows had landed. After a failure the
+//! window restarts at one request and grows by one per acknowledgement up to
+//! `inflight_per_stream` (slow start), so a network that cuts connections after a few hundred
+//! kilobytes still lets every connection make progress. When the input closes and everything is
+//! acknowledged it reports the stream to commit.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -16,7 +19,7 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use super::accumulator::Upload;
 use super::lane::{LaneContext, LaneReport, LaneTarget};
 use super::prepare::prepare;
-use super::retry::RetryAction;
+use super::retry::{FailureStreak, RetryAction};
 use crate::bigquery::BigQueryError;
 use crate::bigquery::write::{AppendAck, AppendConnection, append_request, judge_append_response};
 use crate::error::{ErrorCode, Problem};
@@ -32,25 +35,48 @@ struct InFlight {
     _slot: OwnedSemaphorePermit,
 }
 
+/// A request whose connection failed before its acknowledgement: sent again at its offset.
+#[derive(Debug)]
+struct Unacknowledged {
+    offset: i64,
+    upload: Upload,
+}
+
+/// The lane's AppendRows connection.
+#[derive(Debug)]
+enum Connection {
+    /// None yet (or torn down after a failure): the next send opens one.
+    Closed,
+    Open(Box<AppendConnection>),
+    /// Opening or sending failed: the error is judged like a failed response, on the next turn.
+    Broken(BigQueryError),
+}
+
 /// One lane's appends to its PENDING stream.
 #[derive(Debug)]
 pub(super) struct Appender<'a> {
     context: &'a LaneContext,
     target: &'a LaneTarget,
     stream_name: String,
-    /// Outstanding requests on this stream at most.
+    /// Outstanding requests on this stream at most (`inflight_per_stream`).
     window: usize,
+    /// Outstanding requests allowed now: one after a failure, growing per acknowledgement.
+    congestion_window: usize,
+    /// Requests to send again, in offset order, before anything queued.
+    replay: VecDeque<Unacknowledged>,
     /// Upload batches not sent yet.
     queue: VecDeque<Upload>,
     /// Sent and not acknowledged, in offset order.
     in_flight: VecDeque<InFlight>,
-    connection: Option<AppendConnection>,
+    connection: Connection,
     next_offset: i64,
     acknowledged_rows: i64,
     /// Acknowledged rows already added to the execution's progress in Postgres.
     rows_recorded: i64,
     /// Consecutive failed attempts (reset by an acknowledgement).
-    failed_attempts: u32,
+    failures: FailureStreak,
+    /// A connection failed once: later ones are the lane's own, not the shared channel.
+    reconnecting: bool,
 }
 
 impl<'a> Appender<'a> {
@@ -62,22 +88,26 @@ impl<'a> Appender<'a> {
         mut uploads: mpsc::UnboundedReceiver<Upload>,
     ) -> Result<LaneReport, Problem> {
         let stream_name = prepare(context, target).await?;
+        let window = context.inflight_per_stream.max(1);
         let mut appender = Appender {
             context,
             target,
             stream_name,
-            window: context.inflight_per_stream.max(1),
+            window,
+            congestion_window: window,
+            replay: VecDeque::new(),
             queue: VecDeque::new(),
             in_flight: VecDeque::new(),
-            connection: None,
+            connection: Connection::Closed,
             next_offset: 0,
             acknowledged_rows: 0,
             rows_recorded: 0,
-            failed_attempts: 0,
+            failures: FailureStreak::default(),
+            reconnecting: false,
         };
         let mut input_open = true;
-        while input_open || !appender.queue.is_empty() || !appender.in_flight.is_empty() {
-            let can_send = appender.in_flight.len() < appender.window && !appender.queue.is_empty();
+        while input_open || appender.has_unsent() || !appender.in_flight.is_empty() {
+            let can_send = appender.in_flight.len() < appender.congestion_window && appender.has_unsent();
             tokio::select! {
                 biased;
                 response = next_response(&mut appender.connection), if !appender.in_flight.is_empty() => {
@@ -85,7 +115,7 @@ impl<'a> Appender<'a> {
                 }
                 slot = Arc::clone(&context.inflight_requests).acquire_owned(), if can_send => {
                     let slot = slot.map_err(|_| Problem::internal("in-flight limiter closed"))?;
-                    appender.send_next(slot).await?;
+                    appender.send_next(slot).await;
                 }
                 upload = uploads.recv(), if input_open => match upload {
                     Some(upload) => appender.queue.push_back(upload),
@@ -94,6 +124,10 @@ impl<'a> Appender<'a> {
             }
         }
         Ok(appender.report())
+    }
+
+    fn has_unsent(&self) -> bool {
+        !self.replay.is_empty() || !self.queue.is_empty()
     }
 
     fn report(self) -> LaneReport {
@@ -118,9 +152,11 @@ impl<'a> Appender<'a> {
         }
     }
 
-    /// Retires the oldest request: its payload and budget are released here.
+    /// Retires the oldest request: its payload and budget are released here. Progress: the
+    /// failure streak ends and the window grows by one.
     async fn on_acknowledged(&mut self, ack: AppendAck) {
-        self.failed_attempts = 0;
+        self.failures.reset();
+        self.congestion_window = (self.congestion_window + 1).min(self.window);
         let Some(done) = self.in_flight.pop_front() else { return };
         AppendAcknowledged {
             resource: &self.target.resource.resource,
@@ -141,11 +177,11 @@ impl<'a> Appender<'a> {
         }
     }
 
-    /// A failed attempt: give up, or stop sending and receiving, back off and replay
-    /// everything after the last acknowledgement, in order, on a new connection.
+    /// A failed attempt: give up, or stop sending and receiving, back off and queue everything
+    /// after the last acknowledgement for replay (in order, at the same offsets) on a new
+    /// connection that starts with a window of one.
     async fn on_failure(&mut self, error: BigQueryError) -> Result<(), Problem> {
-        let attempt = self.failed_attempts + 1;
-        let action = self.context.retry.decide(&error, attempt);
+        let (attempt, action) = self.failures.record(&self.context.retry, &error);
         AppendFailed {
             resource: &self.target.resource.resource,
             offset: self.in_flight.front().map(|f| f.offset),
@@ -158,76 +194,67 @@ impl<'a> Appender<'a> {
         let RetryAction::RetryAfter(backoff) = action else {
             return Err(error.to_problem(ErrorCode::UploadFailed));
         };
-        self.failed_attempts = attempt;
-        drop(self.connection.take());
-        tokio::time::sleep(backoff).await;
-        match self.reconnect().await {
-            Ok(open) => self.connection = Some(open),
-            // Judged on the next turn like a failed response (no connection).
-            Err(e) if e.is_retryable() => {}
-            Err(e) => return Err(e.to_problem(ErrorCode::UploadFailed)),
+        self.connection = Connection::Closed;
+        metrics::gauge!(telemetry::APPENDS_IN_FLIGHT).decrement(self.in_flight.len() as f64);
+        // Released slots let other lanes upload while this one waits.
+        for f in self.in_flight.drain(..).rev() {
+            self.replay.push_front(Unacknowledged { offset: f.offset, upload: f.upload });
         }
+        self.congestion_window = 1;
+        self.reconnecting = true;
+        tokio::time::sleep(backoff).await;
         Ok(())
     }
 
-    /// Sends the next queued upload at the stream's next offset (opening a connection when
-    /// there is none; its first request carries the writer schema).
-    async fn send_next(&mut self, slot: OwnedSemaphorePermit) -> Result<(), Problem> {
-        let Some(upload) = self.queue.pop_front() else { return Ok(()) };
+    /// Sends the next request: a replayed one at its offset, else the next queued upload at
+    /// the stream's next offset (opening a connection when there is none; its first request
+    /// carries the writer schema).
+    async fn send_next(&mut self, slot: OwnedSemaphorePermit) {
+        let (offset, upload) = match self.replay.pop_front() {
+            Some(again) => (again.offset, again.upload),
+            None => {
+                let Some(upload) = self.queue.pop_front() else { return };
+                let offset = self.next_offset;
+                self.next_offset += upload.rows as i64;
+                (offset, upload)
+            }
+        };
         let started = Instant::now();
-        let offset = self.next_offset;
-        self.next_offset += upload.rows as i64;
-        let schema = self.connection.is_none().then(|| self.target.serialized_schema.clone());
+        let opening = !matches!(self.connection, Connection::Open(_));
+        let schema = opening.then(|| self.target.serialized_schema.clone());
         let request = append_request(&self.stream_name, schema, offset, upload.message.clone());
-        let sent = match self.connection.as_ref() {
-            Some(open) => open.send(&request),
-            None => match self.context.bigquery.writer().open_append_connection(&self.stream_name, vec![request]).await
-            {
-                Ok(open) => {
-                    self.connection = Some(open);
-                    Ok(())
+        let sent = match &self.connection {
+            Connection::Open(open) => open.send(&request),
+            // A broken connection is judged (and replaced) on the next turn.
+            Connection::Broken(_) => Ok(()),
+            Connection::Closed => {
+                let writer = self.context.bigquery.writer();
+                match writer.open_append_connection(&self.stream_name, vec![request], self.reconnecting).await {
+                    Ok(open) => {
+                        self.connection = Connection::Open(Box::new(open));
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
                 }
-                Err(e) => Err(e),
-            },
+            }
         };
         metrics::gauge!(telemetry::APPENDS_IN_FLIGHT).increment(1.0);
         let send_duration = started.elapsed();
         self.in_flight.push_back(InFlight { offset, upload, sent_at: Instant::now(), send_duration, _slot: slot });
         if let Err(error) = sent {
-            // Judged like a failed response: the next turn sees no connection.
-            if !error.is_retryable() {
-                return Err(error.to_problem(ErrorCode::UploadFailed));
-            }
-            self.connection = None;
+            // Judged like a failed response (logged, retried or not), with the real error.
+            self.connection = Connection::Broken(error);
         }
-        Ok(())
-    }
-
-    /// A new connection carrying every unacknowledged request again, in order (the first with
-    /// the writer schema).
-    async fn reconnect(&mut self) -> Result<AppendConnection, BigQueryError> {
-        let requests = self
-            .in_flight
-            .iter()
-            .enumerate()
-            .map(|(index, f)| {
-                let schema = (index == 0).then(|| self.target.serialized_schema.clone());
-                append_request(&self.stream_name, schema, f.offset, f.upload.message.clone())
-            })
-            .collect();
-        let connection = self.context.bigquery.writer().open_append_connection(&self.stream_name, requests).await?;
-        let now = Instant::now();
-        for f in self.in_flight.iter_mut() {
-            f.sent_at = now;
-        }
-        Ok(connection)
     }
 }
 
-async fn next_response(connection: &mut Option<AppendConnection>) -> Result<AppendRowsResponse, BigQueryError> {
-    match connection.as_mut() {
-        Some(open) => open.next_response().await,
-        None => Err(BigQueryError::Grpc {
+async fn next_response(connection: &mut Connection) -> Result<AppendRowsResponse, BigQueryError> {
+    if let Connection::Open(open) = connection {
+        return open.next_response().await;
+    }
+    match std::mem::replace(connection, Connection::Closed) {
+        Connection::Broken(error) => Err(error),
+        _ => Err(BigQueryError::Grpc {
             operation: "AppendRows",
             status: tonic::Status::unavailable("no AppendRows connection"),
         }),

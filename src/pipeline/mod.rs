@@ -122,11 +122,13 @@ impl Pipeline {
         uploads: &ExecutionUploads,
         resource: &ResourceName,
     ) -> Result<Admission, Problem> {
-        let deadline = Instant::now() + self.limits.backpressure_wait;
+        let admitted_at = Instant::now();
+        let deadline = admitted_at + self.limits.backpressure_wait;
         let share = self.resource_share(uploads, resource);
         share.wait_for_room(self.limits.backpressure_wait).await?;
         let decode_slot = self.batch_decode_slot(deadline.saturating_duration_since(Instant::now())).await?;
-        Ok(Admission { resource: resource.clone(), share, budget: self.budget.clone(), deadline, decode_slot })
+        let (budget, waited) = (self.budget.clone(), admitted_at.elapsed());
+        Ok(Admission { resource: resource.clone(), share, budget, deadline, admitted_at, waited, decode_slot })
     }
 
     /// A slot to decode and encode one batch body, waiting up to `max_wait` (then 429

@@ -7,11 +7,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::lane::{LaneContext, LaneTarget};
+use super::retry::{FailureStreak, RetryAction};
+use crate::bigquery::error::dataset_location_mismatch;
 use crate::bigquery::metadata::{missing_columns, type_conflicts};
 use crate::bigquery::{BigQuery, BigQueryError, table_path};
 use crate::error::{ErrorCode, Problem};
 use crate::model::staging::STAGING_TABLE_TTL;
-use crate::telemetry::PhaseTiming;
+use crate::telemetry::{AppendFailed, PhaseTiming};
 
 /// Prepares the lane's tables and stream (at most `max_concurrent_prepares` at once
 /// gateway-wide); returns the PENDING stream's name.
@@ -25,21 +27,61 @@ pub(super) async fn prepare(context: &LaneContext, target: &LaneTarget) -> Resul
     let bigquery = &context.bigquery;
     let fail = |e: BigQueryError| e.to_problem(ErrorCode::BigqueryError);
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
-    bigquery.ensure_dataset(project, dataset, target.location.as_deref()).await.map_err(fail)?;
+    let existing_location =
+        bigquery.ensure_dataset(project, dataset, target.location.as_deref()).await.map_err(fail)?;
+    check_location(target, existing_location.as_deref())?;
     prepare_destination(bigquery, target).await?;
     let expires_at_ms = chrono::Utc::now().timestamp_millis() + STAGING_TABLE_TTL.as_millis() as i64;
     bigquery
         .create_table(project, dataset, &target.staging_table, &target.staging_columns, Some(expires_at_ms))
         .await
         .map_err(fail)?;
-    let stream_name = bigquery
-        .writer()
-        .create_pending_stream(&table_path(project, dataset, &target.staging_table))
+    let staging_path = table_path(project, dataset, &target.staging_table);
+    // A stream created by an attempt whose answer was lost stays empty and is never committed.
+    let stream_name = retried(context, target, || bigquery.writer().create_pending_stream(&staging_path))
         .await
         .map_err(|e| e.to_problem(ErrorCode::UploadFailed))?;
     context.store.set_stream_name(resource, &stream_name).await?;
     PhaseTiming { resource: &resource.resource, phase: "prepare", duration: started.elapsed() }.emit();
     Ok(stream_name)
+}
+
+/// Runs a Storage Write call again after retryable failures, as the retry policy decides (a
+/// connection cut under `CreateWriteStream` must not fail the execution).
+async fn retried<T, F, Fut>(context: &LaneContext, target: &LaneTarget, mut call: F) -> Result<T, BigQueryError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, BigQueryError>>,
+{
+    let mut failures = FailureStreak::default();
+    loop {
+        let error = match call().await {
+            Ok(value) => return Ok(value),
+            Err(error) => error,
+        };
+        let (attempt, action) = failures.record(&context.retry, &error);
+        let resource = &target.resource.resource;
+        let retryable = action != RetryAction::Fail;
+        AppendFailed { resource, offset: None, code: error.code_name(), retryable, attempt, error: &error }.emit();
+        match action {
+            RetryAction::RetryAfter(delay) => tokio::time::sleep(delay).await,
+            RetryAction::Fail => return Err(error),
+        }
+    }
+}
+
+/// Refuses a dataset that exists in another location than the run's (compared
+/// case-insensitively: `US` and `us` are one location) before any row is uploaded: otherwise
+/// it would only show at publication, once every row was sent.
+fn check_location(target: &LaneTarget, existing: Option<&str>) -> Result<(), Problem> {
+    let (Some(wanted), Some(existing)) = (target.location.as_deref(), existing) else { return Ok(()) };
+    if existing.is_empty() || existing.eq_ignore_ascii_case(wanted) {
+        return Ok(());
+    }
+    Err(dataset_location_mismatch(format!(
+        "dataset {}:{} is in location {existing}, the run's location is {wanted}",
+        target.project, target.dataset
+    )))
 }
 
 /// Creates the destination table, or checks that the existing one takes the batches' columns

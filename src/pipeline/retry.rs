@@ -1,9 +1,15 @@
 //! The retry decision of the appender, in one place (vector's `RetryLogic`): whether a failed
 //! AppendRows attempt is tried again, and after how long (exponential backoff with full
-//! jitter, a bounded number of attempts). What BigQuery failures are retryable at all is
-//! classified once, by [`BigQueryError::is_retryable`].
+//! jitter). What BigQuery failures are retryable at all is classified once, by
+//! [`BigQueryError::is_retryable`].
+//!
+//! Two budgets, both counted since the last acknowledgement (progress resets them):
+//! - a retryable failure is tried again up to `max_attempts` attempts;
+//! - `RESOURCE_EXHAUSTED` (BigQuery's AppendRows throughput quota, which may take minutes to
+//!   refill) is tried again, whatever the attempt count, until it has lasted `quota_wait`,
+//!   with backoff capped at `max_quota_backoff`; then the execution fails `quota_exceeded`.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::bigquery::BigQueryError;
 
@@ -18,15 +24,62 @@ pub(crate) enum RetryAction {
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RetryPolicy {
-    /// Attempts per request, the first included.
+    /// Attempts per request, the first included (quota failures aside).
     pub(crate) max_attempts: u32,
     pub(crate) initial_backoff: Duration,
     pub(crate) max_backoff: Duration,
+    /// How long `RESOURCE_EXHAUSTED` is waited out before the execution fails.
+    pub(crate) quota_wait: Duration,
+    /// Longest delay between two attempts while the quota is exhausted.
+    pub(crate) max_quota_backoff: Duration,
+}
+
+/// Consecutive failed attempts since the last acknowledgement, as the appender counts them.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct FailureStreak {
+    /// Failed attempts other than quota ones.
+    attempts: u32,
+    /// Failed attempts answered `RESOURCE_EXHAUSTED`.
+    quota_attempts: u32,
+    /// When the first quota failure of the streak happened.
+    quota_since: Option<Instant>,
+}
+
+impl FailureStreak {
+    /// Progress: the next failure starts a new streak.
+    pub(crate) fn reset(&mut self) {
+        *self = Self::default();
+    }
+
+    /// Counts `error` and returns the attempt number (within its kind) and the decision.
+    pub(crate) fn record(&mut self, policy: &RetryPolicy, error: &BigQueryError) -> (u32, RetryAction) {
+        if error.is_quota_exhausted() {
+            self.quota_attempts += 1;
+            let failing_for = self.quota_since.get_or_insert_with(Instant::now).elapsed();
+            (self.quota_attempts, policy.decide(error, self.quota_attempts, failing_for))
+        } else {
+            self.attempts += 1;
+            (self.attempts, policy.decide(error, self.attempts, Duration::ZERO))
+        }
+    }
 }
 
 impl RetryPolicy {
-    /// The decision after `failed_attempts` consecutive failures (this one included).
-    pub(crate) fn decide(&self, error: &BigQueryError, failed_attempts: u32) -> RetryAction {
+    /// The decision after `failed_attempts` consecutive failures of this kind (this one
+    /// included); `quota_failing_for` is how long the quota has been exhausted (quota errors).
+    pub(crate) fn decide(
+        &self,
+        error: &BigQueryError,
+        failed_attempts: u32,
+        quota_failing_for: Duration,
+    ) -> RetryAction {
+        if error.is_quota_exhausted() {
+            let Some(remaining) = self.quota_wait.checked_sub(quota_failing_for).filter(|r| !r.is_zero()) else {
+                return RetryAction::Fail;
+            };
+            let delay = backoff(self.initial_backoff, self.max_quota_backoff, failed_attempts);
+            return RetryAction::RetryAfter(delay.min(remaining));
+        }
         if error.is_retryable() && failed_attempts < self.max_attempts {
             RetryAction::RetryAfter(self.backoff(failed_attempts))
         } else {
@@ -37,11 +90,15 @@ impl RetryPolicy {
     /// Delay before retry number `attempt` (1-based): uniform in [ceiling/2, ceiling], where the
     /// ceiling doubles from `initial_backoff` up to `max_backoff`.
     pub(crate) fn backoff(&self, attempt: u32) -> Duration {
-        let exponent = attempt.saturating_sub(1).min(20);
-        let ceiling = self.initial_backoff.saturating_mul(1 << exponent).min(self.max_backoff);
-        let half = ceiling / 2;
-        half + half.mul_f64(rand::random::<f64>())
+        backoff(self.initial_backoff, self.max_backoff, attempt)
     }
+}
+
+fn backoff(initial: Duration, max: Duration, attempt: u32) -> Duration {
+    let exponent = attempt.saturating_sub(1).min(20);
+    let ceiling = initial.saturating_mul(1 << exponent).min(max);
+    let half = ceiling / 2;
+    half + half.mul_f64(rand::random::<f64>())
 }
 
 #[cfg(test)]
@@ -53,6 +110,8 @@ mod tests {
             max_attempts: 8,
             initial_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(10),
+            quota_wait: Duration::from_secs(900),
+            max_quota_backoff: Duration::from_secs(30),
         }
     }
 
@@ -70,10 +129,50 @@ mod tests {
     fn retries_retryable_failures_until_the_attempts_run_out() {
         let policy = policy();
         let unavailable = BigQueryError::grpc("AppendRows")(tonic::Status::unavailable("gone"));
-        assert!(matches!(policy.decide(&unavailable, 1), RetryAction::RetryAfter(_)));
-        assert!(matches!(policy.decide(&unavailable, 7), RetryAction::RetryAfter(_)));
-        assert_eq!(policy.decide(&unavailable, 8), RetryAction::Fail, "the eighth failure is the last attempt");
+        assert!(matches!(policy.decide(&unavailable, 1, Duration::ZERO), RetryAction::RetryAfter(_)));
+        assert!(matches!(policy.decide(&unavailable, 7, Duration::ZERO), RetryAction::RetryAfter(_)));
+        assert_eq!(policy.decide(&unavailable, 8, Duration::ZERO), RetryAction::Fail, "the eighth is the last");
         let invalid = BigQueryError::grpc("AppendRows")(tonic::Status::invalid_argument("bad"));
-        assert_eq!(policy.decide(&invalid, 1), RetryAction::Fail);
+        assert_eq!(policy.decide(&invalid, 1, Duration::ZERO), RetryAction::Fail);
+    }
+
+    #[test]
+    fn an_exhausted_quota_is_waited_out_by_time_not_attempts() {
+        let policy = policy();
+        let status = BigQueryError::grpc("AppendRows")(tonic::Status::resource_exhausted(
+            "Exceeds 'AppendRows throughput' quota",
+        ));
+        let in_response = BigQueryError::InResponse { operation: "AppendRows", code: 8, message: "quota".into() };
+        for quota in [&status, &in_response] {
+            for attempt in [1, 8, 50, 500] {
+                let RetryAction::RetryAfter(delay) = policy.decide(quota, attempt, Duration::from_secs(60)) else {
+                    panic!("attempt {attempt} is retried while the wait lasts");
+                };
+                assert!(delay <= Duration::from_secs(30), "backoff capped at 30 s: {delay:?}");
+            }
+            // The last delay ends with the wait; past it the execution fails.
+            let RetryAction::RetryAfter(last) = policy.decide(quota, 40, Duration::from_secs(899)) else {
+                panic!("retried until the wait is over");
+            };
+            assert!(last <= Duration::from_secs(1), "{last:?}");
+            assert_eq!(policy.decide(quota, 2, Duration::from_secs(900)), RetryAction::Fail);
+        }
+    }
+
+    #[test]
+    fn a_streak_counts_quota_failures_apart_and_progress_resets_it() {
+        let policy = RetryPolicy { max_attempts: 2, quota_wait: Duration::from_secs(3600), ..policy() };
+        let quota = BigQueryError::grpc("AppendRows")(tonic::Status::resource_exhausted("quota"));
+        let unavailable = BigQueryError::grpc("AppendRows")(tonic::Status::unavailable("gone"));
+        let mut streak = FailureStreak::default();
+        for expected in 1..=20 {
+            let (attempt, action) = streak.record(&policy, &quota);
+            assert_eq!(attempt, expected);
+            assert!(matches!(action, RetryAction::RetryAfter(_)));
+        }
+        assert!(matches!(streak.record(&policy, &unavailable), (1, RetryAction::RetryAfter(_))));
+        assert_eq!(streak.record(&policy, &unavailable), (2, RetryAction::Fail));
+        streak.reset();
+        assert!(matches!(streak.record(&policy, &unavailable), (1, RetryAction::RetryAfter(_))));
     }
 }

@@ -15,6 +15,7 @@ mod publication;
 mod publication_cost;
 mod publication_safety;
 mod quotas;
+mod reliability;
 mod replicas;
 mod troubleshooting;
 mod unreachable;

@@ -81,6 +81,9 @@ pub struct FakeState {
     pub create_error: Option<Status>,
     /// Null-sink mode (benchmarks): decode and count rows, keep no values.
     pub null_sink: bool,
+    /// Until then, every append is answered with the status `RESOURCE_EXHAUSTED` ("Exceeds
+    /// 'AppendRows throughput' quota") before it is applied: a quota that has not refilled.
+    pub exhausted_until: Option<std::time::Instant>,
 }
 
 /// Handle to a running fake.
@@ -346,6 +349,14 @@ async fn append_rows(
                 }
                 s.outstanding_total = s.outstanding_total.saturating_sub(1);
             };
+            let exhausted =
+                state.lock().unwrap().exhausted_until.is_some_and(|until| std::time::Instant::now() < until);
+            if exhausted {
+                finish(&state);
+                let _ = responses
+                    .send(Err(Status::resource_exhausted("fake: Exceeds 'AppendRows throughput' quota in region us")));
+                return;
+            }
             match &fault {
                 Some(AppendFault::Delay(d)) => tokio::time::sleep(*d).await,
                 Some(AppendFault::CloseBeforeApply) => {
