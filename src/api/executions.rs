@@ -78,10 +78,12 @@ async fn begin_transition(
     Ok((transitioning, run, current))
 }
 
+/// 409: the execution is past the state `action` needs; a failed one names why it failed.
 fn not_extracting(execution: &ExecutionRecord, action: &str) -> Problem {
+    let why = execution.error.as_ref().map(|e| format!(" ({}: {})", e.code, e.detail)).unwrap_or_default();
     Problem::new(
         ErrorCode::ExecutionNotExtracting,
-        format!("cannot {action}: execution {} is {}", execution.execution_id, execution.state),
+        format!("cannot {action}: execution {} is {}{why}", execution.execution_id, execution.state),
     )
 }
 

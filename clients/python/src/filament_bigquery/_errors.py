@@ -102,7 +102,14 @@ class ExecutionFailed(ProblemError):
 
 
 REDELIVERABLE_CODES = frozenset(
-    {"gateway_restarted", "upload_failed", "pending_stream_expired", "bigquery_unavailable", "row_count_mismatch"}
+    {
+        "gateway_restarted",
+        "upload_failed",
+        "pending_stream_expired",
+        "bigquery_unavailable",
+        "row_count_mismatch",
+        "quota_exceeded",
+    }
 )
 
 
