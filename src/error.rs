@@ -66,6 +66,7 @@ error_codes! {
     Backpressure => "backpressure", TOO_MANY_REQUESTS, "Upload budget full";
     ReplayMismatch => "replay_mismatch", CONFLICT, "Redelivered execution differs from its publication";
     PublicationFailed => "publication_failed", BAD_GATEWAY, "Publication failed";
+    PublicationTooExpensive => "publication_too_expensive", BAD_GATEWAY, "Publication would bill more than allowed";
     UploadFailed => "upload_failed", BAD_GATEWAY, "Upload to BigQuery failed";
     RowCountMismatch => "row_count_mismatch", BAD_GATEWAY, "Row count mismatch";
     IncompatibleSchema => "incompatible_schema", UNPROCESSABLE_ENTITY, "Incompatible destination schema";

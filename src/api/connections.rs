@@ -8,6 +8,7 @@ use utoipa::ToSchema;
 
 use super::SharedState;
 use super::error::{ApiJson, ProblemDocument};
+use crate::bigquery::jobs::QueryJob;
 use crate::bigquery::{BigQueryError, CONNECTION_TEST_DEADLINE, CREDENTIALS_DEADLINE, within};
 use crate::error::{ErrorCode, Problem};
 use crate::model::ids::{validate_location, validate_project_id};
@@ -53,7 +54,16 @@ pub(crate) async fn test_connection(
     bigquery.probe_credentials(CREDENTIALS_DEADLINE).await.map_err(|e| e.to_problem(ErrorCode::MissingCredentials))?;
     let job_id = format!("filament_connection_test_{}", hex::encode(rand::random::<[u8; 12]>()));
     let remaining = CONNECTION_TEST_DEADLINE.saturating_sub(started.elapsed());
-    let job = bigquery.run_query_job(&request.project, location, &job_id, "SELECT 1", &[], remaining);
+    let query = QueryJob {
+        project: &request.project,
+        location,
+        job_id: &job_id,
+        sql: "SELECT 1",
+        labels: &[],
+        maximum_bytes_billed: None,
+        timeout: remaining,
+    };
+    let job = bigquery.run_query_job(&query);
     within("connection test", remaining, job).await.map_err(|e| connection_problem(&e, &bigquery.endpoints.rest))?;
     Ok(axum::Json(ConnectionTestResponse { ok: true, elapsed_ms: started.elapsed().as_millis() as u64 }))
 }

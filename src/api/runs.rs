@@ -13,7 +13,7 @@ use super::error::{ApiJson, ApiPath, ProblemDocument};
 use super::views::{ResourceView, RunView, run_view};
 use crate::error::{ErrorCode, Problem};
 use crate::model::columns::MAX_KEY_COLUMNS;
-use crate::model::ids::{default_table_name, validate_column_name, validate_table_name};
+use crate::model::ids::{default_table_name, validate_column_name, validate_project_id, validate_table_name};
 use crate::model::{Batching, Destination, ResourceName, RunId, WriteMode};
 use crate::store::{NewRun, ResourceRecord, ResourceUpsert, RunRecord};
 
@@ -25,6 +25,13 @@ pub(crate) struct CreateRunRequest {
     pub(crate) run_id: Option<String>,
     pub(crate) destination: Destination,
     pub(crate) batching: Option<Batching>,
+    /// Project the publication jobs run and are billed in (a Google Cloud project ID);
+    /// default: the destination's. The data stays in the destination project.
+    pub(crate) job_project: Option<String>,
+    /// Most bytes one publication job may bill; a job that would bill more fails with
+    /// `publication_too_expensive` (and the figure it needed).
+    #[schema(minimum = 1)]
+    pub(crate) maximum_bytes_billed: Option<i64>,
 }
 
 /// Body of `PUT /v1/runs/{run_id}/resources/{resource}`.
@@ -72,7 +79,20 @@ pub(crate) async fn create_run(
     batching.validate()?;
     let destination =
         Destination { location: request.destination.location().map(str::to_string), ..request.destination };
-    let definition = serde_json::json!({"destination": destination, "batching": batching});
+    if let Some(project) = &request.job_project {
+        validate_project_id(project)?;
+    }
+    if request.maximum_bytes_billed.is_some_and(|bytes| bytes < 1) {
+        return Err(Problem::invalid_request("maximum_bytes_billed must be at least 1"));
+    }
+    let mut definition = serde_json::json!({"destination": destination, "batching": batching});
+    // Present only when set, so runs defined before these settings keep their definition.
+    if let Some(project) = &request.job_project {
+        definition["job_project"] = serde_json::json!(project);
+    }
+    if let Some(bytes) = request.maximum_bytes_billed {
+        definition["maximum_bytes_billed"] = serde_json::json!(bytes);
+    }
     let definition_sha256 = hex::encode(Sha256::digest(definition.to_string().as_bytes()));
     let (run, created) = state
         .store
@@ -80,13 +100,15 @@ pub(crate) async fn create_run(
             run_id: run_id.clone(),
             destination,
             batching,
+            job_project: request.job_project,
+            maximum_bytes_billed: request.maximum_bytes_billed,
             definition_sha256: definition_sha256.clone(),
         })
         .await?;
     if !created && run.definition_sha256 != definition_sha256 {
         return Err(Problem::new(
             ErrorCode::RunConflict,
-            format!("run {run_id} already exists with another destination or batching"),
+            format!("run {run_id} already exists with another destination, batching or job settings"),
         ));
     }
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };

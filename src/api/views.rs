@@ -40,6 +40,12 @@ pub(crate) struct RunView {
     pub(crate) run_id: String,
     pub(crate) destination: Destination,
     pub(crate) batching: Batching,
+    /// Project the publication jobs run and are billed in, when not the destination's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) job_project: Option<String>,
+    /// Most bytes one publication job may bill, when limited.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) maximum_bytes_billed: Option<i64>,
     pub(crate) resources: Vec<ResourceView>,
     pub(crate) executions: Vec<ExecutionSummary>,
     /// The last checkpoint of the last execution that committed, or null.
@@ -150,6 +156,8 @@ pub(crate) async fn run_view(store: &Store, run: RunRecord) -> Result<RunView, P
         run_id: run.run_id.into(),
         destination: run.destination,
         batching: run.batching,
+        job_project: run.job_project,
+        maximum_bytes_billed: run.maximum_bytes_billed,
         resources: resources.into_iter().map(ResourceView::from).collect(),
         executions: executions
             .into_iter()

@@ -169,6 +169,13 @@ impl BigQueryError {
                 "attach a service account, configure Workload Identity, or run `gcloud auth application-default login`",
             );
         }
+        if let BigQueryError::JobFailed { reason, message } = self
+            && reason == "bytesBilledLimitExceeded"
+        {
+            return Problem::new(ErrorCode::PublicationTooExpensive, message.clone()).with_hint(
+                "the job would bill more than the run's maximum_bytes_billed: raise it, or let the job read less (partition or cluster the destination on the key, see docs/cost.md)",
+            );
+        }
         if let BigQueryError::Rest { source, .. } = self
             && is_quota(source)
         {

@@ -32,6 +32,22 @@ fn job_cost(job: &Job) -> JobCost {
     }
 }
 
+/// One query job to run.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QueryJob<'a> {
+    /// The project the job runs and is billed in (tables it names may live elsewhere).
+    pub(crate) project: &'a str,
+    pub(crate) location: Option<&'a str>,
+    pub(crate) job_id: &'a str,
+    /// GoogleSQL.
+    pub(crate) sql: &'a str,
+    pub(crate) labels: &'a [(&'static str, String)],
+    /// The job fails instead of billing more (`bytesBilledLimitExceeded`).
+    pub(crate) maximum_bytes_billed: Option<i64>,
+    /// How long to wait for the job to end.
+    pub(crate) timeout: Duration,
+}
+
 fn job_error(job: &Job) -> Option<BigQueryError> {
     let error = job.status.as_ref()?.error_result.as_ref()?;
     Some(BigQueryError::JobFailed { reason: error.reason.clone(), message: error.message.clone() })
@@ -46,25 +62,20 @@ fn rows_affected(job: &Job) -> Option<i64> {
 }
 
 impl BigQuery {
-    /// Runs `sql` (GoogleSQL) as job `job_id`, labelled with `labels`, and waits for it, up to
-    /// `timeout`.
-    #[allow(clippy::too_many_arguments)] // one job's whole description, each part distinct
-    pub(crate) async fn run_query_job(
-        &self,
-        project: &str,
-        location: Option<&str>,
-        job_id: &str,
-        sql: &str,
-        labels: &[(&str, String)],
-        timeout: Duration,
-    ) -> BigQueryResult<JobOutcome> {
+    /// Runs the query job and waits for it, up to its timeout.
+    pub(crate) async fn run_query_job(&self, query: &QueryJob<'_>) -> BigQueryResult<JobOutcome> {
+        let QueryJob { project, location, job_id, sql, labels, maximum_bytes_billed, timeout } = *query;
         let mut reference = JobReference::new().set_project_id(project).set_job_id(job_id);
         if let Some(location) = location {
             reference = reference.set_location(location);
         }
+        let statement = JobConfigurationQuery::new()
+            .set_query(sql)
+            .set_use_legacy_sql(false)
+            .set_or_clear_maximum_bytes_billed(maximum_bytes_billed);
         let job = Job::new().set_job_reference(reference).set_configuration(
             JobConfiguration::new()
-                .set_query(JobConfigurationQuery::new().set_query(sql).set_use_legacy_sql(false))
+                .set_query(statement)
                 .set_labels(labels.iter().map(|(k, v)| (k.to_string(), v.clone()))),
         );
         let insert = || self.jobs.insert_job().set_project_id(project).set_job(job.clone()).send();

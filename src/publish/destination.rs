@@ -9,7 +9,7 @@ use super::{Publisher, fingerprint, job_id, sql};
 use std::time::{Duration, Instant};
 
 use crate::bigquery::BigQueryError;
-use crate::bigquery::jobs::JobOutcome;
+use crate::bigquery::jobs::{JobOutcome, QueryJob};
 use crate::error::{ErrorCode, Problem};
 use crate::model::bounds::{KeyRange, covering_ranges};
 use crate::model::{DeliveryRef, PublicationState, ResourceName, WriteMode};
@@ -230,13 +230,18 @@ impl Publisher {
         self.store.begin_publication(&record).await?;
         let staged_rows = statement.staged.map_or(0, |report| report.rows_sent);
         tracing::info!(%run_id, %execution_id, resource = %name, %job_id, staged_rows, "bigquery.write.publish.started");
-        let (project, location) = (&run.destination.project, run.destination.location());
         let labels = job_id::publication_labels(run_id, execution_id, name);
+        let query = QueryJob {
+            project: run.job_project.as_deref().unwrap_or(&run.destination.project),
+            location: run.destination.location(),
+            job_id,
+            sql: &statement.sql,
+            labels: &labels,
+            maximum_bytes_billed: run.maximum_bytes_billed,
+            timeout: self.query_job_timeout,
+        };
         let started = Instant::now();
-        let outcome = self
-            .bigquery
-            .run_query_job(project, location, job_id, &statement.sql, &labels, self.query_job_timeout)
-            .await;
+        let outcome = self.bigquery.run_query_job(&query).await;
         let duration = started.elapsed();
         let outcome_label = match &outcome {
             Ok(_) => "done",

@@ -13,6 +13,9 @@ pub(crate) struct RunRecord {
     pub(crate) destination: Destination,
     #[sqlx(json)]
     pub(crate) batching: Batching,
+    /// Project the publication jobs run in; `None`: the destination's.
+    pub(crate) job_project: Option<String>,
+    pub(crate) maximum_bytes_billed: Option<i64>,
     pub(crate) definition_sha256: String,
     pub(crate) durable_checkpoint: Option<serde_json::Value>,
     pub(crate) durable_checkpoint_execution_id: Option<String>,
@@ -25,6 +28,8 @@ pub(crate) struct NewRun {
     pub(crate) run_id: RunId,
     pub(crate) destination: Destination,
     pub(crate) batching: Batching,
+    pub(crate) job_project: Option<String>,
+    pub(crate) maximum_bytes_billed: Option<i64>,
     pub(crate) definition_sha256: String,
 }
 
@@ -50,8 +55,8 @@ impl Store {
     pub(crate) async fn create_run(&self, run: &NewRun) -> StoreResult<(RunRecord, bool)> {
         let batching = serde_json::to_value(&run.batching).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let inserted = sqlx::query_as::<_, RunRecord>(
-            "INSERT INTO runs (run_id, project, dataset, location, batching, definition_sha256)
-             VALUES ($1, $2, $3, $4, $5, $6)
+            "INSERT INTO runs (run_id, project, dataset, location, batching, definition_sha256, job_project, maximum_bytes_billed)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
              ON CONFLICT (run_id) DO NOTHING
              RETURNING *",
         )
@@ -61,6 +66,8 @@ impl Store {
         .bind(run.destination.location())
         .bind(batching)
         .bind(&run.definition_sha256)
+        .bind(&run.job_project)
+        .bind(run.maximum_bytes_billed)
         .fetch_optional(&self.pool)
         .await?;
         match inserted {

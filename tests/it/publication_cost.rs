@@ -80,3 +80,46 @@ async fn a_keyed_merge_is_bounded_by_the_staged_key_range_and_its_result_unchang
         assert_eq!(value(row), expected, "key {id}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn jobs_run_in_the_job_project_under_the_byte_cap_and_a_job_over_it_names_the_figure() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
+    let destination = json!({"project": gw.project, "dataset": gw.dataset});
+    let before = gw.db_snapshot().await;
+    for (settings, code) in [
+        (json!({"job_project": "Not A Project"}), "invalid_identifier"),
+        (json!({"maximum_bytes_billed": 0}), "invalid_request"),
+    ] {
+        let mut body = json!({"run_id": "bad", "destination": destination});
+        body.as_object_mut().unwrap().extend(settings.as_object().unwrap().clone());
+        let (status, problem) = gw.json(Method::POST, "/v1/runs", Some(body)).await;
+        assert_eq!(problem["code"], code, "{status}: {problem}");
+    }
+    assert_eq!(gw.db_snapshot().await, before, "a refused run changes nothing");
+
+    let settings = json!({"run_id": "r", "destination": destination, "job_project": "billing-project",
+        "maximum_bytes_billed": 1_000_000});
+    let (status, run) = gw.json(Method::POST, "/v1/runs", Some(settings)).await;
+    assert_eq!(status, reqwest::StatusCode::CREATED, "{run}");
+    assert_eq!(
+        (run["job_project"].as_str(), run["maximum_bytes_billed"].as_i64()),
+        (Some("billing-project"), Some(1_000_000))
+    );
+    gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
+    gw.open_new_execution("r", "e").await;
+    gw.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..5)])).await;
+    let message = "Query exceeded limit for bytes billed: 1000000. 10485760 or higher required.";
+    proxy.set_jobs(JobMode::FailFirstAttempt { reason: "bytesBilledLimitExceeded".into(), message: message.into() });
+    let failed = gw.commit_and_wait("r", "e").await;
+    assert_eq!(failed["state"], "failed", "{failed}");
+    assert_eq!(failed["error"]["code"], "publication_too_expensive", "{failed}");
+    assert!(failed["error"]["detail"].as_str().unwrap().contains("10485760"), "the figure: {failed}");
+
+    let insert =
+        proxy.requests("POST", "/projects/billing-project/jobs").pop().expect("the job ran in the job project");
+    assert_eq!(insert.body["jobReference"]["projectId"], "billing-project");
+    assert_eq!(insert.body["configuration"]["query"]["maximumBytesBilled"], "1000000");
+    let sql = insert.body["configuration"]["query"]["query"].as_str().unwrap();
+    assert!(sql.contains(&format!("`{}`.`{}`.`t`", gw.project, gw.dataset)), "the data stays in its project: {sql}");
+}
