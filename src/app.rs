@@ -134,7 +134,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         replica: replica.clone(),
     });
     let stop_heartbeat = tokio_util::sync::CancellationToken::new();
-    let heartbeat = replica.spawn_heartbeat(stop_heartbeat.clone());
+    let heartbeat = replica.spawn_heartbeat(config.retention_days, stop_heartbeat.clone());
 
     let listener =
         tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;

@@ -156,6 +156,12 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_REPLICA_LEASE_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub replica_lease_secs: u64,
 
+    /// Batch receipts of deliveries that ended longer ago than this many days are pruned
+    /// (hourly, by one replica at a time); executions, publications with their fingerprints and
+    /// durable checkpoints stay, so a late redelivery is still recognised.
+    #[arg(long, env = "FILAMENT_RETENTION_DAYS", default_value_t = 30, value_parser = clap::value_parser!(u32).range(0..=36_500))]
+    pub retention_days: u32,
+
     /// Log format: `text` for people, `json` for log pipelines.
     #[arg(long, env = "FILAMENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

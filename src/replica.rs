@@ -14,6 +14,9 @@ use crate::error::{ErrorCode, Problem};
 use crate::model::ExecutionState;
 use crate::store::{ExecutionRecord, Lease, Store};
 
+/// How often old batch receipts are pruned.
+const PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
+
 /// This replica and its lease on the executions it serves.
 #[derive(Debug, Clone)]
 pub(crate) struct Replica {
@@ -47,22 +50,35 @@ impl Replica {
     }
 
     /// Renews this replica's leases and sweeps orphaned executions every third of the lease,
+    /// and prunes old batch receipts (retention `retention_days`) at start and every hour,
     /// until `stop`.
-    pub(crate) fn spawn_heartbeat(&self, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+    pub(crate) fn spawn_heartbeat(&self, retention_days: u32, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
         let replica = self.clone();
         tokio::spawn(async move {
             let mut ticks = tokio::time::interval(replica.lease.duration / 3);
+            let mut prunes = tokio::time::interval(PRUNE_INTERVAL);
             loop {
                 tokio::select! {
                     () = stop.cancelled() => return,
-                    _ = ticks.tick() => {}
+                    _ = ticks.tick() => {
+                        if let Err(e) = replica.store.renew_leases(&replica.lease).await {
+                            tracing::warn!(error = %e, "could not renew execution leases");
+                        }
+                        replica.sweep().await;
+                    }
+                    _ = prunes.tick() => replica.prune(retention_days).await,
                 }
-                if let Err(e) = replica.store.renew_leases(&replica.lease).await {
-                    tracing::warn!(error = %e, "could not renew execution leases");
-                }
-                replica.sweep().await;
             }
         })
+    }
+
+    /// Deletes batch receipts no redelivery can need any more (see `Store::prune_receipts`).
+    async fn prune(&self, retention_days: u32) {
+        match self.store.prune_receipts(retention_days).await {
+            Ok(Some(pruned)) => tracing::info!(receipts = pruned, retention_days, "store.pruned"),
+            Ok(None) => tracing::debug!("another replica is pruning"),
+            Err(e) => tracing::warn!(error = %e, "could not prune old receipts"),
+        }
     }
 
     /// At shutdown, after the commits finished: what this replica still owns cannot go on.

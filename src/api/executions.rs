@@ -99,6 +99,7 @@ fn not_extracting(execution: &ExecutionRecord, action: &str) -> Problem {
         (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 404, description = "No such run", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 409, description = "`execution_not_extracting`: the execution is committing", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 503, description = "`execution_owned_elsewhere`: another live gateway replica serves the open execution (retry after `Retry-After`; route by run id)", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
     )
@@ -116,6 +117,14 @@ pub(crate) async fn open_execution(
     let key = ExecutionKey { run_id: run.run_id, execution_id };
     // Hold the current delivery's gate so no batch is half-accepted while the delivery changes.
     let previous = state.store.get_execution(&key).await?;
+    // Another live replica holds the open delivery's uploads: it alone can cancel them. (An
+    // owner whose lease lapsed is failed by the check, and the redelivery goes ahead.)
+    if let Some(previous) = &previous
+        && let Err(problem) = state.replica.check_owner(previous).await
+        && problem.code == ErrorCode::ExecutionOwnedElsewhere
+    {
+        return Err(problem);
+    }
     let _transitioning = match previous {
         Some(previous) => Some(state.pipeline.execution(&key, previous.delivery).begin_transition().await),
         None => None,
@@ -290,11 +299,13 @@ async fn refuse_expired_streams(state: &SharedState, execution: &ExecutionRecord
     Err(problem)
 }
 
-/// Polls until another request's commit ends.
+/// Polls until another request's commit ends, for at most the publication job timeout (then
+/// the current record, still committing: answered 202).
 async fn wait_for_terminal(state: &SharedState, key: &ExecutionKey) -> Result<ExecutionRecord, Problem> {
+    let deadline = tokio::time::Instant::now() + state.publisher.query_job_timeout;
     loop {
         let record = state.store.get_execution(key).await?.ok_or_else(|| Problem::not_found(key))?;
-        if record.state.is_terminal() {
+        if record.state.is_terminal() || tokio::time::Instant::now() >= deadline {
             return Ok(record);
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;

@@ -9,15 +9,36 @@ use arrow_schema::{DataType, TimeUnit};
 use super::encode::AppendPayload;
 use super::schema::MappedSchema;
 use crate::model::bounds::{KeyRange, KeyValue};
+use crate::model::columns::BigQueryType;
 
-/// The range of every key column whose staged type has an agreed order (INT64, STRING, DATE,
-/// DATETIME, TIMESTAMP) over the staged rows of `payloads`; empty for unkeyed modes or no rows.
+/// The range of every key column whose BigQuery type is staged as itself and ordered the same
+/// way here and in BigQuery (INT64, STRING, DATE, DATETIME, TIMESTAMP) over the staged rows of
+/// `payloads`; empty for unkeyed modes or no rows. NUMERIC, BIGNUMERIC and TIME keys are
+/// staged as strings, whose order is not theirs: they get no range.
 pub(crate) fn key_ranges(payloads: &[AppendPayload], mapped: &MappedSchema) -> Vec<KeyRange> {
     let batches: Vec<&RecordBatch> = payloads.iter().filter_map(|p| p.batch.as_ref()).collect();
     if batches.len() != payloads.len() || batches.iter().all(|b| b.num_rows() == 0) {
         return Vec::new();
     }
-    mapped.key_columns.iter().filter_map(|(name, _)| column_range(&batches, name)).collect()
+    let ordered = |name: &str| {
+        mapped.data_columns.iter().find(|c| c.name == name).is_some_and(|c| {
+            !c.repeated
+                && matches!(
+                    c.bigquery_type,
+                    BigQueryType::Int64
+                        | BigQueryType::String
+                        | BigQueryType::Date
+                        | BigQueryType::Datetime
+                        | BigQueryType::Timestamp
+                )
+        })
+    };
+    mapped
+        .key_columns
+        .iter()
+        .filter(|(name, _)| ordered(name))
+        .filter_map(|(name, _)| column_range(&batches, name))
+        .collect()
 }
 
 fn column_range(batches: &[&RecordBatch], name: &str) -> Option<KeyRange> {
@@ -125,5 +146,23 @@ mod tests {
         );
         let append = map_schema(&schema, LoadSpec { write_mode: WriteMode::FullAppend, primary_key: &[] }).unwrap();
         assert!(key_ranges(&[a], &append).is_empty(), "no key, no range");
+    }
+
+    #[test]
+    fn keys_staged_as_strings_get_no_range() {
+        // NUMERIC is staged as its decimal string ("10.5" < "9.0" as text): no range.
+        let schema = Arc::new(Schema::new(vec![Field::new("amount", DataType::Decimal128(10, 1), false)]));
+        let decimals = arrow_array::Decimal128Array::from(vec![105, 90]).with_precision_and_scale(10, 1).unwrap();
+        let incoming = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(decimals)]).unwrap();
+        let key = ["amount".to_string()];
+        let mapped =
+            map_schema(&schema, LoadSpec { write_mode: WriteMode::IncrementalUpsert, primary_key: &key }).unwrap();
+        let staged = crate::ingest::convert::to_staging(&incoming, &mapped, 0).unwrap();
+        let payload = AppendPayload {
+            rows: 2,
+            serialized_record_batch: record_batch_message(&staged).unwrap(),
+            batch: Some(staged),
+        };
+        assert!(key_ranges(&[payload], &mapped).is_empty());
     }
 }

@@ -38,24 +38,25 @@ impl KeyValue {
         }
     }
 
-    /// The value as a GoogleSQL literal of its type.
-    pub(crate) fn sql_literal(&self) -> String {
-        match self {
+    /// The value as a GoogleSQL literal of its type; `None` when it cannot be written as one
+    /// (a date or time outside chrono's range): the column then gets no bound.
+    pub(crate) fn sql_literal(&self) -> Option<String> {
+        Some(match self {
             KeyValue::Int64(v) => v.to_string(),
             KeyValue::String(v) => string_literal(v),
             KeyValue::Date(days) => {
-                let date = NaiveDate::from_num_days_from_ce_opt(days + 719_163).unwrap_or(NaiveDate::MIN);
+                let date = NaiveDate::from_num_days_from_ce_opt(days.checked_add(719_163)?)?;
                 format!("DATE '{}'", date.format("%Y-%m-%d"))
             }
             KeyValue::Datetime(micros) => {
-                let at = DateTime::from_timestamp_micros(*micros).unwrap_or_default().naive_utc();
+                let at = DateTime::from_timestamp_micros(*micros)?.naive_utc();
                 format!("DATETIME '{}'", at.format("%Y-%m-%d %H:%M:%S%.6f"))
             }
             KeyValue::Timestamp(micros) => {
-                let at = DateTime::from_timestamp_micros(*micros).unwrap_or_default();
+                let at = DateTime::from_timestamp_micros(*micros)?;
                 format!("TIMESTAMP '{}'", at.format("%Y-%m-%d %H:%M:%S%.6f+00"))
             }
-        }
+        })
     }
 }
 
@@ -135,11 +136,13 @@ mod tests {
 
     #[test]
     fn literals_are_typed_and_strings_escaped() {
-        assert_eq!(KeyValue::Int64(-42).sql_literal(), "-42");
-        assert_eq!(KeyValue::String("it's a \\ \n".into()).sql_literal(), "'it\\'s a \\\\ \\x0a'");
-        assert_eq!(KeyValue::Date(19_723).sql_literal(), "DATE '2024-01-01'");
-        assert_eq!(KeyValue::Datetime(1_704_067_200_000_001).sql_literal(), "DATETIME '2024-01-01 00:00:00.000001'");
-        assert_eq!(KeyValue::Timestamp(0).sql_literal(), "TIMESTAMP '1970-01-01 00:00:00.000000+00'");
+        let literal = |value: KeyValue| value.sql_literal().unwrap();
+        assert_eq!(literal(KeyValue::Int64(-42)), "-42");
+        assert_eq!(literal(KeyValue::String("it's a \\ \n".into())), "'it\\'s a \\\\ \\x0a'");
+        assert_eq!(literal(KeyValue::Date(19_723)), "DATE '2024-01-01'");
+        assert_eq!(literal(KeyValue::Datetime(1_704_067_200_000_001)), "DATETIME '2024-01-01 00:00:00.000001'");
+        assert_eq!(literal(KeyValue::Timestamp(0)), "TIMESTAMP '1970-01-01 00:00:00.000000+00'");
+        assert_eq!(KeyValue::Date(i32::MAX).sql_literal(), None, "no literal, so no bound");
     }
 
     #[test]

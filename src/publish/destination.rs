@@ -55,7 +55,6 @@ impl Publisher {
         run: &RunRecord,
         delivery: &DeliveryRef,
         destination: DestinationPlan<'_>,
-        first_segment: bool,
     ) -> Vec<Published> {
         let mut results = Vec::with_capacity(destination.publications.len());
         let mut blocked = false;
@@ -66,7 +65,7 @@ impl Publisher {
                     format!("not published: an earlier publication into table {} failed", destination.table),
                 ))
             } else {
-                self.publish(run, delivery, planned, first_segment).await
+                self.publish(run, delivery, planned).await
             };
             blocked |= !matches!(outcome, Ok(PublishOutcome::Published));
             let staging_table = planned.staged.map(|report| report.staging_table.clone());
@@ -81,7 +80,6 @@ impl Publisher {
         run: &RunRecord,
         delivery: &DeliveryRef,
         planned: PlannedPublication<'_>,
-        first_segment: bool,
     ) -> Result<PublishOutcome, Problem> {
         let resource = planned.resource;
         let (fingerprint, key_ranges) = self.fingerprint(run, delivery, planned).await?;
@@ -97,7 +95,7 @@ impl Publisher {
             }
             Reconciled::Refuse(problem) => return Err(problem),
         }
-        match self.statement(run, planned, first_segment, &key_ranges).await? {
+        match self.statement(run, planned, &key_ranges).await? {
             Some(statement) => self.run_and_record(run, delivery, resource, &fingerprint, &statement).await,
             None => Ok(PublishOutcome::Published),
         }
@@ -143,13 +141,12 @@ impl Publisher {
         &self,
         run: &RunRecord,
         planned: PlannedPublication<'a>,
-        first_segment: bool,
         key_ranges: &[KeyRange],
     ) -> Result<Option<Statement<'a>>, Problem> {
         let resource = planned.resource;
         // full_replace: the run's first segment replaces the table (even with no rows); a
         // segment that follows a committed execution appends.
-        let replace = resource.write_mode == WriteMode::FullReplace && first_segment;
+        let replace = resource.write_mode == WriteMode::FullReplace && planned.first_segment;
         let (project, dataset) = (&run.destination.project, &run.destination.dataset);
         let destination = sql::TableRef { project, dataset, table: &resource.table_name };
         let Some(report) = planned.staged else {

@@ -106,12 +106,10 @@ impl Publisher {
             return Err(Problem::new(ErrorCode::ExecutionNotExtracting, "the execution was aborted before publishing"));
         }
         let declared = self.store.list_resources_by_declaration(&run.run_id).await?;
-        let first_segment = !self.store.another_execution_committed(&delivery.execution).await?;
-        let destinations = plan::plan(&declared, &reports, first_segment)?;
-        let publications: Vec<_> = destinations
-            .into_iter()
-            .map(|destination| self.publish_destination(run, delivery, destination, first_segment))
-            .collect();
+        let continuing = self.store.continuing_resources(&delivery.execution).await?;
+        let destinations = plan::plan(&declared, &reports, &continuing)?;
+        let publications: Vec<_> =
+            destinations.into_iter().map(|destination| self.publish_destination(run, delivery, destination)).collect();
         let published: Vec<Vec<Published>> =
             futures::stream::iter(publications).buffer_unordered(MAX_CONCURRENT_PUBLICATIONS).collect().await;
         self.outcome(run, published.into_iter().flatten()).await

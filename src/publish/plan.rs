@@ -6,7 +6,7 @@
 //! replacement truncates its table) when the execution is the run's first segment.
 
 use crate::error::Problem;
-use crate::model::WriteMode;
+use crate::model::{ResourceName, WriteMode};
 use crate::pipeline::LaneReport;
 use crate::store::ResourceRecord;
 
@@ -16,6 +16,9 @@ pub(crate) struct PlannedPublication<'a> {
     pub(crate) resource: &'a ResourceRecord,
     /// What its lane staged; `None` for an empty replacement (no lane ever started).
     pub(crate) staged: Option<&'a LaneReport>,
+    /// No committed execution of the run published this resource yet: its first segment
+    /// (`full_replace` replaces).
+    pub(crate) first_segment: bool,
 }
 
 /// The publications into one destination table, in declaration order.
@@ -26,12 +29,13 @@ pub(crate) struct DestinationPlan<'a> {
 }
 
 /// Groups the publications by destination table. `declared` is in declaration order;
-/// `first_segment` says whether no other execution of the run committed (empty replacements
-/// run only then). A report of an undeclared resource is an internal error.
+/// `continuing` lists the resources a committed execution of the run already published (the
+/// others are in their first segment; empty replacements run only there). A report of an
+/// undeclared resource is an internal error.
 pub(crate) fn plan<'a>(
     declared: &'a [ResourceRecord],
     reports: &'a [LaneReport],
-    first_segment: bool,
+    continuing: &[ResourceName],
 ) -> Result<Vec<DestinationPlan<'a>>, Problem> {
     if let Some(orphan) = reports.iter().find(|r| !declared.iter().any(|d| d.resource == r.resource)) {
         return Err(Problem::internal(format!("resource {} is no longer declared", orphan.resource)));
@@ -39,11 +43,12 @@ pub(crate) fn plan<'a>(
     let mut destinations: Vec<DestinationPlan<'a>> = Vec::new();
     for resource in declared {
         let staged = reports.iter().find(|r| r.resource == resource.resource);
+        let first_segment = !continuing.contains(&resource.resource);
         let empty_replacement = staged.is_none() && resource.write_mode == WriteMode::FullReplace && first_segment;
         if staged.is_none() && !empty_replacement {
             continue;
         }
-        let publication = PlannedPublication { resource, staged };
+        let publication = PlannedPublication { resource, staged, first_segment };
         match destinations.iter_mut().find(|d| d.table == resource.table_name) {
             Some(destination) => destination.publications.push(publication),
             None => destinations.push(DestinationPlan { table: &resource.table_name, publications: vec![publication] }),
@@ -91,7 +96,7 @@ mod tests {
             resource("orders", "orders", WriteMode::FullAppend),
         ];
         let reports = [report("a_deletes"), report("orders"), report("z_upserts")];
-        let plans = plan(&declared, &reports, false).unwrap();
+        let plans = plan(&declared, &reports, &[]).unwrap();
         assert_eq!(
             names(&plans),
             [
@@ -105,14 +110,15 @@ mod tests {
     fn an_idle_full_replace_resource_replaces_only_in_the_first_segment() {
         let declared =
             [resource("snapshot", "snapshot", WriteMode::FullReplace), resource("log", "log", WriteMode::FullAppend)];
-        let first = plan(&declared, &[], true).unwrap();
+        let first = plan(&declared, &[], &[]).unwrap();
         assert_eq!(names(&first), [("snapshot".to_string(), vec!["snapshot".to_string()])]);
-        assert!(first[0].publications[0].staged.is_none());
-        assert!(plan(&declared, &[], false).unwrap().is_empty(), "a later segment leaves the table alone");
+        assert!(first[0].publications[0].staged.is_none() && first[0].publications[0].first_segment);
+        let later = plan(&declared, &[], &["snapshot".parse().unwrap()]).unwrap();
+        assert!(later.is_empty(), "a later segment leaves the table alone");
     }
 
     #[test]
     fn a_report_without_a_declaration_is_an_internal_error() {
-        assert!(plan(&[], &[report("ghost")], true).is_err());
+        assert!(plan(&[], &[report("ghost")], &[]).is_err());
     }
 }

@@ -169,8 +169,8 @@ fn merge(p: &Publication<'_>) -> String {
         })
         .collect();
     for k in &key_columns {
-        if let Some(range) = p.key_ranges.iter().find(|r| r.column.eq_ignore_ascii_case(&k.name)) {
-            let (min, max) = (range.min.sql_literal(), range.max.sql_literal());
+        let range = p.key_ranges.iter().find(|r| r.column.eq_ignore_ascii_case(&k.name));
+        if let Some((min, max)) = range.and_then(|r| r.min.sql_literal().zip(r.max.sql_literal())) {
             on.push(format!("T.{} BETWEEN {min} AND {max}", quote_identifier(&k.name)));
         }
     }

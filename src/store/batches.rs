@@ -57,6 +57,9 @@ pub(crate) struct StagingStreamRecord {
     pub(crate) stream_created_at: Option<DateTime<Utc>>,
 }
 
+/// The advisory lock that lets one replica at a time prune.
+const PRUNE_LOCK: i64 = 0x66696c_7072756e;
+
 const RESOURCE_KEY: &str = "run_id = $1 AND execution_id = $2 AND delivery = $3 AND resource = $4";
 
 impl Store {
@@ -134,6 +137,34 @@ impl Store {
         .await?;
         tx.commit().await?;
         Ok(InsertBatch::Inserted(inserted))
+    }
+
+    /// Deletes the batch receipts of deliveries that ended more than `retention_days` ago (a
+    /// replaced delivery ended when the next one started). No redelivery needs them: a new
+    /// delivery starts from nothing, and publications keep their fingerprints. One replica at a
+    /// time prunes (a transaction-scoped advisory lock); `None` when another one holds it.
+    pub(crate) async fn prune_receipts(&self, retention_days: u32) -> StoreResult<Option<u64>> {
+        let mut tx = self.pool.begin().await?;
+        let locked: bool =
+            sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)").bind(PRUNE_LOCK).fetch_one(&mut *tx).await?;
+        if !locked {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        let pruned = sqlx::query(
+            "DELETE FROM batches b USING executions e
+             WHERE e.run_id = b.run_id AND e.execution_id = b.execution_id
+               AND ((b.delivery = e.delivery AND e.finished_at < now() - $1 * interval '1 day')
+                 OR (b.delivery < e.delivery AND EXISTS (
+                        SELECT 1 FROM deliveries n
+                        WHERE n.run_id = b.run_id AND n.execution_id = b.execution_id
+                          AND n.delivery = b.delivery + 1 AND n.started_at < now() - $1 * interval '1 day')))",
+        )
+        .bind(f64::from(retention_days))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(pruned.rows_affected()))
     }
 
     pub(crate) async fn get_staging_stream(&self, resource: &ResourceRef) -> StoreResult<Option<StagingStreamRecord>> {

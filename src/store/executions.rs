@@ -203,15 +203,17 @@ impl Store {
         .await?)
     }
 
-    /// Whether another execution of the run committed: the run's next execution is then a
-    /// continuing segment (a `full_replace` resource appends), otherwise it replaces.
-    pub(crate) async fn another_execution_committed(&self, key: &ExecutionKey) -> StoreResult<bool> {
+    /// The resources another, committed execution of the run published: for them this
+    /// execution is a continuing segment (a `full_replace` resource appends); every other
+    /// resource is in its first segment (it replaces), including after a failed attempt.
+    pub(crate) async fn continuing_resources(&self, key: &ExecutionKey) -> StoreResult<Vec<ResourceName>> {
         Ok(sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM executions
-                 WHERE run_id = $1 AND execution_id <> $2 AND state = 'committed')",
+            "SELECT DISTINCT p.resource FROM publications p
+             JOIN executions e ON e.run_id = p.run_id AND e.execution_id = p.execution_id
+             WHERE p.run_id = $1 AND p.execution_id <> $2 AND p.state = 'done' AND e.state = 'committed'",
         )
         .bind_execution(key)
-        .fetch_one(&self.pool)
+        .fetch_all(&self.pool)
         .await?)
     }
 
@@ -234,12 +236,16 @@ impl Store {
     }
 
     /// Marks the delivery committed and, in the same transaction, makes its last checkpoint the
-    /// run's durable checkpoint (an execution without checkpoints leaves the previous one).
+    /// run's durable checkpoint (an execution without checkpoints leaves the previous one). A
+    /// delivery failed as orphaned (`gateway_restarted`: its lease lapsed while its owner, alive
+    /// but stalled, was publishing) is committed too: its publications did complete.
     pub(crate) async fn mark_committed(&self, delivery: &DeliveryRef) -> StoreResult<Option<ExecutionRecord>> {
         let mut tx = self.pool.begin().await?;
         let committed: Option<ExecutionRecord> = sqlx::query_as(
-            "UPDATE executions SET state = 'committed', updated_at = now(), finished_at = now()
-             WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND state = 'committing'
+            "UPDATE executions SET state = 'committed', error = NULL, updated_at = now(), finished_at = now()
+             WHERE run_id = $1 AND execution_id = $2 AND delivery = $3
+               AND (state = 'committing'
+                    OR (state = 'failed' AND publishing_at IS NOT NULL AND error->>'code' = 'gateway_restarted'))
              RETURNING *",
         )
         .bind_delivery(delivery)

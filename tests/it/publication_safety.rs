@@ -52,6 +52,13 @@ async fn terminal(gw: &Gateway, run: &str, execution: &str, deadline: Duration) 
 #[tokio::test(flavor = "multi_thread")]
 async fn resources_sharing_a_table_publish_in_declaration_order() {
     let gw = Gateway::spawn().await;
+    // The table exists with both columns first: the emulator adds columns to its catalog only
+    // (bqemulator.md), so a table the key-only delete resource created could not take `v`.
+    gw.create_run("seed").await;
+    gw.declare("seed", "users", json!({"write_mode": "full_append"})).await;
+    gw.open_new_execution("seed", "e").await;
+    gw.post_accepted("seed", "e", "users", None, ipc_stream(&[ids(0..0)])).await;
+    assert_eq!(gw.commit_and_wait("seed", "e").await["state"], "committed");
     // The delete resource's name sorts first; the upsert was declared first and must run first.
     for attempt in 0..3 {
         let run = format!("r{attempt}");

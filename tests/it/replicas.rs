@@ -47,6 +47,8 @@ async fn only_the_replica_serving_an_execution_changes_it() {
         let answer = b.json(Method::POST, &format!("/v1/runs/r/executions/e/{action}"), body).await;
         assert_problem(answer, StatusCode::SERVICE_UNAVAILABLE, "execution_owned_elsewhere");
     }
+    let redelivery = b.open_execution("r", "e").await;
+    assert_problem(redelivery, StatusCode::SERVICE_UNAVAILABLE, "execution_owned_elsewhere");
     assert_eq!(a.db_snapshot().await, before, "a refused request changes nothing");
     let (status, seen) = b.json(Method::GET, "/v1/runs/r/executions/e", None).await;
     assert_eq!((status, seen["state"].as_str()), (StatusCode::OK, Some("extracting")), "any replica reads it");
@@ -93,4 +95,53 @@ async fn a_crashed_replicas_execution_fails_after_its_lease_and_is_redelivered_e
     assert_eq!(b.commit_and_wait("r", "e").await["state"], "committed");
     assert_eq!(count(&b, "t").await, vec![json!("100"), json!("100")], "every row once");
     assert_eq!(b.commit_and_wait("r2", "other").await["state"], "committed", "the live replica's work went on");
+}
+
+async fn receipts_of(gw: &Gateway, execution: &str) -> i64 {
+    use sqlx::Connection as _;
+    let mut db = sqlx::PgConnection::connect(&gw.database_url).await.unwrap();
+    sqlx::query_scalar("SELECT COUNT(*) FROM batches WHERE execution_id = $1")
+        .bind(execution)
+        .fetch_one(&mut db)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ended_deliveries_lose_their_receipts_and_a_late_redelivery_is_still_recognised() {
+    let a = first_replica().await;
+    TestRun::new("r", "e1").full_append(&["t"]).open(&a).await;
+    let bodies = [ipc_stream(&[ids(0..10)]), ipc_stream(&[ids(10..20)])];
+    for (seq, body) in bodies.iter().enumerate() {
+        a.post_accepted("r", "e1", "t", Some(seq as i64), body.clone()).await;
+    }
+    assert_eq!(a.commit_and_wait("r", "e1").await["state"], "committed");
+    a.open_new_execution("r", "e2").await;
+    a.post_accepted("r", "e2", "t", Some(0), ipc_stream(&[ids(20..25)])).await;
+
+    // A replica with a retention of 0 days prunes at start: the ended delivery's receipts go,
+    // the open execution's stay.
+    let mut pruner = GatewayOptions::new()
+        .database_url(&a.database_url)
+        .env("FILAMENT_RETENTION_DAYS", "0")
+        .env("FILAMENT_REPLICA_LEASE_SECS", LEASE_SECS)
+        .spawn()
+        .await;
+    pruner.dataset = a.dataset.clone();
+    eventually(Duration::from_secs(15), "the ended delivery's receipts to be pruned", || async {
+        (receipts_of(&a, "e1").await == 0).then_some(())
+    })
+    .await;
+    assert_eq!(receipts_of(&a, "e2").await, 1, "an open execution keeps its receipts");
+    assert!(pruner.logs().contains("store.pruned"));
+
+    // A late redelivery of the committed execution with the same content reuses its publication.
+    let (status, _) = a.open_execution("r", "e1").await;
+    assert_eq!(status, StatusCode::OK);
+    for (seq, body) in bodies.iter().enumerate() {
+        a.post_accepted("r", "e1", "t", Some(seq as i64), body.clone()).await;
+    }
+    assert_eq!(a.commit_and_wait("r", "e1").await["state"], "committed");
+    assert!(a.logs().contains("reusing its publication"), "the redelivery was recognised");
+    assert_eq!(count(&a, "t").await, vec![json!("20"), json!("20")], "published once");
 }
