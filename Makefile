@@ -16,13 +16,16 @@ help:
 	@echo "make fuzz   run the ingest fuzz target for FUZZ_SECONDS (default 600)"
 
 run:
+	scripts/system-deps.sh
 	cargo build --release --locked
 	scripts/run.sh
 
 test:
+	scripts/system-deps.sh
 	scripts/test.sh
 
 bench:
+	scripts/system-deps.sh
 	scripts/bench.sh
 
 lint:
