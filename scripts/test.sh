@@ -18,6 +18,8 @@ TOOLS_BIN="$(dirname "$FILAMENT_TOOLS_PYTHON")"
 "$TOOLS_BIN/yamllint" --strict -c .yamllint.yaml deploy docker-compose.yml .yamllint.yaml
 # Offline schema check of the Kubernetes manifests (CRDs such as PodMonitor are only linted).
 "$TOOLS_BIN/kubernetes-validate" --strict --quiet deploy/kubernetes/*.yaml
+# The compose fleet's load balancer configuration (its backends resolve only inside compose).
+"$(command -v haproxy || echo /usr/sbin/haproxy)" -c -q -f deploy/haproxy/haproxy.cfg
 cargo test --locked --all-targets -- --test-threads "${FILAMENT_TEST_THREADS:-4}"
 
 # The extractor's side: the Python client against the real gateway, a generated client, and

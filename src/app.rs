@@ -1,6 +1,7 @@
-//! Wires the gateway together and serves it: connect and migrate Postgres, fail executions a
-//! previous process left open, build the BigQuery clients (probing credentials), then serve the
-//! router until SIGTERM/SIGINT, letting in-flight requests and commits finish. The mapping from
+//! Wires the gateway together and serves it: connect and migrate Postgres, fail executions whose
+//! replica stopped renewing its lease, build the BigQuery clients (probing credentials), then
+//! serve the router until SIGTERM/SIGINT. Then the replica turns unready, hands the executions
+//! it serves over to the fleet (`replica`), and lets in-flight requests and commits finish. The mapping from
 //! the configuration ([`crate::config`], a leaf) to each part's own settings lives here.
 
 use std::sync::Arc;
@@ -24,6 +25,10 @@ use crate::telemetry;
 
 /// How long shutdown waits for running commits.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// How long shutdown spends handing executions over (draining their appends) before it gives
+/// up on the rest, which then fail (`gateway_restarted`): well inside Kubernetes' grace period.
+const HANDOVER_GRACE: Duration = Duration::from_secs(20);
 
 /// Longest delay between two attempts of a failed append.
 const APPEND_MAX_BACKOFF: Duration = Duration::from_secs(10);
@@ -89,9 +94,14 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let store = Store::connect(&store_settings(&config.database)).await.context("connecting to Postgres")?;
     store.migrate().await.context("applying migrations")?;
     // Only executions whose replica stopped renewing its lease fail: live replicas keep theirs.
-    let replica = Replica::new(store.clone(), Duration::from_secs(config.replica_lease_secs));
+    let listener =
+        tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
+    let address = listener.local_addr()?;
+    let advertise_url = advertised_url(config.advertise_url.as_deref(), address);
+    let replica = Replica::new(store.clone(), Duration::from_secs(config.replica_lease_secs), advertise_url);
     replica.sweep().await;
-    tracing::info!(replica = %replica.lease.owner, lease_secs = config.replica_lease_secs, "gateway replica");
+    tracing::info!(replica = %replica.lease.owner, lease_secs = config.replica_lease_secs,
+        advertise_url = replica.lease.url.as_deref().unwrap_or("none (no forwarding to this replica)"), "gateway replica");
 
     let endpoints =
         Endpoints::new(config.bigquery_emulator_host.as_deref(), config.bigquery_storage_emulator_host.as_deref());
@@ -132,13 +142,11 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         commits: commits.clone(),
         request_slots: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_requests as usize)),
         replica: replica.clone(),
+        forwarder: crate::api::forward::Forwarder::default(),
     });
     let stop_heartbeat = tokio_util::sync::CancellationToken::new();
     let heartbeat = replica.spawn_heartbeat(config.retention_days, stop_heartbeat.clone());
 
-    let listener =
-        tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
-    let address = listener.local_addr()?;
     tracing::info!(%address, emulator = endpoints.emulator, rest = %endpoints.rest, grpc = %endpoints.grpc, "gateway listening");
     // Standard output carries exactly these lines, for scripts and the test harness.
     println!("filament-bigquery listening on http://{address}");
@@ -146,7 +154,9 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         println!("development token (pass as Authorization: Bearer <token>): {token}");
     }
 
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown_signal()).await?;
+    let drained =
+        hand_over_on_signal(replica.clone(), state.pipeline.clone(), Duration::from_secs(config.shutdown_delay_secs));
+    axum::serve(listener, router(state)).with_graceful_shutdown(drained).await?;
     commits.close();
     if tokio::time::timeout(SHUTDOWN_GRACE, commits.wait()).await.is_err() {
         tracing::warn!("shutdown: commits still running after the grace period; they fail");
@@ -156,6 +166,29 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     replica.release().await;
     tracing::info!("gateway stopped");
     Ok(())
+}
+
+/// Completes once SIGTERM/SIGINT came and this replica handed its executions over (unready at
+/// once, serving as before for `delay`, the hand-over bounded by [`HANDOVER_GRACE`]); the server
+/// then stops accepting connections.
+async fn hand_over_on_signal(replica: Replica, pipeline: Pipeline, delay: Duration) {
+    shutdown_signal().await;
+    replica.start_draining();
+    tracing::info!(delay_secs = delay.as_secs(), "shutdown: unready; handing executions over");
+    tokio::time::sleep(delay).await;
+    if tokio::time::timeout(HANDOVER_GRACE, replica.hand_over(&pipeline)).await.is_err() {
+        tracing::warn!("shutdown: hand-over still running after the grace period; the rest fails");
+    }
+}
+
+/// Where other replicas forward to this one: the configured URL, else the listen address when
+/// it names a host (not `0.0.0.0` / `::`).
+fn advertised_url(configured: Option<&str>, listening: std::net::SocketAddr) -> Option<String> {
+    match configured.map(str::trim).filter(|url| !url.is_empty()) {
+        Some(url) => Some(url.trim_end_matches('/').to_string()),
+        None if listening.ip().is_unspecified() => None,
+        None => Some(format!("http://{listening}")),
+    }
 }
 
 async fn shutdown_signal() {

@@ -156,6 +156,17 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_REPLICA_LEASE_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub replica_lease_secs: u64,
 
+    /// Where the other replicas reach this one to forward the requests of executions it serves
+    /// (e.g. `http://$(POD_IP):8080`). Unset: the listen address when it names a host, else no
+    /// forwarding (other replicas answer 503 `execution_owned_elsewhere` instead).
+    #[arg(long, env = "FILAMENT_ADVERTISE_URL")]
+    pub advertise_url: Option<String>,
+
+    /// On SIGTERM, how long the replica keeps serving as before while reporting itself unready,
+    /// so load balancers stop sending it new requests before it hands its executions over.
+    #[arg(long, env = "FILAMENT_SHUTDOWN_DELAY_SECS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=600))]
+    pub shutdown_delay_secs: u64,
+
     /// Batch receipts of deliveries that ended longer ago than this many days are pruned
     /// (hourly, by one replica at a time); executions, publications with their fingerprints and
     /// durable checkpoints stay, so a late redelivery is still recognised.

@@ -73,6 +73,7 @@ error_codes! {
     PendingStreamExpired => "pending_stream_expired", CONFLICT, "Pending stream expired";
     GatewayRestarted => "gateway_restarted", SERVICE_UNAVAILABLE, "Gateway restarted during the execution";
     ExecutionOwnedElsewhere => "execution_owned_elsewhere", SERVICE_UNAVAILABLE, "Execution served by another replica";
+    ReplicaDraining => "replica_draining", SERVICE_UNAVAILABLE, "Gateway replica shutting down";
     ServiceDisabled => "service_disabled", BAD_GATEWAY, "BigQuery API disabled";
     MissingCredentials => "missing_credentials", BAD_GATEWAY, "Missing Google credentials";
     PermissionDenied => "permission_denied", BAD_GATEWAY, "Permission denied";

@@ -1,17 +1,24 @@
 //! This process as one replica of a gateway fleet sharing one Postgres. An open execution's
 //! uploads live in the memory of the replica that opened its current delivery (its **owner**),
-//! so that replica holds a lease on it in Postgres, renewed while it lives. Other replicas
-//! refuse the execution's batches and transitions (503 `execution_owned_elsewhere`, never a
-//! silent loss), and any replica fails an execution whose lease expired (its owner crashed)
-//! with `gateway_restarted`. A replica that starts never fails work of live replicas; one that
-//! shuts down fails what it still owns once its commits finished.
+//! so that replica holds a lease on it in Postgres, renewed while it lives, and advertises where
+//! it takes forwarded requests (`api::forward` streams them there). A replica that cannot
+//! forward refuses the execution's batches and transitions (503 `execution_owned_elsewhere`,
+//! never a silent loss), and any replica fails an execution whose lease expired (its owner
+//! crashed) with `gateway_restarted`. A replica that starts never fails work of live replicas.
+//! One that shuts down ([`Replica::hand_over`]) drains each execution it owns under its gate,
+//! records every stream's acknowledged offset and releases it; the next replica to receive one
+//! of its requests adopts it and goes on appending to the same streams. Only what could not be
+//! handed over fails.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{ErrorCode, Problem};
 use crate::model::ExecutionState;
+use crate::pipeline::Pipeline;
 use crate::store::{ExecutionRecord, Lease, Store};
 
 /// How often old batch receipts are pruned.
@@ -22,6 +29,8 @@ const PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
 pub(crate) struct Replica {
     pub(crate) lease: Lease,
     store: Store,
+    /// Set on SIGTERM: unready, adopts nothing, opens no execution, hands over what it owns.
+    draining: Arc<AtomicBool>,
 }
 
 fn gateway_restarted(detail: &str) -> Problem {
@@ -30,11 +39,41 @@ fn gateway_restarted(detail: &str) -> Problem {
 }
 
 impl Replica {
-    /// A new replica id: the host name (a Kubernetes pod's name) and a random suffix.
-    pub(crate) fn new(store: Store, lease_duration: Duration) -> Self {
+    /// A new replica id: the host name (a Kubernetes pod's name) and a random suffix; `url` is
+    /// where the others forward its executions' requests.
+    pub(crate) fn new(store: Store, lease_duration: Duration, url: Option<String>) -> Self {
         let host = std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| "gateway".into());
         let owner = format!("{host}-{}", hex::encode(rand::random::<[u8; 4]>()));
-        Self { lease: Lease { owner, duration: lease_duration }, store }
+        Self { lease: Lease { owner, duration: lease_duration, url }, store, draining: Arc::default() }
+    }
+
+    /// Shutting down: from now on unready, adopting and opening nothing.
+    pub(crate) fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// 503 `replica_draining` while shutting down, for requests that would give this replica
+    /// new work (opening an execution, adopting one).
+    pub(crate) fn refuse_new_work(&self) -> Result<(), Problem> {
+        if !self.is_draining() {
+            return Ok(());
+        }
+        Err(Problem::new(ErrorCode::ReplicaDraining, "this gateway replica is shutting down and takes no new work")
+            .with_hint("retry after Retry-After: the load balancer sends it to another replica")
+            .with_retry_after(1))
+    }
+
+    /// Where to forward a request of `execution`: the owner's URL when another live replica
+    /// serves it while it extracts. `None`: this replica answers it itself.
+    pub(crate) fn forward_target(&self, execution: &ExecutionRecord) -> Option<String> {
+        let extracting = ExecutionState::BEFORE_COMMIT.contains(&execution.state);
+        let elsewhere = execution.owner.as_deref().is_some_and(|owner| owner != self.lease.owner);
+        let live = execution.lease_expires_at.is_some_and(|expires| expires > chrono::Utc::now());
+        if extracting && elsewhere && live { execution.owner_url.clone() } else { None }
     }
 
     /// Fails the executions whose owner stopped renewing its lease.
@@ -81,7 +120,7 @@ impl Replica {
         }
     }
 
-    /// At shutdown, after the commits finished: what this replica still owns cannot go on.
+    /// At shutdown, after the hand-over and the commits: what this replica still owns cannot go on.
     pub(crate) async fn release(&self) {
         let problem = gateway_restarted("the gateway replica serving this execution shut down; its uploads were lost");
         match self.store.fail_orphaned_executions(Some(&self.lease.owner), &problem).await {
@@ -89,6 +128,70 @@ impl Replica {
             Ok(failed) => tracing::warn!(executions = failed, "shutdown: failed the executions this replica served"),
             Err(e) => tracing::warn!(error = %e, "shutdown: could not fail this replica's executions"),
         }
+    }
+
+    /// Takes over an execution another replica handed over at shutdown.
+    async fn adopt(&self, execution: &ExecutionRecord) -> Result<(), Problem> {
+        self.refuse_new_work()?;
+        if self.store.adopt_execution(&execution.delivery_ref(), &self.lease).await?.is_some() {
+            tracing::info!(run_id = %execution.run_id, execution_id = %execution.execution_id,
+                delivery = execution.delivery, "replica.adopted");
+            return Ok(());
+        }
+        Err(Problem::new(
+            ErrorCode::ExecutionOwnedElsewhere,
+            format!("execution {} was just taken over by another gateway replica", execution.execution_id),
+        )
+        .with_hint("retry after Retry-After")
+        .with_retry_after(1))
+    }
+
+    /// At shutdown, before the server stops: hands every execution this replica owns over
+    /// (see [`Self::hand_over_one`]). New opens and adoptions are refused meanwhile, so a few
+    /// passes see every execution; what is left is failed by [`Self::release`].
+    pub(crate) async fn hand_over(&self, pipeline: &Pipeline) {
+        for _ in 0..3 {
+            let owned = match self.store.owned_executions(&self.lease.owner).await {
+                Ok(owned) if owned.is_empty() => return,
+                Ok(owned) => owned,
+                Err(e) => {
+                    tracing::warn!(error = %e, "shutdown: could not list this replica's executions");
+                    return;
+                }
+            };
+            for execution in owned {
+                if let Err(problem) = self.hand_over_one(pipeline, &execution).await {
+                    tracing::warn!(run_id = %execution.run_id, execution_id = %execution.execution_id,
+                        code = %problem.code, detail = %problem.detail, "shutdown: could not hand the execution over");
+                }
+            }
+        }
+    }
+
+    /// Under the execution's gate (no batch half-accepted, no transition running): drains its
+    /// lanes (every accepted row appended and acknowledged), records each stream's offset and
+    /// columns, and releases the execution for adoption.
+    async fn hand_over_one(&self, pipeline: &Pipeline, execution: &ExecutionRecord) -> Result<(), Problem> {
+        let key = execution.key();
+        let uploads = pipeline.execution(&key, execution.delivery);
+        let transitioning = uploads.begin_transition().await;
+        let Some(current) = self.store.get_execution(&key).await? else { return Ok(()) };
+        let mine = current.owner.as_deref() == Some(self.lease.owner.as_str());
+        if !mine || current.delivery != transitioning.delivery() {
+            return Ok(());
+        }
+        let reports = pipeline.drain(&key, current.delivery).await?;
+        let delivery = current.delivery_ref();
+        for report in &reports {
+            let resource = delivery.resource(report.resource.clone());
+            self.store.record_handed_over_stream(&resource, report.rows_sent, &report.destination_columns).await?;
+        }
+        let released = self.store.hand_over_execution(&delivery, &self.lease).await?;
+        pipeline.forget(&key, current.delivery);
+        drop(transitioning);
+        tracing::info!(run_id = %current.run_id, execution_id = %current.execution_id, streams = reports.len(),
+            released, "replica.handed_over");
+        Ok(())
     }
 
     /// Whether this replica may take batches for the execution or change its extraction state
@@ -100,6 +203,9 @@ impl Replica {
         let extracting = ExecutionState::BEFORE_COMMIT.contains(&execution.state);
         if !extracting || execution.owner.as_deref() == Some(self.lease.owner.as_str()) {
             return Ok(());
+        }
+        if execution.owner.is_none() && execution.handed_over {
+            return self.adopt(execution).await;
         }
         let live = execution.lease_expires_at.is_some_and(|expires| expires > chrono::Utc::now());
         if !live {

@@ -14,6 +14,7 @@ use tracing_subscriber::EnvFilter;
 use crate::config::LogFormat;
 
 pub(crate) const HTTP_REQUESTS: &str = "filament_http_requests_total";
+pub(crate) const REQUESTS_FORWARDED: &str = "filament_requests_forwarded_total";
 pub(crate) const ROWS_RECEIVED: &str = "filament_rows_received_total";
 pub(crate) const BYTES_RECEIVED: &str = "filament_bytes_received_total";
 pub(crate) const BATCHES_QUEUED: &str = "filament_batches_queued_total";
@@ -196,6 +197,7 @@ pub(crate) fn metrics_handle() -> PrometheusHandle {
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(HTTP_REQUESTS, "HTTP requests answered, by method, route and status");
+    describe_counter!(REQUESTS_FORWARDED, "Requests streamed to the replica serving their execution");
     describe_counter!(ROWS_RECEIVED, Unit::Count, "Rows accepted in batch requests");
     describe_counter!(
         BYTES_RECEIVED,

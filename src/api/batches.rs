@@ -78,7 +78,7 @@ type Answer = (StatusCode, axum::Json<Receipt>);
         (status = 415, description = "`unsupported_media_type`", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 422, description = "`invalid_identifier`, `schema_mismatch`, `unsupported_type`, `precision_loss`, `invalid_value`, `invalid_operation`, `invalid_primary_key`, `null_primary_key`, `row_too_large`", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 429, description = "`backpressure`: retry after `Retry-After` seconds", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 503, description = "`execution_owned_elsewhere`: another gateway replica serves the execution (retry after `Retry-After`; route by run id); `gateway_restarted`: the replica that served it stopped", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 503, description = "`execution_owned_elsewhere`: another gateway replica serves the execution and could not be reached (retry after `Retry-After`); `replica_draining`: this replica is shutting down (retry); `gateway_restarted`: the replica that served it stopped (deliver the execution again)", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn post_batch(
@@ -231,6 +231,8 @@ async fn record_and_enqueue(
     // Re-check under the gate: a transition or redelivery may have happened while decoding.
     let delivery = &target.resource.delivery;
     let (_, current) = load_execution(state, delivery.run_id(), delivery.execution_id()).await?;
+    // The owner may have handed the execution over meanwhile (it is shutting down).
+    state.replica.check_owner(&current).await?;
     if !ExecutionState::ACCEPTING_BATCHES.contains(&current.state) || current.delivery != delivery.delivery {
         return Err(Problem::new(
             ErrorCode::ExecutionNotExtracting,

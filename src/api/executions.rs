@@ -99,7 +99,7 @@ fn not_extracting(execution: &ExecutionRecord, action: &str) -> Problem {
         (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 404, description = "No such run", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 409, description = "`execution_not_extracting`: the execution is committing", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 503, description = "`execution_owned_elsewhere`: another live gateway replica serves the open execution (retry after `Retry-After`; route by run id)", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 503, description = "`execution_owned_elsewhere`: another live gateway replica serves the open execution and could not be reached (retry after `Retry-After`); `replica_draining`: this replica is shutting down (retry)", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
     )
@@ -110,6 +110,8 @@ pub(crate) async fn open_execution(
     ApiJson(request): ApiJson<OpenExecutionRequest>,
 ) -> Result<(StatusCode, axum::Json<ExecutionView>), Problem> {
     let run = load_run(&state, &run_id).await?;
+    // A replica shutting down takes no execution it would have to hand over.
+    state.replica.refuse_new_work()?;
     let execution_id = match request.execution_id {
         Some(id) => ExecutionId::parse(id)?,
         None => ExecutionId::generate(),
@@ -174,7 +176,7 @@ pub(crate) async fn get_execution(
         (status = 409, description = "`execution_not_extracting`", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 503, description = "`execution_owned_elsewhere`: another gateway replica serves the execution (retry after `Retry-After`; route by run id); `gateway_restarted`: the replica that served it stopped", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 503, description = "`execution_owned_elsewhere`: another gateway replica serves the execution and could not be reached (retry after `Retry-After`); `replica_draining`: this replica is shutting down (retry); `gateway_restarted`: the replica that served it stopped (deliver the execution again)", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn post_checkpoint(
@@ -204,7 +206,7 @@ pub(crate) async fn post_checkpoint(
         (status = 404, description = "No such run or execution", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 409, description = "`execution_not_extracting`", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 503, description = "`execution_owned_elsewhere`: another gateway replica serves the execution (retry after `Retry-After`; route by run id); `gateway_restarted`: the replica that served it stopped", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 503, description = "`execution_owned_elsewhere`: another gateway replica serves the execution and could not be reached (retry after `Retry-After`); `replica_draining`: this replica is shutting down (retry); `gateway_restarted`: the replica that served it stopped (deliver the execution again)", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn pause_execution(
@@ -233,7 +235,7 @@ pub(crate) async fn pause_execution(
         (status = 404, description = "No such run or execution", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 409, description = "`execution_not_extracting`: failed or aborted", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 503, description = "`execution_owned_elsewhere`: another gateway replica serves the execution (retry after `Retry-After`; route by run id); `gateway_restarted`: the replica that served it stopped", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 503, description = "`execution_owned_elsewhere`: another gateway replica serves the execution and could not be reached (retry after `Retry-After`); `replica_draining`: this replica is shutting down (retry); `gateway_restarted`: the replica that served it stopped (deliver the execution again)", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn commit_execution(
@@ -326,7 +328,7 @@ async fn wait_for_terminal(state: &SharedState, key: &ExecutionKey) -> Result<Ex
         (status = 404, description = "No such run or execution", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 409, description = "`execution_not_extracting`: already terminal; `publication_in_progress`: the commit already submitted destination jobs and runs to its end", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 503, description = "`execution_owned_elsewhere`: another gateway replica serves the execution (retry after `Retry-After`; route by run id); `gateway_restarted`: the replica that served it stopped", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 503, description = "`execution_owned_elsewhere`: another gateway replica serves the execution and could not be reached (retry after `Retry-After`); `replica_draining`: this replica is shutting down (retry); `gateway_restarted`: the replica that served it stopped (deliver the execution again)", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn abort_execution(

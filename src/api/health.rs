@@ -32,12 +32,13 @@ pub(crate) async fn healthz() -> &'static str {
     "ok"
 }
 
-/// 200 when Postgres and BigQuery are reachable (and credentials yield a token), else 503.
+/// 200 when Postgres and BigQuery are reachable (and credentials yield a token) and the replica
+/// is not shutting down, else 503.
 #[utoipa::path(
     get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "Ready", body = Readiness),
-        (status = 503, description = "A dependency is not reachable", body = Readiness),
+        (status = 503, description = "A dependency is not reachable, or the replica is shutting down (check `serving`)", body = Readiness),
     )
 )]
 pub(crate) async fn readyz(State(state): State<SharedState>) -> (StatusCode, axum::Json<Readiness>) {
@@ -49,6 +50,11 @@ pub(crate) async fn readyz(State(state): State<SharedState>) -> (StatusCode, axu
             name: "bigquery".into(),
             ok: bigquery.is_ok(),
             error: bigquery.err().map(|e| e.to_problem(ErrorCode::BigqueryUnavailable).to_string()),
+        },
+        ReadinessCheck {
+            name: "serving".into(),
+            ok: !state.replica.is_draining(),
+            error: state.replica.is_draining().then(|| "shutting down: handing its executions over".into()),
         },
     ];
     let ready = checks.iter().all(|c| c.ok);

@@ -7,6 +7,7 @@ pub(crate) mod batches;
 pub(crate) mod connections;
 pub(crate) mod error;
 pub(crate) mod executions;
+pub(crate) mod forward;
 pub(crate) mod health;
 pub(crate) mod runs;
 pub(crate) mod views;
@@ -62,6 +63,8 @@ pub(crate) struct ApiState {
     pub(crate) request_slots: Arc<tokio::sync::Semaphore>,
     /// This replica: its lease on the executions it serves.
     pub(crate) replica: crate::replica::Replica,
+    /// Streams requests to the replica serving their execution.
+    pub(crate) forwarder: forward::Forwarder,
 }
 
 pub(crate) type SharedState = Arc<ApiState>;
@@ -147,6 +150,8 @@ pub(crate) fn router(state: SharedState) -> axum::Router {
             Problem::new(ErrorCode::MethodNotAllowed, "the route does not accept this method")
         })
         .layer(tower_http::decompression::RequestDecompressionLayer::new().pass_through_unaccepted(true))
+        // Before decompression: a forwarded body travels as the client sent it.
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), forward::forward_to_owner))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), protect))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
@@ -183,18 +188,21 @@ async fn protect(State(state): State<SharedState>, request: Request, next: Next)
     next.run(request).await
 }
 
-async fn require_bearer_token(State(state): State<SharedState>, request: Request, next: Next) -> Response {
-    let presented = request
-        .headers()
+/// Whether the request carries one of the configured bearer tokens.
+pub(crate) fn bearer_token_accepted(state: &ApiState, headers: &header::HeaderMap) -> bool {
+    let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
         .map(|token| Sha256::digest(token.trim().as_bytes()));
-    let authorised = presented.is_some_and(|digest| {
+    presented.is_some_and(|digest| {
         // Compare against every token so timing does not reveal which one matched.
         state.token_digests.iter().fold(false, |ok, known| ok | bool::from(known.as_slice().ct_eq(digest.as_slice())))
-    });
-    if !authorised {
+    })
+}
+
+async fn require_bearer_token(State(state): State<SharedState>, request: Request, next: Next) -> Response {
+    if !bearer_token_accepted(&state, request.headers()) {
         let mut response =
             Problem::new(ErrorCode::Unauthorized, "send Authorization: Bearer <token> with a configured token")
                 .into_response();

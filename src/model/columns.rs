@@ -7,7 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use arrow_schema::{DataType, Field, TimeUnit};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// BigQuery's limit on columns per table.
 pub(crate) const MAX_COLUMNS: usize = 10_000;
@@ -15,7 +15,7 @@ pub(crate) const MAX_COLUMNS: usize = 10_000;
 pub(crate) const MAX_KEY_COLUMNS: usize = 16;
 
 /// A BigQuery column type.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum BigQueryType {
     Bool,
     Int64,
@@ -134,7 +134,7 @@ impl fmt::Display for BigQueryType {
 }
 
 /// One column as the destination (or staging) table holds it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Column {
     pub(crate) name: String,
     pub(crate) bigquery_type: BigQueryType,

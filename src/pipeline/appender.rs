@@ -80,14 +80,19 @@ pub(super) struct Appender<'a> {
 }
 
 impl<'a> Appender<'a> {
-    /// Prepares the lane's tables and stream, then appends every upload batch it receives until
-    /// `uploads` closes and all are acknowledged.
+    /// Prepares the lane's tables and stream (or takes over the stream a replica handed over,
+    /// at its recorded offset), then appends every upload batch it receives until `uploads`
+    /// closes and all are acknowledged.
     pub(super) async fn run(
         context: &'a LaneContext,
         target: &'a LaneTarget,
         mut uploads: mpsc::UnboundedReceiver<Upload>,
     ) -> Result<LaneReport, Problem> {
-        let stream_name = prepare(context, target).await?;
+        let (stream_name, start_offset) = match context.store.handed_over_stream(&target.resource).await? {
+            // Another replica drained this stream and shut down: go on at its recorded offset.
+            Some(stream) => (stream.stream_name, stream.rows_acknowledged),
+            None => (prepare(context, target).await?, 0),
+        };
         let window = context.inflight_per_stream.max(1);
         let mut appender = Appender {
             context,
@@ -99,9 +104,9 @@ impl<'a> Appender<'a> {
             queue: VecDeque::new(),
             in_flight: VecDeque::new(),
             connection: Connection::Closed,
-            next_offset: 0,
-            acknowledged_rows: 0,
-            rows_recorded: 0,
+            next_offset: start_offset,
+            acknowledged_rows: start_offset,
+            rows_recorded: start_offset,
             failures: FailureStreak::default(),
             reconnecting: false,
         };

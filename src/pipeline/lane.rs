@@ -73,6 +73,19 @@ pub(crate) struct LaneReport {
     pub(crate) rows_sent: i64,
 }
 
+impl From<crate::store::HandedOverStream> for LaneReport {
+    /// A stream drained by a replica that shut down, whose lane did not run here.
+    fn from(stream: crate::store::HandedOverStream) -> Self {
+        Self {
+            resource: stream.resource,
+            staging_table: stream.staging_table,
+            destination_columns: stream.destination_columns,
+            stream_name: stream.stream_name,
+            rows_sent: stream.rows_acknowledged,
+        }
+    }
+}
+
 /// What the API sends a lane.
 #[derive(Debug)]
 pub(crate) enum LaneCommand {

@@ -115,6 +115,12 @@ impl Pipeline {
         uploads
     }
 
+    /// Whether this process holds uploads of the execution (it serves it, as far as it knows:
+    /// the handlers check the lease).
+    pub(crate) fn holds(&self, key: &ExecutionKey) -> bool {
+        lock(&self.executions).contains_key(key)
+    }
+
     /// Lets a batch request of `resource` in (step 1 of [`admission`]): waits for room in the
     /// resource's share, then for a decode slot, within the backpressure wait (then 429).
     pub(crate) async fn admit(

@@ -76,7 +76,13 @@ impl Publisher {
     }
 
     async fn commit_inner(&self, run: &RunRecord, delivery: &DeliveryRef) -> Result<(), Problem> {
-        let reports = self.pipeline.drain(&delivery.execution, delivery.delivery).await?;
+        let mut reports = self.pipeline.drain(&delivery.execution, delivery.delivery).await?;
+        // Streams a replica handed over at shutdown whose resource got no batch here since.
+        for stream in self.store.handed_over_streams(delivery).await? {
+            if !reports.iter().any(|report| report.resource == stream.resource) {
+                reports.push(stream.into());
+            }
+        }
         // A lane may have failed the execution after draining started.
         if let Some(current) = self.store.get_execution(&delivery.execution).await?
             && current.state != ExecutionState::Committing

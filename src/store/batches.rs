@@ -2,8 +2,9 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{BindKey as _, Store, StoreResult};
+use super::{BindKey as _, Store, StoreError, StoreResult};
 use crate::model::bounds::KeyRange;
+use crate::model::columns::Column;
 use crate::model::{DeliveryRef, ResourceName, ResourceRef};
 
 /// A receipt as stored (the 202/200 answer of a batch request).
@@ -55,6 +56,19 @@ pub(crate) struct StagingStreamRecord {
     pub(crate) arrow_schema_sha256: String,
     pub(crate) staging_table: String,
     pub(crate) stream_created_at: Option<DateTime<Utc>>,
+}
+
+/// A stream whose lane ran on a replica that shut down cleanly: every accepted row of it was
+/// acknowledged at `rows_acknowledged`, where the adopting replica goes on appending, and what
+/// commit needs is recorded.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct HandedOverStream {
+    pub(crate) resource: ResourceName,
+    pub(crate) staging_table: String,
+    pub(crate) stream_name: String,
+    pub(crate) rows_acknowledged: i64,
+    #[sqlx(json)]
+    pub(crate) destination_columns: Vec<Column>,
 }
 
 /// The advisory lock that lets one replica at a time prune.
@@ -221,5 +235,50 @@ impl Store {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    /// Records a drained stream at hand-over: its exact acknowledged row count and what commit
+    /// needs of it.
+    pub(crate) async fn record_handed_over_stream(
+        &self,
+        resource: &ResourceRef,
+        rows_acknowledged: i64,
+        destination_columns: &[Column],
+    ) -> StoreResult<()> {
+        let columns = serde_json::to_value(destination_columns).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        sqlx::query(&format!(
+            "UPDATE staging_streams SET rows_acknowledged = $5, destination_columns = $6 WHERE {RESOURCE_KEY}"
+        ))
+        .bind_resource(resource)
+        .bind(rows_acknowledged)
+        .bind(columns)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The delivery's streams handed over by a replica that shut down.
+    pub(crate) async fn handed_over_streams(&self, delivery: &DeliveryRef) -> StoreResult<Vec<HandedOverStream>> {
+        Ok(sqlx::query_as(
+            "SELECT resource, staging_table, stream_name, rows_acknowledged, destination_columns FROM staging_streams
+             WHERE run_id = $1 AND execution_id = $2 AND delivery = $3
+               AND destination_columns IS NOT NULL AND stream_name IS NOT NULL AND finalized_row_count IS NULL
+             ORDER BY resource",
+        )
+        .bind_delivery(delivery)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The resource's handed-over stream, to go on appending to.
+    pub(crate) async fn handed_over_stream(&self, resource: &ResourceRef) -> StoreResult<Option<HandedOverStream>> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT resource, staging_table, stream_name, rows_acknowledged, destination_columns FROM staging_streams
+             WHERE {RESOURCE_KEY} AND destination_columns IS NOT NULL AND stream_name IS NOT NULL
+               AND finalized_row_count IS NULL"
+        ))
+        .bind_resource(resource)
+        .fetch_optional(&self.pool)
+        .await?)
     }
 }

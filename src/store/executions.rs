@@ -21,6 +21,10 @@ pub(crate) struct ExecutionRecord {
     /// The replica whose memory holds the open delivery's uploads.
     pub(crate) owner: Option<String>,
     pub(crate) lease_expires_at: Option<DateTime<Utc>>,
+    /// Where the owner takes forwarded requests (its advertised URL), when it has one.
+    pub(crate) owner_url: Option<String>,
+    /// The owner shut down cleanly and released the execution: the next replica adopts it.
+    pub(crate) handed_over: bool,
     pub(crate) created_at: DateTime<Utc>,
     pub(crate) updated_at: DateTime<Utc>,
 }
@@ -53,6 +57,8 @@ pub(crate) struct Lease {
     pub(crate) owner: String,
     /// How long a claim lasts without renewal.
     pub(crate) duration: std::time::Duration,
+    /// Where the other replicas forward this one's requests.
+    pub(crate) url: Option<String>,
 }
 
 impl Lease {
@@ -90,12 +96,13 @@ impl Store {
         let outcome = match existing {
             None => {
                 let record: ExecutionRecord = sqlx::query_as(
-                    "INSERT INTO executions (run_id, execution_id, delivery, state, owner, lease_expires_at)
-                     VALUES ($1, $2, 1, 'extracting', $3, now() + $4 * interval '1 second') RETURNING *",
+                    "INSERT INTO executions (run_id, execution_id, delivery, state, owner, lease_expires_at, owner_url)
+                     VALUES ($1, $2, 1, 'extracting', $3, now() + $4 * interval '1 second', $5) RETURNING *",
                 )
                 .bind_execution(key)
                 .bind(&lease.owner)
                 .bind(lease.seconds())
+                .bind(&lease.url)
                 .fetch_one(&mut *tx)
                 .await?;
                 sqlx::query("INSERT INTO deliveries (run_id, execution_id, delivery) VALUES ($1, $2, 1)")
@@ -120,12 +127,14 @@ impl Store {
                 let record: ExecutionRecord = sqlx::query_as(
                     "UPDATE executions SET delivery = delivery + 1, state = 'extracting', error = NULL,
                             publishing_at = NULL, finished_at = NULL, updated_at = now(),
-                            owner = $3, lease_expires_at = now() + $4 * interval '1 second'
+                            owner = $3, lease_expires_at = now() + $4 * interval '1 second',
+                            owner_url = $5, handed_over = false
                      WHERE run_id = $1 AND execution_id = $2 RETURNING *",
                 )
                 .bind_execution(key)
                 .bind(&lease.owner)
                 .bind(lease.seconds())
+                .bind(&lease.url)
                 .fetch_one(&mut *tx)
                 .await?;
                 sqlx::query("INSERT INTO deliveries (run_id, execution_id, delivery) VALUES ($1, $2, $3)")
@@ -340,7 +349,8 @@ impl Store {
         let failed = sqlx::query(
             "UPDATE executions SET state = 'failed', error = $1, updated_at = now(), finished_at = now()
              WHERE state = ANY($2)
-               AND (CASE WHEN $3::text IS NULL THEN lease_expires_at IS NULL OR lease_expires_at < now()
+               AND (CASE WHEN $3::text IS NULL
+                         THEN NOT handed_over AND (lease_expires_at IS NULL OR lease_expires_at < now())
                          ELSE owner = $3 END)",
         )
         .bind(problem_json(problem)?)
@@ -349,5 +359,53 @@ impl Store {
         .execute(&self.pool)
         .await?;
         Ok(failed.rows_affected())
+    }
+
+    /// The extracting (or paused) executions `owner` serves: what it hands over at shutdown.
+    pub(crate) async fn owned_executions(&self, owner: &str) -> StoreResult<Vec<ExecutionRecord>> {
+        Ok(sqlx::query_as("SELECT * FROM executions WHERE owner = $1 AND state = ANY($2)")
+            .bind(owner)
+            .bind(state_names(ExecutionState::BEFORE_COMMIT))
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// Releases the delivery of `lease.owner` for another replica to adopt (its streams were
+    /// drained and recorded first). False when it is no longer this replica's or past commit.
+    pub(crate) async fn hand_over_execution(&self, delivery: &DeliveryRef, lease: &Lease) -> StoreResult<bool> {
+        let released = sqlx::query(
+            "UPDATE executions SET owner = NULL, owner_url = NULL, lease_expires_at = NULL, handed_over = true,
+                    updated_at = now()
+             WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND owner = $4 AND state = ANY($5)",
+        )
+        .bind_delivery(delivery)
+        .bind(&lease.owner)
+        .bind(state_names(ExecutionState::BEFORE_COMMIT))
+        .execute(&self.pool)
+        .await?;
+        Ok(released.rows_affected() == 1)
+    }
+
+    /// Takes a handed-over execution's delivery for `lease.owner`; `None` when another replica
+    /// adopted it first (or it changed meanwhile).
+    pub(crate) async fn adopt_execution(
+        &self,
+        delivery: &DeliveryRef,
+        lease: &Lease,
+    ) -> StoreResult<Option<ExecutionRecord>> {
+        Ok(sqlx::query_as(
+            "UPDATE executions SET owner = $4, owner_url = $5, lease_expires_at = now() + $6 * interval '1 second',
+                    handed_over = false, updated_at = now()
+             WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND owner IS NULL AND handed_over
+               AND state = ANY($7)
+             RETURNING *",
+        )
+        .bind_delivery(delivery)
+        .bind(&lease.owner)
+        .bind(&lease.url)
+        .bind(lease.seconds())
+        .bind(state_names(ExecutionState::BEFORE_COMMIT))
+        .fetch_optional(&self.pool)
+        .await?)
     }
 }

@@ -13,7 +13,7 @@ mod executions;
 mod publications;
 mod runs;
 
-pub(crate) use batches::{InsertBatch, NewBatch, ReceiptRecord};
+pub(crate) use batches::{HandedOverStream, InsertBatch, NewBatch, ReceiptRecord};
 pub(crate) use executions::{ExecutionRecord, Lease, OpenExecution, ResourceProgress};
 pub(crate) use publications::{NewPublication, PublicationRecord};
 pub(crate) use runs::{NewRun, ResourceRecord, ResourceUpsert, RunRecord};

@@ -8,6 +8,7 @@ mod support;
 
 mod append_e2e;
 mod errors;
+mod fleet;
 mod hardening;
 mod operations;
 mod pipeline;

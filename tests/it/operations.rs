@@ -1,10 +1,12 @@
 //! Operations endpoints, auth on every `/v1` route, and the OpenAPI document's drift.
 
+use std::time::Duration;
+
 use reqwest::{Method, StatusCode};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::support::arrow::{ids, ipc_stream};
-use crate::support::{Gateway, GatewayOptions, TestRun, send};
+use crate::support::{Gateway, GatewayOptions, TestRun, assert_problem, eventually, send};
 
 const OPENAPI_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json");
 
@@ -58,7 +60,8 @@ async fn health_readiness_and_metrics() {
     assert_eq!((status, body), (StatusCode::OK, Value::String("ok".into())));
     let (status, ready) = send(gw.unauthenticated(Method::GET, "/readyz")).await;
     assert_eq!(status, StatusCode::OK, "{ready}");
-    assert_eq!(ready["checks"].as_array().unwrap().len(), 2);
+    let checks: Vec<&str> = ready["checks"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(checks, ["postgres", "bigquery", "serving"], "{ready}");
 
     TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
     let (status, _) = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(0..42)])).await;
@@ -106,4 +109,25 @@ async fn schemathesis_finds_no_server_error_and_no_undocumented_status() {
     assert!(output.status.success(), "{report}\n{}", String::from_utf8_lossy(&output.stderr));
     assert!(report.contains("passed"), "{report}");
     assert!(!gw.logs().contains("panicked"), "the gateway panicked");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn readiness_turns_false_on_sigterm_while_the_replica_still_serves() {
+    let mut gw = GatewayOptions::new().env("FILAMENT_SHUTDOWN_DELAY_SECS", "3").spawn().await;
+    TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
+    gw.signal_terminate();
+    let unready = eventually(Duration::from_secs(5), "readiness to turn false", || async {
+        let (status, ready) = send(gw.unauthenticated(Method::GET, "/readyz")).await;
+        (status == StatusCode::SERVICE_UNAVAILABLE).then_some(ready)
+    })
+    .await;
+    let serving = unready["checks"].as_array().unwrap().iter().find(|c| c["name"] == "serving").cloned();
+    assert_eq!(serving.as_ref().map(|c| c["ok"].clone()), Some(json!(false)), "{unready}");
+    // Still serving during the delay: its own execution's batches are accepted, new executions
+    // go elsewhere.
+    gw.post_accepted("run", "e", "t", Some(0), ipc_stream(&[ids(0..5)])).await;
+    let refused = gw.open_execution("run", "other").await;
+    assert_problem(refused, StatusCode::SERVICE_UNAVAILABLE, "replica_draining");
+    assert!(gw.terminate().await.success());
+    assert!(gw.logs().contains("replica.handed_over"), "{}", gw.logs());
 }

@@ -1,8 +1,9 @@
 //! Several gateway replicas on one Postgres. An open execution's uploads live in the replica
-//! that serves it (its owner, holding a lease): the others refuse its batches and transitions
-//! loudly (503 `execution_owned_elsewhere`, nothing changed) instead of losing rows; a starting
+//! that serves it (its owner, holding a lease): the others forward its requests there, or,
+//! when they cannot, refuse them loudly (503 `execution_owned_elsewhere`, nothing changed)
+//! instead of losing rows; a replica stopped with SIGTERM hands its executions over; a starting
 //! replica fails no execution of a live one; a crashed replica's executions fail once its lease
-//! expires and are redelivered elsewhere.
+//! expires and are redelivered elsewhere. (`fleet.rs` runs the same behind a load balancer.)
 
 use std::time::Duration;
 
@@ -10,18 +11,26 @@ use reqwest::{Method, StatusCode};
 use serde_json::json;
 
 use crate::support::arrow::{ids, ipc_stream};
-use crate::support::{Gateway, GatewayOptions, TestRun, assert_problem, eventually};
+use crate::support::rest_proxy::RestProxy;
+use crate::support::{Gateway, GatewayOptions, TestRun, assert_problem, eventually, required_env, send};
 
 const LEASE_SECS: &str = "2";
 
-/// Another replica on `first`'s database, loading into the same dataset.
+/// Another replica on `first`'s database (same tokens, as a fleet has), loading into the same
+/// dataset.
 async fn replica_of(first: &Gateway) -> Gateway {
-    let mut replica = GatewayOptions::new()
+    replica_with(first, GatewayOptions::new()).await
+}
+
+async fn replica_with(first: &Gateway, options: GatewayOptions) -> Gateway {
+    let mut replica = options
         .database_url(&first.database_url)
         .env("FILAMENT_REPLICA_LEASE_SECS", LEASE_SECS)
+        .env("FILAMENT_API_TOKENS", &first.token)
         .spawn()
         .await;
     replica.dataset = first.dataset.clone();
+    replica.token = first.token.clone();
     replica
 }
 
@@ -34,14 +43,46 @@ async fn count(gw: &Gateway, table: &str) -> Vec<serde_json::Value> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn only_the_replica_serving_an_execution_changes_it() {
+async fn a_replica_forwards_an_executions_requests_to_its_owner() {
     let a = first_replica().await;
+    let b = replica_of(&a).await;
+    TestRun::new("r", "e").full_append(&["t"]).open(&a).await;
+    // Batches (one gzip-compressed, forwarded as sent), a checkpoint and the commit all reach
+    // `b`; `a`, whose memory holds the uploads, answers them.
+    b.post_accepted("r", "e", "t", Some(0), ipc_stream(&[ids(0..10)])).await;
+    let compressed = gzip(&ipc_stream(&[ids(10..30)]));
+    let answer = send(
+        b.request(Method::POST, "/v1/runs/r/executions/e/resources/t/batches?seq=1")
+            .header("content-type", "application/vnd.apache.arrow.stream")
+            .header("content-encoding", "gzip")
+            .body(compressed),
+    )
+    .await;
+    assert_eq!(answer.0, StatusCode::ACCEPTED, "{}", answer.1);
+    let (status, _) = b.json(Method::POST, "/v1/runs/r/executions/e/checkpoints", Some(json!({"checkpoint": 7}))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(b.commit_and_wait("r", "e").await["state"], "committed");
+    assert_eq!(count(&a, "t").await, vec![json!("30"), json!("30")]);
+    let metrics = reqwest::get(b.url("/metrics")).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("filament_requests_forwarded_total 4"), "{metrics}");
+    let (_, run) = b.json(Method::GET, "/v1/runs/r", None).await;
+    assert_eq!(run["durable_checkpoint"], 7, "{run}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replica_that_cannot_reach_the_owner_refuses_and_changes_nothing() {
+    // `a` advertises an address nobody listens on: `b` cannot forward to it.
+    let a = GatewayOptions::new()
+        .env("FILAMENT_REPLICA_LEASE_SECS", LEASE_SECS)
+        .env("FILAMENT_ADVERTISE_URL", "http://127.0.0.1:9")
+        .spawn()
+        .await;
     let b = replica_of(&a).await;
     TestRun::new("r", "e").full_append(&["t"]).open(&a).await;
     let before = a.db_snapshot().await;
     let refused = b.post_batch("r", "e", "t", Some(0), ipc_stream(&[ids(0..10)])).await;
     let problem = assert_problem(refused, StatusCode::SERVICE_UNAVAILABLE, "execution_owned_elsewhere");
-    assert!(problem["hint"].as_str().unwrap().contains("affinity"), "{problem}");
+    assert!(problem["detail"].as_str().unwrap().contains("could not be reached"), "{problem}");
     for action in ["checkpoints", "pause", "commit", "abort"] {
         let body = (action == "checkpoints").then(|| json!({"checkpoint": 1}));
         let answer = b.json(Method::POST, &format!("/v1/runs/r/executions/e/{action}"), body).await;
@@ -50,14 +91,80 @@ async fn only_the_replica_serving_an_execution_changes_it() {
     let redelivery = b.open_execution("r", "e").await;
     assert_problem(redelivery, StatusCode::SERVICE_UNAVAILABLE, "execution_owned_elsewhere");
     assert_eq!(a.db_snapshot().await, before, "a refused request changes nothing");
-    let (status, seen) = b.json(Method::GET, "/v1/runs/r/executions/e", None).await;
-    assert_eq!((status, seen["state"].as_str()), (StatusCode::OK, Some("extracting")), "any replica reads it");
 
     a.post_accepted("r", "e", "t", Some(0), ipc_stream(&[ids(0..10)])).await;
     assert_eq!(a.commit_and_wait("r", "e").await["state"], "committed");
     assert_eq!(count(&a, "t").await, vec![json!("10"), json!("10")]);
+    // Once committed, any replica reports it.
     let (status, committed) = b.json(Method::POST, "/v1/runs/r/executions/e/commit?wait=true", None).await;
     assert_eq!((status, committed["state"].as_str()), (StatusCode::OK, Some("committed")), "{committed}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replica_stopped_with_sigterm_hands_its_execution_over() {
+    let mut a = first_replica().await;
+    let b = replica_of(&a).await;
+    TestRun::new("r", "e").full_append(&["t1", "t2"]).open(&a).await;
+    a.post_accepted("r", "e", "t1", Some(0), ipc_stream(&[ids(0..40)])).await;
+    a.post_accepted("r", "e", "t2", Some(0), ipc_stream(&[ids(0..25)])).await;
+    assert!(a.terminate().await.success());
+    assert!(a.logs().contains("replica.handed_over"), "{}", a.logs());
+    let handed_over = streams_of(&b, "e").await;
+    assert_eq!(handed_over.iter().map(|s| s.2).collect::<Vec<_>>(), vec![40, 25], "offsets recorded: {handed_over:?}");
+    let (_, seen) = b.json(Method::GET, "/v1/runs/r/executions/e", None).await;
+    assert_eq!(seen["state"], "extracting", "a clean stop fails nothing: {seen}");
+    // `b` adopts it: t1 goes on in the same stream at its offset, t2 gets no more batches and
+    // is committed from what `a` recorded.
+    b.post_accepted("r", "e", "t1", Some(1), ipc_stream(&[ids(40..60)])).await;
+    assert_eq!(b.commit_and_wait("r", "e").await["state"], "committed");
+    assert!(b.logs().contains("replica.adopted"), "{}", b.logs());
+    assert_eq!(count(&b, "t1").await, vec![json!("60"), json!("60")]);
+    assert_eq!(count(&b, "t2").await, vec![json!("25"), json!("25")]);
+    let committed = streams_of(&b, "e").await;
+    let names = |streams: &[(String, String, i64)]| streams.iter().map(|s| s.1.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&committed), names(&handed_over), "the same streams went on, no new one");
+    assert_eq!(committed.iter().map(|s| s.2).collect::<Vec<_>>(), vec![60, 25]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_replicas_receiving_the_same_commit_publish_once() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    let a = GatewayOptions::new().rest_proxy(&proxy).env("FILAMENT_REPLICA_LEASE_SECS", LEASE_SECS).spawn().await;
+    let b = replica_with(&a, GatewayOptions::new().rest_proxy(&proxy)).await;
+    TestRun::new("r", "e").full_append(&["t"]).open(&a).await;
+    a.post_accepted("r", "e", "t", Some(0), ipc_stream(&[ids(0..50)])).await;
+    let path = "/v1/runs/r/executions/e/commit?wait=true";
+    let (on_a, on_b) = tokio::join!(a.json(Method::POST, path, None), b.json(Method::POST, path, None));
+    for (status, body) in [on_a, on_b] {
+        assert!(status.is_success(), "{status} {body}");
+    }
+    let committed = a.commit_and_wait("r", "e").await;
+    assert_eq!(committed["state"], "committed");
+    let publications: Vec<String> = proxy.queries().into_iter().filter(|q| q.contains("INSERT")).collect();
+    assert_eq!(publications.len(), 1, "one publication job: {publications:?}");
+    assert_eq!(count(&a, "t").await, vec![json!("50"), json!("50")]);
+}
+
+/// Each resource's stream name and acknowledged rows in the execution's current delivery.
+async fn streams_of(gw: &Gateway, execution: &str) -> Vec<(String, String, i64)> {
+    use sqlx::Connection as _;
+    let mut db = sqlx::PgConnection::connect(&gw.database_url).await.unwrap();
+    sqlx::query_as(
+        "SELECT s.resource, s.stream_name, s.rows_acknowledged FROM staging_streams s JOIN executions e
+           ON e.run_id = s.run_id AND e.execution_id = s.execution_id AND e.delivery = s.delivery
+         WHERE s.execution_id = $1 AND s.stream_name IS NOT NULL ORDER BY s.resource",
+    )
+    .bind(execution)
+    .fetch_all(&mut db)
+    .await
+    .unwrap()
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(bytes).unwrap();
+    encoder.finish().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -10,6 +10,7 @@ pub mod emulator;
 mod eventually;
 pub mod fake_rest;
 pub mod fake_write;
+pub mod fleet;
 pub mod proxy;
 pub mod rest_proxy;
 mod test_run;
@@ -217,11 +218,18 @@ impl Gateway {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
-    /// Sends SIGTERM and waits for the process to exit.
-    pub async fn terminate(&mut self) -> std::process::ExitStatus {
+    /// Sends SIGTERM (without waiting for the exit).
+    pub fn signal_terminate(&self) {
         let pid = self.child.id().to_string();
         let status = Command::new("kill").args(["-TERM", &pid]).status().expect("kill");
         assert!(status.success());
+    }
+
+    /// Sends SIGTERM and waits for the process to exit.
+    pub async fn terminate(&mut self) -> std::process::ExitStatus {
+        if self.child.try_wait().expect("wait").is_none() {
+            self.signal_terminate();
+        }
         let child = &mut self.child;
         eventually(Duration::from_secs(60), "the gateway to exit after SIGTERM", || {
             std::future::ready(child.try_wait().expect("wait"))
@@ -325,7 +333,8 @@ impl Gateway {
 
     /// Every row of every table of the gateway's database, as text: equal snapshots mean no
     /// request changed the state. Upload progress that lanes record in the background (stream
-    /// name, acknowledged rows) is left out: it moves whatever requests arrive.
+    /// name, acknowledged rows) and lease renewals are left out: they move whatever requests
+    /// arrive.
     pub async fn db_snapshot(&self) -> String {
         let mut connection = PgConnection::connect(&self.database_url).await.expect("connect");
         let mut snapshot = String::new();
@@ -341,8 +350,12 @@ impl Gateway {
             "checkpoints",
             "publications",
         ] {
-            let row =
-                if table == "staging_streams" { format!("(to_jsonb(t) {background})") } else { "to_jsonb(t)".into() };
+            let row = match table {
+                "staging_streams" => format!("(to_jsonb(t) {background})"),
+                // Lease renewals (the owner's heartbeat) move whatever requests arrive.
+                "executions" => "(to_jsonb(t) - 'lease_expires_at')".into(),
+                _ => "to_jsonb(t)".into(),
+            };
             let rows: Vec<(String,)> =
                 sqlx::query_as(&format!("SELECT {row}::text FROM {table} t ORDER BY {row}::text"))
                     .fetch_all(&mut connection)
