@@ -232,4 +232,13 @@ async fn options_that_do_not_fit_the_batch_schema_refuse_the_batch_and_change_no
     gw.declare("r", "events", json!({"write_mode": "full_append"})).await;
     let answer = gw.post_batch("r", "e", "events", Some(0), ipc_stream(&[described_too_long])).await;
     assert_problem(answer, StatusCode::UNPROCESSABLE_ENTITY, "invalid_table_options");
+
+    // The options are part of the declaration: fixed once the resource has batches.
+    let clustered = json!({"write_mode": "full_append", "table_options": {"clustering": ["region"]}});
+    gw.declare("r", "events", clustered.clone()).await;
+    gw.post_accepted("r", "e", "events", Some(0), ipc_stream(&[events(0..5)])).await;
+    gw.declare("r", "events", clustered).await;
+    let reclustered = json!({"write_mode": "full_append", "table_options": {"clustering": ["id"]}});
+    let answer = gw.json(Method::PUT, "/v1/runs/r/resources/events", Some(reclustered)).await;
+    assert_problem(answer, StatusCode::CONFLICT, "resource_conflict");
 }
