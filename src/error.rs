@@ -53,6 +53,10 @@ error_codes! {
     NullPrimaryKey => "null_primary_key", UNPROCESSABLE_ENTITY, "Null primary key value";
     PrimaryKeyRequired => "primary_key_required", UNPROCESSABLE_ENTITY, "Primary key required";
     InvalidPrimaryKey => "invalid_primary_key", UNPROCESSABLE_ENTITY, "Invalid primary key";
+    InvalidPartitioning => "invalid_partitioning", UNPROCESSABLE_ENTITY, "Invalid table partitioning";
+    InvalidClustering => "invalid_clustering", UNPROCESSABLE_ENTITY, "Invalid table clustering";
+    InvalidTableLabels => "invalid_table_labels", UNPROCESSABLE_ENTITY, "Invalid table labels";
+    InvalidTableOptions => "invalid_table_options", UNPROCESSABLE_ENTITY, "Invalid table options";
     RowTooLarge => "row_too_large", UNPROCESSABLE_ENTITY, "Row too large";
     PayloadTooLarge => "payload_too_large", PAYLOAD_TOO_LARGE, "Payload too large";
     UriTooLong => "uri_too_long", URI_TOO_LONG, "Request URI too long";

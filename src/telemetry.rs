@@ -163,6 +163,30 @@ impl<E: Display> AppendFailed<'_, E> {
     }
 }
 
+/// `bigquery.write.prepare` with `layout_mismatch`: the existing destination table is laid out
+/// otherwise than its resource declares. The table is left as it is and loading goes on.
+#[derive(Debug)]
+pub(crate) struct LayoutMismatch<'a> {
+    pub(crate) run_id: &'a str,
+    pub(crate) execution_id: &'a str,
+    pub(crate) resource: &'a str,
+    pub(crate) table: &'a str,
+    pub(crate) differences: &'a [crate::model::table_layout::LayoutDifference],
+}
+
+impl LayoutMismatch<'_> {
+    pub(crate) fn emit(&self) {
+        let (run_id, execution_id, resource, table) = (self.run_id, self.execution_id, self.resource, self.table);
+        let described: Vec<String> = self
+            .differences
+            .iter()
+            .map(|d| format!("{}: table has {}, declared {}", d.option, d.table, d.declared))
+            .collect();
+        let layout_mismatch = described.join("; ");
+        tracing::warn!(run_id, execution_id, resource, table, %layout_mismatch, "bigquery.write.prepare");
+    }
+}
+
 /// Logs go to stderr (stdout carries the start-up line with the bound address). `RUST_LOG`
 /// overrides the default `info` filter.
 pub fn init_logging(format: LogFormat) {

@@ -27,6 +27,7 @@ use crate::ingest::schema::{LoadSpec, MappedSchema, map_schema, schema_sha256};
 use crate::ingest::{bounds, encode_payloads};
 use crate::model::bounds::KeyRange;
 use crate::model::staging::{MAX_KEYED_SEQ, staging_table_name};
+use crate::model::table_layout::TableLayout;
 use crate::model::{ExecutionState, ResourceName, ResourceRef};
 use crate::pipeline::{BatchingPolicy, EncodedBatch, ExecutionUploads, LaneTarget, ReservedBatch};
 use crate::store::{InsertBatch, NewBatch, ReceiptRecord, ResourceRecord, RunRecord};
@@ -76,7 +77,7 @@ type Answer = (StatusCode, axum::Json<Receipt>);
         (status = 409, description = "`execution_not_extracting`, `batch_conflict`", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "`invalid_identifier`, `schema_mismatch`, `unsupported_type`, `precision_loss`, `invalid_value`, `invalid_operation`, `invalid_primary_key`, `null_primary_key`, `row_too_large`", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "`invalid_identifier`, `schema_mismatch`, `unsupported_type`, `precision_loss`, `invalid_value`, `invalid_operation`, `invalid_primary_key`, `null_primary_key`, `row_too_large`, `invalid_partitioning`, `invalid_clustering`, `invalid_table_options` (the declared table options do not fit the schema)", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 429, description = "`backpressure`: retry after `Retry-After` seconds", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 503, description = "`execution_owned_elsewhere`: another gateway replica serves the execution and could not be reached (retry after `Retry-After`); `replica_draining`: this replica is shutting down (retry); `gateway_restarted`: the replica that served it stopped (deliver the execution again)", body = ProblemDocument, content_type = "application/problem+json"),
     )
@@ -152,6 +153,8 @@ struct AcceptedBody {
     max_payload_bytes: usize,
     /// Keyed modes: the batch's key ranges, recorded with its receipt.
     key_ranges: Option<Vec<KeyRange>>,
+    /// The declared table options resolved against this schema.
+    destination_layout: TableLayout,
 }
 
 struct EncodedRequest {
@@ -177,6 +180,13 @@ async fn decode_and_encode(
     let declared = &target.declared;
     let spec = LoadSpec { write_mode: declared.write_mode, primary_key: &declared.primary_key };
     let mapped = map_schema(&body.schema, spec)?;
+    let destination_layout = TableLayout::resolve(
+        declared.table_options.as_ref(),
+        declared.write_mode,
+        &declared.primary_key,
+        &mapped.destination_columns,
+        mapped.incoming.fields(),
+    )?;
     if mapped.stages_seq && seq.is_some_and(|seq| seq > MAX_KEYED_SEQ) {
         return Err(Problem::invalid_request(format!(
             "write mode {} orders rows by (seq, row): seq must be at most {MAX_KEYED_SEQ}",
@@ -214,6 +224,7 @@ async fn decode_and_encode(
         serialized_schema,
         max_payload_bytes,
         key_ranges,
+        destination_layout,
     };
     Ok(Decoded::New(Box::new(EncodedRequest { batch, accepted })))
 }
@@ -287,6 +298,7 @@ fn lane_target(target: &BatchTarget, body: AcceptedBody, staging_table: String) 
         destination_table: target.declared.table_name.clone(),
         staging_table,
         destination_columns: body.mapped.destination_columns,
+        destination_layout: body.destination_layout,
         staging_columns: body.mapped.staging_columns,
         serialized_schema: body.serialized_schema,
         batching: BatchingPolicy {

@@ -14,6 +14,7 @@ use super::views::{ResourceView, RunView, run_view};
 use crate::error::{ErrorCode, Problem};
 use crate::model::columns::MAX_KEY_COLUMNS;
 use crate::model::ids::{default_table_name, validate_column_name, validate_project_id, validate_table_name};
+use crate::model::table_options::{TableOptions, TableOptionsDeclaration};
 use crate::model::{Batching, Destination, ResourceName, RunId, WriteMode};
 use crate::store::{NewRun, ResourceRecord, ResourceUpsert, RunRecord};
 
@@ -44,6 +45,9 @@ pub(crate) struct PutResourceRequest {
     pub(crate) write_mode: WriteMode,
     /// Key columns (1 to 16), required by the upsert, delete and merge modes.
     pub(crate) primary_key: Option<Vec<String>>,
+    /// Layout of the destination table, applied when the gateway creates it (an existing table
+    /// is never re-laid out; a different layout is reported as `layout_mismatch`).
+    pub(crate) table_options: Option<TableOptionsDeclaration>,
 }
 
 /// The run, or `invalid_identifier` / `not_found`.
@@ -169,7 +173,7 @@ fn validate_primary_key(write_mode: WriteMode, primary_key: &[String]) -> Result
         (status = 404, description = "No such run", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 409, description = "`resource_conflict`: batches exist and the declaration changes", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "`invalid_identifier`, `primary_key_required`, `invalid_primary_key`", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "`invalid_identifier`, `primary_key_required`, `invalid_primary_key`, `invalid_partitioning`, `invalid_clustering`, `invalid_table_labels`, `invalid_table_options`", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn put_resource(
@@ -183,15 +187,27 @@ pub(crate) async fn put_resource(
     validate_table_name(&table_name)?;
     let primary_key = request.primary_key.unwrap_or_default();
     validate_primary_key(request.write_mode, &primary_key)?;
+    let table_options = request
+        .table_options
+        .as_ref()
+        .map(|declared| TableOptions::parse(declared, request.write_mode, &primary_key))
+        .transpose()?;
     let run = load_run(&state, &run_id).await?;
-    let declared =
-        ResourceRecord { resource: resource.clone(), table_name, write_mode: request.write_mode, primary_key };
+    let declared = ResourceRecord {
+        resource: resource.clone(),
+        table_name,
+        write_mode: request.write_mode,
+        primary_key,
+        table_options,
+        layout_mismatch: None,
+    };
     match state.store.upsert_resource(&run.run_id, &declared).await? {
         ResourceUpsert::Stored(stored) => Ok(axum::Json(stored.into())),
         ResourceUpsert::Conflict(current) => Err(Problem::new(
             ErrorCode::ResourceConflict,
             format!(
-                "resource {resource} already has batches as {} into {} (key {:?}); its declaration cannot change",
+                "resource {resource} already has batches as {} into {} (key {:?}); its declaration (mode, key, \
+                 table, table_options) cannot change",
                 current.write_mode, current.table_name, current.primary_key
             ),
         )),

@@ -6,6 +6,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::error::Problem;
+use crate::model::table_layout::LayoutDifference;
+use crate::model::table_options::TableOptionsDeclaration;
 use crate::model::{Batching, Destination, ExecutionState, PublicationState, WriteMode};
 use crate::store::{
     ExecutionRecord, PublicationRecord, ReceiptRecord, ResourceProgress, ResourceRecord, RunRecord, Store,
@@ -19,11 +21,25 @@ pub(crate) struct ResourceView {
     pub(crate) table: String,
     pub(crate) write_mode: WriteMode,
     pub(crate) primary_key: Vec<String>,
+    /// The declared table layout, when one was declared.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) table_options: Option<TableOptionsDeclaration>,
+    /// How the existing destination table's layout differs from `table_options`, as the last
+    /// upload found (the table is left as it is and loading goes on); absent when it does not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) layout_mismatch: Option<Vec<LayoutDifference>>,
 }
 
 impl From<ResourceRecord> for ResourceView {
     fn from(r: ResourceRecord) -> Self {
-        Self { resource: r.resource.into(), table: r.table_name, write_mode: r.write_mode, primary_key: r.primary_key }
+        Self {
+            resource: r.resource.into(),
+            table: r.table_name,
+            write_mode: r.write_mode,
+            primary_key: r.primary_key,
+            table_options: r.table_options.map(TableOptionsDeclaration::from),
+            layout_mismatch: r.layout_mismatch,
+        }
     }
 }
 

@@ -1,12 +1,20 @@
 //! Datasets and tables over REST (`datasets.get/insert`, `tables.get/insert/delete`). Never DDL
 //! query jobs: metadata calls are cheaper, idempotent and do not need `bigquery.jobs.create`.
+//! A destination table is created with its resource's [`TableLayout`] (partitioning,
+//! clustering, descriptions, labels); an existing one is only compared with it
+//! ([`layout_differences`]), never re-laid out.
 
 use google_cloud_bigquery_v2::model::{
-    Dataset, DatasetReference, Table, TableFieldSchema, TableReference, TableSchema,
+    Clustering, Dataset, DatasetReference, RangePartitioning, Table, TableFieldSchema, TableReference, TableSchema,
+    TimePartitioning, range_partitioning,
 };
 
 use super::{BigQuery, BigQueryError, BigQueryResult, rest_call};
 use crate::model::columns::{BigQueryType, Column};
+use crate::model::table_layout::{ColumnDescriptions, LayoutDifference, TableLayout};
+use crate::model::table_options::{Partitioning, TableOptions};
+
+const MILLIS_PER_DAY: i64 = 86_400_000;
 
 /// The field schema `tables.insert` / `tables.patch` take for a column (nested for STRUCTs).
 pub(crate) fn field_schema(column: &Column) -> TableFieldSchema {
@@ -18,6 +26,106 @@ pub(crate) fn field_schema(column: &Column) -> TableFieldSchema {
         BigQueryType::Struct(fields) => field.set_fields(fields.iter().map(field_schema)),
         _ => field,
     }
+}
+
+/// [`field_schema`] with the column's description (and its STRUCT fields' descriptions).
+fn described_field_schema(column: &Column, descriptions: &ColumnDescriptions) -> TableFieldSchema {
+    let mut field = TableFieldSchema::new()
+        .set_name(&column.name)
+        .set_type(column.bigquery_type.type_name())
+        .set_mode(column.mode());
+    if let Some(text) = descriptions.text(&column.name) {
+        field = field.set_description(text);
+    }
+    match (&column.bigquery_type, descriptions.fields(&column.name)) {
+        (BigQueryType::Struct(fields), Some(nested)) => {
+            field.set_fields(fields.iter().map(|f| described_field_schema(f, nested)))
+        }
+        (BigQueryType::Struct(fields), None) => field.set_fields(fields.iter().map(field_schema)),
+        _ => field,
+    }
+}
+
+/// The `tables.insert` body of a destination table laid out as `layout` (created at
+/// `now_ms`, milliseconds since the epoch, which the expiration counts from).
+pub(crate) fn destination_table_body(
+    reference: TableReference,
+    columns: &[Column],
+    layout: &TableLayout,
+    now_ms: i64,
+) -> Table {
+    let fields = columns.iter().map(|c| described_field_schema(c, &layout.column_descriptions));
+    let mut body = Table::new().set_table_reference(reference).set_schema(TableSchema::new().set_fields(fields));
+    match &layout.partitioning {
+        Some(Partitioning::TimeUnitColumn { field, granularity }) => {
+            body = body.set_time_partitioning(TimePartitioning::new().set_type(granularity.as_str()).set_field(field));
+        }
+        Some(Partitioning::IngestionTime { granularity }) => {
+            body = body.set_time_partitioning(TimePartitioning::new().set_type(granularity.as_str()));
+        }
+        Some(Partitioning::IntegerRange { field, range }) => {
+            let range = range_partitioning::Range::new()
+                .set_start(range.start.to_string())
+                .set_end(range.end.to_string())
+                .set_interval(range.interval.to_string());
+            body = body.set_range_partitioning(RangePartitioning::new().set_field(field).set_range(range));
+        }
+        None => {}
+    }
+    if !layout.clustering.is_empty() {
+        body = body.set_clustering(Clustering::new().set_fields(layout.clustering.iter().cloned()));
+    }
+    if layout.require_partition_filter {
+        body = body.set_require_partition_filter(true);
+    }
+    if let Some(days) = layout.expiration_days {
+        body = body.set_expiration_time(now_ms + days * MILLIS_PER_DAY);
+    }
+    if let Some(description) = &layout.description {
+        body = body.set_description(description);
+    }
+    body.set_labels(layout.labels.clone())
+}
+
+/// How an existing table's partitioning reads in messages (the terms of [`Partitioning::describe`]).
+fn describe_partitioning(table: &Table) -> Option<String> {
+    if let Some(range) = &table.range_partitioning
+        && !range.field.is_empty()
+    {
+        let bounds = range.range.clone().unwrap_or_default();
+        return Some(format!("range [{}, {}) by {} on {}", bounds.start, bounds.end, bounds.interval, range.field));
+    }
+    let time = table.time_partitioning.as_ref().filter(|t| !t.r#type.is_empty())?;
+    Some(match &time.field {
+        Some(field) if !field.is_empty() => format!("{} on {field}", time.r#type),
+        _ => format!("{} by ingestion time", time.r#type),
+    })
+}
+
+/// What the existing `table` has otherwise than `declared` explicitly asks for: partitioning,
+/// clustering and the partition filter requirement (descriptions, labels and expiration are
+/// not layout). Names compare case-insensitively.
+pub(crate) fn layout_differences(table: &Table, declared: &TableOptions) -> Vec<LayoutDifference> {
+    let mut differences = Vec::new();
+    let mut differ = |option: &str, table: String, declared: String| {
+        if !table.eq_ignore_ascii_case(&declared) {
+            differences.push(LayoutDifference { option: option.into(), table, declared });
+        }
+    };
+    if let Some(partitioning) = &declared.partitioning {
+        let existing = describe_partitioning(table).unwrap_or_else(|| "none".into());
+        differ("partitioning", existing, partitioning.describe());
+    }
+    if let Some(clustering) = &declared.clustering {
+        let existing = table.clustering.as_ref().map(|c| c.fields.join(", ")).unwrap_or_default();
+        let none = |list: String| if list.is_empty() { "none".to_string() } else { list };
+        differ("clustering", none(existing), none(clustering.join(", ")));
+    }
+    if let Some(required) = declared.require_partition_filter {
+        let existing = table.require_partition_filter.unwrap_or(false);
+        differ("require_partition_filter", existing.to_string(), required.to_string());
+    }
+    differences
 }
 
 /// How an existing field reads in messages: `INTEGER`, `REPEATED STRING`, `RECORD<a STRING>`.
@@ -88,6 +196,16 @@ impl BigQuery {
         }
     }
 
+    /// The table (schema, layout, labels), or `None` when it does not exist.
+    pub(crate) async fn get_table(&self, project: &str, dataset: &str, table: &str) -> BigQueryResult<Option<Table>> {
+        let get = || self.tables.get_table().set_project_id(project).set_dataset_id(dataset).set_table_id(table).send();
+        match rest_call("tables.get", get).await? {
+            Ok(table) => Ok(Some(table)),
+            Err(e) if e.http_status_code() == Some(404) => Ok(None),
+            Err(e) => Err(BigQueryError::rest("tables.get")(e)),
+        }
+    }
+
     /// The table's schema (top-level fields, nested inside), or `None` when it does not exist.
     pub(crate) async fn table_fields(
         &self,
@@ -95,16 +213,11 @@ impl BigQuery {
         dataset: &str,
         table: &str,
     ) -> BigQueryResult<Option<Vec<TableFieldSchema>>> {
-        let get = || self.tables.get_table().set_project_id(project).set_dataset_id(dataset).set_table_id(table).send();
-        match rest_call("tables.get", get).await? {
-            Ok(table) => Ok(Some(table.schema.map(|s| s.fields).unwrap_or_default())),
-            Err(e) if e.http_status_code() == Some(404) => Ok(None),
-            Err(e) => Err(BigQueryError::rest("tables.get")(e)),
-        }
+        Ok(self.get_table(project, dataset, table).await?.map(|t| t.schema.map(|s| s.fields).unwrap_or_default()))
     }
 
-    /// Creates a table with NULLABLE `columns`; `expiration_ms` is milliseconds since the epoch.
-    /// Returns `false` when it already existed.
+    /// Creates a table with NULLABLE `columns` and no layout (staging tables);
+    /// `expiration_ms` is milliseconds since the epoch. Returns `false` when it already existed.
     pub(crate) async fn create_table(
         &self,
         project: &str,
@@ -114,13 +227,30 @@ impl BigQuery {
         expiration_ms: Option<i64>,
     ) -> BigQueryResult<bool> {
         let mut body = Table::new()
-            .set_table_reference(
-                TableReference::new().set_project_id(project).set_dataset_id(dataset).set_table_id(table),
-            )
+            .set_table_reference(table_reference(project, dataset, table))
             .set_schema(TableSchema::new().set_fields(columns.iter().map(field_schema)));
         if let Some(expiration_ms) = expiration_ms {
             body = body.set_expiration_time(expiration_ms);
         }
+        self.insert_table(project, dataset, body).await
+    }
+
+    /// Creates a destination table laid out as `layout`. Returns `false` when it already existed.
+    pub(crate) async fn create_destination_table(
+        &self,
+        project: &str,
+        dataset: &str,
+        table: &str,
+        columns: &[Column],
+        layout: &TableLayout,
+    ) -> BigQueryResult<bool> {
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let body = destination_table_body(table_reference(project, dataset, table), columns, layout, now_ms);
+        self.insert_table(project, dataset, body).await
+    }
+
+    /// `tables.insert`; `false` when the table already existed.
+    async fn insert_table(&self, project: &str, dataset: &str, body: Table) -> BigQueryResult<bool> {
         let insert = || {
             self.tables.insert_table().set_project_id(project).set_dataset_id(dataset).set_table(body.clone()).send()
         };
@@ -167,6 +297,10 @@ impl BigQuery {
             Err(e) => Err(BigQueryError::rest("tables.delete")(e)),
         }
     }
+}
+
+fn table_reference(project: &str, dataset: &str, table: &str) -> TableReference {
+    TableReference::new().set_project_id(project).set_dataset_id(dataset).set_table_id(table)
 }
 
 /// Columns of `wanted` that the existing table holds with another type or shape:
@@ -232,6 +366,74 @@ mod tests {
             ]
         );
         assert_eq!(missing_columns(&table, &wanted).iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["extra"]);
+    }
+
+    fn layout(options: serde_json::Value, columns: &[Column]) -> TableLayout {
+        let declared = serde_json::from_value(options).unwrap();
+        let options = TableOptions::parse(&declared, crate::model::WriteMode::FullAppend, &[]).unwrap();
+        TableLayout::resolve(Some(&options), crate::model::WriteMode::FullAppend, &[], columns, &Default::default())
+            .unwrap()
+    }
+
+    #[test]
+    fn a_destination_table_is_created_with_its_declared_layout() {
+        let columns = [Column::new("id", BigQueryType::Int64), Column::new("region", BigQueryType::String)];
+        let ranged = layout(
+            serde_json::json!({
+                "partitioning": {"field": "ID", "range": {"start": 0, "end": 1000000, "interval": 1000}},
+                "clustering": ["region", "id"],
+                "require_partition_filter": true,
+                "expiration_days": 2,
+                "description": "Users",
+                "labels": {"team": "data"},
+            }),
+            &columns,
+        );
+        let body = destination_table_body(table_reference("p", "d", "t"), &columns, &ranged, 1_000);
+        let json = serde_json::to_value(&body).unwrap();
+        assert_eq!(
+            json["rangePartitioning"],
+            serde_json::json!({"field": "id", "range": {"start": "0", "end": "1000000", "interval": "1000"}})
+        );
+        assert!(json.get("timePartitioning").is_none(), "{json}");
+        assert_eq!(json["clustering"], serde_json::json!({"fields": ["region", "id"]}));
+        assert_eq!(json["requirePartitionFilter"], true);
+        assert_eq!(json["expirationTime"], serde_json::json!((1_000 + 2 * MILLIS_PER_DAY).to_string()));
+        assert_eq!(
+            (json["description"].as_str(), &json["labels"]),
+            (Some("Users"), &serde_json::json!({"team": "data"}))
+        );
+
+        let ingestion = layout(serde_json::json!({"partitioning": {"granularity": "DAY"}}), &columns);
+        let json =
+            serde_json::to_value(destination_table_body(table_reference("p", "d", "t"), &columns, &ingestion, 0))
+                .unwrap();
+        assert_eq!(json["timePartitioning"], serde_json::json!({"type": "DAY"}));
+        for absent in ["rangePartitioning", "clustering", "requirePartitionFilter", "expirationTime", "description"] {
+            assert!(json.get(absent).is_none(), "{absent} in {json}");
+        }
+    }
+
+    #[test]
+    fn an_existing_layout_is_compared_with_what_was_declared_only() {
+        let declared: TableOptions = serde_json::from_value(serde_json::json!({
+            "partitioning": {"field": "created_at", "granularity": "DAY"},
+            "clustering": ["id"],
+        }))
+        .unwrap();
+        let same = Table::new()
+            .set_time_partitioning(TimePartitioning::new().set_type("DAY").set_field("CREATED_AT"))
+            .set_clustering(Clustering::new().set_fields(["id"]))
+            .set_require_partition_filter(true);
+        assert_eq!(layout_differences(&same, &declared), [], "require_partition_filter was not declared");
+        let differences = layout_differences(&Table::new(), &declared);
+        let shown: Vec<_> =
+            differences.iter().map(|d| (d.option.as_str(), d.table.as_str(), d.declared.as_str())).collect();
+        assert_eq!(shown, [("partitioning", "none", "DAY on created_at"), ("clustering", "none", "id")]);
+        let monthly = Table::new().set_time_partitioning(TimePartitioning::new().set_type("MONTH"));
+        let none_declared: TableOptions = serde_json::from_value(serde_json::json!({"clustering": []})).unwrap();
+        assert_eq!(layout_differences(&monthly, &none_declared), []);
+        assert_eq!(layout_differences(&monthly, &declared)[0].table, "MONTH by ingestion time");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The vocabulary every stage shares: identifiers and keys ([`ids`]), columns ([`columns`]),
-//! the staging contract ([`staging`]), write modes, execution and publication states, and the
+//! the staging contract ([`staging`]), declared table layouts ([`table_options`], [`table_layout`]), write
+//! modes, execution and publication states, and the
 //! run's destination and batching settings, with the validation rules of the contract
 //! (`../shared/docs/api-v1.md`). Anything that reaches SQL or a BigQuery name passes through
 //! one of the validated types here first. `model` depends on nothing but [`crate::error`].
@@ -8,6 +9,8 @@ pub(crate) mod bounds;
 pub(crate) mod columns;
 pub(crate) mod ids;
 pub(crate) mod staging;
+pub(crate) mod table_layout;
+pub(crate) mod table_options;
 
 pub(crate) use ids::{DeliveryRef, ExecutionId, ExecutionKey, ResourceName, ResourceRef, RunId};
 

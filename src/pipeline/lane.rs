@@ -18,6 +18,7 @@ use super::retry::RetryPolicy;
 use crate::bigquery::BigQuery;
 use crate::error::{ErrorCode, Problem};
 use crate::model::columns::Column;
+use crate::model::table_layout::TableLayout;
 use crate::model::{ResourceName, ResourceRef};
 use crate::store::Store;
 
@@ -33,6 +34,8 @@ pub(crate) struct LaneTarget {
     pub(crate) staging_table: String,
     /// What the destination table must hold (created or extended with these).
     pub(crate) destination_columns: Vec<Column>,
+    /// How the destination table is laid out when the gateway creates it.
+    pub(crate) destination_layout: TableLayout,
     /// The staging table's columns (staged types, `_filament_op`, `_filament_seq`).
     pub(crate) staging_columns: Vec<Column>,
     /// The staging schema as one encapsulated IPC message (the writer schema).

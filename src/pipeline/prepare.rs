@@ -1,19 +1,23 @@
 //! Setting up one lane's destination before its first append: the dataset, the destination
-//! table (created, or checked and extended with missing NULLABLE columns), the staging table
-//! (expiring after [`STAGING_TABLE_TTL`]) and its PENDING write stream, whose name is recorded
-//! in Postgres before any row is sent. The [`super::appender`] appends to that stream.
+//! table (created with the resource's layout, or checked and extended with missing NULLABLE
+//! columns, its layout compared with the declaration and never changed), the staging table
+//! (expiring after [`STAGING_TABLE_TTL`], without layout: it is read whole once by the
+//! publication) and its PENDING write stream, whose name is recorded in Postgres before any row
+//! is sent. The [`super::appender`] appends to that stream.
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use google_cloud_bigquery_v2::model::{Table, TableFieldSchema};
+
 use super::lane::{LaneContext, LaneTarget};
 use super::retry::{FailureStreak, RetryAction};
 use crate::bigquery::error::dataset_location_mismatch;
-use crate::bigquery::metadata::{missing_columns, type_conflicts};
+use crate::bigquery::metadata::{layout_differences, missing_columns, type_conflicts};
 use crate::bigquery::{BigQuery, BigQueryError, table_path};
 use crate::error::{ErrorCode, Problem};
 use crate::model::staging::STAGING_TABLE_TTL;
-use crate::telemetry::{AppendFailed, PhaseTiming};
+use crate::telemetry::{AppendFailed, LayoutMismatch, PhaseTiming};
 
 /// Prepares the lane's tables and stream (at most `max_concurrent_prepares` at once
 /// gateway-wide); returns the PENDING stream's name.
@@ -30,7 +34,7 @@ pub(super) async fn prepare(context: &LaneContext, target: &LaneTarget) -> Resul
     let existing_location =
         bigquery.ensure_dataset(project, dataset, target.location.as_deref()).await.map_err(fail)?;
     check_location(target, existing_location.as_deref())?;
-    prepare_destination(bigquery, target).await?;
+    prepare_destination(context, target).await?;
     let expires_at_ms = chrono::Utc::now().timestamp_millis() + STAGING_TABLE_TTL.as_millis() as i64;
     bigquery
         .create_table(project, dataset, &target.staging_table, &target.staging_columns, Some(expires_at_ms))
@@ -84,17 +88,56 @@ fn check_location(target: &LaneTarget, existing: Option<&str>) -> Result<(), Pro
     )))
 }
 
-/// Creates the destination table, or checks that the existing one takes the batches' columns
-/// (existing columns are never altered) and adds the missing ones.
-async fn prepare_destination(bigquery: &BigQuery, target: &LaneTarget) -> Result<(), Problem> {
+/// Creates the destination table with its layout, or checks that the existing one takes the
+/// batches' columns (existing columns are never altered), adds the missing ones and reports a
+/// layout other than the declared one.
+async fn prepare_destination(context: &LaneContext, target: &LaneTarget) -> Result<(), Problem> {
+    let (bigquery, layout) = (&context.bigquery, &target.destination_layout);
     let fail = |e: BigQueryError| e.to_problem(ErrorCode::BigqueryError);
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
     let (table, wanted) = (&target.destination_table, &target.destination_columns);
-    let Some(existing) = bigquery.table_fields(project, dataset, table).await.map_err(fail)? else {
-        bigquery.create_table(project, dataset, table, wanted, None).await.map_err(fail)?;
+    let Some(existing_table) = bigquery.get_table(project, dataset, table).await.map_err(fail)? else {
+        bigquery.create_destination_table(project, dataset, table, wanted, layout).await.map_err(fail)?;
+        context.store.set_layout_mismatch(&target.resource, &[]).await?;
         return Ok(());
     };
-    let conflicts = type_conflicts(&existing, wanted);
+    report_layout(context, target, &existing_table).await?;
+    let existing = existing_table.schema.map(|s| s.fields).unwrap_or_default();
+    extend_destination(bigquery, target, &existing).await
+}
+
+/// Compares the existing table's layout with the declared one and records (and logs) how it
+/// differs; the table is left as it is.
+async fn report_layout(context: &LaneContext, target: &LaneTarget, existing: &Table) -> Result<(), Problem> {
+    let differences = match &target.destination_layout.declared {
+        Some(declared) => layout_differences(existing, declared),
+        None => Vec::new(),
+    };
+    context.store.set_layout_mismatch(&target.resource, &differences).await?;
+    if !differences.is_empty() {
+        let delivery = &target.resource.delivery;
+        LayoutMismatch {
+            run_id: delivery.run_id(),
+            execution_id: delivery.execution_id(),
+            resource: &target.resource.resource,
+            table: &target.destination_table,
+            differences: &differences,
+        }
+        .emit();
+    }
+    Ok(())
+}
+
+/// Checks that the existing table takes the batches' columns and adds the missing ones.
+async fn extend_destination(
+    bigquery: &BigQuery,
+    target: &LaneTarget,
+    existing: &[TableFieldSchema],
+) -> Result<(), Problem> {
+    let fail = |e: BigQueryError| e.to_problem(ErrorCode::BigqueryError);
+    let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
+    let (table, wanted) = (&target.destination_table, &target.destination_columns);
+    let conflicts = type_conflicts(existing, wanted);
     if !conflicts.is_empty() {
         let list: Vec<String> = conflicts
             .iter()
@@ -106,13 +149,13 @@ async fn prepare_destination(bigquery: &BigQuery, target: &LaneTarget) -> Result
         )
         .with_hint("existing columns are never altered: send the table's type, or load into a new table"));
     }
-    let missing = missing_columns(&existing, wanted);
+    let missing = missing_columns(existing, wanted);
     if !missing.is_empty() {
         let names: Vec<&str> = missing.iter().map(|c| c.name.as_str()).collect();
         let delivery = &target.resource.delivery;
         tracing::info!(run_id = %delivery.run_id(), execution_id = %delivery.execution_id(), %table,
             columns = %names.join(","), "bigquery.table.columns_added");
-        bigquery.add_columns(project, dataset, table, &existing, &missing).await.map_err(fail)?;
+        bigquery.add_columns(project, dataset, table, existing, &missing).await.map_err(fail)?;
     }
     Ok(())
 }

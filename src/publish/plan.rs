@@ -67,6 +67,8 @@ mod tests {
             table_name: table.into(),
             write_mode,
             primary_key: vec!["id".into()],
+            table_options: None,
+            layout_mismatch: None,
         }
     }
 

@@ -3,7 +3,9 @@
 use chrono::{DateTime, Utc};
 
 use super::{Store, StoreError, StoreResult};
-use crate::model::{Batching, Destination, ResourceName, RunId, WriteMode};
+use crate::model::table_layout::LayoutDifference;
+use crate::model::table_options::TableOptions;
+use crate::model::{Batching, Destination, ResourceName, ResourceRef, RunId, WriteMode};
 
 /// A run as stored.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -40,6 +42,23 @@ pub(crate) struct ResourceRecord {
     pub(crate) table_name: String,
     pub(crate) write_mode: WriteMode,
     pub(crate) primary_key: Vec<String>,
+    #[sqlx(json(nullable))]
+    pub(crate) table_options: Option<TableOptions>,
+    /// How the existing destination table's layout differs from `table_options` (last prepare);
+    /// not part of the declaration.
+    #[sqlx(json(nullable))]
+    pub(crate) layout_mismatch: Option<Vec<LayoutDifference>>,
+}
+
+impl ResourceRecord {
+    /// Whether `other` declares the same thing (mode, key, table, table options).
+    pub(crate) fn same_declaration(&self, other: &ResourceRecord) -> bool {
+        self.resource == other.resource
+            && self.table_name == other.table_name
+            && self.write_mode == other.write_mode
+            && self.primary_key == other.primary_key
+            && self.table_options == other.table_options
+    }
 }
 
 /// Outcome of declaring a resource.
@@ -111,8 +130,26 @@ impl Store {
             .await?)
     }
 
-    /// Declares or re-declares a resource. Re-declaring with another mode, key or table is
-    /// allowed until the resource has batches; then it is a conflict and nothing changes.
+    /// Records how the existing destination table's layout differs from the declaration
+    /// (`[]`: it does not, or nothing was declared to compare).
+    pub(crate) async fn set_layout_mismatch(
+        &self,
+        resource: &ResourceRef,
+        differences: &[LayoutDifference],
+    ) -> StoreResult<()> {
+        let mismatch = (!differences.is_empty()).then(|| sqlx::types::Json(differences));
+        sqlx::query("UPDATE resources SET layout_mismatch = $3 WHERE run_id = $1 AND resource = $2")
+            .bind(resource.delivery.run_id())
+            .bind(&resource.resource)
+            .bind(mismatch)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Declares or re-declares a resource. Re-declaring with another mode, key, table or table
+    /// options is allowed until the resource has batches; then it is a conflict and nothing
+    /// changes.
     pub(crate) async fn upsert_resource(
         &self,
         run_id: &RunId,
@@ -126,7 +163,7 @@ impl Store {
                 .fetch_optional(&mut *tx)
                 .await?;
         if let Some(current) = existing {
-            if current == *declared {
+            if current.same_declaration(declared) {
                 tx.commit().await?;
                 return Ok(ResourceUpsert::Stored(current));
             }
@@ -142,11 +179,12 @@ impl Store {
             }
         }
         let stored: ResourceRecord = sqlx::query_as(
-            "INSERT INTO resources (run_id, resource, table_name, write_mode, primary_key)
-             VALUES ($1, $2, $3, $4, $5)
+            "INSERT INTO resources (run_id, resource, table_name, write_mode, primary_key, table_options)
+             VALUES ($1, $2, $3, $4, $5, $6)
              ON CONFLICT (run_id, resource) DO UPDATE
                SET table_name = EXCLUDED.table_name, write_mode = EXCLUDED.write_mode,
-                   primary_key = EXCLUDED.primary_key, updated_at = now()
+                   primary_key = EXCLUDED.primary_key, table_options = EXCLUDED.table_options,
+                   layout_mismatch = NULL, updated_at = now()
              RETURNING *",
         )
         .bind(run_id)
@@ -154,6 +192,7 @@ impl Store {
         .bind(&declared.table_name)
         .bind(declared.write_mode)
         .bind(&declared.primary_key)
+        .bind(declared.table_options.as_ref().map(sqlx::types::Json))
         .fetch_one(&mut *tx)
         .await?;
         tx.commit().await?;

@@ -18,6 +18,7 @@ mod publication_safety;
 mod quotas;
 mod reliability;
 mod replicas;
+mod table_layout;
 mod troubleshooting;
 mod unreachable;
 mod write_modes;
