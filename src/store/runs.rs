@@ -137,7 +137,7 @@ impl Store {
         resource: &ResourceRef,
         differences: &[LayoutDifference],
     ) -> StoreResult<()> {
-        let mismatch = (!differences.is_empty()).then(|| sqlx::types::Json(differences));
+        let mismatch = (!differences.is_empty()).then_some(sqlx::types::Json(differences));
         sqlx::query("UPDATE resources SET layout_mismatch = $3 WHERE run_id = $1 AND resource = $2")
             .bind(resource.delivery.run_id())
             .bind(&resource.resource)

@@ -117,12 +117,14 @@ impl FakeWrite {
         f(&mut self.state.lock().unwrap())
     }
 
-    /// The stream of the staging table whose name contains `table`.
+    /// The stream of the staging table whose name contains `table` that was committed (else the one with most rows): a stream
+    /// created by an attempt whose answer was lost stays empty beside it.
     pub fn stream_for(&self, table: &str) -> FakeStream {
         self.with(|s| {
             s.streams
                 .values()
-                .find(|st| st.table.contains(table))
+                .filter(|st| st.table.contains(table))
+                .max_by_key(|st| (st.committed, st.rows))
                 .cloned()
                 .unwrap_or_else(|| panic!("no stream for {table}"))
         })
