@@ -5,6 +5,7 @@
 
 pub(crate) mod batches;
 pub(crate) mod connections;
+mod early_answer;
 pub(crate) mod error;
 pub(crate) mod executions;
 pub(crate) mod health;
@@ -148,6 +149,7 @@ pub(crate) fn router(state: SharedState) -> axum::Router {
         })
         .layer(tower_http::decompression::RequestDecompressionLayer::new().pass_through_unaccepted(true))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), protect))
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), early_answer::answer_after_reading_body))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }
