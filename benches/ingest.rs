@@ -15,6 +15,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout, missing_docs)]
 
+// Links the gateway's library and with it ISA-L (its build script links `libisal`), which the
+// gzip-alone baselines call through isal-rs.
+extern crate filament_bigquery as _;
+
 #[path = "../tests/it/support/mod.rs"]
 mod support;
 
