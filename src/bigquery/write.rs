@@ -5,7 +5,7 @@
 //! AppendRows requests are framed here rather than by tonic's encoder: tonic compresses with
 //! zlib at a fixed gzip level 6, about ten times the CPU of level 1, and compression was most of
 //! the gateway's CPU (`docs/performance.md`). Each request is protobuf-encoded and gzip-compressed
-//! with ISA-L (igzip: several times zlib-rs' speed at level 1, and a better ratio) into a
+//! with ISA-L (igzip: faster than zlib-rs at level 1, with a better ratio) into a
 //! standard gRPC length-prefixed message; responses are decoded by tonic as usual.
 
 use std::convert::Infallible;
