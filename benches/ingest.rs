@@ -15,6 +15,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout, missing_docs)]
 
+// Links the gateway's library and with it ISA-L (its build script links `libisal`), which the
+// gzip-alone baselines call through isal-rs.
+extern crate filament_bigquery as _;
+
 #[path = "../tests/it/support/mod.rs"]
 mod support;
 
@@ -87,14 +91,24 @@ const WORDS: [&str; 32] = [
 
 /// The realistic mix: int64 ids, short and long strings, float64, timestamps, booleans.
 fn body(seed: u64) -> Vec<u8> {
+    support::arrow::ipc_stream(&[record_batch(seed, ROWS_PER_BODY)])
+}
+
+/// [`body`] with its buffers compressed the Arrow way (IPC buffer compression).
+fn compressed_body(seed: u64, compression: arrow_ipc::CompressionType) -> Vec<u8> {
+    support::arrow::ipc_stream_compressed(&[record_batch(seed, ROWS_PER_BODY)], compression)
+}
+
+/// The realistic mix in `rows` rows.
+fn record_batch(seed: u64, rows: usize) -> RecordBatch {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let ids: Vec<i64> = (0..ROWS_PER_BODY as i64).map(|i| seed as i64 * 1_000_000 + i).collect();
-    let mut short = Vec::with_capacity(ROWS_PER_BODY);
-    let mut long = Vec::with_capacity(ROWS_PER_BODY);
-    let mut amounts = Vec::with_capacity(ROWS_PER_BODY);
-    let mut times = Vec::with_capacity(ROWS_PER_BODY);
-    let mut flags = Vec::with_capacity(ROWS_PER_BODY);
-    for i in 0..ROWS_PER_BODY {
+    let ids: Vec<i64> = (0..rows as i64).map(|i| seed as i64 * 1_000_000 + i).collect();
+    let mut short = Vec::with_capacity(rows);
+    let mut long = Vec::with_capacity(rows);
+    let mut amounts = Vec::with_capacity(rows);
+    let mut times = Vec::with_capacity(rows);
+    let mut flags = Vec::with_capacity(rows);
+    for i in 0..rows {
         short.push(format!("{}-{}", WORDS[(rng.next() % 32) as usize], rng.next() % 10_000));
         let words = 8 + rng.next() % 16;
         let text: Vec<&str> = (0..words).map(|_| WORDS[(rng.next() % 32) as usize]).collect();
@@ -103,7 +117,7 @@ fn body(seed: u64) -> Vec<u8> {
         times.push(1_700_000_000_000_000 + i as i64 * 1_000 + (rng.next() % 1_000) as i64);
         flags.push(rng.next().is_multiple_of(3));
     }
-    let batch = RecordBatch::try_new(
+    RecordBatch::try_new(
         Arc::new(Schema::new(vec![
             Field::new("id", DataType::Int64, false),
             Field::new("code", DataType::Utf8, true),
@@ -121,8 +135,7 @@ fn body(seed: u64) -> Vec<u8> {
             Arc::new(BooleanArray::from(flags)),
         ],
     )
-    .unwrap();
-    support::arrow::ipc_stream(&[batch])
+    .unwrap()
 }
 
 /// CPU seconds (user + system) of a process or thread from its `stat` file.
@@ -140,20 +153,70 @@ fn peak_rss_mib(pid: u32) -> f64 {
     line.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap() / 1024.0
 }
 
-/// gzip alone on `bodies` at `level`: CPU seconds per GiB of input, and the compression ratio.
-fn gzip_alone(bodies: &[Vec<u8>], level: u32, min_bytes: usize) -> (f64, f64) {
+/// A gzip implementation and level, as the gateway could compress AppendRows requests.
+#[derive(Clone, Copy)]
+enum Gzip {
+    /// flate2 with zlib-rs (the gateway's compressor before ISA-L, tonic's and tower-http's).
+    ZlibRs(u32),
+    /// ISA-L (igzip) as the gateway uses it: its stateful encoder fed 256 KiB pieces.
+    Isal(isal::CompressionLevel),
+}
+
+impl Gzip {
+    fn name(self) -> String {
+        match self {
+            Gzip::ZlibRs(level) => format!("zlib-rs {level}"),
+            Gzip::Isal(level) => format!("ISA-L {}", level as u8),
+        }
+    }
+
+    fn compress(self, body: &[u8]) -> usize {
+        match self {
+            Gzip::ZlibRs(level) => {
+                let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(level));
+                encoder.write_all(body).unwrap();
+                encoder.finish().unwrap().len()
+            }
+            Gzip::Isal(level) => {
+                let mut encoder = isal::write::Encoder::new(Vec::new(), level, isal::Codec::Gzip);
+                for piece in body.chunks(256 * 1024) {
+                    encoder.write_all(piece).unwrap();
+                }
+                encoder.finish().unwrap().len()
+            }
+        }
+    }
+
+    /// The implementation the gateway uses for a `FILAMENT_APPEND_GZIP_LEVEL` setting.
+    fn gateway(setting: u32) -> Gzip {
+        Gzip::Isal(if setting <= 1 { isal::CompressionLevel::One } else { isal::CompressionLevel::Three })
+    }
+}
+
+/// One gzip-alone measurement: CPU seconds per GiB of input and compressed share of the input.
+#[derive(Debug, Clone)]
+struct GzipAlone {
+    name: String,
+    cpu_seconds_per_gib: f64,
+    ratio: f64,
+}
+
+/// gzip alone on `bodies`: CPU seconds per GiB of input (this thread's), and the compression ratio.
+fn gzip_alone(bodies: &[Vec<u8>], gzip: Gzip, min_bytes: usize) -> GzipAlone {
     let before = cpu_seconds("/proc/thread-self/stat");
     let (mut input, mut output) = (0usize, 0usize);
     while input < min_bytes {
         for body in bodies {
-            let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(level));
-            encoder.write_all(body).unwrap();
-            output += encoder.finish().unwrap().len();
+            output += gzip.compress(body);
             input += body.len();
         }
     }
     let cpu = cpu_seconds("/proc/thread-self/stat") - before;
-    (cpu / (input as f64 / GIB), output as f64 / input as f64)
+    GzipAlone {
+        name: gzip.name(),
+        cpu_seconds_per_gib: cpu / (input as f64 / GIB),
+        ratio: output as f64 / input as f64,
+    }
 }
 
 async fn spawn_gateway(fake: &FakeWrite, extra: &[(&str, String)]) -> Gateway {
@@ -194,28 +257,57 @@ async fn post_bodies(gw: &Gateway, resource: &str, bodies: &[Vec<u8>], first: us
     rows
 }
 
+/// Bodies posted in turn, with what their rows weigh as plain Arrow IPC (the figures count plain
+/// bytes, so compressed bodies compare with plain ones).
+struct BodySet {
+    name: &'static str,
+    bodies: Vec<Vec<u8>>,
+    plain_bytes: Vec<u64>,
+}
+
+impl BodySet {
+    fn plain(name: &'static str, bodies: Vec<Vec<u8>>) -> Self {
+        let plain_bytes = bodies.iter().map(|b| b.len() as u64).collect();
+        BodySet { name, bodies, plain_bytes }
+    }
+}
+
 struct Throughput {
     k: usize,
+    bodies: &'static str,
+    /// Plain Arrow IPC bytes of the rows posted, and the bytes actually sent.
     bytes: u64,
+    sent_bytes: u64,
     rows: u64,
     seconds: f64,
     cpu_seconds: f64,
     peak_rss_mib: f64,
 }
 
-async fn run_k(k: usize, bodies: &[Vec<u8>], total_bytes: u64) -> Throughput {
+impl Throughput {
+    fn mb_per_second(&self) -> f64 {
+        self.bytes as f64 / MB / self.seconds
+    }
+
+    fn cpu_seconds_per_gib(&self) -> f64 {
+        self.cpu_seconds / (self.bytes as f64 / GIB)
+    }
+}
+
+/// K resources post `total_bytes` (plain) of `set` concurrently, then commit; every row must
+/// reach the sink exactly once.
+async fn run_k(k: usize, set: &BodySet, total_bytes: u64) -> Throughput {
     let fake = FakeWrite::start().await;
     fake.with(|s| s.null_sink = true);
     let gw = spawn_gateway(&fake, &[]).await;
     let pid = gw.pid();
     let resources: Vec<String> = (0..k).map(|i| format!("r{i:02}")).collect();
     start_run(&gw, &resources).await;
-    let body_bytes = bodies[0].len() as u64;
-    let per_resource = (total_bytes / k as u64).div_ceil(body_bytes).max(1) as usize;
+    let per_resource = (total_bytes / k as u64).div_ceil(set.plain_bytes[0]).max(1) as usize;
     let cpu_before = cpu_seconds(&format!("/proc/{pid}/stat"));
     let started = Instant::now();
     let posted = futures::future::join_all(
-        resources.iter().enumerate().map(|(i, r)| post_bodies(&gw, r, bodies, i, per_resource)),
+        resources.iter().enumerate().map(|(i, r)| post_bodies(&gw, r, &set.bodies, i, per_resource)),
     )
     .await;
     let committed = gw.commit_and_wait("bench", "e").await;
@@ -225,9 +317,11 @@ async fn run_k(k: usize, bodies: &[Vec<u8>], total_bytes: u64) -> Throughput {
     let rows: u64 = posted.iter().sum();
     let sunk: i64 = fake.with(|s| s.streams.values().map(|st| st.rows).sum());
     assert_eq!(sunk as u64, rows, "every row reached the sink exactly once");
-    let bytes: u64 =
-        (0..k).map(|i| (0..per_resource).map(|j| bodies[(i + j) % bodies.len()].len() as u64).sum::<u64>()).sum();
-    Throughput { k, bytes, rows, seconds, cpu_seconds, peak_rss_mib: peak_rss_mib(pid) }
+    let posted_indexes = || (0..k).flat_map(|i| (0..per_resource).map(move |j| (i + j) % set.bodies.len()));
+    let bytes = posted_indexes().map(|b| set.plain_bytes[b]).sum();
+    let sent_bytes = posted_indexes().map(|b| set.bodies[b].len() as u64).sum();
+    let peak_rss_mib = peak_rss_mib(pid);
+    Throughput { k, bodies: set.name, bytes, sent_bytes, rows, seconds, cpu_seconds, peak_rss_mib }
 }
 
 /// Throughput (MB/s) of 8 fast tables until the sink holds all their rows, with or without
@@ -342,27 +436,18 @@ fn main() {
         DISTINCT_BODIES,
         total_bytes as f64 / GIB
     );
-
-    let (gzip_cpu_per_gib, gzip_ratio) = gzip_alone(&bodies, gzip_level, 256 << 20);
-    let (gzip6_cpu_per_gib, gzip6_ratio) = gzip_alone(&bodies, 6, 128 << 20);
-    println!(
-        "gzip alone: level {gzip_level} {gzip_cpu_per_gib:.2} CPU s/GiB (ratio {gzip_ratio:.2}); level 6 {gzip6_cpu_per_gib:.2} CPU s/GiB (ratio {gzip6_ratio:.2})"
-    );
+    let gzip = gzip_baselines(&bodies);
+    let gateway_gzip = gzip.iter().find(|g| g.name == Gzip::gateway(gzip_level).name()).unwrap().clone();
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let mut runs = Vec::new();
+    let plain = BodySet::plain("plain", bodies.clone());
     for k in [1, 8, 64] {
-        let run = runtime.block_on(run_k(k, &bodies, total_bytes));
-        println!(
-            "K={:>2}: {:>7.1} MB/s, {:>9.0} rows/s, gateway {:.2} CPU s/GiB ({:.2}x gzip), peak RSS {:.0} MiB",
-            run.k,
-            run.bytes as f64 / MB / run.seconds,
-            run.rows as f64 / run.seconds,
-            run.cpu_seconds / (run.bytes as f64 / GIB),
-            run.cpu_seconds / (run.bytes as f64 / GIB) / gzip_cpu_per_gib,
-            run.peak_rss_mib
-        );
-        runs.push(run);
+        runs.push(report(runtime.block_on(run_k(k, &plain, total_bytes)), &gateway_gzip));
+    }
+    runs.push(report(runtime.block_on(run_k(1024, &small_bodies(), total_bytes)), &gateway_gzip));
+    for set in compressed_body_sets(&plain) {
+        runs.push(report(runtime.block_on(run_k(8, &set, total_bytes / 2)), &gateway_gzip));
     }
     let fast_bytes = (total_bytes / 4).max(64 << 20);
     let alone = runtime.block_on(head_of_line(&bodies, false, fast_bytes));
@@ -377,55 +462,111 @@ fn main() {
         Ok(mbps) => println!("python peer (8 streams): {mbps:.1} MB/s"),
         Err(why) => println!("python peer: not run: {why}"),
     }
-    write_results(
-        &runs,
-        gzip_level,
-        (gzip_cpu_per_gib, gzip_ratio),
-        (gzip6_cpu_per_gib, gzip6_ratio),
-        (alone, beside_slow),
-        &peer,
-        total_bytes,
-    );
+    let results = Results { runs: &runs, gzip_level, gzip: &gzip, gateway_gzip: &gateway_gzip, total_bytes };
+    write_results(&results, (alone, beside_slow), &peer);
 }
 
-/// The benchmark's path on 32 MiB at K = 1 and 8: proves it still runs and loads every row
-/// exactly once, without timing anything or touching docs/.
+/// gzip alone on the benchmark's bodies, per implementation and level.
+fn gzip_baselines(bodies: &[Vec<u8>]) -> Vec<GzipAlone> {
+    use isal::CompressionLevel::{One, Three, Zero};
+    let measured: Vec<GzipAlone> = [
+        (Gzip::Isal(Zero), 256 << 20),
+        (Gzip::Isal(One), 256 << 20),
+        (Gzip::Isal(Three), 256 << 20),
+        (Gzip::ZlibRs(1), 256 << 20),
+        (Gzip::ZlibRs(6), 64 << 20),
+    ]
+    .into_iter()
+    .map(|(gzip, bytes)| gzip_alone(bodies, gzip, bytes))
+    .collect();
+    for g in &measured {
+        println!("gzip alone, {}: {:.2} CPU s/GiB, ratio {:.2}", g.name, g.cpu_seconds_per_gib, g.ratio);
+    }
+    measured
+}
+
+/// K=1024's bodies: about 1 MiB each (one per resource).
+fn small_bodies() -> BodySet {
+    let rows = (ROWS_PER_BODY as u64 * (1 << 20) / body(0).len() as u64) as usize;
+    BodySet::plain(
+        "1 MiB",
+        (0..DISTINCT_BODIES as u64).map(|seed| support::arrow::ipc_stream(&[record_batch(seed, rows)])).collect(),
+    )
+}
+
+/// The plain bodies again with LZ4_FRAME and ZSTD buffer compression.
+fn compressed_body_sets(plain: &BodySet) -> Vec<BodySet> {
+    use arrow_ipc::CompressionType;
+    [("lz4", CompressionType::LZ4_FRAME), ("zstd", CompressionType::ZSTD)]
+        .into_iter()
+        .map(|(name, compression)| {
+            let bodies = (0..DISTINCT_BODIES as u64).map(|seed| compressed_body(seed, compression)).collect();
+            BodySet { name, bodies, plain_bytes: plain.plain_bytes.clone() }
+        })
+        .collect()
+}
+
+fn report(run: Throughput, gateway_gzip: &GzipAlone) -> Throughput {
+    println!(
+        "K={:>4} {:>5} bodies: {:>7.1} MB/s, {:>9.0} rows/s, gateway {:.2} CPU s/GiB ({:.2}x gzip alone), peak RSS {:.0} MiB",
+        run.k,
+        run.bodies,
+        run.mb_per_second(),
+        run.rows as f64 / run.seconds,
+        run.cpu_seconds_per_gib(),
+        run.cpu_seconds_per_gib() / gateway_gzip.cpu_seconds_per_gib,
+        run.peak_rss_mib
+    );
+    run
+}
+
+/// The benchmark's path on 32 MiB at K = 1 and 8 (and K = 8 with compressed IPC bodies): proves
+/// it still runs and loads every row exactly once, without timing anything or touching docs/.
 fn smoke() {
-    let bodies: Vec<Vec<u8>> = (0..DISTINCT_BODIES as u64).map(body).collect();
+    let plain = BodySet::plain("plain", (0..DISTINCT_BODIES as u64).map(body).collect());
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     for k in [1, 8] {
-        let run = runtime.block_on(run_k(k, &bodies, 32 << 20));
+        let run = runtime.block_on(run_k(k, &plain, 32 << 20));
         println!("bench smoke (cargo test, not a measurement): K={k} loaded {} rows exactly once", run.rows);
+    }
+    for set in compressed_body_sets(&plain) {
+        let run = runtime.block_on(run_k(8, &set, 16 << 20));
+        println!("bench smoke: K=8 {} bodies loaded {} rows exactly once", set.name, run.rows);
     }
 }
 
-fn write_results(
-    runs: &[Throughput],
+/// What one benchmark run measured, for the result file and docs/performance.md.
+struct Results<'a> {
+    runs: &'a [Throughput],
     gzip_level: u32,
-    gzip: (f64, f64),
-    gzip6: (f64, f64),
-    head_of_line: (f64, f64),
-    peer: &Result<f64, String>,
+    gzip: &'a [GzipAlone],
+    gateway_gzip: &'a GzipAlone,
     total_bytes: u64,
-) {
-    let k8 = runs.iter().find(|r| r.k == 8).map(|r| r.bytes as f64 / MB / r.seconds);
+}
+
+fn write_results(results: &Results, head_of_line: (f64, f64), peer: &Result<f64, String>) {
+    let k8 = results.runs.iter().find(|r| r.k == 8 && r.bodies == "plain").map(Throughput::mb_per_second);
     let peer_ratio = peer.as_ref().ok().zip(k8).map(|(peer, ours)| ours / peer);
     let result = json!({
         "machine": machine(),
-        "bytes_per_run": total_bytes,
-        "gzip_level": gzip_level,
-        "gzip_alone_cpu_seconds_per_gib": gzip.0,
-        "gzip_alone_ratio": gzip.1,
-        "gzip_level6_cpu_seconds_per_gib": gzip6.0,
-        "runs": runs.iter().map(|r| json!({
+        "load_average_at_end": load_average(),
+        "bytes_per_run": results.total_bytes,
+        "gzip_level": results.gzip_level,
+        "gzip_alone": results.gzip.iter().map(|g| json!({
+            "implementation": g.name, "cpu_seconds_per_gib": g.cpu_seconds_per_gib, "ratio": g.ratio,
+        })).collect::<Vec<_>>(),
+        "gateway_gzip": results.gateway_gzip.name,
+        "runs": results.runs.iter().map(|r| json!({
             "k": r.k,
+            "bodies": r.bodies,
             "bytes": r.bytes,
+            "sent_bytes": r.sent_bytes,
             "rows": r.rows,
             "seconds": r.seconds,
-            "mb_per_second": r.bytes as f64 / MB / r.seconds,
+            "mb_per_second": r.mb_per_second(),
             "rows_per_second": r.rows as f64 / r.seconds,
-            "gateway_cpu_seconds_per_gib": r.cpu_seconds / (r.bytes as f64 / GIB),
-            "cpu_ratio_to_gzip": r.cpu_seconds / (r.bytes as f64 / GIB) / gzip.0,
+            "gateway_cpu_seconds_per_gib": r.cpu_seconds_per_gib(),
+            "cpu_ratio_to_gzip": r.cpu_seconds_per_gib() / results.gateway_gzip.cpu_seconds_per_gib,
             "peak_rss_mib": r.peak_rss_mib,
         })).collect::<Vec<_>>(),
         "head_of_line": {"fast_alone_mb_per_second": head_of_line.0, "fast_beside_slow_mb_per_second": head_of_line.1,
@@ -435,41 +576,69 @@ fn write_results(
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     std::fs::create_dir_all(root.join("build/bench")).unwrap();
     std::fs::write(root.join("build/bench/result.json"), serde_json::to_string_pretty(&result).unwrap()).unwrap();
+    let md = results_markdown(results, &result, head_of_line, peer, peer_ratio);
+    // The generated part replaces what lies between the markers; the analysis around it stays.
+    let (begin, end) = ("<!-- bench:begin -->", "<!-- bench:end -->");
+    let path = root.join("docs/performance.md");
+    let current = std::fs::read_to_string(&path).unwrap_or_default();
+    let updated = match (current.find(begin), current.find(end)) {
+        (Some(b), Some(e)) if b < e => format!("{}{begin}\n{md}{}", &current[..b], &current[e..]),
+        _ => format!("{begin}\n{md}{end}\n"),
+    };
+    std::fs::write(path, updated).unwrap();
+}
 
+/// The 1-, 5- and 15-minute load averages, for the record (other work on the machine skews runs).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn results_markdown(
+    results: &Results,
+    result: &Value,
+    head_of_line: (f64, f64),
+    peer: &Result<f64, String>,
+    peer_ratio: Option<f64>,
+) -> String {
     let mut md = String::new();
     md.push_str("Measured by `make bench` (`benches/ingest.rs`): the release gateway against Postgres, the\n");
     md.push_str("emulator's REST API and a null Storage Write sink (the test fake in null-sink mode: it\n");
     md.push_str("decompresses and decodes every request, counts rows, acknowledges at once). The sink and the\n");
     md.push_str("load generator run on the same machine, so they compete with the gateway for the cores.\n");
     md.push_str("Each run posts Arrow IPC bodies of 20,000 rows (int64 id, short and long strings, float64,\n");
-    md.push_str("timestamp, boolean) from K resources concurrently, then commits. This file is written by the\n");
-    md.push_str("benchmark; the raw figures are in `build/bench/result.json`.\n\n");
+    md.push_str("timestamp, boolean) from K resources concurrently, then commits (K=1024: one body of about\n");
+    md.push_str("1 MiB per resource; `lz4`/`zstd`: the same rows with Arrow IPC buffer compression, figures\n");
+    md.push_str("per plain Arrow byte). Every run asserts that the sink holds every row exactly once. This\n");
+    md.push_str("file is written by the benchmark; the raw figures are in `build/bench/result.json`.\n\n");
     md.push_str(&format!(
-        "Machine: {}. Data per run: {:.2} GiB. AppendRows gzip level: {gzip_level}.\n\n",
+        "Machine: {}; load average at the end {}. Data per run: {:.2} GiB (compressed bodies: half). AppendRows gzip: {} (`FILAMENT_APPEND_GZIP_LEVEL` {}).\n\n",
         result["machine"].as_str().unwrap(),
-        total_bytes as f64 / GIB
+        result["load_average_at_end"].as_str().unwrap(),
+        results.total_bytes as f64 / GIB,
+        results.gateway_gzip.name,
+        results.gzip_level
     ));
-    md.push_str(
-        "| K | MB/s (uncompressed) | rows/s | gateway CPU s/GiB | gzip alone CPU s/GiB | ratio | peak RSS MiB |\n",
-    );
-    md.push_str("|---|---|---|---|---|---|---|\n");
-    for r in runs {
-        let cpu = r.cpu_seconds / (r.bytes as f64 / GIB);
+    md.push_str("| K | bodies | MB/s (plain Arrow) | rows/s | gateway CPU s/GiB | gzip alone CPU s/GiB | ratio | peak RSS MiB |\n");
+    md.push_str("|---|---|---|---|---|---|---|---|\n");
+    for r in results.runs {
         md.push_str(&format!(
-            "| {} | {:.1} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} |\n",
+            "| {} | {} | {:.1} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} |\n",
             r.k,
-            r.bytes as f64 / MB / r.seconds,
+            r.bodies,
+            r.mb_per_second(),
             r.rows as f64 / r.seconds,
-            cpu,
-            gzip.0,
-            cpu / gzip.0,
+            r.cpu_seconds_per_gib(),
+            results.gateway_gzip.cpu_seconds_per_gib,
+            r.cpu_seconds_per_gib() / results.gateway_gzip.cpu_seconds_per_gib,
             r.peak_rss_mib
         ));
     }
-    md.push_str(&format!(
-        "\ngzip alone at level {gzip_level}: {:.2} CPU s/GiB, compressed to {:.0}% of the input; at level 6 (tonic's fixed level): {:.2} CPU s/GiB, {:.0}%.\n",
-        gzip.0, gzip.1 * 100.0, gzip6.0, gzip6.1 * 100.0
-    ));
+    md.push_str("\ngzip alone on the same bodies (one thread):\n\n| implementation and level | CPU s/GiB | compressed to |\n|---|---|---|\n");
+    for g in results.gzip {
+        md.push_str(&format!("| {} | {:.2} | {:.1}% |\n", g.name, g.cpu_seconds_per_gib, g.ratio * 100.0));
+    }
     md.push_str(&format!(
         "\nHead-of-line: 8 fast tables reach {:.1} MB/s alone and {:.1} MB/s next to a table whose every acknowledgement takes 500 ms ({:.0}% kept).\n",
         head_of_line.0, head_of_line.1, head_of_line.1 / head_of_line.0 * 100.0
@@ -481,13 +650,5 @@ fn write_results(
         )),
         Err(why) => md.push_str(&format!("\nPython peer: not run ({why}).\n")),
     }
-    // The generated part replaces what lies between the markers; the analysis around it stays.
-    let (begin, end) = ("<!-- bench:begin -->", "<!-- bench:end -->");
-    let path = root.join("docs/performance.md");
-    let current = std::fs::read_to_string(&path).unwrap_or_default();
-    let updated = match (current.find(begin), current.find(end)) {
-        (Some(b), Some(e)) if b < e => format!("{}{begin}\n{md}{}", &current[..b], &current[e..]),
-        _ => format!("{begin}\n{md}{end}\n"),
-    };
-    std::fs::write(path, updated).unwrap();
+    md
 }

@@ -64,7 +64,9 @@ pub struct ServeConfig {
     #[arg(long, env = "BIGQUERY_STORAGE_EMULATOR_HOST")]
     pub bigquery_storage_emulator_host: Option<String>,
 
-    /// Largest accepted batch body, after content decoding (413 `payload_too_large` beyond).
+    /// Largest accepted batch body, after content decoding, and largest size of its Arrow buffers
+    /// once decompressed (IPC buffer compression) (413 `payload_too_large` beyond). An answer
+    /// given before a body was read waits until up to this many more bytes are read and discarded.
     #[arg(long, env = "FILAMENT_MAX_BATCH_BODY_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub max_batch_body_bytes: usize,
 
@@ -105,8 +107,8 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_MAX_CONCURRENT_PREPARES", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub max_concurrent_prepares: u32,
 
-    /// gzip level of AppendRows requests: 1 (fastest; the default: compression is most of the
-    /// gateway's CPU) to 9 (smallest), 0 to send them uncompressed.
+    /// gzip level of AppendRows requests (ISA-L): 1 (fastest, the default: ISA-L level 1), 2 to 9
+    /// (smaller: ISA-L's smallest, level 3), 0 to send them uncompressed.
     #[arg(long, env = "FILAMENT_APPEND_GZIP_LEVEL", default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=9))]
     pub append_gzip_level: u32,
 

@@ -67,7 +67,7 @@ type Answer = (StatusCode, axum::Json<Receipt>);
         ("Content-Encoding" = Option<String>, Header, description = "`gzip` or `zstd`"),
         BatchParams
     ),
-    request_body(content = ArrowIpcStream, content_type = "application/vnd.apache.arrow.stream", description = "An Arrow IPC stream: schema message, record batches, optional end marker"),
+    request_body(content = ArrowIpcStream, content_type = "application/vnd.apache.arrow.stream", description = "An Arrow IPC stream: schema message, record batches (buffers optionally LZ4_FRAME or ZSTD compressed), optional end marker"),
     responses(
         (status = 202, description = "Accepted and queued for upload", body = Receipt),
         (status = 200, description = "Replay of an accepted `seq` with the same body: the original receipt", body = Receipt),

@@ -5,6 +5,7 @@
 
 pub(crate) mod batches;
 pub(crate) mod connections;
+mod early_answer;
 pub(crate) mod error;
 pub(crate) mod executions;
 pub(crate) mod forward;
@@ -153,6 +154,7 @@ pub(crate) fn router(state: SharedState) -> axum::Router {
         // Before decompression: a forwarded body travels as the client sent it.
         .layer(middleware::from_fn_with_state(Arc::clone(&state), forward::forward_to_owner))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), protect))
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), early_answer::answer_after_reading_body))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }

@@ -2,11 +2,11 @@
 //! client): PENDING streams, AppendRows with explicit row offsets and gzip, finalize, batch
 //! commit and GetWriteStream. Wire facts: `../shared/docs/bigquery-facts.md`.
 //!
-//! AppendRows requests are framed here rather than by tonic's encoder: tonic compresses at a
-//! fixed gzip level 6, which costs about three times the CPU of level 1 for a slightly better
-//! ratio, and compression is most of the gateway's CPU (`docs/performance.md`). Each request is
-//! protobuf-encoded and gzip-compressed at `FILAMENT_APPEND_GZIP_LEVEL` into a standard gRPC
-//! length-prefixed message; responses are decoded by tonic as usual.
+//! AppendRows requests are framed here rather than by tonic's encoder: tonic compresses with
+//! zlib at a fixed gzip level 6, about ten times the CPU of level 1, and compression was most of
+//! the gateway's CPU (`docs/performance.md`). Each request is protobuf-encoded and gzip-compressed
+//! with ISA-L (igzip: faster than zlib-rs at level 1, with a better ratio) into a
+//! standard gRPC length-prefixed message; responses are decoded by tonic as usual.
 
 use std::convert::Infallible;
 use std::io::Write as _;
@@ -45,8 +45,41 @@ pub(crate) struct WriteClient {
     /// `scheme://authority` of the endpoint, for hand-built AppendRows calls.
     origin: String,
     credentials: Credentials,
-    /// gzip level of AppendRows requests (1 fastest .. 9 smallest); `None` sends them plain.
-    gzip_level: Option<u32>,
+    /// ISA-L level of AppendRows requests; `None` sends them plain.
+    gzip_level: Option<GzipLevel>,
+}
+
+/// ISA-L's gzip levels: it has 0 (fastest, largest), 1 and 3 (its smallest).
+/// `FILAMENT_APPEND_GZIP_LEVEL` 1 is ISA-L level 1; 2 to 9 ask for smaller requests: level 3.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GzipLevel {
+    Fast,
+    Small,
+}
+
+impl GzipLevel {
+    /// The level for a `FILAMENT_APPEND_GZIP_LEVEL` setting; 0 is uncompressed.
+    pub(crate) fn from_setting(setting: u32) -> Option<Self> {
+        match setting {
+            0 => None,
+            1 => Some(Self::Fast),
+            _ => Some(Self::Small),
+        }
+    }
+
+    fn isal(self) -> isal::CompressionLevel {
+        match self {
+            Self::Fast => isal::CompressionLevel::One,
+            Self::Small => isal::CompressionLevel::Three,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Fast => "gzip-isal-1",
+            Self::Small => "gzip-isal-3",
+        }
+    }
 }
 
 /// Outcome of one append that BigQuery accepted.
@@ -79,7 +112,7 @@ fn routing_value(value: &str) -> String {
 
 impl WriteClient {
     /// A lazily connecting channel; TLS with the bundled web PKI roots for `https://` endpoints.
-    /// `gzip_level` 0 sends AppendRows requests uncompressed.
+    /// `gzip_level` 0 sends AppendRows requests uncompressed (see [`GzipLevel::from_setting`]).
     pub(crate) fn connect(endpoint: &str, credentials: Credentials, gzip_level: u32) -> anyhow::Result<Self> {
         let mut builder = Endpoint::from_shared(endpoint.to_string())?
             .http2_keep_alive_interval(std::time::Duration::from_secs(30))
@@ -89,13 +122,13 @@ impl WriteClient {
             builder = builder.tls_config(ClientTlsConfig::new().with_webpki_roots())?;
         }
         let origin = endpoint.trim_end_matches('/').to_string();
-        let gzip_level = (gzip_level > 0).then_some(gzip_level.min(9));
+        let gzip_level = GzipLevel::from_setting(gzip_level);
         Ok(Self { channel: builder.connect_lazy(), endpoint: builder, origin, credentials, gzip_level })
     }
 
-    /// How AppendRows requests are compressed, for logs: `gzip-1` .. `gzip-9` or `none`.
+    /// How AppendRows requests are compressed, for logs: `gzip-isal-1`, `gzip-isal-3` or `none`.
     pub(crate) fn compression(&self) -> String {
-        self.gzip_level.map_or_else(|| "none".to_string(), |level| format!("gzip-{level}"))
+        self.gzip_level.map_or("none", GzipLevel::name).to_string()
     }
 
     fn client(&self) -> BigQueryWriteClient<Channel> {
@@ -247,37 +280,44 @@ impl WriteClient {
 pub(crate) struct AppendConnection {
     sender: mpsc::UnboundedSender<Bytes>,
     responses: Option<tonic::Streaming<AppendRowsResponse>>,
-    gzip_level: Option<u32>,
+    gzip_level: Option<GzipLevel>,
     /// The call's own connection (dedicated calls), closed with it.
     _channel: Option<Channel>,
 }
 
+/// Input fed to ISA-L per call: its stateful encoder gathers a call's whole output before
+/// writing it on, so pieces keep that buffer small and in cache.
+const GZIP_INPUT_PIECE_BYTES: usize = 256 * 1024;
+
 /// One gRPC length-prefixed message: compressed flag, big-endian length, the (compressed)
 /// protobuf bytes.
-fn grpc_frame(request: &AppendRowsRequest, gzip_level: Option<u32>) -> Bytes {
+fn grpc_frame(request: &AppendRowsRequest, gzip_level: Option<GzipLevel>) -> std::io::Result<Bytes> {
     let encoded = request.encode_to_vec();
     let mut frame = BytesMut::with_capacity(5 + encoded.len() / 2);
     frame.put_u8(u8::from(gzip_level.is_some()));
     frame.put_u32(0);
     match gzip_level {
         Some(level) => {
-            let mut encoder = flate2::write::GzEncoder::new((&mut frame).writer(), flate2::Compression::new(level));
-            // Writing into memory cannot fail.
-            let _ = encoder.write_all(&encoded);
-            let _ = encoder.finish();
+            let mut encoder = isal::write::Encoder::new((&mut frame).writer(), level.isal(), isal::Codec::Gzip);
+            for piece in encoded.chunks(GZIP_INPUT_PIECE_BYTES) {
+                encoder.write_all(piece)?;
+            }
+            encoder.finish()?;
         }
         None => frame.extend_from_slice(&encoded),
     }
     let length = (frame.len() - 5) as u32;
     frame[1..5].copy_from_slice(&length.to_be_bytes());
-    frame.freeze()
+    Ok(frame.freeze())
 }
 
 impl AppendConnection {
     /// Encodes, compresses and queues one request (on the caller's task: compression is the
     /// costly part and spreads over the lanes that send).
     pub(crate) fn send(&self, request: &AppendRowsRequest) -> BigQueryResult<()> {
-        self.sender.send(grpc_frame(request, self.gzip_level)).map_err(|_| BigQueryError::Grpc {
+        let frame = grpc_frame(request, self.gzip_level)
+            .map_err(|e| BigQueryError::Inconsistent(format!("compressing an AppendRows request: {e}")))?;
+        self.sender.send(frame).map_err(|_| BigQueryError::Grpc {
             operation: "AppendRows",
             status: tonic::Status::unavailable("the AppendRows connection closed"),
         })
@@ -347,20 +387,34 @@ pub(crate) fn judge_append_response(offset: i64, response: AppendRowsResponse) -
 mod tests {
     use super::*;
 
+    /// The frames are decoded as tonic decodes them (flate2's gzip), at both ISA-L levels, with a
+    /// request larger than one compression piece.
     #[test]
     fn frames_are_grpc_length_prefixed_and_gzip_when_asked() {
-        let request = AppendRowsRequest { write_stream: "s".repeat(1000), offset: Some(7), ..Default::default() };
-        let plain = grpc_frame(&request, None);
+        let stream: String = (0..200_000).map(|i| format!("s{}", i % 101)).collect();
+        let request = AppendRowsRequest { write_stream: stream, offset: Some(7), ..Default::default() };
+        let plain = grpc_frame(&request, None).unwrap();
         assert_eq!(plain[0], 0);
         assert_eq!(u32::from_be_bytes(plain[1..5].try_into().unwrap()) as usize, plain.len() - 5);
+        assert!(plain.len() > 2 * GZIP_INPUT_PIECE_BYTES);
         assert_eq!(AppendRowsRequest::decode(&plain[5..]).unwrap(), request);
-        let compressed = grpc_frame(&request, Some(1));
-        assert_eq!(compressed[0], 1);
-        assert_eq!(u32::from_be_bytes(compressed[1..5].try_into().unwrap()) as usize, compressed.len() - 5);
-        assert!(compressed.len() < plain.len() / 4);
-        let mut decompressed = Vec::new();
-        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&compressed[5..]), &mut decompressed).unwrap();
-        assert_eq!(AppendRowsRequest::decode(decompressed.as_slice()).unwrap(), request);
+        for level in [GzipLevel::Fast, GzipLevel::Small] {
+            let compressed = grpc_frame(&request, Some(level)).unwrap();
+            assert_eq!(compressed[0], 1);
+            assert_eq!(u32::from_be_bytes(compressed[1..5].try_into().unwrap()) as usize, compressed.len() - 5);
+            assert!(compressed.len() < plain.len() / 4, "{level:?}: {} of {}", compressed.len(), plain.len());
+            let mut decompressed = Vec::new();
+            let mut decoder = flate2::read::GzDecoder::new(&compressed[5..]);
+            std::io::Read::read_to_end(&mut decoder, &mut decompressed).unwrap();
+            assert_eq!(AppendRowsRequest::decode(decompressed.as_slice()).unwrap(), request);
+        }
+    }
+
+    #[test]
+    fn gzip_settings_map_to_isal_levels() {
+        assert_eq!(GzipLevel::from_setting(0), None);
+        assert_eq!(GzipLevel::from_setting(1), Some(GzipLevel::Fast));
+        assert_eq!(GzipLevel::from_setting(6), Some(GzipLevel::Small));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Incremental decoding of a batch body: SHA-256 of the IPC bytes as received (after content
-//! decoding), a byte limit, and arrow-ipc's push-based [`StreamDecoder`].
+//! decoding), a byte limit on them and on their decompressed buffers ([`MessageFraming`]: IPC
+//! buffer compression, LZ4_FRAME and ZSTD), and arrow-ipc's push-based [`StreamDecoder`].
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -11,6 +12,7 @@ use arrow_schema::SchemaRef;
 use sha2::{Digest as _, Sha256};
 
 use super::IngestError;
+use super::framing::MessageFraming;
 
 thread_local! {
     static CONTAINING_PANIC: Cell<bool> = const { Cell::new(false) };
@@ -47,6 +49,7 @@ pub struct DecodedBody {
 #[derive(Debug)]
 pub struct BodyDecoder {
     decoder: StreamDecoder,
+    framing: MessageFraming,
     hasher: Sha256,
     batches: Vec<RecordBatch>,
     received_bytes: usize,
@@ -57,6 +60,7 @@ impl BodyDecoder {
     pub fn new(max_body_bytes: usize) -> Self {
         Self {
             decoder: StreamDecoder::new(),
+            framing: MessageFraming::new(max_body_bytes),
             hasher: Sha256::new(),
             batches: Vec::new(),
             received_bytes: 0,
@@ -65,19 +69,23 @@ impl BodyDecoder {
     }
 
     /// Consumes one chunk. Record batches are decoded as soon as they are complete, so a body
-    /// is never buffered whole beyond its decoded batches.
-    pub fn push(&mut self, chunk: bytes::Bytes) -> Result<(), IngestError> {
+    /// is never buffered whole beyond its decoded batches. The chunk goes to the decoder one
+    /// message at a time, each only once the framing has accepted its decompressed size.
+    pub fn push(&mut self, mut chunk: bytes::Bytes) -> Result<(), IngestError> {
         self.received_bytes = self.received_bytes.saturating_add(chunk.len());
         if self.received_bytes > self.max_body_bytes {
             return Err(IngestError::BodyTooLarge { limit_bytes: self.max_body_bytes });
         }
         self.hasher.update(&chunk);
-        let mut buffer = Buffer::from(chunk);
-        while !buffer.is_empty() {
-            match contained(|| self.decoder.decode(&mut buffer))? {
-                Ok(Some(batch)) => self.batches.push(batch),
-                Ok(None) => {}
-                Err(e) => return Err(IngestError::InvalidIpc(e.to_string())),
+        while !chunk.is_empty() {
+            let message_bytes = self.framing.advance(&chunk)?;
+            let mut buffer = Buffer::from(chunk.split_to(message_bytes));
+            while !buffer.is_empty() {
+                match contained(|| self.decoder.decode(&mut buffer))? {
+                    Ok(Some(batch)) => self.batches.push(batch),
+                    Ok(None) => {}
+                    Err(e) => return Err(IngestError::InvalidIpc(e.to_string())),
+                }
             }
         }
         Ok(())
@@ -120,6 +128,74 @@ mod tests {
         writer.finish().unwrap();
         drop(writer);
         out
+    }
+
+    fn compressed_ipc_stream(batches: &[RecordBatch], compression: arrow_ipc::CompressionType) -> Vec<u8> {
+        let options = arrow_ipc::writer::IpcWriteOptions::default().try_with_compression(Some(compression)).unwrap();
+        let mut out = Vec::new();
+        let mut writer = StreamWriter::try_new_with_options(&mut out, &batches[0].schema(), options).unwrap();
+        for b in batches {
+            writer.write(b).unwrap();
+        }
+        writer.finish().unwrap();
+        drop(writer);
+        out
+    }
+
+    /// 100,000 zeros in one int64 column: 800,000 bytes that compress to almost nothing.
+    fn zeros() -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("z", DataType::Int64, false)]));
+        RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(vec![0; 100_000]))]).unwrap()
+    }
+
+    fn decode_in_chunks(bytes: &[u8], chunk_size: usize, max_body_bytes: usize) -> Result<DecodedBody, IngestError> {
+        let mut decoder = BodyDecoder::new(max_body_bytes);
+        for chunk in bytes.chunks(chunk_size) {
+            decoder.push(bytes::Bytes::copy_from_slice(chunk))?;
+        }
+        decoder.finish()
+    }
+
+    #[test]
+    fn decodes_lz4_and_zstd_compressed_record_batches() {
+        use arrow_ipc::CompressionType;
+        const LZ4_FRAME: CompressionType = CompressionType::LZ4_FRAME;
+        const ZSTD: CompressionType = CompressionType::ZSTD;
+        for compression in [LZ4_FRAME, ZSTD] {
+            for (batches, rows) in [(vec![sample(), sample()], 6), (vec![zeros(), zeros()], 200_000)] {
+                let bytes = compressed_ipc_stream(&batches, compression);
+                for chunk_size in [1, 5, 8, 4096, bytes.len()] {
+                    let body = decode_in_chunks(&bytes, chunk_size, 4 << 20).unwrap();
+                    assert_eq!(body.rows, rows, "{compression:?} in chunks of {chunk_size}");
+                    assert_eq!(body.batches, batches);
+                    assert_eq!(body.uncompressed_bytes, bytes.len());
+                    assert_eq!(body.arrow_ipc_sha256, hex::encode(Sha256::digest(&bytes)));
+                }
+            }
+        }
+    }
+
+    /// The limit counts buffers decompressed: a small body of zeros that decompresses beyond it
+    /// is refused, and so is one whose buffer declares a terabyte (arrow-ipc would reserve it).
+    #[test]
+    fn decompressed_size_is_bounded_by_the_body_limit() {
+        use arrow_ipc::CompressionType;
+        const LZ4_FRAME: CompressionType = CompressionType::LZ4_FRAME;
+        const ZSTD: CompressionType = CompressionType::ZSTD;
+        for compression in [LZ4_FRAME, ZSTD] {
+            let bytes = compressed_ipc_stream(&[zeros()], compression);
+            assert!(bytes.len() < 100_000, "{}", bytes.len());
+            let too_large = decode_in_chunks(&bytes, 1000, 500_000);
+            assert_eq!(too_large.err(), Some(IngestError::BodyTooLarge { limit_bytes: 500_000 }));
+            let declared = 800_000i64.to_le_bytes();
+            let at = bytes.windows(8).position(|w| w == declared).expect("the zeros' declared length");
+            let mut forged = bytes.clone();
+            forged[at..at + 8].copy_from_slice(&(1i64 << 40).to_le_bytes());
+            for chunk_size in [3, forged.len()] {
+                let result = decode_in_chunks(&forged, chunk_size, 1 << 20);
+                assert_eq!(result.err(), Some(IngestError::BodyTooLarge { limit_bytes: 1 << 20 }));
+            }
+        }
     }
 
     fn sample() -> RecordBatch {

@@ -2,7 +2,8 @@
 //!
 //! [`decode::BodyDecoder`] consumes the (content-decoded) body chunk by chunk: it hashes the IPC
 //! bytes as received (SHA-256), counts them against the body limit and feeds arrow-ipc's push
-//! decoder. [`schema`] validates the schema (names, reserved prefix, supported types) and maps
+//! decoder; [`framing`] bounds what IPC-compressed buffers (LZ4_FRAME, ZSTD) decompress to by
+//! the same limit before the decoder allocates it. [`schema`] validates the schema (names, reserved prefix, supported types) and maps
 //! it to BigQuery columns. [`convert`] turns each record batch into the staging representation
 //! (lossless casts, precision checks) and [`encode`] serialises it as encapsulated IPC messages
 //! split below the AppendRows request budget. The result goes to [`crate::pipeline`].
@@ -11,6 +12,7 @@ pub(crate) mod bounds;
 pub(crate) mod convert;
 pub mod decode;
 pub mod encode;
+mod framing;
 pub mod schema;
 
 use crate::error::{ErrorCode, Problem};
@@ -41,7 +43,7 @@ pub fn encode_payloads(
 pub enum IngestError {
     #[error("the body is not a valid Arrow IPC stream: {0}")]
     InvalidIpc(String),
-    #[error("the body exceeds the limit of {limit_bytes} bytes after content decoding")]
+    #[error("the body exceeds the limit of {limit_bytes} bytes after content decoding (Arrow buffers decompressed)")]
     BodyTooLarge { limit_bytes: usize },
     #[error("column {column:?} has Arrow type {arrow_type}, which is not supported: {reason}")]
     UnsupportedType { column: String, arrow_type: String, reason: String },

@@ -4,7 +4,7 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::support::arrow::{BASE_MICROS, DAY_MS, common_types, ids, ipc_stream};
+use crate::support::arrow::{BASE_MICROS, DAY_MS, common_types, ids, ipc_stream, ipc_stream_compressed};
 use crate::support::{Gateway, TestRun, assert_problem, required_env};
 
 fn int(v: &Value) -> i64 {
@@ -210,6 +210,39 @@ async fn gzip_and_zstd_bodies_are_decoded_and_hashed_after_decoding() {
     }
     gw.commit_and_wait("run", "e").await;
     assert_eq!(int(&gw.query(&format!("SELECT COUNT(*) FROM {}.t", gw.dataset)).await[0][0]), 200);
+}
+
+/// Arrow IPC buffer compression (as pyarrow's `IpcWriteOptions(compression=...)` writes it):
+/// LZ4_FRAME and ZSTD bodies are accepted with the same receipts (hash and size of the bytes as
+/// received), replays and exact loading.
+#[tokio::test(flavor = "multi_thread")]
+async fn lz4_and_zstd_compressed_ipc_batches_load_exactly_once() {
+    use arrow_ipc::CompressionType;
+    const LZ4_FRAME: CompressionType = CompressionType::LZ4_FRAME;
+    const ZSTD: CompressionType = CompressionType::ZSTD;
+    use sha2::Digest as _;
+    let gw = Gateway::spawn().await;
+    TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
+    let bodies = [
+        ipc_stream_compressed(&[ids(0..20_000), ids(20_000..30_000)], LZ4_FRAME),
+        ipc_stream_compressed(&[ids(30_000..50_000)], ZSTD),
+    ];
+    for (seq, body) in bodies.iter().enumerate() {
+        let (status, receipt) = gw.post_batch("run", "e", "t", Some(seq as i64), body.clone()).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{receipt}");
+        assert_eq!(receipt["uncompressed_bytes"], body.len());
+        assert_eq!(receipt["arrow_ipc_sha256"], hex::encode(sha2::Sha256::digest(body)));
+        let (status, replay) = gw.post_batch("run", "e", "t", Some(seq as i64), body.clone()).await;
+        assert_eq!(status, StatusCode::OK, "{replay}");
+        assert_eq!(replay, receipt);
+    }
+    assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
+    let ds = &gw.dataset;
+    let totals = gw.query(&format!("SELECT COUNT(*), COUNT(DISTINCT id), SUM(id), SUM(v) FROM {ds}.t")).await;
+    assert_eq!(
+        totals[0].iter().map(int).collect::<Vec<_>>(),
+        [50_000, 50_000, 50_000 * 49_999 / 2, 10 * 50_000 * 49_999 / 2]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,13 +1,14 @@
 //! Every error of this slice: status, stable `code`, and a database that did not change.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow_array::{Int64Array, StringArray, TimestampNanosecondArray};
 use arrow_schema::{DataType, Field, TimeUnit};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::support::arrow::{batch, ids, ipc_stream};
+use crate::support::arrow::{batch, ids, ipc_stream, ipc_stream_compressed};
 use crate::support::{Gateway, GatewayOptions, TestRun, assert_problem, send};
 
 /// A gateway with run `run`, resource `t` (full_append) and execution `e` extracting.
@@ -263,6 +264,25 @@ async fn oversized_bodies_and_rows_are_refused() {
     assert!(body["detail"].as_str().unwrap().contains("row 6"), "{body}");
 }
 
+/// IPC buffer compression counts decompressed: 100,000 equal int64 values (800 KB of buffers)
+/// compress to a few kilobytes, far below the 200,000-byte limit, and are refused all the same.
+#[tokio::test(flavor = "multi_thread")]
+async fn compressed_ipc_beyond_the_limit_once_decompressed_is_too_large() {
+    let gw = ready_gateway(GatewayOptions::new().env("FILAMENT_MAX_BATCH_BODY_BYTES", "200000")).await;
+    let sevens =
+        batch(vec![Field::new("id", DataType::Int64, false)], vec![Arc::new(Int64Array::from(vec![7; 100_000]))]);
+    for compression in [arrow_ipc::CompressionType::LZ4_FRAME, arrow_ipc::CompressionType::ZSTD] {
+        let body = ipc_stream_compressed(&[sevens.clone()], compression);
+        assert!(body.len() < 200_000, "{compression:?}: {} bytes", body.len());
+        rejected_without_trace!(
+            gw,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            gw.post_batch("run", "e", "t", None, body).await
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn batches_after_pause_or_commit_conflict() {
     let gw = ready_gateway(GatewayOptions::new()).await;
@@ -377,6 +397,90 @@ async fn protective_limits_answer_with_their_documented_errors() {
     assert_ne!(gw.db_snapshot().await, before, "the held request completed");
     let (status, _) = gw.json(Method::GET, "/v1/runs/run", None).await;
     assert_eq!(status, StatusCode::OK, "the slot was released");
+}
+
+type HeldRequest = (
+    tokio::sync::mpsc::Sender<Result<Vec<u8>, std::io::Error>>,
+    tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
+);
+
+/// Holds the gateway's only request slot with a batch whose body never ends (until the returned
+/// sender is dropped). An attempt that raced the probe for the slot and was shed is retried.
+async fn hold_the_only_slot(gw: &Gateway) -> HeldRequest {
+    crate::support::eventually(Duration::from_secs(20), "a request holding the only slot", || async {
+        let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+        let held = gw
+            .request(Method::POST, "/v1/runs/run/executions/e/resources/t/batches")
+            .header("content-type", "application/vnd.apache.arrow.stream")
+            .body(reqwest::Body::wrap_stream(tokio_stream::wrappers::ReceiverStream::new(receiver)))
+            .send();
+        let held = tokio::spawn(held);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let shed = gw.json(Method::GET, "/v1/runs/run", None).await.0 == StatusCode::SERVICE_UNAVAILABLE;
+        (shed && !held.is_finished()).then_some((sender, held))
+    })
+    .await
+}
+
+/// reqwest sends a 32 MiB body without `Expect: 100-continue` to a gateway that sheds it at
+/// once: the 503 problem document arrives (the body is read and discarded), not a broken pipe.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_overloaded_answer_reaches_a_client_still_sending_its_body() {
+    let gw = ready_gateway(GatewayOptions::new().env("FILAMENT_MAX_CONCURRENT_REQUESTS", "1")).await;
+    let _held = hold_the_only_slot(&gw).await;
+    for _ in 0..3 {
+        let response = gw
+            .request(Method::POST, "/v1/runs/run/executions/e/resources/t/batches")
+            .header("content-type", "application/vnd.apache.arrow.stream")
+            .body(vec![7u8; 32 << 20])
+            .send()
+            .await
+            .expect("an answer, not an I/O error");
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()["retry-after"], "1");
+        let problem: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(problem["code"], "overloaded", "{problem}");
+    }
+}
+
+/// A body beyond the limit is answered 413 part-way; the rest (less than the limit again) is
+/// read and discarded, so the client gets the answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_too_large_answer_reaches_a_client_still_sending_its_body() {
+    let gw = ready_gateway(GatewayOptions::new().env("FILAMENT_MAX_BATCH_BODY_BYTES", "16777216")).await;
+    let body = ipc_stream(&[ids(0..1_800_000)]);
+    assert!(body.len() > 24 << 20 && body.len() < 32 << 20, "{}", body.len());
+    rejected_without_trace!(
+        gw,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        gw.post_batch("run", "e", "t", None, body).await
+    );
+}
+
+/// With `Expect: 100-continue`, a request shed before its body is read gets its answer instead
+/// of `100 Continue`: the client need not send the body, and the gateway does not wait for it.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_early_answer_skips_100_continue() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let gw = ready_gateway(GatewayOptions::new().env("FILAMENT_MAX_CONCURRENT_REQUESTS", "1")).await;
+    let _held = hold_the_only_slot(&gw).await;
+    let address = gw.base_url.trim_start_matches("http://").to_string();
+    let mut connection = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let head = format!(
+        "POST /v1/runs/run/executions/e/resources/t/batches HTTP/1.1\r\nhost: {address}\r\nauthorization: Bearer {}\r\n\
+         content-type: application/vnd.apache.arrow.stream\r\ncontent-length: 10000000\r\nexpect: 100-continue\r\n\r\n",
+        gw.token
+    );
+    connection.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = vec![0u8; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(5), connection.read(&mut answer))
+        .await
+        .expect("an answer without sending the body")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..read]);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(!answer.contains("100 Continue"), "{answer}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -6,13 +6,28 @@ use arrow_array::{
     ArrayRef, BinaryArray, BooleanArray, Date32Array, Date64Array, Float32Array, Float64Array, Int8Array, Int64Array,
     LargeStringArray, RecordBatch, StringArray, TimestampMicrosecondArray, TimestampNanosecondArray,
 };
-use arrow_ipc::writer::StreamWriter;
+use arrow_ipc::CompressionType;
+use arrow_ipc::writer::{IpcWriteOptions, StreamWriter};
 use arrow_schema::{DataType, Field, Schema, TimeUnit};
 
 /// An Arrow IPC stream of `batches` (all with the first batch's schema).
 pub fn ipc_stream(batches: &[RecordBatch]) -> Vec<u8> {
     let mut out = Vec::new();
     let mut writer = StreamWriter::try_new(&mut out, &batches[0].schema()).unwrap();
+    for batch in batches {
+        writer.write(batch).unwrap();
+    }
+    writer.finish().unwrap();
+    drop(writer);
+    out
+}
+
+/// An Arrow IPC stream of `batches` whose record-batch buffers are compressed with `compression`
+/// (Arrow's own buffer compression, as pyarrow's `IpcWriteOptions(compression=...)` writes it).
+pub fn ipc_stream_compressed(batches: &[RecordBatch], compression: CompressionType) -> Vec<u8> {
+    let options = IpcWriteOptions::default().try_with_compression(Some(compression)).unwrap();
+    let mut out = Vec::new();
+    let mut writer = StreamWriter::try_new_with_options(&mut out, &batches[0].schema(), options).unwrap();
     for batch in batches {
         writer.write(batch).unwrap();
     }
