@@ -272,7 +272,7 @@ async fn compressed_ipc_beyond_the_limit_once_decompressed_is_too_large() {
     let sevens =
         batch(vec![Field::new("id", DataType::Int64, false)], vec![Arc::new(Int64Array::from(vec![7; 100_000]))]);
     for compression in [arrow_ipc::CompressionType::LZ4_FRAME, arrow_ipc::CompressionType::ZSTD] {
-        let body = ipc_stream_compressed(&[sevens.clone()], compression);
+        let body = ipc_stream_compressed(std::slice::from_ref(&sevens), compression);
         assert!(body.len() < 200_000, "{compression:?}: {} bytes", body.len());
         rejected_without_trace!(
             gw,
