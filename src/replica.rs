@@ -73,7 +73,10 @@ impl Replica {
         let extracting = ExecutionState::BEFORE_COMMIT.contains(&execution.state);
         let elsewhere = execution.owner.as_deref().is_some_and(|owner| owner != self.lease.owner);
         let live = execution.lease_expires_at.is_some_and(|expires| expires > chrono::Utc::now());
-        if extracting && elsewhere && live { execution.owner_url.clone() } else { None }
+        // A replica restarted on the same address must not forward to itself (the crashed
+        // process's lease is still live): it answers, and refuses, itself.
+        let owner_url = execution.owner_url.as_ref().filter(|url| Some(*url) != self.lease.url.as_ref());
+        if extracting && elsewhere && live { owner_url.cloned() } else { None }
     }
 
     /// Fails the executions whose owner stopped renewing its lease.
