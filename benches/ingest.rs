@@ -279,7 +279,11 @@ struct Throughput {
     bytes: u64,
     sent_bytes: u64,
     rows: u64,
+    /// First POST to committed, and first POST to the last receipt (the rest is the commit).
     seconds: f64,
+    receipts_seconds: f64,
+    /// Requests answered 429 `backpressure` (and sent again).
+    refused: u64,
     cpu_seconds: f64,
     peak_rss_mib: f64,
 }
@@ -310,6 +314,8 @@ async fn run_k(k: usize, set: &BodySet, total_bytes: u64) -> Throughput {
         resources.iter().enumerate().map(|(i, r)| post_bodies(&gw, r, &set.bodies, i, per_resource)),
     )
     .await;
+    let receipts_seconds = started.elapsed().as_secs_f64();
+    let refused = metric(&gw, "filament_backpressure_rejections_total").await;
     let committed = gw.commit_and_wait("bench", "e").await;
     let seconds = started.elapsed().as_secs_f64();
     let cpu_seconds = cpu_seconds(&format!("/proc/{pid}/stat")) - cpu_before;
@@ -321,7 +327,26 @@ async fn run_k(k: usize, set: &BodySet, total_bytes: u64) -> Throughput {
     let bytes = posted_indexes().map(|b| set.plain_bytes[b]).sum();
     let sent_bytes = posted_indexes().map(|b| set.bodies[b].len() as u64).sum();
     let peak_rss_mib = peak_rss_mib(pid);
-    Throughput { k, bodies: set.name, bytes, sent_bytes, rows, seconds, cpu_seconds, peak_rss_mib }
+    Throughput {
+        k,
+        bodies: set.name,
+        bytes,
+        sent_bytes,
+        rows,
+        seconds,
+        receipts_seconds,
+        refused,
+        cpu_seconds,
+        peak_rss_mib,
+    }
+}
+
+/// A counter of the gateway's `/metrics` (0 before it first counts).
+async fn metric(gw: &Gateway, name: &str) -> u64 {
+    let text = gw.unauthenticated(Method::GET, "/metrics").send().await.unwrap().text().await.unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
+        .map_or(0, |value| value as u64)
 }
 
 /// Throughput (MB/s) of 8 fast tables until the sink holds all their rows, with or without
@@ -430,6 +455,10 @@ fn main() {
     let total_bytes = env_or("FILAMENT_BENCH_BYTES", 1 << 30);
     let gzip_level = env_or("FILAMENT_APPEND_GZIP_LEVEL", 1) as u32;
     let bodies: Vec<Vec<u8>> = (0..DISTINCT_BODIES as u64).map(body).collect();
+    if let Ok(k) = std::env::var("FILAMENT_BENCH_ONLY_K") {
+        one_point(k.parse().expect("FILAMENT_BENCH_ONLY_K is a number of resources"), bodies, total_bytes);
+        return;
+    }
     let body_mib = bodies[0].len() as f64 / 1024.0 / 1024.0;
     println!(
         "bench: {} bodies of {ROWS_PER_BODY} rows ({body_mib:.1} MiB), {:.2} GiB per run",
@@ -464,6 +493,23 @@ fn main() {
     }
     let results = Results { runs: &runs, gzip_level, gzip: &gzip, gateway_gzip: &gateway_gzip, total_bytes };
     write_results(&results, (alone, beside_slow), &peer);
+}
+
+/// `FILAMENT_BENCH_ONLY_K=K`: one plain run at K resources (1 MiB bodies from K=1024 on),
+/// printed and not written anywhere: for profiling one point (`perf record -p`).
+fn one_point(k: usize, bodies: Vec<Vec<u8>>, total_bytes: u64) {
+    let set = if k >= 1024 { small_bodies() } else { BodySet::plain("plain", bodies) };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let run = runtime.block_on(run_k(k, &set, total_bytes));
+    println!(
+        "K={k}: {:.1} MB/s, {:.2} gateway CPU s/GiB, peak RSS {:.0} MiB, {:.1} s ({:.1} s to the last receipt, {} requests refused with 429)",
+        run.mb_per_second(),
+        run.cpu_seconds_per_gib(),
+        run.peak_rss_mib,
+        run.seconds,
+        run.receipts_seconds,
+        run.refused
+    );
 }
 
 /// gzip alone on the benchmark's bodies, per implementation and level.
@@ -563,6 +609,8 @@ fn write_results(results: &Results, head_of_line: (f64, f64), peer: &Result<f64,
             "sent_bytes": r.sent_bytes,
             "rows": r.rows,
             "seconds": r.seconds,
+            "seconds_to_last_receipt": r.receipts_seconds,
+            "refused_with_429": r.refused,
             "mb_per_second": r.mb_per_second(),
             "rows_per_second": r.rows as f64 / r.seconds,
             "gateway_cpu_seconds_per_gib": r.cpu_seconds_per_gib(),
