@@ -9,6 +9,7 @@ use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
 use arrow_ipc::reader::StreamDecoder;
 use arrow_schema::SchemaRef;
+use bytes::{Bytes, BytesMut};
 use sha2::{Digest as _, Sha256};
 
 use super::IngestError;
@@ -33,11 +34,21 @@ fn contained<T>(operation: impl FnOnce() -> T) -> Result<T, IngestError> {
     result.map_err(|_| IngestError::InvalidIpc("malformed message: buffers outside the message body".into()))
 }
 
+/// One record batch of a body, with the bytes of its IPC message when a Storage Write request
+/// can carry them as they are (see [`super::framing::CompletedMessage`]).
+#[derive(Debug, Clone)]
+pub(crate) struct DecodedBatch {
+    pub(crate) batch: RecordBatch,
+    /// The encapsulated message (continuation marker, length, metadata, body) the batch was
+    /// decoded from; the batch's buffers point into it.
+    pub(crate) forwardable_message: Option<Bytes>,
+}
+
 /// What a complete body held.
 #[derive(Debug)]
 pub struct DecodedBody {
     pub schema: SchemaRef,
-    pub(crate) batches: Vec<RecordBatch>,
+    pub(crate) batches: Vec<DecodedBatch>,
     pub(crate) rows: usize,
     /// Bytes of the IPC stream after content decoding.
     pub(crate) uncompressed_bytes: usize,
@@ -51,7 +62,9 @@ pub struct BodyDecoder {
     decoder: StreamDecoder,
     framing: MessageFraming,
     hasher: Sha256,
-    batches: Vec<RecordBatch>,
+    /// The pieces of the message being received, joined once it is complete.
+    message: Vec<Bytes>,
+    batches: Vec<DecodedBatch>,
     received_bytes: usize,
     max_body_bytes: usize,
 }
@@ -62,30 +75,44 @@ impl BodyDecoder {
             decoder: StreamDecoder::new(),
             framing: MessageFraming::new(max_body_bytes),
             hasher: Sha256::new(),
+            message: Vec::new(),
             batches: Vec::new(),
             received_bytes: 0,
             max_body_bytes,
         }
     }
 
-    /// Consumes one chunk. Record batches are decoded as soon as they are complete, so a body
-    /// is never buffered whole beyond its decoded batches. The chunk goes to the decoder one
-    /// message at a time, each only once the framing has accepted its decompressed size.
-    pub fn push(&mut self, mut chunk: bytes::Bytes) -> Result<(), IngestError> {
+    /// Consumes one chunk. Each message is decoded as soon as its last byte arrives, and only
+    /// once the framing has accepted its decompressed size, so a body is never buffered whole
+    /// beyond its decoded batches (whose buffers are the message bytes, joined once).
+    pub fn push(&mut self, mut chunk: Bytes) -> Result<(), IngestError> {
         self.received_bytes = self.received_bytes.saturating_add(chunk.len());
         if self.received_bytes > self.max_body_bytes {
             return Err(IngestError::BodyTooLarge { limit_bytes: self.max_body_bytes });
         }
         self.hasher.update(&chunk);
         while !chunk.is_empty() {
-            let message_bytes = self.framing.advance(&chunk)?;
-            let mut buffer = Buffer::from(chunk.split_to(message_bytes));
-            while !buffer.is_empty() {
-                match contained(|| self.decoder.decode(&mut buffer))? {
-                    Ok(Some(batch)) => self.batches.push(batch),
-                    Ok(None) => {}
-                    Err(e) => return Err(IngestError::InvalidIpc(e.to_string())),
+            let taken = self.framing.advance(&chunk)?;
+            self.message.push(chunk.split_to(taken));
+            if let Some(completed) = self.framing.take_completed() {
+                self.decode_message(completed.forwardable_record_batch)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Feeds the pieces received since the last complete message to the decoder, as one buffer.
+    fn decode_message(&mut self, forwardable_record_batch: bool) -> Result<(), IngestError> {
+        let message = join(std::mem::take(&mut self.message));
+        let mut buffer = Buffer::from(message.clone());
+        while !buffer.is_empty() {
+            match contained(|| self.decoder.decode(&mut buffer))? {
+                Ok(Some(batch)) => {
+                    let forwardable_message = forwardable_record_batch.then(|| message.clone());
+                    self.batches.push(DecodedBatch { batch, forwardable_message });
                 }
+                Ok(None) => {}
+                Err(e) => return Err(IngestError::InvalidIpc(e.to_string())),
             }
         }
         Ok(())
@@ -93,12 +120,16 @@ impl BodyDecoder {
 
     /// Ends the body: a truncated stream or one without a schema is invalid.
     pub fn finish(mut self) -> Result<DecodedBody, IngestError> {
+        if !self.message.is_empty() {
+            // The end-of-stream marker, or the start of a message that never completed.
+            self.decode_message(false)?;
+        }
         self.decoder.finish().map_err(|e| IngestError::InvalidIpc(format!("truncated stream: {e}")))?;
         let schema = self
             .decoder
             .schema()
             .ok_or_else(|| IngestError::InvalidIpc("the stream holds no schema message".into()))?;
-        let rows = self.batches.iter().map(RecordBatch::num_rows).sum();
+        let rows = self.batches.iter().map(|decoded| decoded.batch.num_rows()).sum();
         Ok(DecodedBody {
             schema,
             batches: self.batches,
@@ -107,6 +138,18 @@ impl BodyDecoder {
             arrow_ipc_sha256: hex::encode(self.hasher.finalize()),
         })
     }
+}
+
+/// One buffer of the pieces: the piece itself when there is one (no copy).
+fn join(mut pieces: Vec<Bytes>) -> Bytes {
+    if pieces.len() == 1 {
+        return pieces.pop().unwrap_or_default();
+    }
+    let mut joined = BytesMut::with_capacity(pieces.iter().map(Bytes::len).sum());
+    for piece in &pieces {
+        joined.extend_from_slice(piece);
+    }
+    joined.freeze()
 }
 
 #[cfg(test)]
@@ -167,7 +210,7 @@ mod tests {
                 for chunk_size in [1, 5, 8, 4096, bytes.len()] {
                     let body = decode_in_chunks(&bytes, chunk_size, 4 << 20).unwrap();
                     assert_eq!(body.rows, rows, "{compression:?} in chunks of {chunk_size}");
-                    assert_eq!(body.batches, batches);
+                    assert_eq!(body.batches.iter().map(|d| d.batch.clone()).collect::<Vec<_>>(), batches);
                     assert_eq!(body.uncompressed_bytes, bytes.len());
                     assert_eq!(body.arrow_ipc_sha256, hex::encode(Sha256::digest(&bytes)));
                 }
@@ -227,6 +270,32 @@ mod tests {
             assert_eq!(body.uncompressed_bytes, bytes.len());
             assert_eq!(body.arrow_ipc_sha256, hex::encode(Sha256::digest(&bytes)));
         }
+    }
+
+    /// A plain record batch keeps its message bytes, exactly as they were in the stream (in any
+    /// chunking), and they decode to the batch; a compressed one does not (its buffers would
+    /// go out compressed).
+    #[test]
+    fn plain_record_batches_keep_their_message_bytes() {
+        let bytes = ipc_stream(&[sample(), sample()]);
+        for chunk_size in [1, 7, 4096, bytes.len()] {
+            let body = decode_in_chunks(&bytes, chunk_size, 4 << 20).unwrap();
+            let mut end_of_previous = 0;
+            for decoded in &body.batches {
+                let message = decoded.forwardable_message.as_ref().expect("a plain record batch is forwardable");
+                let at = end_of_previous
+                    + bytes[end_of_previous..].windows(message.len()).position(|w| w == &message[..]).unwrap();
+                end_of_previous = at + message.len();
+                let mut stream = crate::ingest::encode::schema_message(&decoded.batch.schema()).to_vec();
+                stream.extend_from_slice(message);
+                let reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(stream), None).unwrap();
+                let read: Vec<RecordBatch> = reader.map(Result::unwrap).collect();
+                assert_eq!(read, std::slice::from_ref(&decoded.batch), "chunks of {chunk_size}");
+            }
+        }
+        let compressed = compressed_ipc_stream(&[sample()], arrow_ipc::CompressionType::ZSTD);
+        let body = decode_in_chunks(&compressed, 5, 4 << 20).unwrap();
+        assert!(body.batches.iter().all(|decoded| decoded.forwardable_message.is_none()));
     }
 
     /// Found by the fuzz target: a record batch whose buffer lies outside the message body made

@@ -20,6 +20,14 @@ const CONTINUATION_MARKER: [u8; 4] = [0xFF; 4];
 const UNCOMPRESSED_LENGTH_BYTES: u64 = 8;
 const STORED_UNCOMPRESSED: i64 = -1;
 
+/// What the framing learned of a message whose last byte it just passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CompletedMessage {
+    /// A record batch whose bytes a Storage Write request can carry as they are: framed with
+    /// the continuation marker (Arrow 0.15 and later) and with uncompressed buffers.
+    pub(crate) forwardable_record_batch: bool,
+}
+
 /// Where in the stream the next bytes belong.
 #[derive(Debug)]
 enum FramingState {
@@ -32,6 +40,7 @@ enum FramingState {
     Metadata {
         size: usize,
         bytes: Vec<u8>,
+        continuation: bool,
     },
     Body(MessageBody),
     /// After the end-of-stream marker: the decoder refuses anything more.
@@ -44,6 +53,7 @@ enum FramingState {
 struct MessageBody {
     length_bytes: u64,
     position_bytes: u64,
+    forwardable_record_batch: bool,
     /// Ordered by offset; `next` is the first not yet complete.
     windows: Vec<LengthWindow>,
     next: usize,
@@ -109,6 +119,8 @@ pub(crate) struct MessageFraming {
     state: FramingState,
     decompressed_bytes: u64,
     max_decompressed_bytes: u64,
+    /// Set when [`Self::advance`] stopped at the end of a message body.
+    completed: Option<CompletedMessage>,
 }
 
 impl MessageFraming {
@@ -117,7 +129,13 @@ impl MessageFraming {
             state: FramingState::Prefix { bytes: [0; 4], read: 0, continuation: false },
             decompressed_bytes: 0,
             max_decompressed_bytes: max_decompressed_bytes as u64,
+            completed: None,
         }
+    }
+
+    /// The message whose body the last [`Self::advance`] ended with, if it ended one (once).
+    pub(crate) fn take_completed(&mut self) -> Option<CompletedMessage> {
+        self.completed.take()
     }
 
     /// Follows `bytes` up to the end of at most one message body and returns how many it took
@@ -129,12 +147,12 @@ impl MessageFraming {
             let rest = &bytes[taken..];
             match &mut self.state {
                 FramingState::Prefix { .. } => taken += self.advance_prefix(rest)?,
-                FramingState::Metadata { size, bytes: metadata } => {
+                FramingState::Metadata { size, bytes: metadata, continuation } => {
                     let wanted = (*size - metadata.len()).min(rest.len());
                     metadata.extend_from_slice(&rest[..wanted]);
                     taken += wanted;
                     if metadata.len() == *size {
-                        let body = message_body(metadata)?;
+                        let body = message_body(metadata, *continuation)?;
                         self.state = FramingState::Body(body);
                         if self.finish_body_if_complete()? {
                             return Ok(taken);
@@ -169,7 +187,11 @@ impl MessageFraming {
             }
             self.state = match u32::from_le_bytes(*bytes) as usize {
                 0 => FramingState::Finished,
-                size => FramingState::Metadata { size, bytes: Vec::with_capacity(size.min(64 * 1024)) },
+                size => FramingState::Metadata {
+                    size,
+                    bytes: Vec::with_capacity(size.min(64 * 1024)),
+                    continuation: *continuation,
+                },
             };
         }
         Ok(wanted)
@@ -187,13 +209,15 @@ impl MessageFraming {
         if self.decompressed_bytes > self.max_decompressed_bytes {
             return Err(IngestError::BodyTooLarge { limit_bytes: self.max_decompressed_bytes as usize });
         }
+        self.completed = Some(CompletedMessage { forwardable_record_batch: body.forwardable_record_batch });
         self.state = FramingState::Prefix { bytes: [0; 4], read: 0, continuation: false };
         Ok(true)
     }
 }
 
-/// A message's body length and, when its buffers are compressed, where their declared lengths lie.
-fn message_body(metadata: &[u8]) -> Result<MessageBody, IngestError> {
+/// A message's body length and, when its buffers are compressed, where their declared lengths
+/// lie. `continuation`: the message was framed with the continuation marker.
+fn message_body(metadata: &[u8], continuation: bool) -> Result<MessageBody, IngestError> {
     let message =
         root_as_message(metadata).map_err(|e| IngestError::InvalidIpc(format!("unreadable message metadata: {e}")))?;
     let length_bytes = u64::try_from(message.bodyLength())
@@ -216,5 +240,8 @@ fn message_body(metadata: &[u8]) -> Result<MessageBody, IngestError> {
         }
         windows.sort_by_key(|w| w.offset_bytes);
     }
-    Ok(MessageBody { length_bytes, position_bytes: 0, windows, next: 0 })
+    let forwardable_record_batch = continuation
+        && message.header_type() == MessageHeader::RecordBatch
+        && message.header_as_record_batch().is_some_and(|batch| batch.compression().is_none());
+    Ok(MessageBody { length_bytes, position_bytes: 0, forwardable_record_batch, windows, next: 0 })
 }

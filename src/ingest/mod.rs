@@ -15,6 +15,11 @@ pub mod encode;
 mod framing;
 pub mod schema;
 
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use bytes::Bytes;
+
 use crate::error::{ErrorCode, Problem};
 
 /// Converts every record batch of a decoded body to the staging representation and encodes it
@@ -30,12 +35,32 @@ pub fn encode_payloads(
     }
     let mut payloads = Vec::new();
     let mut first_row = 0;
-    for batch in &body.batches {
+    for decoded in &body.batches {
+        let batch = &decoded.batch;
         let staged = convert::to_staging(batch, mapped, first_row)?;
-        encode::split_into_payloads(&staged, first_row, max_payload_bytes, &mut payloads)?;
+        match forwardable(decoded, &staged, max_payload_bytes) {
+            Some(message) => payloads.push(encode::AppendPayload {
+                rows: staged.num_rows(),
+                serialized_record_batch: message,
+                batch: Some(staged),
+            }),
+            None => encode::split_into_payloads(&staged, first_row, max_payload_bytes, &mut payloads)?,
+        }
         first_row += batch.num_rows();
     }
     Ok(payloads)
+}
+
+/// The body's own record-batch message, when it already is what the staging schema would
+/// encode: staging kept every column as received (same arrays, same order, none added) and
+/// the message fits one request. Then no byte is decoded into new buffers or encoded again.
+fn forwardable(decoded: &decode::DecodedBatch, staged: &RecordBatch, max_payload_bytes: usize) -> Option<Bytes> {
+    let message = decoded.forwardable_message.as_ref()?;
+    let received = decoded.batch.columns();
+    let unchanged = staged.num_rows() > 0
+        && staged.num_columns() == received.len()
+        && staged.columns().iter().zip(received).all(|(staged, received)| Arc::ptr_eq(staged, received));
+    (unchanged && message.len() <= max_payload_bytes).then(|| message.clone())
 }
 
 /// Why a batch body was rejected. Every variant is the client's to fix; none is retryable.
