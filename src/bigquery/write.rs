@@ -2,16 +2,12 @@
 //! client): PENDING streams, AppendRows with explicit row offsets and gzip, finalize, batch
 //! commit and GetWriteStream. Wire facts: `../shared/docs/bigquery-facts.md`.
 //!
-//! AppendRows requests are framed here rather than by tonic's encoder: tonic compresses with
-//! zlib at a fixed gzip level 6, about ten times the CPU of level 1, and compression was most of
-//! the gateway's CPU (`docs/performance.md`). Each request is protobuf-encoded and gzip-compressed
-//! with ISA-L (igzip: faster than zlib-rs at level 1, with a better ratio) into a
-//! standard gRPC length-prefixed message; responses are decoded by tonic as usual.
+//! AppendRows requests are framed by [`super::append_frame`] (gzip with ISA-L, the record batch
+//! never copied into a contiguous request); responses are decoded by tonic as usual.
 
 use std::convert::Infallible;
-use std::io::Write as _;
 
-use bytes::{BufMut as _, Bytes, BytesMut};
+use bytes::Bytes;
 use futures::StreamExt as _;
 use google_cloud_auth::credentials::Credentials;
 use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::{
@@ -19,12 +15,12 @@ use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::
     CreateWriteStreamRequest, FinalizeWriteStreamRequest, GetWriteStreamRequest, WriteStream, append_rows_request,
     append_rows_response, big_query_write_client::BigQueryWriteClient, write_stream,
 };
-use prost::Message as _;
 use tokio::sync::mpsc;
 use tonic::codec::{Codec as _, CompressionEncoding};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tower::ServiceExt as _;
 
+use super::append_frame::{GzipLevel, grpc_frame};
 use super::{BigQueryError, BigQueryResult, credentials};
 
 /// gRPC code `ALREADY_EXISTS`: the offset is below the stream's end, so these rows landed in an
@@ -47,39 +43,6 @@ pub(crate) struct WriteClient {
     credentials: Credentials,
     /// ISA-L level of AppendRows requests; `None` sends them plain.
     gzip_level: Option<GzipLevel>,
-}
-
-/// ISA-L's gzip levels: it has 0 (fastest, largest), 1 and 3 (its smallest).
-/// `FILAMENT_APPEND_GZIP_LEVEL` 1 is ISA-L level 1; 2 to 9 ask for smaller requests: level 3.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum GzipLevel {
-    Fast,
-    Small,
-}
-
-impl GzipLevel {
-    /// The level for a `FILAMENT_APPEND_GZIP_LEVEL` setting; 0 is uncompressed.
-    pub(crate) fn from_setting(setting: u32) -> Option<Self> {
-        match setting {
-            0 => None,
-            1 => Some(Self::Fast),
-            _ => Some(Self::Small),
-        }
-    }
-
-    fn isal(self) -> isal::CompressionLevel {
-        match self {
-            Self::Fast => isal::CompressionLevel::One,
-            Self::Small => isal::CompressionLevel::Three,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Self::Fast => "gzip-isal-1",
-            Self::Small => "gzip-isal-3",
-        }
-    }
 }
 
 /// Outcome of one append that BigQuery accepted.
@@ -285,32 +248,6 @@ pub(crate) struct AppendConnection {
     _channel: Option<Channel>,
 }
 
-/// Input fed to ISA-L per call: its stateful encoder gathers a call's whole output before
-/// writing it on, so pieces keep that buffer small and in cache.
-const GZIP_INPUT_PIECE_BYTES: usize = 256 * 1024;
-
-/// One gRPC length-prefixed message: compressed flag, big-endian length, the (compressed)
-/// protobuf bytes.
-fn grpc_frame(request: &AppendRowsRequest, gzip_level: Option<GzipLevel>) -> std::io::Result<Bytes> {
-    let encoded = request.encode_to_vec();
-    let mut frame = BytesMut::with_capacity(5 + encoded.len() / 2);
-    frame.put_u8(u8::from(gzip_level.is_some()));
-    frame.put_u32(0);
-    match gzip_level {
-        Some(level) => {
-            let mut encoder = isal::write::Encoder::new((&mut frame).writer(), level.isal(), isal::Codec::Gzip);
-            for piece in encoded.chunks(GZIP_INPUT_PIECE_BYTES) {
-                encoder.write_all(piece)?;
-            }
-            encoder.finish()?;
-        }
-        None => frame.extend_from_slice(&encoded),
-    }
-    let length = (frame.len() - 5) as u32;
-    frame[1..5].copy_from_slice(&length.to_be_bytes());
-    Ok(frame.freeze())
-}
-
 impl AppendConnection {
     /// Encodes, compresses and queues one request (on the caller's task: compression is the
     /// costly part and spreads over the lanes that send).
@@ -386,36 +323,6 @@ pub(crate) fn judge_append_response(offset: i64, response: AppendRowsResponse) -
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The frames are decoded as tonic decodes them (flate2's gzip), at both ISA-L levels, with a
-    /// request larger than one compression piece.
-    #[test]
-    fn frames_are_grpc_length_prefixed_and_gzip_when_asked() {
-        let stream: String = (0..200_000).map(|i| format!("s{}", i % 101)).collect();
-        let request = AppendRowsRequest { write_stream: stream, offset: Some(7), ..Default::default() };
-        let plain = grpc_frame(&request, None).unwrap();
-        assert_eq!(plain[0], 0);
-        assert_eq!(u32::from_be_bytes(plain[1..5].try_into().unwrap()) as usize, plain.len() - 5);
-        assert!(plain.len() > 2 * GZIP_INPUT_PIECE_BYTES);
-        assert_eq!(AppendRowsRequest::decode(&plain[5..]).unwrap(), request);
-        for level in [GzipLevel::Fast, GzipLevel::Small] {
-            let compressed = grpc_frame(&request, Some(level)).unwrap();
-            assert_eq!(compressed[0], 1);
-            assert_eq!(u32::from_be_bytes(compressed[1..5].try_into().unwrap()) as usize, compressed.len() - 5);
-            assert!(compressed.len() < plain.len() / 4, "{level:?}: {} of {}", compressed.len(), plain.len());
-            let mut decompressed = Vec::new();
-            let mut decoder = flate2::read::GzDecoder::new(&compressed[5..]);
-            std::io::Read::read_to_end(&mut decoder, &mut decompressed).unwrap();
-            assert_eq!(AppendRowsRequest::decode(decompressed.as_slice()).unwrap(), request);
-        }
-    }
-
-    #[test]
-    fn gzip_settings_map_to_isal_levels() {
-        assert_eq!(GzipLevel::from_setting(0), None);
-        assert_eq!(GzipLevel::from_setting(1), Some(GzipLevel::Fast));
-        assert_eq!(GzipLevel::from_setting(6), Some(GzipLevel::Small));
-    }
 
     #[test]
     fn routing_values_are_percent_encoded() {
