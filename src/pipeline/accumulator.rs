@@ -1,10 +1,12 @@
 //! The accumulator of a lane: coalesces accepted payloads into upload batches (max rows, max
 //! bytes, flush interval; flushed on demand at checkpoints and when the lane closes) and hands
-//! them, each with its part of the byte budget, to the [`super::appender`].
+//! them, each with its part of the byte budget, to the [`super::appender`]. Rows held back for
+//! a fuller batch also go at once while a request waits for the budget
+//! ([`super::budget::Pressure`]).
 
 use arrow_array::RecordBatch;
 use bytes::Bytes;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::admission::QueuedRows;
 use super::budget::BudgetPermit;
@@ -26,6 +28,7 @@ pub(super) async fn accumulate(
     policy: BatchingPolicy,
     mut commands: mpsc::UnboundedReceiver<LaneCommand>,
     uploads: mpsc::UnboundedSender<Upload>,
+    mut pressure: watch::Receiver<usize>,
 ) {
     let mut pending = Pending::default();
     loop {
@@ -33,6 +36,10 @@ pub(super) async fn accumulate(
         let command = tokio::select! {
             command = commands.recv() => command,
             () = sleep_until_opt(deadline) => {
+                pending.flush(&policy, &uploads);
+                continue;
+            }
+            () = raised(&mut pressure, pending.started.is_some()) => {
                 pending.flush(&policy, &uploads);
                 continue;
             }
@@ -48,6 +55,14 @@ pub(super) async fn accumulate(
                 return;
             }
         }
+    }
+}
+
+/// Completes while the lane holds rows and a request waits for the budget; never otherwise.
+async fn raised(pressure: &mut watch::Receiver<usize>, holding_rows: bool) {
+    let raised = holding_rows && pressure.wait_for(|waiting| *waiting > 0).await.is_ok();
+    if !raised {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -167,7 +182,8 @@ mod tests {
         let policy = BatchingPolicy { max_rows: 100, max_bytes: 1 << 20, flush_interval: Duration::from_secs(10) };
         let (commands, receiver) = mpsc::unbounded_channel();
         let (uploads_tx, mut uploads) = mpsc::unbounded_channel();
-        tokio::spawn(accumulate(policy, receiver, uploads_tx));
+        let (_pressure, pressure_rx) = watch::channel(0usize);
+        tokio::spawn(accumulate(policy, receiver, uploads_tx, pressure_rx));
 
         for i in 0..3 {
             commands.send(rows(vec![payload(i * 10, 10)])).unwrap();
@@ -199,5 +215,35 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1)).await;
         let sizes: Vec<usize> = std::iter::from_fn(|| uploads.try_recv().ok()).map(|u| u.rows).collect();
         assert_eq!(sizes, [5, 60]);
+    }
+
+    /// While a request waits for the budget, held rows go at once, and so do rows that arrive
+    /// meanwhile; once nobody waits, rows are held for their interval again.
+    #[tokio::test(start_paused = true)]
+    async fn rows_go_at_once_while_a_request_waits_for_the_budget() {
+        let policy = BatchingPolicy { max_rows: 100, max_bytes: 1 << 20, flush_interval: Duration::from_secs(10) };
+        let (commands, receiver) = mpsc::unbounded_channel();
+        let (uploads_tx, mut uploads) = mpsc::unbounded_channel();
+        let (waiting_requests, pressure) = watch::channel(0usize);
+        tokio::spawn(accumulate(policy, receiver, uploads_tx, pressure));
+
+        commands.send(rows(vec![payload(0, 10)])).unwrap();
+        commands.send(rows(vec![payload(10, 10)])).unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(uploads.try_recv().is_err(), "held while nobody waits");
+
+        waiting_requests.send_replace(1);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(uploads.try_recv().expect("sent while a request waits").rows, 20);
+        commands.send(rows(vec![payload(20, 10)])).unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(uploads.try_recv().expect("arrived while a request waits").rows, 10);
+
+        waiting_requests.send_replace(0);
+        commands.send(rows(vec![payload(30, 10)])).unwrap();
+        tokio::time::sleep(Duration::from_millis(9_000)).await;
+        assert!(uploads.try_recv().is_err());
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        assert_eq!(uploads.try_recv().expect("flushed after 10 s").rows, 10);
     }
 }

@@ -4,12 +4,17 @@
 //! moment BigQuery acknowledges it. Each resource of an execution also holds its bytes against
 //! its own **share** (a part of the budget), acquired first: a resource BigQuery acknowledges
 //! slowly fills its share and waits, instead of filling the budget and stalling the others.
+//!
+//! While a request waits, it counts in the budget's [`Pressure`]: lanes then send the rows they
+//! hold back for a fuller upload batch, since only acknowledged bytes make room (a thousand
+//! resources with a small batch each would otherwise fill the budget with rows waiting for
+//! their flush interval).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::error::{ErrorCode, Problem};
 use crate::telemetry;
@@ -21,6 +26,38 @@ const UNIT_BYTES: usize = 1024;
 pub(crate) struct ByteBudget {
     semaphore: Arc<Semaphore>,
     capacity_units: usize,
+    pressure: Pressure,
+}
+
+/// How many requests are waiting for room in the budget or in their resource's share. Lanes
+/// holding rows back watch it: while any request waits, they send what they hold.
+#[derive(Debug, Clone)]
+pub(crate) struct Pressure(Arc<watch::Sender<usize>>);
+
+impl Pressure {
+    fn new() -> Self {
+        Self(Arc::new(watch::Sender::new(0)))
+    }
+
+    /// Counts one waiting request until the returned guard drops.
+    fn waiting(&self) -> WaitingRequest {
+        self.0.send_modify(|waiting| *waiting += 1);
+        WaitingRequest(self.clone())
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<usize> {
+        self.0.subscribe()
+    }
+}
+
+/// One request counted in [`Pressure`] while it waits.
+#[derive(Debug)]
+struct WaitingRequest(Pressure);
+
+impl Drop for WaitingRequest {
+    fn drop(&mut self) {
+        self.0.0.send_modify(|waiting| *waiting -= 1);
+    }
 }
 
 /// Bytes held against the budget (and the resource's share); released on drop.
@@ -40,15 +77,18 @@ pub(crate) struct ResourceShare {
     capacity_units: usize,
     /// Size of the resource's latest request: the estimate [`Self::wait_for_room`] waits for.
     last_request_units: Arc<AtomicUsize>,
+    /// The budget's: waiting for the share raises it too.
+    pressure: Pressure,
 }
 
 impl ResourceShare {
-    pub(crate) fn new(capacity_bytes: usize) -> Self {
+    pub(crate) fn new(capacity_bytes: usize, budget: &ByteBudget) -> Self {
         let capacity_units = units_for(capacity_bytes);
         Self {
             semaphore: Arc::new(Semaphore::new(capacity_units)),
             capacity_units,
             last_request_units: Arc::new(AtomicUsize::new(0)),
+            pressure: budget.pressure.clone(),
         }
     }
 
@@ -61,6 +101,7 @@ impl ResourceShare {
         if units == 0 {
             return Ok(());
         }
+        let _waiting = (self.semaphore.available_permits() < units).then(|| self.pressure.waiting());
         match tokio::time::timeout(max_wait, self.semaphore.acquire_many(units as u32)).await {
             Ok(_) => Ok(()),
             Err(_) => Err(backpressure(
@@ -78,7 +119,11 @@ fn units_for(bytes: usize) -> usize {
 impl ByteBudget {
     pub(crate) fn new(capacity_bytes: usize) -> Self {
         let capacity_units = units_for(capacity_bytes);
-        Self { semaphore: Arc::new(Semaphore::new(capacity_units)), capacity_units }
+        Self { semaphore: Arc::new(Semaphore::new(capacity_units)), capacity_units, pressure: Pressure::new() }
+    }
+
+    pub(crate) fn pressure(&self) -> &Pressure {
+        &self.pressure
     }
 
     pub(crate) fn capacity_bytes(&self) -> usize {
@@ -114,6 +159,8 @@ impl ByteBudget {
             )
             .with_hint("split the data into smaller batch requests"));
         }
+        let share_full = share.zip(share_units).is_some_and(|(s, units)| s.semaphore.available_permits() < units);
+        let _waiting = (share_full || self.semaphore.available_permits() < units).then(|| self.pressure.waiting());
         let started = Instant::now();
         let acquired = tokio::time::timeout(max_wait, async {
             let share = match (share, share_units) {
@@ -234,7 +281,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_full_share_waits_while_other_resources_keep_the_budget() {
         let budget = ByteBudget::new(100 * 1024);
-        let (slow, fast) = (ResourceShare::new(20 * 1024), ResourceShare::new(20 * 1024));
+        let (slow, fast) = (ResourceShare::new(20 * 1024, &budget), ResourceShare::new(20 * 1024, &budget));
         let mut held = budget.acquire(20 * 1024, Some(&slow), Duration::from_secs(1)).await.unwrap();
         let refused = budget.acquire(1024, Some(&slow), Duration::from_secs(1)).await.unwrap_err();
         assert_eq!(refused.code, ErrorCode::Backpressure);

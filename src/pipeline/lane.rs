@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::accumulator::accumulate;
 use super::admission::QueuedRows;
 use super::appender::Appender;
+use super::budget::Pressure;
 use super::retry::RetryPolicy;
 use crate::bigquery::BigQuery;
 use crate::error::{ErrorCode, Problem};
@@ -63,6 +64,8 @@ pub(crate) struct LaneContext {
     pub(crate) prepares: Arc<Semaphore>,
     pub(crate) inflight_per_stream: usize,
     pub(crate) retry: RetryPolicy,
+    /// Raised when a request waits for the budget: accumulators send what they hold.
+    pub(crate) pressure: Pressure,
 }
 
 /// What a drained lane hands to commit.
@@ -108,7 +111,8 @@ pub(super) async fn run_lane(
     let (uploads_tx, uploads_rx) = mpsc::unbounded_channel();
     // Its own task: the appender must be able to fail (and fail the execution) at once, while
     // the accumulator would otherwise wait for the lane to be drained.
-    let accumulator = tokio::spawn(accumulate(target.batching, commands, uploads_tx));
+    let pressure = context.pressure.subscribe();
+    let accumulator = tokio::spawn(accumulate(target.batching, commands, uploads_tx, pressure));
     let result = tokio::select! {
         result = Appender::run(&context, &target, uploads_rx) => result,
         () = cancel.cancelled() => {

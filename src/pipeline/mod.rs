@@ -82,6 +82,7 @@ impl Pipeline {
             max_buffered_bytes = limits.max_buffered_bytes,
             "bigquery.write.ready"
         );
+        let budget = ByteBudget::new(limits.max_buffered_bytes);
         Self {
             context: LaneContext {
                 bigquery,
@@ -90,8 +91,9 @@ impl Pipeline {
                 prepares: Arc::new(Semaphore::new(limits.max_concurrent_prepares)),
                 inflight_per_stream: limits.inflight_per_stream,
                 retry: limits.retry,
+                pressure: budget.pressure().clone(),
             },
-            budget: ByteBudget::new(limits.max_buffered_bytes),
+            budget,
             batch_decodes: Arc::new(Semaphore::new(limits.max_concurrent_batch_decodes)),
             limits,
             executions: Arc::default(),
@@ -159,7 +161,7 @@ impl Pipeline {
     fn resource_share(&self, uploads: &ExecutionUploads, resource: &ResourceName) -> ResourceShare {
         lock(&uploads.shares)
             .entry(resource.clone())
-            .or_insert_with(|| ResourceShare::new(self.limits.max_buffered_bytes_per_resource))
+            .or_insert_with(|| ResourceShare::new(self.limits.max_buffered_bytes_per_resource, &self.budget))
             .clone()
     }
 

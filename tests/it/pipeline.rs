@@ -313,6 +313,43 @@ async fn the_byte_budget_bounds_memory_and_answers_429_instead_of_buffering() {
     assert_eq!(sorted, (0..BATCHES * ROWS_PER_BATCH).collect::<Vec<_>>(), "every row exactly once");
 }
 
+/// Thirty-two resources with one small batch each, four times what the budget holds: each lane
+/// holds its rows back for a fuller upload batch (the flush interval is a minute), so the
+/// budget fills. A request that then waits for room makes every lane send what it holds, and
+/// every request is accepted within the backpressure wait (30 s, half the flush interval)
+/// instead of 429: the held rows do not wait for their interval with the budget full.
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_held_back_go_out_when_a_request_waits_for_the_budget() {
+    const BUDGET: u64 = 1024 * 1024;
+    const ROWS_PER_BATCH: i64 = 8192; // 128 KiB of Arrow, below half an upload batch
+    let fake = FakeWrite::start().await;
+    let gw = GatewayOptions::new()
+        .fake_write(&fake)
+        .env("FILAMENT_MAX_BUFFERED_BYTES", &BUDGET.to_string())
+        .env("FILAMENT_BACKPRESSURE_WAIT_MS", "30000")
+        .spawn()
+        .await;
+    let names: Vec<String> = (0..32).map(|i| format!("t{i:02}")).collect();
+    let resources: Vec<&str> = names.iter().map(String::as_str).collect();
+    let flush_interval = json!({"flush_interval_ms": 60_000});
+    TestRun::new("run", "e").batching(flush_interval).full_append(&resources).open(&gw).await;
+    let posts = resources.iter().enumerate().map(|(i, resource)| {
+        let first = i as i64 * ROWS_PER_BATCH;
+        gw.post_batch("run", "e", resource, Some(0), ipc_stream(&[ids(first..first + ROWS_PER_BATCH)]))
+    });
+    for (resource, (status, body)) in resources.iter().zip(futures::future::join_all(posts).await) {
+        assert_eq!(status, StatusCode::ACCEPTED, "{resource}: {body}");
+    }
+    let metrics = gw.unauthenticated(Method::GET, "/metrics").send().await.unwrap().text().await.unwrap();
+    let waits = metrics.lines().find_map(|line| line.strip_prefix("filament_backpressure_waits_total "));
+    assert!(waits.is_some_and(|waits| waits != "0"), "requests waited for the full budget: {waits:?}");
+    assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
+    for (i, resource) in resources.iter().enumerate() {
+        let first = i as i64 * ROWS_PER_BATCH;
+        assert_exact_stream(&fake.stream_for(&format!("_filament_stg_{resource}_")), first..first + ROWS_PER_BATCH);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn connections_cut_mid_stream_to_the_emulator_still_load_every_row_once() {
     // A private emulator: a connection cut in the middle of an append may leave it unusable.
