@@ -11,6 +11,7 @@ use anyhow::Context as _;
 use sha2::{Digest as _, Sha256};
 use tokio_util::task::TaskTracker;
 
+use crate::api::server::{self, http1_read_buffer_bytes};
 use crate::api::{ApiSettings, ApiState, router};
 use crate::bigquery::{BigQuery, Endpoints};
 use crate::config::{DatabaseConfig, ServeConfig};
@@ -156,7 +157,8 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
 
     let drained =
         hand_over_on_signal(replica.clone(), state.pipeline.clone(), Duration::from_secs(config.shutdown_delay_secs));
-    axum::serve(listener, router(state)).with_graceful_shutdown(drained).await?;
+    let read_buffer_bytes = http1_read_buffer_bytes(config.max_uri_bytes, config.max_header_bytes);
+    server::serve(listener, router(state), read_buffer_bytes, drained).await;
     commits.close();
     if tokio::time::timeout(SHUTDOWN_GRACE, commits.wait()).await.is_err() {
         tracing::warn!("shutdown: commits still running after the grace period; they fail");

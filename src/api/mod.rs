@@ -11,6 +11,7 @@ pub(crate) mod executions;
 pub(crate) mod forward;
 pub(crate) mod health;
 pub(crate) mod runs;
+pub(crate) mod server;
 pub(crate) mod views;
 
 use std::sync::Arc;
