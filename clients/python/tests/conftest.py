@@ -181,10 +181,11 @@ class LossyProxy:
     gateway's whole answer and closes the connection without answering: the client sees a
     lost response."""
 
-    def __init__(self, upstream: str, drop: int = 1, unavailable: int = 0) -> None:
+    def __init__(self, upstream: str, drop: int = 1, unavailable: int = 0, retry_after: Optional[int] = None) -> None:
         self.upstream = urlsplit(upstream).netloc
         self.remaining = drop
         self.unavailable = unavailable
+        self.retry_after = retry_after
         self.dropped = 0
         self.forwarded_batches = 0
         self.lock = threading.Lock()
@@ -206,6 +207,8 @@ class LossyProxy:
                     if shed:  # answered without forwarding, like an overloaded gateway
                         problem = b'{"type":"about:blank","title":"Overloaded","status":503,"detail":"shed","code":"overloaded"}'
                         self.send_response(503)
+                        if proxy.retry_after is not None:
+                            self.send_header("Retry-After", str(proxy.retry_after))
                         self.send_header("Content-Type", "application/problem+json")
                         self.send_header("Content-Length", str(len(problem)))
                         self.end_headers()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 import uuid
 from typing import Iterator
 
@@ -109,8 +110,10 @@ def test_a_table_larger_than_one_body_is_split(gateway: Gateway, dataset: str) -
 
 
 def test_backpressure_is_retried_after_retry_after() -> None:
+    # A request that waits for the budget makes the lanes send what they hold, so only a wait
+    # shorter than one acknowledgement (1 ms) is sure to end in 429.
     gateway = spawn_gateway(
-        {"FILAMENT_MAX_BUFFERED_BYTES": str(1024 * 1024), "FILAMENT_BACKPRESSURE_WAIT_MS": "50"}
+        {"FILAMENT_MAX_BUFFERED_BYTES": str(1024 * 1024), "FILAMENT_BACKPRESSURE_WAIT_MS": "1"}
     )
     dataset = f"client_{uuid.uuid4().hex[:10]}"
     try:
@@ -129,7 +132,7 @@ def test_backpressure_is_retried_after_retry_after() -> None:
 
 def test_backpressure_surfaces_when_the_deadline_passes() -> None:
     gateway = spawn_gateway(
-        {"FILAMENT_MAX_BUFFERED_BYTES": str(1024 * 1024), "FILAMENT_BACKPRESSURE_WAIT_MS": "20"}
+        {"FILAMENT_MAX_BUFFERED_BYTES": str(1024 * 1024), "FILAMENT_BACKPRESSURE_WAIT_MS": "1"}
     )
     try:
         with Client(gateway.url, token=TOKEN, max_body_bytes=200 * 1024, retry=RetryPolicy(deadline=0.5)) as client:
@@ -162,6 +165,25 @@ def test_503_and_a_lost_response_are_retried_with_the_same_seq(gateway: Gateway,
             assert proxy.forwarded_batches == 3
         assert [r["seq"] for r in result.receipts + more.receipts] == [0, 1]
         assert count_and_sum(dataset, "lossy") == (125, sum(range(125)))
+    finally:
+        proxy.close()
+
+
+def test_503_waits_the_retry_after_the_gateway_sends(gateway: Gateway, dataset: str) -> None:
+    # Two 503s with `Retry-After: 1`; the client's own backoff would be 10 ms.
+    proxy = LossyProxy(gateway.url, drop=0, unavailable=2, retry_after=1)
+    try:
+        retry = RetryPolicy(initial_backoff=0.01, max_backoff=0.02, deadline=60.0)
+        with Client(proxy.url, token=TOKEN, retry=retry) as client:
+            run = client.create_run(project=PROJECT, dataset=dataset)
+            run.declare("shed", write_mode="full_append")
+            with run.execution() as ex:
+                started = time.monotonic()
+                ex.write("shed", users(0, 10))
+                waited = time.monotonic() - started
+            assert client.stats.unavailable_retries == 2
+        assert waited >= 2.0, f"the client waited {waited:.2f} s, not the 2 x 1 s the gateway asked for"
+        assert count_and_sum(dataset, "shed") == (10, sum(range(10)))
     finally:
         proxy.close()
 

@@ -47,9 +47,11 @@ class RetryPolicy:
     """How one request is retried.
 
     429 `backpressure` waits `Retry-After` (or the backoff) and is retried until `deadline`
-    seconds have passed since the first attempt; 503 and connection errors (including a lost
-    response) are retried with exponential backoff and jitter, at most `max_attempts` attempts
-    in all, within the same deadline. Every retry of a batch carries the same `seq` and body.
+    seconds have passed since the first attempt; 503 (waiting at least `Retry-After` when the
+    gateway sends one: a draining replica, an unreachable owner) and connection errors
+    (including a lost response) are retried with exponential backoff and jitter, at most
+    `max_attempts` attempts in all, within the same deadline. Every retry of a batch carries the same `seq`
+    and body.
     """
 
     max_attempts: int = 10
@@ -163,12 +165,13 @@ class _Transport:
             error = problem_from_response(response)
             if not retry or response.status_code not in (429, 503):
                 raise error
+            retry_after = error.retry_after
             if response.status_code == 429:
-                retry_after = error.retry_after
                 wait = retry_after if retry_after is not None else self.retry.backoff(attempt)
                 counter = "backpressure_retries"
             else:
-                wait = self.retry.backoff(attempt)
+                # `Retry-After` is the least a 503 asks for; the backoff keeps growing past it.
+                wait = max(retry_after or 0.0, self.retry.backoff(attempt))
                 counter = "unavailable_retries"
                 if attempt >= self.retry.max_attempts:
                     raise error
