@@ -76,6 +76,12 @@ const PRUNE_LOCK: i64 = 0x66696c_7072756e;
 
 const RESOURCE_KEY: &str = "run_id = $1 AND execution_id = $2 AND delivery = $3 AND resource = $4";
 
+/// Streams a replica handed over (their acknowledged rows and columns recorded) that are not
+/// finalized yet; callers add the delivery's or the resource's key.
+const HANDED_OVER_STREAMS: &str = "SELECT resource, staging_table, stream_name, rows_acknowledged, destination_columns
+     FROM staging_streams
+     WHERE destination_columns IS NOT NULL AND stream_name IS NOT NULL AND finalized_row_count IS NULL";
+
 impl Store {
     pub(crate) async fn find_receipt(&self, resource: &ResourceRef, seq: i64) -> StoreResult<Option<ReceiptRecord>> {
         Ok(sqlx::query_as(&format!("SELECT * FROM batches WHERE {RESOURCE_KEY} AND seq = $5"))
@@ -259,12 +265,9 @@ impl Store {
 
     /// The delivery's streams handed over by a replica that shut down.
     pub(crate) async fn handed_over_streams(&self, delivery: &DeliveryRef) -> StoreResult<Vec<HandedOverStream>> {
-        Ok(sqlx::query_as(
-            "SELECT resource, staging_table, stream_name, rows_acknowledged, destination_columns FROM staging_streams
-             WHERE run_id = $1 AND execution_id = $2 AND delivery = $3
-               AND destination_columns IS NOT NULL AND stream_name IS NOT NULL AND finalized_row_count IS NULL
-             ORDER BY resource",
-        )
+        Ok(sqlx::query_as(&format!(
+            "{HANDED_OVER_STREAMS} AND run_id = $1 AND execution_id = $2 AND delivery = $3 ORDER BY resource"
+        ))
         .bind_delivery(delivery)
         .fetch_all(&self.pool)
         .await?)
@@ -272,13 +275,9 @@ impl Store {
 
     /// The resource's handed-over stream, to go on appending to.
     pub(crate) async fn handed_over_stream(&self, resource: &ResourceRef) -> StoreResult<Option<HandedOverStream>> {
-        Ok(sqlx::query_as(&format!(
-            "SELECT resource, staging_table, stream_name, rows_acknowledged, destination_columns FROM staging_streams
-             WHERE {RESOURCE_KEY} AND destination_columns IS NOT NULL AND stream_name IS NOT NULL
-               AND finalized_row_count IS NULL"
-        ))
-        .bind_resource(resource)
-        .fetch_optional(&self.pool)
-        .await?)
+        Ok(sqlx::query_as(&format!("{HANDED_OVER_STREAMS} AND {RESOURCE_KEY}"))
+            .bind_resource(resource)
+            .fetch_optional(&self.pool)
+            .await?)
     }
 }
