@@ -54,8 +54,10 @@ impl GzipLevel {
 /// writing it on, so pieces keep that buffer small and in cache.
 const GZIP_INPUT_PIECE_BYTES: usize = 256 * 1024;
 
-/// `AppendRowsRequest.arrow_rows`, `ArrowData.rows` and `ArrowRecordBatch.serialized_record_batch`.
+/// `AppendRowsRequest.arrow_rows`, `ArrowData.writer_schema`, `ArrowData.rows` and
+/// `ArrowRecordBatch.serialized_record_batch`.
 const ARROW_ROWS_FIELD: u32 = 5;
+const ARROW_DATA_WRITER_SCHEMA_FIELD: u32 = 1;
 const ARROW_DATA_ROWS_FIELD: u32 = 2;
 const SERIALIZED_RECORD_BATCH_FIELD: u32 = 1;
 
@@ -86,7 +88,7 @@ impl RequestWire {
             + record_batch.len();
         let schema_length = arrow.writer_schema.as_ref().map_or(0, |schema| {
             let length = schema.encoded_len();
-            key_len(1) + encoded_len_varint(length as u64) + length
+            key_len(ARROW_DATA_WRITER_SCHEMA_FIELD) + encoded_len_varint(length as u64) + length
         });
         let arrow_length =
             schema_length + key_len(ARROW_DATA_ROWS_FIELD) + encoded_len_varint(batch_length as u64) + batch_length;
@@ -95,7 +97,7 @@ impl RequestWire {
         encode_key(ARROW_ROWS_FIELD, WireType::LengthDelimited, &mut head);
         encode_varint(arrow_length as u64, &mut head);
         if let Some(schema) = &arrow.writer_schema {
-            prost::encoding::message::encode(1, schema, &mut head);
+            prost::encoding::message::encode(ARROW_DATA_WRITER_SCHEMA_FIELD, schema, &mut head);
         }
         encode_key(ARROW_DATA_ROWS_FIELD, WireType::LengthDelimited, &mut head);
         encode_varint(batch_length as u64, &mut head);

@@ -1,8 +1,8 @@
 //! The accumulator of a lane: coalesces accepted payloads into upload batches (max rows, max
 //! bytes, flush interval; flushed on demand at checkpoints and when the lane closes) and hands
 //! them, each with its part of the byte budget, to the [`super::appender`]. Rows held back for
-//! a fuller batch also go at once while a request waits for the budget
-//! ([`super::budget::Pressure`]).
+//! a fuller batch also go at once while a request waits for the budget or for the resource's
+//! share ([`LanePressure`]).
 
 use arrow_array::RecordBatch;
 use bytes::Bytes;
@@ -28,7 +28,7 @@ pub(super) async fn accumulate(
     policy: BatchingPolicy,
     mut commands: mpsc::UnboundedReceiver<LaneCommand>,
     uploads: mpsc::UnboundedSender<Upload>,
-    mut pressure: watch::Receiver<usize>,
+    mut pressure: LanePressure,
 ) {
     let mut pending = Pending::default();
     loop {
@@ -58,12 +58,26 @@ pub(super) async fn accumulate(
     }
 }
 
-/// Completes while the lane holds rows and a request waits for the budget; never otherwise.
-async fn raised(pressure: &mut watch::Receiver<usize>, holding_rows: bool) {
-    let raised = holding_rows && pressure.wait_for(|waiting| *waiting > 0).await.is_ok();
-    if !raised {
-        std::future::pending::<()>().await;
+/// What makes a lane send the rows it holds back: requests waiting for the gateway's budget,
+/// or for this resource's share of it ([`super::budget::Pressure`]).
+#[derive(Debug)]
+pub(crate) struct LanePressure {
+    pub(crate) budget: watch::Receiver<usize>,
+    pub(crate) share: watch::Receiver<usize>,
+}
+
+/// Completes while the lane holds rows and a request waits for the budget or the share; never
+/// otherwise.
+async fn raised(pressure: &mut LanePressure, holding_rows: bool) {
+    if holding_rows {
+        let LanePressure { budget, share } = pressure;
+        tokio::select! {
+            Ok(_) = budget.wait_for(|waiting| *waiting > 0) => return,
+            Ok(_) = share.wait_for(|waiting| *waiting > 0) => return,
+            else => {}
+        }
     }
+    std::future::pending::<()>().await;
 }
 
 async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
@@ -182,8 +196,9 @@ mod tests {
         let policy = BatchingPolicy { max_rows: 100, max_bytes: 1 << 20, flush_interval: Duration::from_secs(10) };
         let (commands, receiver) = mpsc::unbounded_channel();
         let (uploads_tx, mut uploads) = mpsc::unbounded_channel();
-        let (_pressure, pressure_rx) = watch::channel(0usize);
-        tokio::spawn(accumulate(policy, receiver, uploads_tx, pressure_rx));
+        let (_budget, budget) = watch::channel(0usize);
+        let (_share, share) = watch::channel(0usize);
+        tokio::spawn(accumulate(policy, receiver, uploads_tx, LanePressure { budget, share }));
 
         for i in 0..3 {
             commands.send(rows(vec![payload(i * 10, 10)])).unwrap();
@@ -217,33 +232,37 @@ mod tests {
         assert_eq!(sizes, [5, 60]);
     }
 
-    /// While a request waits for the budget, held rows go at once, and so do rows that arrive
-    /// meanwhile; once nobody waits, rows are held for their interval again.
+    /// While a request waits for the budget or the resource's share, held rows go at once, and
+    /// so do rows that arrive meanwhile; once nobody waits, rows are held for their interval.
     #[tokio::test(start_paused = true)]
-    async fn rows_go_at_once_while_a_request_waits_for_the_budget() {
+    async fn rows_go_at_once_while_a_request_waits_for_the_budget_or_the_share() {
         let policy = BatchingPolicy { max_rows: 100, max_bytes: 1 << 20, flush_interval: Duration::from_secs(10) };
-        let (commands, receiver) = mpsc::unbounded_channel();
-        let (uploads_tx, mut uploads) = mpsc::unbounded_channel();
-        let (waiting_requests, pressure) = watch::channel(0usize);
-        tokio::spawn(accumulate(policy, receiver, uploads_tx, pressure));
+        for waits_for_share in [false, true] {
+            let (commands, receiver) = mpsc::unbounded_channel();
+            let (uploads_tx, mut uploads) = mpsc::unbounded_channel();
+            let (budget_waiters, budget) = watch::channel(0usize);
+            let (share_waiters, share) = watch::channel(0usize);
+            let waiters = if waits_for_share { &share_waiters } else { &budget_waiters };
+            tokio::spawn(accumulate(policy, receiver, uploads_tx, LanePressure { budget, share }));
 
-        commands.send(rows(vec![payload(0, 10)])).unwrap();
-        commands.send(rows(vec![payload(10, 10)])).unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(uploads.try_recv().is_err(), "held while nobody waits");
+            commands.send(rows(vec![payload(0, 10)])).unwrap();
+            commands.send(rows(vec![payload(10, 10)])).unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(uploads.try_recv().is_err(), "held while nobody waits");
 
-        waiting_requests.send_replace(1);
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        assert_eq!(uploads.try_recv().expect("sent while a request waits").rows, 20);
-        commands.send(rows(vec![payload(20, 10)])).unwrap();
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        assert_eq!(uploads.try_recv().expect("arrived while a request waits").rows, 10);
+            waiters.send_replace(1);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            assert_eq!(uploads.try_recv().expect("sent while a request waits").rows, 20);
+            commands.send(rows(vec![payload(20, 10)])).unwrap();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            assert_eq!(uploads.try_recv().expect("arrived while a request waits").rows, 10);
 
-        waiting_requests.send_replace(0);
-        commands.send(rows(vec![payload(30, 10)])).unwrap();
-        tokio::time::sleep(Duration::from_millis(9_000)).await;
-        assert!(uploads.try_recv().is_err());
-        tokio::time::sleep(Duration::from_millis(1_100)).await;
-        assert_eq!(uploads.try_recv().expect("flushed after 10 s").rows, 10);
+            waiters.send_replace(0);
+            commands.send(rows(vec![payload(30, 10)])).unwrap();
+            tokio::time::sleep(Duration::from_millis(9_000)).await;
+            assert!(uploads.try_recv().is_err());
+            tokio::time::sleep(Duration::from_millis(1_100)).await;
+            assert_eq!(uploads.try_recv().expect("flushed after 10 s").rows, 10);
+        }
     }
 }

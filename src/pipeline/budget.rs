@@ -5,10 +5,12 @@
 //! its own **share** (a part of the budget), acquired first: a resource BigQuery acknowledges
 //! slowly fills its share and waits, instead of filling the budget and stalling the others.
 //!
-//! While a request waits, it counts in the budget's [`Pressure`]: lanes then send the rows they
-//! hold back for a fuller upload batch, since only acknowledged bytes make room (a thousand
-//! resources with a small batch each would otherwise fill the budget with rows waiting for
-//! their flush interval).
+//! While a request waits, it counts in the [`Pressure`] of what it waits for: every lane while
+//! it waits for the budget, its own resource's lane while it waits for the share. Those lanes
+//! then send the rows they hold back for a fuller upload batch, since only acknowledged bytes
+//! make room (a thousand resources with a small batch each would otherwise fill the budget
+//! with rows waiting for their flush interval). A resource that BigQuery acknowledges slowly
+//! presses only its own lane, so the other tables keep their full upload batches.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -29,7 +31,7 @@ pub(crate) struct ByteBudget {
     pressure: Pressure,
 }
 
-/// How many requests are waiting for room in the budget or in their resource's share. Lanes
+/// How many requests are waiting for room in the budget (or in one resource's share). Lanes
 /// holding rows back watch it: while any request waits, they send what they hold.
 #[derive(Debug, Clone)]
 pub(crate) struct Pressure(Arc<watch::Sender<usize>>);
@@ -77,19 +79,23 @@ pub(crate) struct ResourceShare {
     capacity_units: usize,
     /// Size of the resource's latest request: the estimate [`Self::wait_for_room`] waits for.
     last_request_units: Arc<AtomicUsize>,
-    /// The budget's: waiting for the share raises it too.
+    /// Requests waiting for this share; the resource's lane watches it.
     pressure: Pressure,
 }
 
 impl ResourceShare {
-    pub(crate) fn new(capacity_bytes: usize, budget: &ByteBudget) -> Self {
+    pub(crate) fn new(capacity_bytes: usize) -> Self {
         let capacity_units = units_for(capacity_bytes);
         Self {
             semaphore: Arc::new(Semaphore::new(capacity_units)),
             capacity_units,
             last_request_units: Arc::new(AtomicUsize::new(0)),
-            pressure: budget.pressure.clone(),
+            pressure: Pressure::new(),
         }
+    }
+
+    pub(crate) fn pressure(&self) -> &Pressure {
+        &self.pressure
     }
 
     /// Waits (up to `max_wait`) until the share has room for a request as large as the
@@ -159,8 +165,11 @@ impl ByteBudget {
             )
             .with_hint("split the data into smaller batch requests"));
         }
-        let share_full = share.zip(share_units).is_some_and(|(s, units)| s.semaphore.available_permits() < units);
-        let _waiting = (share_full || self.semaphore.available_permits() < units).then(|| self.pressure.waiting());
+        let _waiting_for_share = share
+            .zip(share_units)
+            .filter(|(share, units)| share.semaphore.available_permits() < *units)
+            .map(|(share, _)| share.pressure.waiting());
+        let _waiting_for_budget = (self.semaphore.available_permits() < units).then(|| self.pressure.waiting());
         let started = Instant::now();
         let acquired = tokio::time::timeout(max_wait, async {
             let share = match (share, share_units) {
@@ -278,10 +287,38 @@ mod tests {
         );
     }
 
+    /// A request waiting for its full share presses that resource's lane only; one waiting for
+    /// the full budget presses every lane; the count drops when the wait ends.
+    #[tokio::test(start_paused = true)]
+    async fn waiting_requests_press_what_they_wait_for() {
+        let budget = ByteBudget::new(40 * 1024);
+        let (slow, fast) = (ResourceShare::new(20 * 1024), ResourceShare::new(30 * 1024));
+        let (budget_waiters, slow_waiters) = (budget.pressure().subscribe(), slow.pressure().subscribe());
+        let _slow_held = budget.acquire(20 * 1024, Some(&slow), Duration::from_secs(1)).await.unwrap();
+        let waiting_for_share = tokio::spawn({
+            let (budget, slow) = (budget.clone(), slow.clone());
+            async move { budget.acquire(1024, Some(&slow), Duration::from_secs(1)).await.map(|_| ()) }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!((*budget_waiters.borrow(), *slow_waiters.borrow()), (0, 1));
+        assert!(waiting_for_share.await.unwrap().is_err());
+        assert_eq!(*slow_waiters.borrow(), 0);
+
+        let _fast_held = budget.acquire(20 * 1024, Some(&fast), Duration::from_secs(1)).await.unwrap();
+        let waiting_for_budget = tokio::spawn({
+            let (budget, fast) = (budget.clone(), fast.clone());
+            async move { budget.acquire(5 * 1024, Some(&fast), Duration::from_secs(1)).await.map(|_| ()) }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!((*budget_waiters.borrow(), *slow_waiters.borrow()), (1, 0));
+        assert!(waiting_for_budget.await.unwrap().is_err());
+        assert_eq!(*budget_waiters.borrow(), 0);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_full_share_waits_while_other_resources_keep_the_budget() {
         let budget = ByteBudget::new(100 * 1024);
-        let (slow, fast) = (ResourceShare::new(20 * 1024, &budget), ResourceShare::new(20 * 1024, &budget));
+        let (slow, fast) = (ResourceShare::new(20 * 1024), ResourceShare::new(20 * 1024));
         let mut held = budget.acquire(20 * 1024, Some(&slow), Duration::from_secs(1)).await.unwrap();
         let refused = budget.acquire(1024, Some(&slow), Duration::from_secs(1)).await.unwrap_err();
         assert_eq!(refused.code, ErrorCode::Backpressure);

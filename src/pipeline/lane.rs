@@ -11,10 +11,9 @@ use bytes::Bytes;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::accumulator::accumulate;
+use super::accumulator::{LanePressure, accumulate};
 use super::admission::QueuedRows;
 use super::appender::Appender;
-use super::budget::Pressure;
 use super::retry::RetryPolicy;
 use crate::bigquery::BigQuery;
 use crate::error::{ErrorCode, Problem};
@@ -64,8 +63,6 @@ pub(crate) struct LaneContext {
     pub(crate) prepares: Arc<Semaphore>,
     pub(crate) inflight_per_stream: usize,
     pub(crate) retry: RetryPolicy,
-    /// Raised when a request waits for the budget: accumulators send what they hold.
-    pub(crate) pressure: Pressure,
 }
 
 /// What a drained lane hands to commit.
@@ -106,12 +103,12 @@ pub(super) async fn run_lane(
     context: LaneContext,
     target: LaneTarget,
     commands: mpsc::UnboundedReceiver<LaneCommand>,
+    pressure: LanePressure,
     cancel: CancellationToken,
 ) -> Result<LaneReport, Problem> {
     let (uploads_tx, uploads_rx) = mpsc::unbounded_channel();
     // Its own task: the appender must be able to fail (and fail the execution) at once, while
     // the accumulator would otherwise wait for the lane to be drained.
-    let pressure = context.pressure.subscribe();
     let accumulator = tokio::spawn(accumulate(target.batching, commands, uploads_tx, pressure));
     let result = tokio::select! {
         result = Appender::run(&context, &target, uploads_rx) => result,

@@ -41,6 +41,7 @@ use crate::bigquery::BigQuery;
 use crate::error::{ErrorCode, Problem};
 use crate::model::{ExecutionKey, ResourceName};
 use crate::store::Store;
+use accumulator::LanePressure;
 use budget::{ByteBudget, ResourceShare};
 use gate::{Lane, lock};
 use lane::LaneCommand;
@@ -82,7 +83,6 @@ impl Pipeline {
             max_buffered_bytes = limits.max_buffered_bytes,
             "bigquery.write.ready"
         );
-        let budget = ByteBudget::new(limits.max_buffered_bytes);
         Self {
             context: LaneContext {
                 bigquery,
@@ -91,9 +91,8 @@ impl Pipeline {
                 prepares: Arc::new(Semaphore::new(limits.max_concurrent_prepares)),
                 inflight_per_stream: limits.inflight_per_stream,
                 retry: limits.retry,
-                pressure: budget.pressure().clone(),
             },
-            budget,
+            budget: ByteBudget::new(limits.max_buffered_bytes),
             batch_decodes: Arc::new(Semaphore::new(limits.max_concurrent_batch_decodes)),
             limits,
             executions: Arc::default(),
@@ -161,7 +160,7 @@ impl Pipeline {
     fn resource_share(&self, uploads: &ExecutionUploads, resource: &ResourceName) -> ResourceShare {
         lock(&uploads.shares)
             .entry(resource.clone())
-            .or_insert_with(|| ResourceShare::new(self.limits.max_buffered_bytes_per_resource, &self.budget))
+            .or_insert_with(|| ResourceShare::new(self.limits.max_buffered_bytes_per_resource))
             .clone()
     }
 
@@ -175,11 +174,14 @@ impl Pipeline {
         rows: QueuedRows,
     ) {
         let uploads = &accepting.uploads;
+        let share = self.resource_share(uploads, resource);
         let mut lanes = lock(&uploads.lanes);
         let lane = lanes.entry(resource.clone()).or_insert_with(|| {
             let (commands, receiver) = mpsc::unbounded_channel();
-            let worker = tokio::spawn(lane::run_lane(self.context.clone(), target(), receiver, uploads.cancel.clone()));
-            Lane { commands, worker }
+            let pressure =
+                LanePressure { budget: self.budget.pressure().subscribe(), share: share.pressure().subscribe() };
+            let lane = lane::run_lane(self.context.clone(), target(), receiver, pressure, uploads.cancel.clone());
+            Lane { commands, worker: tokio::spawn(lane) }
         });
         // A closed lane has failed (and failed its execution) or was cancelled; `drain` reports why.
         let _ = lane.commands.send(LaneCommand::Rows(rows));
