@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Provisions the local services the gateway and its tests run against, under build/:
 #   - a throwaway PostgreSQL cluster (only when DATABASE_URL is not set), via initdb/pg_ctl,
-#     installing Debian's `postgresql` package when the binaries are missing;
+#     installing Debian's `postgresql` package when the binaries are missing; one cluster per
+#     checkout, shared by the environments (run, test, bench): the one that started it stops
+#     it, the others only borrow it;
 #   - the bqemulator BigQuery emulator in its own pinned virtualenv (offline-safe install:
 #     the DuckDB spatial extension comes from PyPI, not from a download at start-up);
 #   - a tools virtualenv (pyarrow, requests, openapi-spec-validator) for the example extractor
@@ -73,7 +75,9 @@ start_postgres() { # env-file
     as_pg_user "$bin/initdb" -D "$data" -U postgres --auth=trust -E UTF8 --no-sync >"$BUILD/pg/initdb.log"
   fi
   if as_pg_user "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then
+    # Another environment (make run, make test, make bench) started the cluster: it stops it.
     port=$(cat "$BUILD/pg/port")
+    echo "export FILAMENT_LOCAL_PG_BORROWED=1" >>"$1"
   else
     port=$(free_port)
     echo "$port" >"$BUILD/pg/port"
@@ -159,10 +163,11 @@ cmd_start() {
 cmd_stop() {
   local env_file="$1"
   [ -f "$env_file" ] || return 0
+  unset FILAMENT_LOCAL_PG_BORROWED
   # shellcheck disable=SC1090
   source "$env_file"
   if [ -n "${FILAMENT_EMULATOR_PID:-}" ]; then kill "$FILAMENT_EMULATOR_PID" 2>/dev/null || true; fi
-  if [ -n "${FILAMENT_LOCAL_PG_DATA:-}" ]; then
+  if [ -n "${FILAMENT_LOCAL_PG_DATA:-}" ] && [ -z "${FILAMENT_LOCAL_PG_BORROWED:-}" ]; then
     as_pg_user "$FILAMENT_LOCAL_PG_BIN/pg_ctl" -D "$FILAMENT_LOCAL_PG_DATA" -m fast stop >/dev/null 2>&1 || true
   fi
 }
