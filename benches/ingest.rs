@@ -322,7 +322,7 @@ async fn run_k(k: usize, set: &BodySet, total_bytes: u64) -> Throughput {
         futures::future::join_all(resources.iter().enumerate().map(|(i, r)| post_bodies(&gw, r, set, i, per_resource)))
             .await;
     let receipts_seconds = started.elapsed().as_secs_f64();
-    let refused = metric(&gw, "filament_backpressure_rejections_total").await;
+    let refused = gw.metric("filament_backpressure_rejections_total").await.unwrap_or_default() as u64;
     let committed = gw.commit_and_wait("bench", "e").await;
     let seconds = started.elapsed().as_secs_f64();
     let cpu_seconds = cpu_seconds(&format!("/proc/{pid}/stat")) - cpu_before;
@@ -346,14 +346,6 @@ async fn run_k(k: usize, set: &BodySet, total_bytes: u64) -> Throughput {
         cpu_seconds,
         peak_rss_mib,
     }
-}
-
-/// A counter of the gateway's `/metrics` (0 before it first counts).
-async fn metric(gw: &Gateway, name: &str) -> u64 {
-    let text = gw.unauthenticated(Method::GET, "/metrics").send().await.unwrap().text().await.unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
-        .map_or(0, |value| value as u64)
 }
 
 /// Throughput (MB/s) of 8 fast tables until the sink holds all their rows, with or without

@@ -189,10 +189,6 @@ impl Extracting {
     }
 }
 
-async fn metrics_of(gateway: &crate::support::Gateway) -> String {
-    reqwest::get(gateway.url("/metrics")).await.unwrap().text().await.unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn extractors_through_a_round_robin_balancer_load_every_row_once() {
     // Four extractions: at most four AppendRows streams open in bqemulator at once.
@@ -206,7 +202,7 @@ async fn extractors_through_a_round_robin_balancer_load_every_row_once() {
     extracting.finish().await;
     let mut forwarded = 0;
     for replica in &fleet.replicas {
-        forwarded += forwarded_requests(&metrics_of(replica).await);
+        forwarded += forwarded_requests(&replica.metrics().await);
     }
     assert!(forwarded > 0, "round-robin sent requests to replicas that forwarded them to the owner");
     assert!(!fourth.logs().contains("failed executions whose replica stopped"), "{}", fourth.logs());

@@ -67,7 +67,7 @@ async fn health_readiness_and_metrics() {
     let (status, _) = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(0..42)])).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     gw.commit_and_wait("run", "e").await;
-    let metrics = gw.unauthenticated(Method::GET, "/metrics").send().await.unwrap().text().await.unwrap();
+    let metrics = gw.metrics().await;
     for expected in [
         "filament_rows_received_total 42",
         "filament_batches_queued_total 1",

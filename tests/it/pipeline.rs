@@ -163,7 +163,7 @@ async fn lost_responses_and_dropped_connections_neither_lose_nor_duplicate_rows(
     let retries: Vec<&str> = logs.lines().filter(|l| l.contains("bigquery.write.retry")).collect();
     assert!(retries.len() >= 4, "{retries:?}");
     assert!(retries.iter().all(|l| l.contains("retryable=true")));
-    let metrics = gw.unauthenticated(Method::GET, "/metrics").send().await.unwrap().text().await.unwrap();
+    let metrics = gw.metrics().await;
     for name in [
         "filament_append_retries_total{code=\"UNAVAILABLE\"}",
         "filament_append_retries_total{code=\"INTERNAL\"}",
@@ -236,12 +236,8 @@ fn spawn_budget_sampler(gw: Arc<Gateway>, stop: CancellationToken) -> tokio::tas
     tokio::spawn(async move {
         let mut max_seen = 0u64;
         loop {
-            let metrics = gw.unauthenticated(Method::GET, "/metrics").send().await.unwrap().text().await.unwrap();
             // The gauge is exported once the budget is first used; until then there is nothing to see.
-            let in_use = metrics
-                .lines()
-                .find_map(|l| l.strip_prefix("filament_upload_budget_bytes_in_use "))
-                .map(|v| v.trim().parse::<f64>().unwrap() as u64);
+            let in_use = gw.metric("filament_upload_budget_bytes_in_use").await.map(|v| v as u64);
             max_seen = max_seen.max(in_use.unwrap_or_default());
             tokio::select! {
                 () = stop.cancelled() => return max_seen,
@@ -340,9 +336,8 @@ async fn rows_held_back_go_out_when_a_request_waits_for_the_budget() {
     for (resource, (status, body)) in resources.iter().zip(futures::future::join_all(posts).await) {
         assert_eq!(status, StatusCode::ACCEPTED, "{resource}: {body}");
     }
-    let metrics = gw.unauthenticated(Method::GET, "/metrics").send().await.unwrap().text().await.unwrap();
-    let waits = metrics.lines().find_map(|line| line.strip_prefix("filament_backpressure_waits_total "));
-    assert!(waits.is_some_and(|waits| waits != "0"), "requests waited for the full budget: {waits:?}");
+    let waits = gw.metric("filament_backpressure_waits_total").await;
+    assert!(waits.is_some_and(|waits| waits > 0.0), "requests waited for the full budget: {waits:?}");
     assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
     for (i, resource) in resources.iter().enumerate() {
         let first = i as i64 * ROWS_PER_BATCH;

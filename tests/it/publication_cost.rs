@@ -31,7 +31,7 @@ async fn job_statistics_are_recorded_and_jobs_carry_labels() {
         &json!({"filament_run": "run-1", "filament_execution": "e", "filament_resource": "public_users"})
     );
 
-    let metrics = gw.unauthenticated(Method::GET, "/metrics").send().await.unwrap().text().await.unwrap();
+    let metrics = gw.metrics().await;
     let billed = format!(
         "filament_publication_bytes_billed_total{{dataset=\"{}\",table=\"public_Users\"}} 10485760",
         gw.dataset

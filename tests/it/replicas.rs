@@ -63,7 +63,7 @@ async fn a_replica_forwards_an_executions_requests_to_its_owner() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(b.commit_and_wait("r", "e").await["state"], "committed");
     assert_eq!(count(&a, "t").await, vec![json!("30"), json!("30")]);
-    let metrics = reqwest::get(b.url("/metrics")).await.unwrap().text().await.unwrap();
+    let metrics = b.metrics().await;
     assert!(metrics.contains("filament_requests_forwarded_total 4"), "{metrics}");
     let (_, run) = b.json(Method::GET, "/v1/runs/r", None).await;
     assert_eq!(run["durable_checkpoint"], 7, "{run}");

@@ -280,6 +280,17 @@ impl Gateway {
             .await
     }
 
+    /// The gateway's Prometheus exposition (`/metrics`).
+    pub async fn metrics(&self) -> String {
+        self.unauthenticated(Method::GET, "/metrics").send().await.unwrap().text().await.unwrap()
+    }
+
+    /// The value of one series (its name and labels, as exported), when it is exported.
+    pub async fn metric(&self, series: &str) -> Option<f64> {
+        let metrics = self.metrics().await;
+        metrics.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
     /// Creates a run on this gateway's dataset.
     pub async fn create_run(&self, run_id: &str) -> Value {
         let (status, body) = self
