@@ -9,6 +9,7 @@ use google_cloud_bigquery_v2::model::{
     TimePartitioning, range_partitioning,
 };
 
+use super::known_datasets::KnownDataset;
 use super::{BigQuery, BigQueryError, BigQueryResult, rest_call};
 use crate::model::columns::{BigQueryType, Column};
 use crate::model::table_layout::{ColumnDescriptions, LayoutDifference, TableLayout};
@@ -165,20 +166,32 @@ pub(crate) fn field_accepts(existing: &TableFieldSchema, wanted: &Column) -> boo
 }
 
 impl BigQuery {
-    /// Creates the dataset when it does not exist (in `location` when given). Returns the
-    /// location of a dataset that already existed (`None` when it was created here).
+    /// Creates the dataset when it does not exist (in `location` when given). Returns its
+    /// location when known (`None` when it was created without one, here or concurrently
+    /// elsewhere). Answers are remembered per process
+    /// ([`super::known_datasets::KnownDatasets`]).
     pub(crate) async fn ensure_dataset(
         &self,
         project: &str,
         dataset: &str,
         location: Option<&str>,
     ) -> BigQueryResult<Option<String>> {
+        let find_or_create = || self.find_or_create_dataset(project, dataset, location);
+        Ok(self.known_datasets.get_or_check(project, dataset, location, find_or_create).await?.location)
+    }
+
+    async fn find_or_create_dataset(
+        &self,
+        project: &str,
+        dataset: &str,
+        location: Option<&str>,
+    ) -> BigQueryResult<KnownDataset> {
         match rest_call("datasets.get", || {
             self.datasets.get_dataset().set_project_id(project).set_dataset_id(dataset).send()
         })
         .await?
         {
-            Ok(existing) => return Ok(Some(existing.location)),
+            Ok(existing) => return Ok(KnownDataset { location: Some(existing.location) }),
             Err(e) if e.http_status_code() == Some(404) => {}
             Err(e) => return Err(BigQueryError::rest("datasets.get")(e)),
         }
@@ -189,9 +202,9 @@ impl BigQuery {
         }
         let insert = || self.datasets.insert_dataset().set_project_id(project).set_dataset(body.clone()).send();
         match rest_call("datasets.insert", insert).await? {
-            Ok(_) => Ok(None),
-            // Created concurrently by another resource or gateway: fine.
-            Err(e) if e.http_status_code() == Some(409) => Ok(None),
+            Ok(_) => Ok(KnownDataset { location: location.map(String::from) }),
+            // Created concurrently by another gateway: where is not known here.
+            Err(e) if e.http_status_code() == Some(409) => Ok(KnownDataset { location: None }),
             Err(e) => Err(BigQueryError::rest("datasets.insert")(e)),
         }
     }

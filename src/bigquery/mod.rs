@@ -1,6 +1,7 @@
 //! Everything that talks to BigQuery: credentials ([`credentials`]), datasets and tables
-//! ([`metadata`], REST), query jobs ([`jobs`], REST) and the Storage Write API ([`write`],
-//! tonic over the generated googleapis client). Failures are [`BigQueryError`]s, classified once.
+//! ([`metadata`], REST; each dataset checked once per process: [`known_datasets`]), query jobs
+//! ([`jobs`], REST) and the Storage Write API ([`write`], tonic over the generated googleapis
+//! client). Failures are [`BigQueryError`]s, classified once.
 //!
 //! With `BIGQUERY_EMULATOR_HOST` / `BIGQUERY_STORAGE_EMULATOR_HOST` set, every call goes to the
 //! emulator over plain HTTP with anonymous credentials.
@@ -9,6 +10,7 @@ pub(crate) mod append_frame;
 pub(crate) mod credentials;
 pub(crate) mod error;
 pub(crate) mod jobs;
+pub(crate) mod known_datasets;
 pub(crate) mod metadata;
 pub(crate) mod write;
 
@@ -116,6 +118,8 @@ pub(crate) struct BigQuery {
     pub(crate) credentials: Credentials,
     pub(crate) credential_source: CredentialSource,
     pub(crate) endpoints: Endpoints,
+    /// Datasets found or created by this process (shared by every clone).
+    pub(crate) known_datasets: std::sync::Arc<known_datasets::KnownDatasets>,
 }
 
 impl BigQuery {
@@ -135,7 +139,8 @@ impl BigQuery {
         );
         let (datasets, tables, jobs) = (datasets?, tables?, jobs?);
         let writer = write::WriteClient::connect(&endpoints.grpc, credentials.clone(), append_gzip_level)?;
-        Ok(Self { datasets, tables, jobs, writer, credentials, credential_source, endpoints })
+        let known_datasets = Default::default();
+        Ok(Self { datasets, tables, jobs, writer, credentials, credential_source, endpoints, known_datasets })
     }
 
     pub(crate) fn writer(&self) -> &write::WriteClient {

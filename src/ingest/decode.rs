@@ -36,7 +36,7 @@ fn contained<T>(operation: impl FnOnce() -> T) -> Result<T, IngestError> {
 
 /// One record batch of a body, with the bytes of its IPC message when a Storage Write request
 /// can carry them as they are (see [`super::framing::CompletedMessage`]).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct DecodedBatch {
     pub(crate) batch: RecordBatch,
     /// The encapsulated message (continuation marker, length, metadata, body) the batch was

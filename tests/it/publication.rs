@@ -42,6 +42,29 @@ async fn at_most_eight_destinations_publish_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn resources_sharing_a_dataset_check_it_once() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    let fake = FakeWrite::start().await;
+    let gw = GatewayOptions::new().rest_proxy(&proxy).fake_write(&fake).spawn().await;
+    gw.create_run("r").await;
+    let resources: Vec<String> = (0..12).map(|i| format!("t{i:02}")).collect();
+    for resource in &resources {
+        gw.declare("r", resource, json!({"write_mode": "full_append"})).await;
+    }
+    gw.open_new_execution("r", "e").await;
+    let posts = resources.iter().map(|r| gw.post_accepted("r", "e", r, None, ipc_stream(&[ids(0..10)])));
+    futures::future::join_all(posts).await;
+    let committed = gw.commit_and_wait("r", "e").await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+    let dataset_path = format!("/datasets/{}", gw.dataset);
+    let dataset_checks: Vec<_> =
+        proxy.requests("GET", &dataset_path).into_iter().filter(|r| r.path.ends_with(&dataset_path)).collect();
+    assert_eq!(dataset_checks.len(), 1, "one datasets.get for twelve resources: {dataset_checks:?}");
+    let tables_created = proxy.requests("POST", &format!("{dataset_path}/tables")).len();
+    assert_eq!(tables_created, 24, "every destination and staging table is still created");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn an_existing_job_id_is_reused_and_never_run_twice() {
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
     let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
