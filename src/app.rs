@@ -130,6 +130,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         bigquery: bigquery.clone(),
         pipeline: pipeline.clone(),
         query_job_timeout: Duration::from_secs(config.query_job_timeout_secs),
+        max_concurrent_publications: config.max_concurrent_publications as usize,
     };
     let commits = TaskTracker::new();
     let state = Arc::new(ApiState {

@@ -107,6 +107,12 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_MAX_CONCURRENT_PREPARES", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub max_concurrent_prepares: u32,
 
+    /// Destinations of one commit finalized, committed and published at once (one query job
+    /// each; BigQuery queues a project's queries beyond its concurrency). A commit of K
+    /// destinations takes about K / this many job durations.
+    #[arg(long, env = "FILAMENT_MAX_CONCURRENT_PUBLICATIONS", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub max_concurrent_publications: u32,
+
     /// gzip level of AppendRows requests (ISA-L): 1 (fastest, the default: ISA-L level 1), 2 to 9
     /// (smaller: ISA-L's smallest, level 3), 0 to send them uncompressed.
     #[arg(long, env = "FILAMENT_APPEND_GZIP_LEVEL", default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=9))]

@@ -30,10 +30,6 @@ use crate::store::{ExecutionRecord, RunRecord, Store};
 use crate::telemetry::{self, PhaseTiming};
 use destination::{PublishOutcome, Published};
 
-/// Destinations finalized, committed and published at once per commit. BigQuery runs at most
-/// two DML statements per table at a time; these are different tables.
-pub(crate) const MAX_CONCURRENT_PUBLICATIONS: usize = 8;
-
 /// Runs commits. Cheap to clone.
 #[derive(Debug, Clone)]
 pub(crate) struct Publisher {
@@ -41,6 +37,10 @@ pub(crate) struct Publisher {
     pub(crate) bigquery: BigQuery,
     pub(crate) pipeline: Pipeline,
     pub(crate) query_job_timeout: Duration,
+    /// Destinations finalized, committed and published at once per commit
+    /// (`FILAMENT_MAX_CONCURRENT_PUBLICATIONS`). BigQuery runs at most two DML statements per
+    /// table at a time; these are different tables.
+    pub(crate) max_concurrent_publications: usize,
 }
 
 impl Publisher {
@@ -100,7 +100,7 @@ impl Publisher {
         // spawned commit future not general enough over lifetimes.)
         let commits: Vec<_> = reports.iter().map(|report| self.commit_stream(run, delivery, report)).collect();
         let committed: Vec<Result<(), Problem>> =
-            futures::stream::iter(commits).buffer_unordered(MAX_CONCURRENT_PUBLICATIONS).collect().await;
+            futures::stream::iter(commits).buffer_unordered(self.max_concurrent_publications).collect().await;
         committed.into_iter().collect::<Result<Vec<()>, Problem>>()?;
 
         // The point of no return: from here destinations change, so an abort is refused. An
@@ -117,7 +117,7 @@ impl Publisher {
         let publications: Vec<_> =
             destinations.into_iter().map(|destination| self.publish_destination(run, delivery, destination)).collect();
         let published: Vec<Vec<Published>> =
-            futures::stream::iter(publications).buffer_unordered(MAX_CONCURRENT_PUBLICATIONS).collect().await;
+            futures::stream::iter(publications).buffer_unordered(self.max_concurrent_publications).collect().await;
         self.outcome(run, published.into_iter().flatten()).await
     }
 

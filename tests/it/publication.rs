@@ -16,11 +16,16 @@ use crate::support::fake_write::FakeWrite;
 use crate::support::rest_proxy::{JobMode, RestProxy};
 use crate::support::{Gateway, GatewayOptions, eventually, required_env};
 
-#[tokio::test(flavor = "multi_thread")]
-async fn at_most_eight_destinations_publish_at_once() {
+/// `publish_at_once` of twelve destinations publish at once, not more, not fewer: eight by
+/// default, or `FILAMENT_MAX_CONCURRENT_PUBLICATIONS`.
+async fn destinations_publish_at_once(setting: Option<&str>, publish_at_once: usize) {
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
     let fake = FakeWrite::start().await;
-    let gw = GatewayOptions::new().rest_proxy(&proxy).fake_write(&fake).spawn().await;
+    let mut options = GatewayOptions::new().rest_proxy(&proxy).fake_write(&fake);
+    if let Some(setting) = setting {
+        options = options.env("FILAMENT_MAX_CONCURRENT_PUBLICATIONS", setting);
+    }
+    let gw = options.spawn().await;
     gw.create_run("r").await;
     let resources: Vec<String> = (0..12).map(|i| format!("t{i:02}")).collect();
     for resource in &resources {
@@ -30,15 +35,25 @@ async fn at_most_eight_destinations_publish_at_once() {
     for resource in &resources {
         gw.post_accepted("r", "e", resource, None, ipc_stream(&[ids(0..10)])).await;
     }
-    // Long enough that the first eight are all still running when the eighth starts, even on a
-    // loaded machine.
+    // Long enough that the first ones are all still running when the last of them starts,
+    // even on a loaded machine.
     proxy.set_jobs(JobMode::RunFor(Duration::from_secs(3)));
     let committed = gw.commit_and_wait("r", "e").await;
     assert_eq!(committed["state"], "committed", "{committed}");
     let published = committed["resources"].as_array().unwrap();
     assert!(published.iter().all(|r| r["publication"]["state"] == "done"), "{committed}");
     assert_eq!(proxy.queries().len(), 12);
-    assert_eq!(proxy.state.lock().unwrap().max_running, 8, "eight jobs at once, not more, not fewer");
+    assert_eq!(proxy.state.lock().unwrap().max_running, publish_at_once);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn at_most_eight_destinations_publish_at_once() {
+    destinations_publish_at_once(None, 8).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn publications_at_once_are_configurable() {
+    destinations_publish_at_once(Some("12"), 12).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
