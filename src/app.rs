@@ -75,6 +75,7 @@ fn pipeline_limits(config: &ServeConfig) -> anyhow::Result<PipelineLimits> {
             max_backoff: APPEND_MAX_BACKOFF,
             quota_wait: Duration::from_secs(config.quota_wait_secs),
             max_quota_backoff: QUOTA_MAX_BACKOFF,
+            response_timeout: Duration::from_secs(config.append_response_timeout_secs),
         },
     })
 }

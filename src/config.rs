@@ -126,6 +126,13 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_APPEND_INITIAL_BACKOFF_MS", default_value_t = 200)]
     pub append_initial_backoff_ms: u64,
 
+    /// How long the oldest AppendRows request in flight waits for its answer, in seconds,
+    /// before its connection counts as broken: it is replaced and the requests after the last
+    /// acknowledgement are sent again at their offsets (a connection that stays open but never
+    /// answers would otherwise hold the lane, and its execution's commit, for ever).
+    #[arg(long, env = "FILAMENT_APPEND_RESPONSE_TIMEOUT_SECS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub append_response_timeout_secs: u64,
+
     /// How long an AppendRows `RESOURCE_EXHAUSTED` (BigQuery's Storage Write quota, which can
     /// take minutes to refill) is waited out, in seconds, keeping the stream, before the
     /// execution fails with `quota_exceeded`. Meanwhile the budget fills and batches get 429.

@@ -6,8 +6,9 @@
 //! connection; `ALREADY_EXISTS` on a replay means the rows had landed. After a failure the
 //! window restarts at one request and grows by one per acknowledgement up to
 //! `inflight_per_stream` (slow start), so a network that cuts connections after a few hundred
-//! kilobytes still lets every connection make progress. When the input closes and everything is
-//! acknowledged it reports the stream to commit.
+//! kilobytes still lets every connection make progress. A connection that stays open but leaves
+//! the oldest request unanswered for the retry policy's `response_timeout` counts as broken.
+//! When the input closes and everything is acknowledged it reports the stream to commit.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -115,7 +116,7 @@ impl<'a> Appender<'a> {
             let can_send = appender.in_flight.len() < appender.congestion_window && appender.has_unsent();
             tokio::select! {
                 biased;
-                response = next_response(&mut appender.connection), if !appender.in_flight.is_empty() => {
+                response = appender.next_response(), if !appender.in_flight.is_empty() => {
                     appender.on_response(response).await?;
                 }
                 slot = Arc::clone(&context.inflight_requests).acquire_owned(), if can_send => {
@@ -129,6 +130,19 @@ impl<'a> Appender<'a> {
             }
         }
         Ok(appender.report())
+    }
+
+    /// The answer to the oldest request in flight, or a retryable timeout once it has waited
+    /// the retry policy's `response_timeout` (a hung server or a half-dead proxy that keeps
+    /// the connection open).
+    async fn next_response(&mut self) -> Result<AppendRowsResponse, BigQueryError> {
+        let timeout = self.context.retry.response_timeout;
+        let Some(oldest) = self.in_flight.front() else { return next_response(&mut self.connection).await };
+        let deadline = tokio::time::Instant::from_std(oldest.sent_at + timeout);
+        match tokio::time::timeout_at(deadline, next_response(&mut self.connection)).await {
+            Ok(response) => response,
+            Err(_) => Err(BigQueryError::Timeout { operation: "AppendRows response", seconds: timeout.as_secs() }),
+        }
     }
 
     fn has_unsent(&self) -> bool {

@@ -32,6 +32,9 @@ pub(crate) struct RetryPolicy {
     pub(crate) quota_wait: Duration,
     /// Longest delay between two attempts while the quota is exhausted.
     pub(crate) max_quota_backoff: Duration,
+    /// How long the oldest request in flight waits for its answer before the attempt fails
+    /// (retryable, as a broken connection).
+    pub(crate) response_timeout: Duration,
 }
 
 /// Consecutive failed attempts since the last acknowledgement, as the appender counts them.
@@ -112,6 +115,7 @@ mod tests {
             max_backoff: Duration::from_secs(10),
             quota_wait: Duration::from_secs(900),
             max_quota_backoff: Duration::from_secs(30),
+            response_timeout: Duration::from_secs(300),
         }
     }
 

@@ -177,6 +177,33 @@ async fn lost_responses_and_dropped_connections_neither_lose_nor_duplicate_rows(
     }
 }
 
+/// A connection that stays open but stops answering (a hung server, a half-dead proxy) is
+/// replaced once the oldest request has waited `FILAMENT_APPEND_RESPONSE_TIMEOUT_SECS`; the
+/// unanswered request had landed, its replay is answered `ALREADY_EXISTS`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_that_stops_answering_is_replaced_without_losing_or_duplicating_rows() {
+    let fake = FakeWrite::start().await;
+    fake.script([AppendFault::Delay(Duration::ZERO), AppendFault::HangAfterApply]);
+    let gw = GatewayOptions::new()
+        .fake_write(&fake)
+        .append_initial_backoff(FAST_RETRY)
+        .env("FILAMENT_APPEND_RESPONSE_TIMEOUT_SECS", "2")
+        .spawn()
+        .await;
+    TestRun::new("run", "e").batching(json!({"max_rows": 10})).full_append(&["t"]).open(&gw).await;
+    for batch in 0..6 {
+        post_ok(&gw, "t", batch * 10..batch * 10 + 10).await;
+    }
+    let committed = gw.commit_and_wait("run", "e").await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+    assert_eq!(committed["resources"][0]["rows_acknowledged"], 60);
+    assert_exact_stream(&fake.stream_for("_filament_stg_t_"), 0..60);
+    assert_eq!(fake.with(|s| s.connections), 2, "the silent connection was replaced once");
+    let logs = gw.logs();
+    let retries: Vec<&str> = logs.lines().filter(|l| l.contains("bigquery.write.retry")).collect();
+    assert!(retries.len() == 1 && retries[0].contains("timeout"), "{retries:?}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn permanent_append_errors_fail_the_execution() {
     let cases = [

@@ -36,6 +36,9 @@ pub enum AppendFault {
     InResponseError(i32),
     /// Apply the rows, then break the connection without answering (a lost response).
     DropResponseAfterApply,
+    /// Apply the rows, then answer nothing more on this connection, which stays open until the
+    /// client closes it (a hung server or a half-dead proxy).
+    HangAfterApply,
     /// Break the connection before applying.
     CloseBeforeApply,
     /// End the call with this gRPC status before applying.
@@ -418,6 +421,10 @@ async fn append_rows(
             finish(&state);
             if matches!(fault, Some(AppendFault::DropResponseAfterApply)) {
                 let _ = responses.send(Err(Status::unavailable("fake: response lost")));
+                return;
+            }
+            if matches!(fault, Some(AppendFault::HangAfterApply)) {
+                responses.closed().await;
                 return;
             }
             if responses.send(Ok(response)).is_err() {
