@@ -2,7 +2,9 @@
 //! with its receipt at ingestion. A keyed publication's MERGE bounds the destination side with
 //! `T.k BETWEEN min AND max` over every batch's ranges: implied by the join (`T.k = S.k`), so
 //! always safe, and what lets BigQuery prune partitions and clustered blocks instead of scanning
-//! the whole destination. Only types whose order the gateway and BigQuery agree on get a range.
+//! the whole destination. Only types whose order the gateway and BigQuery agree on get a range
+//! (and at publication a STRING column the destination compares under a collation, `und:ci`,
+//! gets none).
 
 use std::cmp::Ordering;
 

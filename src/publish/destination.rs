@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use crate::bigquery::BigQueryError;
 use crate::bigquery::jobs::{JobOutcome, QueryJob};
+use crate::bigquery::metadata::collated_columns;
 use crate::error::{ErrorCode, Problem};
-use crate::model::bounds::{KeyRange, covering_ranges};
+use crate::model::bounds::{KeyRange, KeyValue, covering_ranges};
 use crate::model::{DeliveryRef, PublicationState, ResourceName, WriteMode};
 use crate::pipeline::LaneReport;
 use crate::store::{NewPublication, ResourceRecord, RunRecord};
@@ -163,16 +164,39 @@ impl Publisher {
             .filter_map(|k| report.destination_columns.iter().find(|c| c.name.eq_ignore_ascii_case(k)))
             .map(|c| c.name.clone())
             .collect();
+        let key_ranges = self.ranges_ordered_alike(&destination, key_ranges).await?;
         let sql = sql::publication_statement(&sql::Publication {
             destination,
             staging: sql::TableRef { project, dataset, table: &report.staging_table },
             write_mode: resource.write_mode,
             columns: &report.destination_columns,
             key: &key,
-            key_ranges,
+            key_ranges: &key_ranges,
             replace,
         });
         Ok(Some(Statement { staged: Some(report), sql }))
+    }
+
+    /// `key_ranges` without the STRING ranges of columns the destination compares under a
+    /// collation (`und:ci`): the gateway orders strings by code point, so such a range could
+    /// leave out a row the MERGE's join matches (and the row would be inserted twice). The
+    /// destination's schema is read only when there is a STRING range.
+    async fn ranges_ordered_alike(
+        &self,
+        destination: &sql::TableRef<'_>,
+        key_ranges: &[KeyRange],
+    ) -> Result<Vec<KeyRange>, Problem> {
+        let is_string = |range: &KeyRange| matches!(range.min, KeyValue::String(_));
+        if !key_ranges.iter().any(is_string) {
+            return Ok(key_ranges.to_vec());
+        }
+        let table = self.bigquery.get_table(destination.project, destination.dataset, destination.table).await;
+        let collated = table.map_err(|e| e.to_problem(ErrorCode::PublicationFailed))?.as_ref().map(collated_columns);
+        let collated = collated.unwrap_or_default();
+        let ordered_alike = |range: &&KeyRange| {
+            !(is_string(range) && collated.iter().any(|column| column.eq_ignore_ascii_case(&range.column)))
+        };
+        Ok(key_ranges.iter().filter(ordered_alike).cloned().collect())
     }
 
     /// Runs the publication's job, and after a transient failure (BigQuery's passing reasons, a

@@ -123,3 +123,35 @@ async fn jobs_run_in_the_job_project_under_the_byte_cap_and_a_job_over_it_names_
     let sql = insert.body["configuration"]["query"]["query"].as_str().unwrap();
     assert!(sql.contains(&format!("`{}`.`{}`.`t`", gw.project, gw.dataset)), "the data stays in its project: {sql}");
 }
+
+/// The gateway orders STRING keys by code point; a destination column compared under a
+/// collation (`und:ci`) orders them otherwise, so its MERGE is bounded by the join only.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_string_key_under_a_collation_gets_no_range() {
+    use std::sync::Arc;
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    proxy.state.lock().unwrap().collated.push(("collated".into(), "code".into()));
+    let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
+    gw.create_run("r").await;
+    for table in ["plain", "collated"] {
+        gw.declare("r", table, json!({"write_mode": "incremental_upsert", "primary_key": ["code"]})).await;
+    }
+    gw.open_new_execution("r", "e").await;
+    let codes = crate::support::arrow::batch(
+        vec![arrow_schema::Field::new("code", arrow_schema::DataType::Utf8, false)],
+        vec![Arc::new(arrow_array::StringArray::from(vec!["b", "A"]))],
+    );
+    for table in ["plain", "collated"] {
+        gw.post_accepted("r", "e", table, None, ipc_stream(std::slice::from_ref(&codes))).await;
+    }
+    assert_eq!(gw.commit_and_wait("r", "e").await["state"], "committed");
+
+    let merge_into = |table: &str| {
+        let target = format!("{}`.`{table}` AS T", gw.dataset);
+        proxy.queries().into_iter().find(|q| q.starts_with("MERGE") && q.contains(&target)).expect("a MERGE")
+    };
+    let plain = merge_into("plain");
+    assert!(plain.contains("T.`code` BETWEEN 'A' AND 'b'"), "code point order: {plain}");
+    let collated = merge_into("collated");
+    assert!(!collated.contains("BETWEEN"), "no range under und:ci: {collated}");
+}

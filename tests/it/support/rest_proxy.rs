@@ -51,6 +51,9 @@ pub struct ProxyState {
     pub max_running: usize,
     /// Jobs answered as failed by `Fail` (their `jobs.get` fails too).
     pub failed_jobs: Vec<String>,
+    /// (table, column): `tables.get` of the table answers with the column collated `und:ci`
+    /// (the emulator keeps no collation).
+    pub collated: Vec<(String, String)>,
 }
 
 #[derive(Clone)]
@@ -131,6 +134,28 @@ fn job(id: &str, state: &str, error: Option<(&str, &str)>) -> Value {
     job
 }
 
+/// Whether `path` is a table's (`.../tables/{table}`, nothing after it).
+fn is_table_path(path: &str) -> bool {
+    path.rsplit_once("/tables/").is_some_and(|(_, table)| !table.is_empty() && !table.contains('/'))
+}
+
+/// A `tables.get` answer with the columns `collated` names for this table collated `und:ci`.
+fn with_collations(shared: &Shared, path: &str, bytes: Bytes) -> Bytes {
+    let table = path.rsplit_once("/tables/").map(|(_, t)| t.to_string()).unwrap_or_default();
+    let columns: Vec<String> =
+        shared.state.lock().unwrap().collated.iter().filter(|(t, _)| *t == table).map(|(_, c)| c.clone()).collect();
+    let Ok(mut answer) = serde_json::from_slice::<Value>(&bytes) else { return bytes };
+    if columns.is_empty() {
+        return bytes;
+    }
+    for field in answer["schema"]["fields"].as_array_mut().into_iter().flatten() {
+        if columns.iter().any(|c| field["name"].as_str() == Some(c)) {
+            field["collation"] = json!("und:ci");
+        }
+    }
+    Bytes::from(serde_json::to_vec(&answer).unwrap())
+}
+
 /// The job id of a `jobs.get` path (`.../jobs/{id}`).
 fn job_id_of(path: &str) -> Option<String> {
     path.split("/jobs/").nth(1).map(|id| id.trim_end_matches('/').to_string())
@@ -149,6 +174,7 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         state.jobs.clone()
     };
     let is_insert = method == "POST" && path.ends_with("/jobs");
+    let is_get = method == "GET";
     let get_id = (method == "GET").then(|| job_id_of(&path)).flatten();
     if is_insert || get_id.is_some() {
         let id =
@@ -201,7 +227,10 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Ok(response) => {
             let status = StatusCode::from_u16(response.status().as_u16()).unwrap();
             let content_type = response.headers().get("content-type").cloned();
-            let bytes = response.bytes().await.unwrap_or_default();
+            let mut bytes = response.bytes().await.unwrap_or_default();
+            if is_get && is_table_path(&path) {
+                bytes = with_collations(&shared, &path, bytes);
+            }
             let mut answer = (status, bytes).into_response();
             if let Some(content_type) = content_type {
                 answer.headers_mut().insert("content-type", content_type);
