@@ -129,7 +129,10 @@ pub struct ServeConfig {
     /// How long the oldest AppendRows request in flight waits for its answer, in seconds,
     /// before its connection counts as broken: it is replaced and the requests after the last
     /// acknowledgement are sent again at their offsets (a connection that stays open but never
-    /// answers would otherwise hold the lane, and its execution's commit, for ever).
+    /// answers would otherwise hold the lane, and its execution's commit, for ever). The wait
+    /// counts from when the request is handed to the connection, so it includes sending the
+    /// requests queued before it: keep it well above `FILAMENT_MAX_INFLIGHT_REQUESTS` x the
+    /// request size / the uplink's bandwidth (8 x 8 MiB at 10 MB/s: 7 s).
     #[arg(long, env = "FILAMENT_APPEND_RESPONSE_TIMEOUT_SECS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     pub append_response_timeout_secs: u64,
 

@@ -43,8 +43,9 @@ pub(crate) struct KnownDatasets {
 
 impl KnownDatasets {
     /// The dataset as remembered, or as `check` finds it (the first caller for a dataset runs
-    /// `check`, the others wait for its answer). A remembered dataset without a location is
-    /// checked again when `wanted_location` is given.
+    /// `check`, the others wait for its answer). A dataset known without a location is
+    /// checked again when `wanted_location` is given, also when this caller joined a check
+    /// that answered without one.
     pub(crate) async fn get_or_check<E, Check, Fut>(
         &self,
         project: &str,
@@ -53,10 +54,23 @@ impl KnownDatasets {
         check: Check,
     ) -> Result<KnownDataset, E>
     where
-        Check: FnOnce() -> Fut,
+        Check: Fn() -> Fut,
         Fut: Future<Output = Result<KnownDataset, E>>,
     {
-        let entry = self.entry(project, dataset, wanted_location.is_some());
+        let location_wanted = wanted_location.is_some();
+        let known = Self::checked(&self.entry(project, dataset, location_wanted), &check).await?;
+        if known.location.is_some() || !location_wanted {
+            return Ok(known);
+        }
+        // Joined a check that could not say where the dataset is: ask where it is.
+        Self::checked(&self.entry(project, dataset, location_wanted), &check).await
+    }
+
+    async fn checked<E, Check, Fut>(entry: &Entry, check: &Check) -> Result<KnownDataset, E>
+    where
+        Check: Fn() -> Fut,
+        Fut: Future<Output = Result<KnownDataset, E>>,
+    {
         let (known, _) = entry.checked.get_or_try_init(|| async { Ok((check().await?, Instant::now())) }).await?;
         Ok(known.clone())
     }
@@ -103,10 +117,13 @@ mod tests {
         answer: Result<KnownDataset, &'static str>,
     ) -> Result<KnownDataset, &'static str> {
         known
-            .get_or_check("p", dataset, wanted, || async {
-                calls.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                answer
+            .get_or_check("p", dataset, wanted, || {
+                let answer = answer.clone();
+                async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    answer
+                }
             })
             .await
     }
@@ -155,5 +172,17 @@ mod tests {
         );
         assert_eq!(checked(&known, "d", Some("EU"), &calls, Err("not asked")).await, Ok(in_location(Some("US"))));
         assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_caller_that_wants_a_location_does_not_settle_for_a_joined_check_without_one() {
+        let (known, calls) = (KnownDatasets::default(), AtomicUsize::new(0));
+        let (created, located) = futures::future::join(
+            checked(&known, "d", None, &calls, Ok(in_location(None))),
+            checked(&known, "d", Some("EU"), &calls, Ok(in_location(Some("US")))),
+        )
+        .await;
+        assert_eq!((created, located), (Ok(in_location(None)), Ok(in_location(Some("US")))));
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "the second caller joined the first check, then asked");
     }
 }

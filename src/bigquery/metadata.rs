@@ -329,7 +329,8 @@ pub(crate) fn type_conflicts(existing: &[TableFieldSchema], wanted: &[Column]) -
 }
 
 /// Top-level columns whose comparisons follow a collation (`und:ci`): their own, or the
-/// table's default when they have none. The gateway orders STRING key values by code point
+/// table's default when they report none (conservatively: BigQuery gives the default to
+/// columns added after it was set, older ones may compare by code point). The gateway orders STRING key values by code point
 /// ([`crate::model::bounds`]), so such a column's key range would not bound what the MERGE's
 /// join matches.
 pub(crate) fn collated_columns(table: &Table) -> Vec<String> {

@@ -164,7 +164,7 @@ impl Publisher {
             .filter_map(|k| report.destination_columns.iter().find(|c| c.name.eq_ignore_ascii_case(k)))
             .map(|c| c.name.clone())
             .collect();
-        let key_ranges = self.ranges_ordered_alike(&destination, key_ranges).await?;
+        let key_ranges = self.ranges_ordered_alike(&destination, key_ranges).await;
         let sql = sql::publication_statement(&sql::Publication {
             destination,
             staging: sql::TableRef { project, dataset, table: &report.staging_table },
@@ -180,23 +180,27 @@ impl Publisher {
     /// `key_ranges` without the STRING ranges of columns the destination compares under a
     /// collation (`und:ci`): the gateway orders strings by code point, so such a range could
     /// leave out a row the MERGE's join matches (and the row would be inserted twice). The
-    /// destination's schema is read only when there is a STRING range.
-    async fn ranges_ordered_alike(
-        &self,
-        destination: &sql::TableRef<'_>,
-        key_ranges: &[KeyRange],
-    ) -> Result<Vec<KeyRange>, Problem> {
+    /// destination's schema is read only when there is a STRING range; when it cannot be read
+    /// every STRING range is left out: a range only saves bytes, so this never fails the
+    /// publication (it runs after the streams are committed).
+    async fn ranges_ordered_alike(&self, destination: &sql::TableRef<'_>, key_ranges: &[KeyRange]) -> Vec<KeyRange> {
         let is_string = |range: &KeyRange| matches!(range.min, KeyValue::String(_));
         if !key_ranges.iter().any(is_string) {
-            return Ok(key_ranges.to_vec());
+            return key_ranges.to_vec();
         }
-        let table = self.bigquery.get_table(destination.project, destination.dataset, destination.table).await;
-        let collated = table.map_err(|e| e.to_problem(ErrorCode::PublicationFailed))?.as_ref().map(collated_columns);
-        let collated = collated.unwrap_or_default();
+        let collated = match self.bigquery.get_table(destination.project, destination.dataset, destination.table).await
+        {
+            Ok(table) => table.as_ref().map(collated_columns).unwrap_or_default(),
+            Err(error) => {
+                tracing::warn!(table = destination.table, error = %error,
+                    "destination schema unreadable: the MERGE is bounded by its join only");
+                return key_ranges.iter().filter(|range| !is_string(range)).cloned().collect();
+            }
+        };
         let ordered_alike = |range: &&KeyRange| {
             !(is_string(range) && collated.iter().any(|column| column.eq_ignore_ascii_case(&range.column)))
         };
-        Ok(key_ranges.iter().filter(ordered_alike).cloned().collect())
+        key_ranges.iter().filter(ordered_alike).cloned().collect()
     }
 
     /// Runs the publication's job, and after a transient failure (BigQuery's passing reasons, a
