@@ -24,6 +24,21 @@ async fn post_ok(gw: &Gateway, resource: &str, range: std::ops::Range<i64>) {
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
 }
 
+/// Posts `batches` batches of ten rows (ids 0, 1, ...) to resource `t` of a new run whose
+/// upload batches hold ten rows, commits, and checks that every row landed exactly once, in
+/// order; the gateway's append retry log lines.
+async fn load_in_batches_of_ten(gw: &Gateway, fake: &FakeWrite, batches: i64) -> Vec<String> {
+    TestRun::new("run", "e").batching(json!({"max_rows": 10})).full_append(&["t"]).open(gw).await;
+    for batch in 0..batches {
+        post_ok(gw, "t", batch * 10..batch * 10 + 10).await;
+    }
+    let committed = gw.commit_and_wait("run", "e").await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+    assert_eq!(committed["resources"][0]["rows_acknowledged"], batches * 10);
+    assert_exact_stream(&fake.stream_for("_filament_stg_t_"), 0..batches * 10);
+    gw.logs().lines().filter(|l| l.contains("bigquery.write.retry")).map(str::to_string).collect()
+}
+
 fn assert_exact_stream(stream: &crate::support::fake_write::FakeStream, expected: std::ops::Range<i64>) {
     assert_eq!(stream.ids, expected.collect::<Vec<_>>(), "rows in offset order, each exactly once");
     let mut next = 0;
@@ -150,17 +165,8 @@ async fn lost_responses_and_dropped_connections_neither_lose_nor_duplicate_rows(
         AppendFault::Status(tonic::Code::ResourceExhausted),
     ]);
     let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
-    TestRun::new("run", "e").batching(json!({"max_rows": 10})).full_append(&["t"]).open(&gw).await;
-    for batch in 0..20 {
-        post_ok(&gw, "t", batch * 10..batch * 10 + 10).await;
-    }
-    let committed = gw.commit_and_wait("run", "e").await;
-    assert_eq!(committed["state"], "committed", "{committed}");
-    assert_eq!(committed["resources"][0]["rows_acknowledged"], 200);
-    assert_exact_stream(&fake.stream_for("_filament_stg_t_"), 0..200);
+    let retries = load_in_batches_of_ten(&gw, &fake, 20).await;
     assert!(fake.with(|s| s.connections) >= 4, "each failure reconnected");
-    let logs = gw.logs();
-    let retries: Vec<&str> = logs.lines().filter(|l| l.contains("bigquery.write.retry")).collect();
     assert!(retries.len() >= 4, "{retries:?}");
     assert!(retries.iter().all(|l| l.contains("retryable=true")));
     let metrics = gw.metrics().await;
@@ -190,17 +196,8 @@ async fn a_connection_that_stops_answering_is_replaced_without_losing_or_duplica
         .env("FILAMENT_APPEND_RESPONSE_TIMEOUT_SECS", "2")
         .spawn()
         .await;
-    TestRun::new("run", "e").batching(json!({"max_rows": 10})).full_append(&["t"]).open(&gw).await;
-    for batch in 0..6 {
-        post_ok(&gw, "t", batch * 10..batch * 10 + 10).await;
-    }
-    let committed = gw.commit_and_wait("run", "e").await;
-    assert_eq!(committed["state"], "committed", "{committed}");
-    assert_eq!(committed["resources"][0]["rows_acknowledged"], 60);
-    assert_exact_stream(&fake.stream_for("_filament_stg_t_"), 0..60);
+    let retries = load_in_batches_of_ten(&gw, &fake, 6).await;
     assert_eq!(fake.with(|s| s.connections), 2, "the silent connection was replaced once");
-    let logs = gw.logs();
-    let retries: Vec<&str> = logs.lines().filter(|l| l.contains("bigquery.write.retry")).collect();
     assert!(retries.len() == 1 && retries[0].contains("timeout"), "{retries:?}");
 }
 

@@ -16,6 +16,19 @@ use crate::support::fake_write::FakeWrite;
 use crate::support::rest_proxy::{JobMode, RestProxy};
 use crate::support::{Gateway, GatewayOptions, eventually, required_env};
 
+/// Run `r`, execution `e`: twelve `full_append` resources (tables `t00` to `t11` of one
+/// dataset), ten rows posted to each at once.
+async fn post_to_twelve_tables(gw: &Gateway) {
+    gw.create_run("r").await;
+    let resources: Vec<String> = (0..12).map(|i| format!("t{i:02}")).collect();
+    for resource in &resources {
+        gw.declare("r", resource, json!({"write_mode": "full_append"})).await;
+    }
+    gw.open_new_execution("r", "e").await;
+    let posts = resources.iter().map(|r| gw.post_accepted("r", "e", r, None, ipc_stream(&[ids(0..10)])));
+    futures::future::join_all(posts).await;
+}
+
 /// `publish_at_once` of twelve destinations publish at once, not more, not fewer: eight by
 /// default, or `FILAMENT_MAX_CONCURRENT_PUBLICATIONS`.
 async fn destinations_publish_at_once(setting: Option<&str>, publish_at_once: usize) {
@@ -26,15 +39,7 @@ async fn destinations_publish_at_once(setting: Option<&str>, publish_at_once: us
         options = options.env("FILAMENT_MAX_CONCURRENT_PUBLICATIONS", setting);
     }
     let gw = options.spawn().await;
-    gw.create_run("r").await;
-    let resources: Vec<String> = (0..12).map(|i| format!("t{i:02}")).collect();
-    for resource in &resources {
-        gw.declare("r", resource, json!({"write_mode": "full_append"})).await;
-    }
-    gw.open_new_execution("r", "e").await;
-    for resource in &resources {
-        gw.post_accepted("r", "e", resource, None, ipc_stream(&[ids(0..10)])).await;
-    }
+    post_to_twelve_tables(&gw).await;
     // Long enough that the first ones are all still running when the last of them starts,
     // even on a loaded machine.
     proxy.set_jobs(JobMode::RunFor(Duration::from_secs(3)));
@@ -61,14 +66,7 @@ async fn resources_sharing_a_dataset_check_it_once() {
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
     let fake = FakeWrite::start().await;
     let gw = GatewayOptions::new().rest_proxy(&proxy).fake_write(&fake).spawn().await;
-    gw.create_run("r").await;
-    let resources: Vec<String> = (0..12).map(|i| format!("t{i:02}")).collect();
-    for resource in &resources {
-        gw.declare("r", resource, json!({"write_mode": "full_append"})).await;
-    }
-    gw.open_new_execution("r", "e").await;
-    let posts = resources.iter().map(|r| gw.post_accepted("r", "e", r, None, ipc_stream(&[ids(0..10)])));
-    futures::future::join_all(posts).await;
+    post_to_twelve_tables(&gw).await;
     let committed = gw.commit_and_wait("r", "e").await;
     assert_eq!(committed["state"], "committed", "{committed}");
     let dataset_path = format!("/datasets/{}", gw.dataset);
