@@ -328,21 +328,6 @@ pub(crate) fn type_conflicts(existing: &[TableFieldSchema], wanted: &[Column]) -
         .collect()
 }
 
-/// Top-level columns whose comparisons follow a collation (`und:ci`): their own, or the
-/// table's default when they report none (conservatively: BigQuery gives the default to
-/// columns added after it was set, older ones may compare by code point). The gateway orders STRING key values by code point
-/// ([`crate::model::bounds`]), so such a column's key range would not bound what the MERGE's
-/// join matches.
-pub(crate) fn collated_columns(table: &Table) -> Vec<String> {
-    let default = table.default_collation.as_deref().unwrap_or_default();
-    let fields = table.schema.as_ref().map(|schema| schema.fields.as_slice()).unwrap_or_default();
-    fields
-        .iter()
-        .filter(|field| !field.collation.as_deref().unwrap_or(default).is_empty())
-        .map(|field| field.name.clone())
-        .collect()
-}
-
 /// Columns of `wanted` the existing table lacks.
 pub(crate) fn missing_columns<'a>(existing: &[TableFieldSchema], wanted: &'a [Column]) -> Vec<&'a Column> {
     wanted.iter().filter(|w| !existing.iter().any(|e| e.name.eq_ignore_ascii_case(&w.name))).collect()
@@ -354,22 +339,6 @@ mod tests {
 
     fn existing(name: &str, type_name: &str, mode: &str) -> TableFieldSchema {
         TableFieldSchema::new().set_name(name).set_type(type_name).set_mode(mode)
-    }
-
-    #[test]
-    fn collated_columns_follow_their_own_collation_or_the_tables_default() {
-        let fields = || {
-            vec![
-                existing("plain", "STRING", "NULLABLE"),
-                existing("ci", "STRING", "NULLABLE").set_collation("und:ci"),
-                existing("binary", "STRING", "NULLABLE").set_collation(""),
-            ]
-        };
-        let table = Table::new().set_schema(TableSchema::new().set_fields(fields()));
-        assert_eq!(collated_columns(&table), ["ci"]);
-        let table = table.set_default_collation("und:ci");
-        assert_eq!(collated_columns(&table), ["plain", "ci"]);
-        assert!(collated_columns(&Table::new().set_default_collation("")).is_empty());
     }
 
     #[test]

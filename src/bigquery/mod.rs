@@ -7,6 +7,7 @@
 //! emulator over plain HTTP with anonymous credentials.
 
 pub(crate) mod append_frame;
+pub(crate) mod collation;
 pub(crate) mod credentials;
 pub(crate) mod error;
 pub(crate) mod jobs;

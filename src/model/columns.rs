@@ -180,3 +180,22 @@ impl fmt::Display for Column {
         write!(f, "{} {}", self.name, self.sql_type())
     }
 }
+
+/// A collation specification a STRING column compares and groups under, as BigQuery names it
+/// (`und:ci`). Only names of ASCII letters, digits, `:`, `_` and `-` are kept, so the name can
+/// be written into SQL as a string literal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Collation(String);
+
+impl Collation {
+    /// The collation named `name`, or `None` for the empty name (code-point order) and names
+    /// with other characters.
+    pub(crate) fn parse(name: &str) -> Option<Self> {
+        let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, ':' | '_' | '-');
+        (!name.is_empty() && name.chars().all(allowed)).then(|| Self(name.to_string()))
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+}

@@ -9,10 +9,11 @@ use super::{Publisher, fingerprint, job_id, sql};
 use std::time::{Duration, Instant};
 
 use crate::bigquery::BigQueryError;
+use crate::bigquery::collation::{collated_columns, own_collations};
 use crate::bigquery::jobs::{JobOutcome, QueryJob};
-use crate::bigquery::metadata::collated_columns;
 use crate::error::{ErrorCode, Problem};
 use crate::model::bounds::{KeyRange, KeyValue, covering_ranges};
+use crate::model::columns::{BigQueryType, Collation, Column};
 use crate::model::{DeliveryRef, PublicationState, ResourceName, WriteMode};
 use crate::pipeline::LaneReport;
 use crate::store::{NewPublication, ResourceRecord, RunRecord};
@@ -39,6 +40,13 @@ pub(super) struct Published {
     pub(super) resource: ResourceName,
     pub(super) staging_table: Option<String>,
     pub(super) outcome: Result<PublishOutcome, Problem>,
+}
+
+/// A keyed publication's key ranges and collations, as the destination compares its keys.
+struct KeysAsCompared {
+    ranges: Vec<KeyRange>,
+    /// (key column, the collation it compares under).
+    collations: Vec<(String, Collation)>,
 }
 
 /// What a publication writes into its destination.
@@ -164,43 +172,58 @@ impl Publisher {
             .filter_map(|k| report.destination_columns.iter().find(|c| c.name.eq_ignore_ascii_case(k)))
             .map(|c| c.name.clone())
             .collect();
-        let key_ranges = self.ranges_ordered_alike(&destination, key_ranges).await;
+        let compared = self.keys_as_compared(&destination, &report.destination_columns, &key, key_ranges).await;
         let sql = sql::publication_statement(&sql::Publication {
             destination,
             staging: sql::TableRef { project, dataset, table: &report.staging_table },
             write_mode: resource.write_mode,
             columns: &report.destination_columns,
             key: &key,
-            key_ranges: &key_ranges,
+            key_ranges: &compared.ranges,
+            key_collations: &compared.collations,
             replace,
         });
         Ok(Some(Statement { staged: Some(report), sql }))
     }
 
-    /// `key_ranges` without the STRING ranges of columns the destination compares under a
-    /// collation (`und:ci`): the gateway orders strings by code point, so such a range could
-    /// leave out a row the MERGE's join matches (and the row would be inserted twice). The
-    /// destination's schema is read only when there is a STRING range; when it cannot be read
-    /// every STRING range is left out: a range only saves bytes, so this never fails the
-    /// publication (it runs after the streams are committed).
-    async fn ranges_ordered_alike(&self, destination: &sql::TableRef<'_>, key_ranges: &[KeyRange]) -> Vec<KeyRange> {
-        let is_string = |range: &KeyRange| matches!(range.min, KeyValue::String(_));
-        if !key_ranges.iter().any(is_string) {
-            return key_ranges.to_vec();
+    /// How the destination compares the publication's STRING keys, read from its schema when a
+    /// key column is a STRING: the key ranges without those of columns that may compare under a
+    /// collation (`und:ci`; the gateway orders strings by code point, so such a range could
+    /// leave out a row the MERGE's join matches, and the row would be inserted twice), and the
+    /// collation of each key column that has one of its own, for folding repeated keys the way
+    /// the join matches them. When the schema cannot be read every STRING range is left out and
+    /// keys are folded by code point: this never fails the publication (it runs after the
+    /// streams are committed).
+    async fn keys_as_compared(
+        &self,
+        destination: &sql::TableRef<'_>,
+        columns: &[Column],
+        key: &[String],
+        key_ranges: &[KeyRange],
+    ) -> KeysAsCompared {
+        let is_string_range = |range: &KeyRange| matches!(range.min, KeyValue::String(_));
+        let string_key = key
+            .iter()
+            .any(|k| columns.iter().any(|c| c.name.eq_ignore_ascii_case(k) && c.bigquery_type == BigQueryType::String));
+        if !string_key && !key_ranges.iter().any(is_string_range) {
+            return KeysAsCompared { ranges: key_ranges.to_vec(), collations: Vec::new() };
         }
-        let collated = match self.bigquery.get_table(destination.project, destination.dataset, destination.table).await
-        {
-            Ok(table) => table.as_ref().map(collated_columns).unwrap_or_default(),
+        let table = match self.bigquery.get_table(destination.project, destination.dataset, destination.table).await {
+            Ok(table) => table.unwrap_or_default(),
             Err(error) => {
                 tracing::warn!(table = destination.table, error = %error,
-                    "destination schema unreadable: the MERGE is bounded by its join only");
-                return key_ranges.iter().filter(|range| !is_string(range)).cloned().collect();
+                    "destination schema unreadable: the MERGE is bounded by its join only, keys folded by code point");
+                let ranges = key_ranges.iter().filter(|range| !is_string_range(range)).cloned().collect();
+                return KeysAsCompared { ranges, collations: Vec::new() };
             }
         };
+        let collated = collated_columns(&table);
         let ordered_alike = |range: &&KeyRange| {
-            !(is_string(range) && collated.iter().any(|column| column.eq_ignore_ascii_case(&range.column)))
+            !(is_string_range(range) && collated.iter().any(|column| column.eq_ignore_ascii_case(&range.column)))
         };
-        key_ranges.iter().filter(ordered_alike).cloned().collect()
+        let mut collations = own_collations(&table);
+        collations.retain(|(column, _)| key.iter().any(|k| k.eq_ignore_ascii_case(column)));
+        KeysAsCompared { ranges: key_ranges.iter().filter(ordered_alike).cloned().collect(), collations }
     }
 
     /// Runs the publication's job, and after a transient failure (BigQuery's passing reasons, a

@@ -7,7 +7,7 @@
 
 use crate::model::WriteMode;
 use crate::model::bounds::KeyRange;
-use crate::model::columns::{BigQueryType, Column};
+use crate::model::columns::{BigQueryType, Collation, Column};
 use crate::model::staging::{OP_COLUMN, SEQ_COLUMN};
 
 /// A fully qualified table.
@@ -56,6 +56,9 @@ pub(crate) struct Publication<'a> {
     /// Ranges covering every staged key value (MERGE modes): the destination side is bounded by
     /// them (implied by the join, so always safe), which lets BigQuery prune what it scans.
     pub(crate) key_ranges: &'a [KeyRange],
+    /// (key column, collation) for the key columns the destination compares under a collation
+    /// (`und:ci`): repeated keys are folded under it, as the MERGE's join will match them.
+    pub(crate) key_collations: &'a [(String, Collation)],
     /// `full_replace` only: whether this publication replaces the table (the run's first
     /// publication of the resource) or appends to it (a later segment).
     pub(crate) replace: bool,
@@ -143,6 +146,17 @@ fn replace(p: &Publication<'_>) -> String {
     )
 }
 
+/// A key column as the fold groups it: converted to its destination type, and under the
+/// destination's collation where it has one (a key `'A'` and a later `'a'` are one key to an
+/// `und:ci` column, so only the later row may reach the MERGE).
+fn fold_key(key: &Column, collations: &[(String, Collation)]) -> String {
+    let converted = converted(&quote_identifier(&key.name), key, 0);
+    match collations.iter().find(|(column, _)| column.eq_ignore_ascii_case(&key.name)) {
+        Some((_, collation)) => format!("COLLATE({converted}, '{}')", collation.as_str()),
+        None => converted,
+    }
+}
+
 /// Keyed modes: fold every key to its last staged operation (by `_filament_seq`), then one
 /// MERGE: deletes remove the key, everything else updates or inserts it.
 fn merge(p: &Publication<'_>) -> String {
@@ -160,7 +174,7 @@ fn merge(p: &Publication<'_>) -> String {
     if deletes && upserts {
         select.push(op.clone());
     }
-    let partition: Vec<String> = key_columns.iter().map(|k| converted(&quote_identifier(&k.name), k, 0)).collect();
+    let partition: Vec<String> = key_columns.iter().map(|k| fold_key(k, p.key_collations)).collect();
     let mut on: Vec<String> = key_columns
         .iter()
         .map(|k| {
@@ -247,6 +261,7 @@ mod tests {
             columns,
             key,
             key_ranges: ranges,
+            key_collations: &[],
             replace,
         })
     }
@@ -302,6 +317,27 @@ mod tests {
             max: KeyValue::String("o'hara".into()),
         }];
         insta::assert_snapshot!(bounded(WriteMode::CdcMerge, &columns, &key, &ranges, false));
+    }
+
+    #[test]
+    fn keys_under_a_collation_fold_under_it() {
+        let key = vec!["tenant".to_string(), "id".to_string()];
+        let mut columns = vec![Column::new("tenant", BigQueryType::String)];
+        columns.extend(self::columns());
+        let collations = [("Tenant".to_string(), Collation::parse("und:ci").expect("a collation"))];
+        let sql = publication_statement(&Publication {
+            destination: DESTINATION,
+            staging: STAGING,
+            write_mode: WriteMode::IncrementalUpsert,
+            columns: &columns,
+            key: &key,
+            key_ranges: &id_range(1, 9),
+            key_collations: &collations,
+            replace: false,
+        });
+        assert!(sql.contains("PARTITION BY COLLATE(`tenant`, 'und:ci'), `id` ORDER BY"), "{sql}");
+        assert!(sql.contains("ON T.`tenant` = S.`tenant` AND T.`id` = S.`id` AND T.`id` BETWEEN 1 AND 9"), "{sql}");
+        insta::assert_snapshot!(sql);
     }
 
     fn columns_without_id() -> Vec<Column> {

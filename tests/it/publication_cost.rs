@@ -125,9 +125,10 @@ async fn jobs_run_in_the_job_project_under_the_byte_cap_and_a_job_over_it_names_
 }
 
 /// The gateway orders STRING keys by code point; a destination column compared under a
-/// collation (`und:ci`) orders them otherwise, so its MERGE is bounded by the join only.
+/// collation (`und:ci`) orders them otherwise, so its MERGE is bounded by the join only, and
+/// its repeated keys are folded under the collation, as the join matches them.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_string_key_under_a_collation_gets_no_range() {
+async fn a_string_key_under_a_collation_gets_no_range_and_folds_under_it() {
     use std::sync::Arc;
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
     proxy.state.lock().unwrap().collated.push(("collated".into(), "code".into()));
@@ -139,7 +140,7 @@ async fn a_string_key_under_a_collation_gets_no_range() {
     gw.open_new_execution("r", "e").await;
     let codes = crate::support::arrow::batch(
         vec![arrow_schema::Field::new("code", arrow_schema::DataType::Utf8, false)],
-        vec![Arc::new(arrow_array::StringArray::from(vec!["b", "A"]))],
+        vec![Arc::new(arrow_array::StringArray::from(vec!["b", "A", "a"]))],
     );
     for table in ["plain", "collated"] {
         gw.post_accepted("r", "e", table, None, ipc_stream(std::slice::from_ref(&codes))).await;
@@ -152,6 +153,15 @@ async fn a_string_key_under_a_collation_gets_no_range() {
     };
     let plain = merge_into("plain");
     assert!(plain.contains("T.`code` BETWEEN 'A' AND 'b'"), "code point order: {plain}");
+    assert!(plain.contains("PARTITION BY `code` ORDER BY"), "folded by code point: {plain}");
     let collated = merge_into("collated");
     assert!(!collated.contains("BETWEEN"), "no range under und:ci: {collated}");
+    assert!(collated.contains("PARTITION BY COLLATE(`code`, 'und:ci') ORDER BY"), "folded as compared: {collated}");
+    // The emulator keeps no collation on the column, but groups by the COLLATE the fold names:
+    // 'A' and the later 'a' are one key there, two by code point.
+    for (table, expected) in [("plain", vec!["A", "a", "b"]), ("collated", vec!["a", "b"])] {
+        let rows = gw.query(&format!("SELECT code FROM `{}`.{table} ORDER BY code", gw.dataset)).await;
+        let codes: Vec<&str> = rows.iter().map(|row| row[0].as_str().expect("a code")).collect();
+        assert_eq!(codes, expected, "{table}");
+    }
 }
