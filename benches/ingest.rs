@@ -1,6 +1,7 @@
 //! The ingestion benchmark (`make bench`): the release gateway against Postgres, the emulator's
 //! REST API and a **null Storage Write sink** (the test suite's scriptable fake in null-sink
-//! mode: it decompresses and decodes every request, counts rows and acknowledges at once).
+//! mode: it inflates every request with ISA-L (`tests/it/support/grpc_inflate.rs`), decodes
+//! it, counts rows and acknowledges at once).
 //!
 //! Figures, all from one run so machine noise cancels in the ratios:
 //! - per K concurrent resources (1, 8, 64), at least 1 GiB of Arrow IPC each: end-to-end MB/s
@@ -661,8 +662,9 @@ fn results_markdown(
     let mut md = String::new();
     md.push_str("Measured by `make bench` (`benches/ingest.rs`): the release gateway against Postgres, the\n");
     md.push_str("emulator's REST API and a null Storage Write sink (the test fake in null-sink mode: it\n");
-    md.push_str("decompresses and decodes every request, counts rows, acknowledges at once). The sink and the\n");
-    md.push_str("load generator run on the same machine, so they compete with the gateway for the cores.\n");
+    md.push_str("inflates every request whole with ISA-L, checking its CRC, decodes it, counts rows and\n");
+    md.push_str("acknowledges at once). The sink and the load generator run on the same machine, so they\n");
+    md.push_str("compete with the gateway for the cores.\n");
     md.push_str("Each run posts Arrow IPC bodies of 20,000 rows (int64 id, short and long strings, float64,\n");
     md.push_str("timestamp, boolean) from K resources concurrently, then commits (K=1024: one body of about\n");
     md.push_str("1 MiB per resource; `lz4`/`zstd`: the same rows with Arrow IPC buffer compression; `HTTP\n");

@@ -175,6 +175,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for WriteService {
                     let svc = tower::service_fn(move |r: Request<tonic::Streaming<AppendRowsRequest>>| {
                         append_rows(Arc::clone(&state), r)
                     });
+                    let request = super::grpc_inflate::inflated(request);
                     grpc::<AppendRowsRequest, AppendRowsResponse>().streaming(svc, request).await
                 }
                 "FinalizeWriteStream" => {

@@ -11,6 +11,7 @@ mod eventually;
 pub mod fake_rest;
 pub mod fake_write;
 pub mod fleet;
+mod grpc_inflate;
 pub mod proxy;
 pub mod rest_proxy;
 mod test_run;
