@@ -47,6 +47,23 @@ fn described_field_schema(column: &Column, descriptions: &ColumnDescriptions) ->
     }
 }
 
+/// The `tables.insert` body of a staging table: NULLABLE `columns`, no layout, expiring at
+/// `expiration_ms` (milliseconds since the epoch). Its default collation is set to code-point
+/// order (`""`): without one it would take the dataset's default (`und:ci`, say), and a staged
+/// STRING key would then fold, and join, case-insensitively into a destination column that
+/// keeps `'A'` and `'a'` apart. The fold applies the destination's own collation where there is
+/// one (`publish::sql`).
+pub(crate) fn staging_table_body(reference: TableReference, columns: &[Column], expiration_ms: Option<i64>) -> Table {
+    let body = Table::new()
+        .set_table_reference(reference)
+        .set_schema(TableSchema::new().set_fields(columns.iter().map(field_schema)))
+        .set_default_collation("");
+    match expiration_ms {
+        Some(expiration_ms) => body.set_expiration_time(expiration_ms),
+        None => body,
+    }
+}
+
 /// The `tables.insert` body of a destination table laid out as `layout` (created at
 /// `now_ms`, milliseconds since the epoch, which the expiration counts from).
 pub(crate) fn destination_table_body(
@@ -239,12 +256,7 @@ impl BigQuery {
         columns: &[Column],
         expiration_ms: Option<i64>,
     ) -> BigQueryResult<bool> {
-        let mut body = Table::new()
-            .set_table_reference(table_reference(project, dataset, table))
-            .set_schema(TableSchema::new().set_fields(columns.iter().map(field_schema)));
-        if let Some(expiration_ms) = expiration_ms {
-            body = body.set_expiration_time(expiration_ms);
-        }
+        let body = staging_table_body(table_reference(project, dataset, table), columns, expiration_ms);
         self.insert_table(project, dataset, body).await
     }
 
@@ -336,6 +348,16 @@ pub(crate) fn missing_columns<'a>(existing: &[TableFieldSchema], wanted: &'a [Co
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn staging_tables_compare_strings_by_code_point_whatever_the_dataset_default() {
+        let reference = table_reference("p", "d", "_filament_stg_t");
+        let body = staging_table_body(reference, &[Column::new("code", BigQueryType::String)], Some(86_400_000));
+        let wire = serde_json::to_value(&body).unwrap();
+        assert_eq!(wire["defaultCollation"], "", "sent, not left out: {wire}");
+        assert_eq!(wire["schema"]["fields"][0]["name"], "code");
+        assert_eq!(wire["expirationTime"], "86400000");
+    }
 
     fn existing(name: &str, type_name: &str, mode: &str) -> TableFieldSchema {
         TableFieldSchema::new().set_name(name).set_type(type_name).set_mode(mode)

@@ -199,3 +199,15 @@ impl Collation {
         &self.0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_collation_names_are_kept() {
+        assert_eq!(Collation::parse("und:ci").map(|c| c.as_str().to_string()), Some("und:ci".into()));
+        assert_eq!(Collation::parse(""), None);
+        assert_eq!(Collation::parse("und:ci') OR ('"), None);
+    }
+}

@@ -172,7 +172,7 @@ impl Publisher {
             .filter_map(|k| report.destination_columns.iter().find(|c| c.name.eq_ignore_ascii_case(k)))
             .map(|c| c.name.clone())
             .collect();
-        let compared = self.keys_as_compared(&destination, &report.destination_columns, &key, key_ranges).await;
+        let compared = self.keys_as_compared(&destination, &report.destination_columns, &key, key_ranges).await?;
         let sql = sql::publication_statement(&sql::Publication {
             destination,
             staging: sql::TableRef { project, dataset, table: &report.staging_table },
@@ -190,40 +190,45 @@ impl Publisher {
     /// key column is a STRING: the key ranges without those of columns that may compare under a
     /// collation (`und:ci`; the gateway orders strings by code point, so such a range could
     /// leave out a row the MERGE's join matches, and the row would be inserted twice), and the
-    /// collation of each key column that has one of its own, for folding repeated keys the way
-    /// the join matches them. When the schema cannot be read every STRING range is left out and
-    /// keys are folded by code point: this never fails the publication (it runs after the
-    /// streams are committed).
+    /// collation of each STRING key column that has one of its own, for folding repeated keys
+    /// the way the join matches them. A schema that cannot be read fails the publication (a
+    /// redelivery publishes it): folded by code point, keys a collated column holds as one
+    /// would reach the MERGE as several rows.
     async fn keys_as_compared(
         &self,
         destination: &sql::TableRef<'_>,
         columns: &[Column],
         key: &[String],
         key_ranges: &[KeyRange],
-    ) -> KeysAsCompared {
+    ) -> Result<KeysAsCompared, Problem> {
         let is_string_range = |range: &KeyRange| matches!(range.min, KeyValue::String(_));
-        let string_key = key
+        let string_keys: Vec<&str> = columns
             .iter()
-            .any(|k| columns.iter().any(|c| c.name.eq_ignore_ascii_case(k) && c.bigquery_type == BigQueryType::String));
-        if !string_key && !key_ranges.iter().any(is_string_range) {
-            return KeysAsCompared { ranges: key_ranges.to_vec(), collations: Vec::new() };
+            .filter(|c| c.bigquery_type == BigQueryType::String && key.iter().any(|k| c.name.eq_ignore_ascii_case(k)))
+            .map(|c| c.name.as_str())
+            .collect();
+        if string_keys.is_empty() && !key_ranges.iter().any(is_string_range) {
+            return Ok(KeysAsCompared { ranges: key_ranges.to_vec(), collations: Vec::new() });
         }
-        let table = match self.bigquery.get_table(destination.project, destination.dataset, destination.table).await {
-            Ok(table) => table.unwrap_or_default(),
-            Err(error) => {
-                tracing::warn!(table = destination.table, error = %error,
-                    "destination schema unreadable: the MERGE is bounded by its join only, keys folded by code point");
-                let ranges = key_ranges.iter().filter(|range| !is_string_range(range)).cloned().collect();
-                return KeysAsCompared { ranges, collations: Vec::new() };
-            }
-        };
+        let table = self.bigquery.get_table(destination.project, destination.dataset, destination.table).await;
+        let table = table.map_err(|e| e.to_problem(ErrorCode::PublicationFailed))?.unwrap_or_default();
         let collated = collated_columns(&table);
         let ordered_alike = |range: &&KeyRange| {
             !(is_string_range(range) && collated.iter().any(|column| column.eq_ignore_ascii_case(&range.column)))
         };
         let mut collations = own_collations(&table);
-        collations.retain(|(column, _)| key.iter().any(|k| k.eq_ignore_ascii_case(column)));
-        KeysAsCompared { ranges: key_ranges.iter().filter(ordered_alike).cloned().collect(), collations }
+        collations.retain(|(column, _)| string_keys.iter().any(|k| k.eq_ignore_ascii_case(column)));
+        for key_column in &string_keys {
+            let has_own = collations.iter().any(|(column, _)| column.eq_ignore_ascii_case(key_column));
+            if !has_own && collated.iter().any(|column| column.eq_ignore_ascii_case(key_column)) {
+                tracing::warn!(
+                    table = destination.table,
+                    column = key_column,
+                    "key column reports no collation of its own under a table default collation: folded by code point"
+                );
+            }
+        }
+        Ok(KeysAsCompared { ranges: key_ranges.iter().filter(ordered_alike).cloned().collect(), collations })
     }
 
     /// Runs the publication's job, and after a transient failure (BigQuery's passing reasons, a

@@ -165,3 +165,39 @@ async fn a_string_key_under_a_collation_gets_no_range_and_folds_under_it() {
         assert_eq!(codes, expected, "{table}");
     }
 }
+
+/// Folding a STRING key needs the destination's collations: when its schema cannot be read at
+/// publication, the publication fails instead of folding by code point.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_string_key_whose_destination_schema_is_unreadable_fails_its_publication() {
+    use std::sync::Arc;
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
+    gw.create_run("r").await;
+    gw.declare("r", "t", json!({"write_mode": "incremental_upsert", "primary_key": ["code"]})).await;
+    gw.open_new_execution("r", "e").await;
+    let codes = crate::support::arrow::batch(
+        vec![arrow_schema::Field::new("code", arrow_schema::DataType::Utf8, false)],
+        vec![Arc::new(arrow_array::StringArray::from(vec!["A", "a"]))],
+    );
+    gw.post_accepted("r", "e", "t", None, ipc_stream(&[codes])).await;
+    // The destination is read while the resource is prepared, before its staging table is made.
+    crate::support::eventually(std::time::Duration::from_secs(20), "the staging table", || async {
+        let staged = proxy
+            .requests("POST", "/tables")
+            .iter()
+            .any(|r| r.body["tableReference"]["tableId"].as_str().is_some_and(|t| t.starts_with("_filament_stg_")));
+        staged.then_some(())
+    })
+    .await;
+    proxy.state.lock().unwrap().unreadable_tables.push("t".into());
+
+    let failed = gw.commit_and_wait("r", "e").await;
+    assert_eq!(failed["state"], "failed", "{failed}");
+    assert_eq!(failed["error"]["code"], "permission_denied", "{failed}");
+    assert!(failed["error"]["detail"].as_str().unwrap().contains("Access Denied"), "{failed}");
+    assert_eq!(failed["resources"][0]["rows_acknowledged"], 2, "staged, then not published: {failed}");
+    assert!(proxy.queries().iter().all(|q| !q.starts_with("MERGE")), "no MERGE: {:?}", proxy.queries());
+    proxy.state.lock().unwrap().unreadable_tables.clear();
+    assert_eq!(gw.query(&format!("SELECT COUNT(*) FROM `{}`.t", gw.dataset)).await[0][0], "0");
+}

@@ -54,6 +54,8 @@ pub struct ProxyState {
     /// (table, column): `tables.get` of the table answers with the column collated `und:ci`
     /// (the emulator keeps no collation).
     pub collated: Vec<(String, String)>,
+    /// Tables whose `tables.get` is answered 403 `accessDenied`.
+    pub unreadable_tables: Vec<String>,
 }
 
 #[derive(Clone)]
@@ -175,6 +177,12 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     };
     let is_insert = method == "POST" && path.ends_with("/jobs");
     let is_get = method == "GET";
+    let table = path.rsplit_once("/tables/").map(|(_, t)| t.to_string()).unwrap_or_default();
+    if is_get && is_table_path(&path) && shared.state.lock().unwrap().unreadable_tables.contains(&table) {
+        let message = format!("Access Denied: Table {table}");
+        let error = bigquery_error(403, "PERMISSION_DENIED", &message, "accessDenied", vec![]);
+        return (StatusCode::FORBIDDEN, axum::Json(error)).into_response();
+    }
     let get_id = (method == "GET").then(|| job_id_of(&path)).flatten();
     if is_insert || get_id.is_some() {
         let id =
