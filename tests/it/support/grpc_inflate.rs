@@ -2,8 +2,8 @@
 //! inflated whole by ISA-L before tonic sees them (each frame then flagged uncompressed and the
 //! `grpc-encoding` header dropped). BigQuery inflates on its own machines; the fake shares the
 //! benchmark's two cores with the gateway, and tonic's inflate (zlib-rs) was most of its CPU.
-//! Every byte is still inflated and the gzip trailer's CRC-32 and size checked, so a malformed
-//! request still fails, as an `INTERNAL` status from tonic's body error.
+//! Every byte is still inflated and the gzip trailer's CRC-32 and size checked: a malformed
+//! request ends the request stream with an error, and the fake stops reading the connection.
 
 use bytes::{Buf, Bytes, BytesMut};
 use futures::{Stream, StreamExt};
@@ -25,6 +25,17 @@ pub fn inflated(request: http::Request<tonic::body::Body>) -> http::Request<toni
     http::Request::from_parts(parts, tonic::body::Body::new(body))
 }
 
+/// The largest message the fake inflates (BigQuery takes AppendRows requests up to 10 MB).
+const MAX_MESSAGE_BYTES: usize = 32 * 1024 * 1024;
+
+/// One gRPC message taken from the byte stream.
+enum Message {
+    /// An uncompressed message: its whole frame, header included, passed on as it is.
+    Plain(Bytes),
+    /// A gzip member to inflate.
+    Gzip(Bytes),
+}
+
 /// Re-frames the byte stream's gRPC messages, each inflated and flagged uncompressed.
 fn inflated_frames(
     chunks: impl Stream<Item = std::io::Result<Bytes>> + Send + Unpin + 'static,
@@ -34,10 +45,13 @@ fn inflated_frames(
             return None;
         }
         loop {
-            if let Some(frame) = next_frame(&mut pending) {
-                let output = frame.and_then(|(compressed, message)| reframed(compressed, &message));
-                let failed = output.is_err();
-                return Some((output, (chunks, pending, failed)));
+            if let Some(message) = next_message(&mut pending) {
+                let frame = message.and_then(|message| match message {
+                    Message::Plain(frame) => Ok(frame),
+                    Message::Gzip(member) => gunzipped_frame(&member),
+                });
+                let failed = frame.is_err();
+                return Some((frame, (chunks, pending, failed)));
             }
             match chunks.next().await {
                 Some(Ok(chunk)) => pending.extend_from_slice(&chunk),
@@ -52,46 +66,46 @@ fn inflated_frames(
     })
 }
 
-/// The first complete message of `pending` (compressed flag, payload), taken out of it.
-fn next_frame(pending: &mut BytesMut) -> Option<std::io::Result<(bool, Bytes)>> {
-    if pending.len() < FRAME_HEADER_BYTES {
-        return None;
-    }
-    let length = u32::from_be_bytes(pending[1..FRAME_HEADER_BYTES].try_into().unwrap()) as usize;
-    if pending.len() < FRAME_HEADER_BYTES + length {
-        return None;
-    }
-    let compressed = match pending[0] {
+/// The first complete message of `pending`, taken out of it; an error as soon as its header
+/// is wrong.
+fn next_message(pending: &mut BytesMut) -> Option<std::io::Result<Message>> {
+    let compressed = match pending.first()? {
         0 => false,
         1 => true,
         flag => return Some(Err(std::io::Error::other(format!("fake: gRPC compressed flag {flag}")))),
     };
-    pending.advance(FRAME_HEADER_BYTES);
-    Some(Ok((compressed, pending.split_to(length).freeze())))
+    let length = u32::from_be_bytes(pending.get(1..FRAME_HEADER_BYTES)?.try_into().unwrap()) as usize;
+    if length > MAX_MESSAGE_BYTES {
+        return Some(Err(std::io::Error::other(format!("fake: a gRPC message of {length} bytes"))));
+    }
+    if pending.len() < FRAME_HEADER_BYTES + length {
+        return None;
+    }
+    let mut frame = pending.split_to(FRAME_HEADER_BYTES + length);
+    if !compressed {
+        return Some(Ok(Message::Plain(frame.freeze())));
+    }
+    frame.advance(FRAME_HEADER_BYTES);
+    Some(Ok(Message::Gzip(frame.freeze())))
 }
 
-/// One uncompressed gRPC frame of `message`, inflated first when `compressed`.
-fn reframed(compressed: bool, message: &[u8]) -> std::io::Result<Bytes> {
-    let payload = if compressed { gunzip(message)? } else { message.to_vec() };
-    let mut frame = BytesMut::with_capacity(FRAME_HEADER_BYTES + payload.len());
-    frame.extend_from_slice(&[0]);
-    frame.extend_from_slice(&u32::try_from(payload.len()).map_err(std::io::Error::other)?.to_be_bytes());
-    frame.extend_from_slice(&payload);
-    Ok(frame.freeze())
-}
-
-/// One gzip member inflated in one call, into a buffer of the size its trailer gives.
-fn gunzip(member: &[u8]) -> std::io::Result<Vec<u8>> {
+/// One gzip member inflated in one call into an uncompressed gRPC frame, sized by the
+/// member's trailer (its size field, checked against what was inflated).
+fn gunzipped_frame(member: &[u8]) -> std::io::Result<Bytes> {
     let invalid = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("fake: {what}"));
     let size_field = member.len().checked_sub(4).map(|start| &member[start..]).ok_or_else(|| invalid("short gzip"))?;
     let size = u32::from_le_bytes(size_field.try_into().unwrap()) as usize;
-    let mut output = vec![0; size];
-    let written = isal::decompress_into(member, &mut output, isal::Codec::Gzip)
+    if size > MAX_MESSAGE_BYTES {
+        return Err(invalid(&format!("a gzip member of {size} bytes inflated")));
+    }
+    let mut frame = vec![0; FRAME_HEADER_BYTES + size];
+    frame[1..FRAME_HEADER_BYTES].copy_from_slice(&(size as u32).to_be_bytes());
+    let written = isal::decompress_into(member, &mut frame[FRAME_HEADER_BYTES..], isal::Codec::Gzip)
         .map_err(|error| invalid(&format!("gzip: {error}")))?;
     if written != size {
         return Err(invalid("gzip trailer size differs from the inflated size"));
     }
-    Ok(output)
+    Ok(Bytes::from(frame))
 }
 
 #[cfg(test)]
@@ -129,5 +143,9 @@ mod tests {
         assert!(corrupt.len() == 1 && corrupt[0].is_err(), "{corrupt:?}");
         let cut = reframe(frame(false, b"plain")[..7].to_vec(), 3).await;
         assert!(cut.len() == 1 && cut[0].is_err(), "{cut:?}");
+        let flag = reframe(vec![2], 1).await;
+        assert!(flag.len() == 1 && flag[0].is_err(), "a wrong flag fails on its first byte: {flag:?}");
+        let oversized = reframe([&[1][..], &u32::MAX.to_be_bytes()].concat(), 5).await;
+        assert!(oversized.len() == 1 && oversized[0].is_err(), "before waiting for 4 GiB: {oversized:?}");
     }
 }
