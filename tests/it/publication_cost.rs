@@ -124,12 +124,19 @@ async fn jobs_run_in_the_job_project_under_the_byte_cap_and_a_job_over_it_names_
     assert!(sql.contains(&format!("`{}`.`{}`.`t`", gw.project, gw.dataset)), "the data stays in its project: {sql}");
 }
 
+/// One batch of a single STRING column `code`.
+fn codes(values: &[&str]) -> arrow_array::RecordBatch {
+    crate::support::arrow::batch(
+        vec![arrow_schema::Field::new("code", arrow_schema::DataType::Utf8, false)],
+        vec![std::sync::Arc::new(arrow_array::StringArray::from(values.to_vec()))],
+    )
+}
+
 /// The gateway orders STRING keys by code point; a destination column compared under a
 /// collation (`und:ci`) orders them otherwise, so its MERGE is bounded by the join only, and
 /// its repeated keys are folded under the collation, as the join matches them.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_string_key_under_a_collation_gets_no_range_and_folds_under_it() {
-    use std::sync::Arc;
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
     proxy.state.lock().unwrap().collated.push(("collated".into(), "code".into()));
     let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
@@ -138,12 +145,9 @@ async fn a_string_key_under_a_collation_gets_no_range_and_folds_under_it() {
         gw.declare("r", table, json!({"write_mode": "incremental_upsert", "primary_key": ["code"]})).await;
     }
     gw.open_new_execution("r", "e").await;
-    let codes = crate::support::arrow::batch(
-        vec![arrow_schema::Field::new("code", arrow_schema::DataType::Utf8, false)],
-        vec![Arc::new(arrow_array::StringArray::from(vec!["b", "A", "a"]))],
-    );
+    let rows = codes(&["b", "A", "a"]);
     for table in ["plain", "collated"] {
-        gw.post_accepted("r", "e", table, None, ipc_stream(std::slice::from_ref(&codes))).await;
+        gw.post_accepted("r", "e", table, None, ipc_stream(std::slice::from_ref(&rows))).await;
     }
     assert_eq!(gw.commit_and_wait("r", "e").await["state"], "committed");
 
@@ -170,17 +174,13 @@ async fn a_string_key_under_a_collation_gets_no_range_and_folds_under_it() {
 /// publication, the publication fails instead of folding by code point.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_string_key_whose_destination_schema_is_unreadable_fails_its_publication() {
-    use std::sync::Arc;
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
     let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
     gw.create_run("r").await;
     gw.declare("r", "t", json!({"write_mode": "incremental_upsert", "primary_key": ["code"]})).await;
     gw.open_new_execution("r", "e").await;
-    let codes = crate::support::arrow::batch(
-        vec![arrow_schema::Field::new("code", arrow_schema::DataType::Utf8, false)],
-        vec![Arc::new(arrow_array::StringArray::from(vec!["A", "a"]))],
-    );
-    gw.post_accepted("r", "e", "t", None, ipc_stream(&[codes])).await;
+    let rows = codes(&["A", "a"]);
+    gw.post_accepted("r", "e", "t", None, ipc_stream(&[rows])).await;
     // The destination is read while the resource is prepared, before its staging table is made.
     crate::support::eventually(std::time::Duration::from_secs(20), "the staging table", || async {
         let staged = proxy
