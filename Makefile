@@ -5,11 +5,12 @@ SHELL := /bin/bash
 ENV_RUN := build/run-services.env
 ENV_TEST := build/test-services.env
 
-.PHONY: help run test bench lint fmt openapi fuzz clean
+.PHONY: help run test test-bigquery bench lint fmt openapi fuzz clean
 
 help:
 	@echo "make run    build and serve the gateway on 127.0.0.1:8080 against local Postgres and bqemulator"
 	@echo "make test   provision the same and run lints, unit, integration and end-to-end tests"
+	@echo "make test-bigquery  the live-BigQuery suite (needs FILAMENT_TEST_BIGQUERY_PROJECT and ADC; skips otherwise)"
 	@echo "make bench  the ingestion benchmark (null Storage Write sink); writes docs/performance.md"
 	@echo "make lint   cargo fmt --check and clippy -D warnings"
 	@echo "make openapi  regenerate openapi/openapi.json from the handlers"
@@ -23,6 +24,9 @@ run:
 test:
 	scripts/system-deps.sh
 	scripts/test.sh
+
+test-bigquery:
+	scripts/test-bigquery.sh
 
 bench:
 	scripts/system-deps.sh

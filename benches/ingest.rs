@@ -226,7 +226,7 @@ async fn spawn_gateway(fake: &FakeWrite, extra: &[(&str, String)]) -> Gateway {
         ("RUST_LOG".to_string(), "warn".to_string()),
     ];
     env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
-    Gateway::spawn_with(GatewayOptions { env, ..Default::default() }).await
+    Gateway::spawn_with(GatewayOptions { env, direct_rest: true, ..Default::default() }).await
 }
 
 async fn start_run(gw: &Gateway, resources: &[String]) {

@@ -5,4 +5,4 @@ RUN pip install --no-cache-dir bqemulator==1.4.0 numpy duckdb==1.5.5 duckdb-exte
     && cp /usr/local/lib/python3.11/site-packages/duckdb_extension_spatial/extensions/v1.5.5/spatial.duckdb_extension \
           /root/.duckdb/extensions/v1.5.5/linux_amd64/
 EXPOSE 9050 9060
-CMD ["bqemulator", "start", "--rest-host", "0.0.0.0", "--rest-port", "9050", "--grpc-host", "0.0.0.0", "--grpc-port", "9060", "--project", "demo"]
+CMD ["bqemulator", "start", "--rest-host", "0.0.0.0", "--rest-port", "9050", "--grpc-host", "0.0.0.0", "--grpc-port", "9060", "--project", "filament-demo"]

@@ -3,7 +3,7 @@
 creates a run, declares two resources, writes their rows (the client splits them into batch
 bodies, numbers `seq`, compresses and retries), records a checkpoint and commits.
 
-Usage: examples/extractor.py --gateway http://127.0.0.1:8080 --token TOKEN [--project demo]
+Usage: examples/extractor.py --gateway http://127.0.0.1:8080 --token TOKEN [--project filament-demo]
                              [--dataset filament_example] [--run-id example_run]
                              [--execution-id example_execution_1]
 Prints the committed execution as JSON. Needs pyarrow and requests (examples/requirements.txt);
@@ -58,7 +58,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gateway", default="http://127.0.0.1:8080")
     parser.add_argument("--token", required=True)
-    parser.add_argument("--project", default="demo")
+    parser.add_argument("--project", default="filament-demo")
     parser.add_argument("--dataset", default="filament_example")
     parser.add_argument("--run-id", default="example_run")
     parser.add_argument("--execution-id", default="example_execution_1")

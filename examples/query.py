@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs a GoogleSQL query against the local bqemulator (BIGQUERY_EMULATOR_HOST) and prints rows.
 
-Usage: examples/query.py "SELECT COUNT(*) FROM filament_example.public_users" [--project demo]
+Usage: examples/query.py "SELECT COUNT(*) FROM filament_example.public_users" [--project filament-demo]
 """
 import argparse
 import json
@@ -14,7 +14,7 @@ import requests
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("sql", nargs="?", default="SELECT COUNT(*) AS users FROM filament_example.public_users")
-    parser.add_argument("--project", default="demo")
+    parser.add_argument("--project", default="filament-demo")
     parser.add_argument("--host", default=os.environ.get("BIGQUERY_EMULATOR_HOST", "127.0.0.1:9050"))
     args = parser.parse_args()
     response = requests.post(

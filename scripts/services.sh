@@ -6,8 +6,11 @@
 #     it, the others only borrow it;
 #   - the bqemulator BigQuery emulator in its own pinned virtualenv (offline-safe install:
 #     the DuckDB spatial extension comes from PyPI, not from a download at start-up);
-#   - a tools virtualenv (pyarrow, requests, openapi-spec-validator) for the example extractor
-#     and the OpenAPI check.
+#   - a tools virtualenv (pyarrow, requests, openapi-spec-validator, ...) for the example
+#     extractor and the checks, with grpcio for the ZetaSQL analyzer's client and
+#     google-api-python-client, whose package ships BigQuery's REST discovery document;
+#   - Google's GoogleSQL analyzer (ZetaSQL's local service, scripts/zetasql.sh), on a random port,
+#     one per environment, judging the SQL the gateway generates (scripts/zetasql_analyze.py).
 #
 # Usage: scripts/services.sh start <env-file> [fixed|random]   writes export lines to <env-file>
 #        scripts/services.sh stop  <env-file>
@@ -19,6 +22,8 @@ BQEMULATOR_VERSION=1.4.0
 DUCKDB_VERSION=1.5.5
 EMULATOR_VENV="$BUILD/venv-bqemulator"
 TOOLS_VENV="$BUILD/venv-tools"
+GRPCIO_VERSION=1.85.1
+GOOGLE_API_CLIENT_VERSION=2.202.0
 PYTHON="${PYTHON:-python3}"
 
 log() { printf '[services] %s\n' "$*" >&2; }
@@ -49,6 +54,7 @@ find_pg_bin() {
     dirname "$(readlink -f "$(command -v initdb)")"
     return
   fi
+  # shellcheck disable=SC2012 # version directories: sort -V needs the names, not find's order
   dir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
   if [ -n "$dir" ] && [ -x "$dir/initdb" ]; then echo "$dir"; return; fi
   return 1
@@ -110,15 +116,33 @@ ensure_emulator_venv() {
 }
 
 ensure_tools_venv() {
-  local stamp="$TOOLS_VENV/.installed-3"
+  local stamp="$TOOLS_VENV/.installed-4" discovery
   if [ ! -f "$stamp" ]; then
     log "installing the tools virtualenv into $TOOLS_VENV"
     rm -rf "$TOOLS_VENV"
     "$PYTHON" -m venv "$TOOLS_VENV"
-    "$TOOLS_VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/examples/requirements.txt" "openapi-spec-validator==0.9.0" "kubernetes-validate==1.37.0" "yamllint==1.38.0" "schemathesis==4.32.5"
+    "$TOOLS_VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/examples/requirements.txt" "openapi-spec-validator==0.9.0" "kubernetes-validate==1.37.0" "yamllint==1.38.0" "schemathesis==4.32.5" \
+      "grpcio==$GRPCIO_VERSION" "grpcio-tools==$GRPCIO_VERSION" "google-api-python-client==$GOOGLE_API_CLIENT_VERSION"
     touch "$stamp"
   fi
-  echo "export FILAMENT_TOOLS_PYTHON=$TOOLS_VENV/bin/python" >>"$1"
+  # BigQuery's REST discovery document (the API's schemas: TableFieldSchema, Job, ...), as
+  # google-api-python-client ships it.
+  discovery=$("$TOOLS_VENV/bin/python" -c 'import googleapiclient, os; print(os.path.join(os.path.dirname(googleapiclient.__file__), "discovery_cache", "documents", "bigquery.v2.json"))')
+  if [ ! -f "$discovery" ]; then
+    log "google-api-python-client $GOOGLE_API_CLIENT_VERSION ships no $discovery"
+    exit 1
+  fi
+  {
+    echo "export FILAMENT_TOOLS_PYTHON=$TOOLS_VENV/bin/python"
+    echo "export FILAMENT_BIGQUERY_DISCOVERY=$discovery"
+    echo "export FILAMENT_ZETASQL_CHECKER=$ROOT/scripts/zetasql_analyze.py"
+  } >>"$1"
+}
+
+start_zetasql() { # env-file (after ensure_tools_venv)
+  "$ROOT/scripts/zetasql.sh" start "$1"
+  # The client's gRPC stubs, generated now rather than raced for by parallel tests.
+  "$TOOLS_VENV/bin/python" "$ROOT/scripts/zetasql_analyze.py" --prepare
 }
 
 start_emulator() { # env-file mode
@@ -131,7 +155,7 @@ start_emulator() { # env-file mode
   fi
   mkdir -p "$BUILD/bqemulator"
   HOME="$BUILD/bqemulator-home" nohup "$EMULATOR_VENV/bin/bqemulator" start \
-    --rest-port "$rest" --grpc-port "$grpc" --project demo --log-level warning \
+    --rest-port "$rest" --grpc-port "$grpc" --project filament-demo --log-level warning \
     >"$BUILD/bqemulator/emulator-$rest.log" 2>&1 &
   echo $! >"$BUILD/bqemulator/pid-$rest"
   if ! wait_for_port 127.0.0.1 "$rest" 60 || ! wait_for_port 127.0.0.1 "$grpc" 30; then
@@ -140,10 +164,12 @@ start_emulator() { # env-file mode
     exit 1
   fi
   log "bqemulator REST on 127.0.0.1:$rest, gRPC on 127.0.0.1:$grpc"
-  echo "export BIGQUERY_EMULATOR_HOST=127.0.0.1:$rest BIGQUERY_STORAGE_EMULATOR_HOST=127.0.0.1:$grpc" >>"$1"
-  echo "export FILAMENT_EMULATOR_PID=$(cat "$BUILD/bqemulator/pid-$rest")" >>"$1"
-  # Tests that may leave an emulator in a bad state (cut connections) start their own.
-  echo "export FILAMENT_BQEMULATOR_BIN=$EMULATOR_VENV/bin/bqemulator FILAMENT_BQEMULATOR_HOME=$BUILD/bqemulator-home" >>"$1"
+  {
+    echo "export BIGQUERY_EMULATOR_HOST=127.0.0.1:$rest BIGQUERY_STORAGE_EMULATOR_HOST=127.0.0.1:$grpc"
+    echo "export FILAMENT_EMULATOR_PID=$(cat "$BUILD/bqemulator/pid-$rest")"
+    # Tests that may leave an emulator in a bad state (cut connections) start their own.
+    echo "export FILAMENT_BQEMULATOR_BIN=$EMULATOR_VENV/bin/bqemulator FILAMENT_BQEMULATOR_HOME=$BUILD/bqemulator-home"
+  } >>"$1"
 }
 
 cmd_start() {
@@ -157,6 +183,10 @@ cmd_start() {
     start_postgres "$env_file"
   fi
   ensure_tools_venv "$env_file"
+  start_zetasql "$env_file"
+  # Should a later step fail, no trap of the caller's would stop the analyzer: stop it here.
+  # shellcheck disable=SC2064 # expanded now, on purpose
+  trap "[ \$? = 0 ] || '$ROOT/scripts/zetasql.sh' stop '$env_file'" EXIT
   start_emulator "$env_file" "$mode"
 }
 
@@ -167,6 +197,7 @@ cmd_stop() {
   # shellcheck disable=SC1090
   source "$env_file"
   if [ -n "${FILAMENT_EMULATOR_PID:-}" ]; then kill "$FILAMENT_EMULATOR_PID" 2>/dev/null || true; fi
+  "$ROOT/scripts/zetasql.sh" stop "$env_file"
   if [ -n "${FILAMENT_LOCAL_PG_DATA:-}" ] && [ -z "${FILAMENT_LOCAL_PG_BORROWED:-}" ]; then
     as_pg_user "$FILAMENT_LOCAL_PG_BIN/pg_ctl" -D "$FILAMENT_LOCAL_PG_DATA" -m fast stop >/dev/null 2>&1 || true
   fi

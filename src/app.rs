@@ -76,6 +76,7 @@ fn pipeline_limits(config: &ServeConfig) -> anyhow::Result<PipelineLimits> {
             quota_wait: Duration::from_secs(config.quota_wait_secs),
             max_quota_backoff: QUOTA_MAX_BACKOFF,
             response_timeout: Duration::from_secs(config.append_response_timeout_secs),
+            send_timeout: Duration::from_secs(config.append_send_timeout_secs),
         },
     })
 }

@@ -136,6 +136,14 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_APPEND_RESPONSE_TIMEOUT_SECS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     pub append_response_timeout_secs: u64,
 
+    /// How long an AppendRows request may wait, in seconds, for its connection to start sending
+    /// it (HTTP/2 flow control holds requests while the peer reads nothing) before the
+    /// connection counts as broken: it is replaced and its requests replayed at the same
+    /// offsets. Keep it above `FILAMENT_INFLIGHT_PER_STREAM` x the request size / the uplink's
+    /// bandwidth per stream.
+    #[arg(long, env = "FILAMENT_APPEND_SEND_TIMEOUT_SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub append_send_timeout_secs: u64,
+
     /// How long an AppendRows `RESOURCE_EXHAUSTED` (BigQuery's Storage Write quota, which can
     /// take minutes to refill) is waited out, in seconds, keeping the stream, before the
     /// execution fails with `quota_exceeded`. Meanwhile the budget fills and batches get 429.

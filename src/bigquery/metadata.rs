@@ -324,7 +324,7 @@ impl BigQuery {
     }
 }
 
-fn table_reference(project: &str, dataset: &str, table: &str) -> TableReference {
+pub(crate) fn table_reference(project: &str, dataset: &str, table: &str) -> TableReference {
     TableReference::new().set_project_id(project).set_dataset_id(dataset).set_table_id(table)
 }
 

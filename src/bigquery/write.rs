@@ -6,6 +6,9 @@
 //! never copied into a contiguous request); responses are decoded by tonic as usual.
 
 use std::convert::Infallible;
+use std::time::Duration;
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::StreamExt as _;
@@ -28,7 +31,30 @@ use super::{BigQueryError, BigQueryResult, credentials};
 const CODE_ALREADY_EXISTS: i32 = 6;
 
 const APPEND_ROWS_PATH: &str = "/google.cloud.bigquery.storage.v1.BigQueryWrite/AppendRows";
+/// Largest response message accepted. Google's clients accept more than any answer needs (Java:
+/// `setMaxInboundMessageSize(Integer.MAX_VALUE)`, `BigQueryWriteStubSettings.java`; Go's
+/// managedwriter: `grpc.MaxCallRecvMsgSize(10 * 1024 * 1024)` on AppendRows,
+/// `managed_stream.go`); requests stay below `FILAMENT_MAX_APPEND_REQUEST_BYTES`, under the
+/// 10 MB `storage.proto` documents for one AppendRowsRequest.
 const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+
+/// HTTP/2 keepalive of the Storage Write channel: a ping every 60 s, answered within 60 s, as
+/// Google's Java `StreamWriter` sets it (`setKeepAliveTimeDuration(Duration.ofMinutes(1))`,
+/// `setKeepAliveTimeoutDuration(Duration.ofMinutes(1))`, java-bigquerystorage
+/// `StreamWriter.java` `getBigQueryWriteSettings`), above the 30 s Google's front ends accept
+/// (a faster client is answered GOAWAY `too_many_pings`).
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Pings only while calls are open. Java pings an idle channel too (`setKeepAliveWithoutCalls
+/// (true)`); Go's managedwriter never pings; gRPC's keepalive policy (gRFC A8,
+/// `PERMIT_KEEPALIVE_WITHOUT_CALLS` false by default, as grpc-go and grpc-core servers enforce it)
+/// answers pings on a connection without calls with GOAWAY `too_many_pings`. An idle channel
+/// needs no liveness check: the next call finds a dead connection and is retried.
+const KEEPALIVE_WHILE_IDLE: bool = false;
+/// The first request of every AppendRows connection names the writer, as Google's clients do
+/// (`go-managedwriter:<version>`, `java-streamwriter:<version>`, `python-writer:<version>`):
+/// BigQuery shows it in its diagnostics of the stream.
+const TRACE_ID: &str = concat!("filament-bigquery:", env!("CARGO_PKG_VERSION"));
 
 /// Shared gRPC channel to the Storage Write API plus the credentials that authorise it.
 #[derive(Debug, Clone)]
@@ -62,7 +88,10 @@ pub(crate) enum CommitOutcome {
     Rejected(Vec<String>),
 }
 
-/// Percent-encodes a routing-header value (`x-goog-request-params`).
+/// Percent-encodes a routing-header value (`x-goog-request-params`) of a unary call, as Google's
+/// generated clients do (Go: `url.QueryEscape(req.GetParent())`, `big_query_write_client.go`;
+/// Java: gax `RequestParamsBuilder.add`, `URLEncoder.encode`). AppendRows carries the stream
+/// name as it is ([`WriteClient::open_append_connection`]).
 fn routing_value(value: &str) -> String {
     value
         .bytes()
@@ -78,9 +107,10 @@ impl WriteClient {
     /// `gzip_level` 0 sends AppendRows requests uncompressed (see [`GzipLevel::from_setting`]).
     pub(crate) fn connect(endpoint: &str, credentials: Credentials, gzip_level: u32) -> anyhow::Result<Self> {
         let mut builder = Endpoint::from_shared(endpoint.to_string())?
-            .http2_keep_alive_interval(std::time::Duration::from_secs(30))
-            .keep_alive_while_idle(true)
-            .connect_timeout(std::time::Duration::from_secs(10));
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(KEEPALIVE_WHILE_IDLE)
+            .connect_timeout(Duration::from_secs(10));
         if endpoint.starts_with("https://") {
             builder = builder.tls_config(ClientTlsConfig::new().with_webpki_roots())?;
         }
@@ -192,12 +222,21 @@ impl WriteClient {
         dedicated: bool,
     ) -> BigQueryResult<AppendConnection> {
         let (sender, receiver) = mpsc::unbounded_channel::<Bytes>();
-        let connection = AppendConnection { sender, responses: None, gzip_level: self.gzip_level, _channel: None };
+        let progress = Arc::new(SendProgress::default());
+        let connection = AppendConnection {
+            sender,
+            responses: None,
+            gzip_level: self.gzip_level,
+            progress: Arc::clone(&progress),
+            _channel: None,
+        };
         for request in &first {
             connection.send(request)?;
         }
-        let frames = tokio_stream::wrappers::UnboundedReceiverStream::new(receiver)
-            .map(|frame| Ok::<_, Infallible>(http_body::Frame::data(frame)));
+        let frames = tokio_stream::wrappers::UnboundedReceiverStream::new(receiver).map(move |frame| {
+            progress.taken();
+            Ok::<_, Infallible>(http_body::Frame::data(frame))
+        });
         let mut builder = http::Request::builder()
             .method(http::Method::POST)
             .uri(format!("{}{APPEND_ROWS_PATH}", self.origin))
@@ -210,7 +249,11 @@ impl WriteClient {
         for (name, value) in credentials::headers(&self.credentials).await?.iter() {
             builder = builder.header(name, value);
         }
-        builder = builder.header("x-goog-request-params", format!("write_stream={}", routing_value(stream_name)));
+        // The routing header BigQuery needs outside the US multi-region ("you must include the
+        // following header in your requests: x-goog-request-params: write_stream=<stream_name>",
+        // https://cloud.google.com/bigquery/docs/write-api#grpc), with the stream name as it is,
+        // as Google's Python writer sends it (`writer.py`: `f"write_stream={self._stream_name}"`).
+        builder = builder.header("x-goog-request-params", format!("write_stream={stream_name}"));
         let request = builder
             .body(tonic::body::Body::new(http_body_util::StreamBody::new(frames)))
             .map_err(|e| BigQueryError::Connect(format!("building the AppendRows request: {e}")))?;
@@ -238,12 +281,45 @@ impl WriteClient {
     }
 }
 
+/// How far the transport has taken a call's request frames (HTTP/2 takes the next one only
+/// when the peer's flow-control window lets it send), so a send that makes no progress shows.
+#[derive(Debug, Default)]
+struct SendProgress {
+    /// (frames queued, frames taken, since when the oldest untaken frame waits).
+    state: std::sync::Mutex<(u64, u64, Option<std::time::Instant>)>,
+}
+
+impl SendProgress {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, u64, Option<std::time::Instant>)> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn queued(&self) {
+        let mut state = self.lock();
+        if state.0 == state.1 {
+            state.2 = Some(std::time::Instant::now());
+        }
+        state.0 += 1;
+    }
+
+    fn taken(&self) {
+        let mut state = self.lock();
+        state.1 += 1;
+        state.2 = (state.0 > state.1).then(std::time::Instant::now);
+    }
+
+    fn waiting_since(&self) -> Option<std::time::Instant> {
+        self.lock().2
+    }
+}
+
 /// One bidirectional AppendRows call. Dropping it stops both sending and receiving.
 #[derive(Debug)]
 pub(crate) struct AppendConnection {
     sender: mpsc::UnboundedSender<Bytes>,
     responses: Option<tonic::Streaming<AppendRowsResponse>>,
     gzip_level: Option<GzipLevel>,
+    progress: Arc<SendProgress>,
     /// The call's own connection (dedicated calls), closed with it.
     _channel: Option<Channel>,
 }
@@ -254,10 +330,17 @@ impl AppendConnection {
     pub(crate) fn send(&self, request: &AppendRowsRequest) -> BigQueryResult<()> {
         let frame = grpc_frame(request, self.gzip_level)
             .map_err(|e| BigQueryError::Inconsistent(format!("compressing an AppendRows request: {e}")))?;
+        self.progress.queued();
         self.sender.send(frame).map_err(|_| BigQueryError::Grpc {
             operation: "AppendRows",
             status: tonic::Status::unavailable("the AppendRows connection closed"),
         })
+    }
+
+    /// Since when the oldest request the transport has not taken waits; `None` when it has
+    /// taken every one.
+    pub(crate) fn unsent_since(&self) -> Option<std::time::Instant> {
+        self.progress.waiting_since()
     }
 
     /// The next response; a closed stream is an `UNAVAILABLE` error (retryable).
@@ -277,16 +360,19 @@ impl AppendConnection {
 }
 
 /// One AppendRows request. Every request names the stream (BigQuery ignores it after the first
-/// request on a connection; bqemulator requires it); only the first carries the writer schema.
+/// request on a connection; bqemulator requires it); only the first carries the writer schema
+/// and the [`TRACE_ID`] ("Only initial request setting is respected", `storage.proto`).
 pub(crate) fn append_request(
     stream_name: &str,
     writer_schema: Option<Bytes>,
     offset: i64,
     serialized_record_batch: Bytes,
 ) -> AppendRowsRequest {
+    let trace_id = if writer_schema.is_some() { TRACE_ID.to_string() } else { String::new() };
     AppendRowsRequest {
         write_stream: stream_name.to_string(),
         offset: Some(offset),
+        trace_id,
         rows: Some(append_rows_request::Rows::ArrowRows(append_rows_request::ArrowData {
             writer_schema: writer_schema.map(|serialized_schema| ArrowSchema { serialized_schema }),
             rows: Some(ArrowRecordBatch { serialized_record_batch, ..Default::default() }),

@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray as _;
 use arrow_array::types::{
-    Date64Type, Time32MillisecondType, Time32SecondType, Time64MicrosecondType, Time64NanosecondType,
-    TimestampNanosecondType,
+    Date32Type, Date64Type, Time32MillisecondType, Time32SecondType, Time64MicrosecondType, Time64NanosecondType,
+    TimestampMicrosecondType, TimestampNanosecondType,
 };
 use arrow_array::{
     Array, ArrayRef, BooleanArray, Int64Array, ListArray, MapArray, RecordBatch, StringArray, StructArray,
@@ -119,16 +119,48 @@ fn stage(array: &ArrayRef, column: &Column, path: &str, row_of: RowOf<'_>) -> Re
         scalar => {
             check_precision(path, &array, row_of)?;
             let target = column.staging_field().data_type().clone();
-            if array.data_type() == &target {
-                return Ok(array);
-            }
-            let strict = CastOptions { safe: false, ..Default::default() };
-            cast_with_options(&array, &target, &strict).map_err(|e| IngestError::PrecisionLoss {
-                column: path.to_string(),
-                row: row_of(0),
-                reason: format!("cannot convert {} to {scalar}: {e}", array.data_type()),
+            let staged = if array.data_type() == &target {
+                array
+            } else {
+                let strict = CastOptions { safe: false, ..Default::default() };
+                cast_with_options(&array, &target, &strict).map_err(|e| IngestError::PrecisionLoss {
+                    column: path.to_string(),
+                    row: row_of(0),
+                    reason: format!("cannot convert {} to {scalar}: {e}", array.data_type()),
+                })?
+            };
+            check_range(path, &staged, row_of)?;
+            Ok(staged)
+        }
+    }
+}
+
+/// BigQuery's ranges: "DATE: 0001-01-01 to 9999-12-31", "DATETIME: 0001-01-01 00:00:00 to
+/// 9999-12-31 23:59:59.999999", "TIMESTAMP: 0001-01-01 00:00:00 to 9999-12-31 23:59:59.999999
+/// UTC" (<https://cloud.google.com/bigquery/docs/reference/standard-sql/data-types>), in days and
+/// microseconds since the epoch. A staged value outside them would make BigQuery refuse the
+/// append (and its key range could not be written as a literal).
+const MIN_DATE_DAYS: i32 = -719_162;
+const MAX_DATE_DAYS: i32 = 2_932_896;
+const MIN_TIMESTAMP_MICROS: i64 = -62_135_596_800_000_000;
+const MAX_TIMESTAMP_MICROS: i64 = 253_402_300_799_999_999;
+
+fn check_range(path: &str, staged: &ArrayRef, row_of: RowOf<'_>) -> Result<(), IngestError> {
+    let offending = match staged.data_type() {
+        DataType::Date32 => staged
+            .as_primitive::<Date32Type>()
+            .iter()
+            .position(|v| v.is_some_and(|days| !(MIN_DATE_DAYS..=MAX_DATE_DAYS).contains(&days))),
+        DataType::Timestamp(TimeUnit::Microsecond, _) => {
+            first_offending_row(staged.as_primitive::<TimestampMicrosecondType>().iter(), |micros| {
+                !(MIN_TIMESTAMP_MICROS..=MAX_TIMESTAMP_MICROS).contains(&micros)
             })
         }
+        _ => None,
+    };
+    match offending {
+        Some(row) => Err(invalid_value(path, row_of(row), "outside BigQuery's range, years 0001 to 9999")),
+        None => Ok(()),
     }
 }
 
@@ -303,8 +335,8 @@ mod tests {
     use arrow_array::builder::{Int64Builder, ListBuilder, MapBuilder, StringBuilder};
     use arrow_array::types::Int32Type;
     use arrow_array::{
-        Date64Array, Decimal128Array, DictionaryArray, Int8Array, LargeListArray, Time32SecondArray,
-        Time64NanosecondArray, TimestampNanosecondArray, UInt64Array,
+        Date32Array, Date64Array, Decimal128Array, DictionaryArray, Int8Array, LargeListArray, Time32SecondArray,
+        Time64NanosecondArray, TimestampMicrosecondArray, TimestampNanosecondArray, UInt64Array,
     };
     use arrow_schema::Schema;
 
@@ -471,6 +503,26 @@ mod tests {
         )]));
         let input = batch(vec![json], vec![Arc::new(StringArray::from(vec![Some("{\"a\": 1}"), None, Some("{nope")]))]);
         assert!(matches!(staged(&input, append()), Err(IngestError::InvalidValue { row: 2, .. })));
+    }
+
+    #[test]
+    fn dates_and_timestamps_outside_bigquerys_range_are_refused_naming_the_row() {
+        let days = Arc::new(Date32Array::from(vec![Some(0), Some(MAX_DATE_DAYS), Some(MAX_DATE_DAYS + 1)])) as ArrayRef;
+        let input = batch(vec![Field::new("d", DataType::Date32, true)], vec![days]);
+        match staged(&input, append()) {
+            Err(IngestError::InvalidValue { column, row, reason }) => {
+                assert_eq!((column.as_str(), row), ("d", 2));
+                assert!(reason.contains("outside BigQuery's range"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let micros = vec![Some(MIN_TIMESTAMP_MICROS), Some(MIN_TIMESTAMP_MICROS - 1)];
+        let at = Arc::new(TimestampMicrosecondArray::from(micros).with_timezone("UTC")) as ArrayRef;
+        let input = batch(vec![Field::new("at", at.data_type().clone(), true)], vec![at]);
+        assert!(matches!(staged(&input, append()), Err(IngestError::InvalidValue { row: 1, .. })));
+        let seconds = Arc::new(arrow_array::TimestampSecondArray::from(vec![Some(253_402_300_800)])) as ArrayRef;
+        let input = batch(vec![Field::new("at", seconds.data_type().clone(), true)], vec![seconds]);
+        assert!(matches!(staged(&input, append()), Err(IngestError::InvalidValue { row: 0, .. })), "year 10000");
     }
 
     #[test]

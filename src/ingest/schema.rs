@@ -16,7 +16,7 @@ use sha2::{Digest as _, Sha256};
 
 use super::IngestError;
 use crate::model::WriteMode;
-use crate::model::columns::{BigQueryType, Column, MAX_COLUMNS, MAX_KEY_COLUMNS};
+use crate::model::columns::{BigQueryType, Column, MAX_COLUMNS, MAX_KEY_COLUMNS, MAX_RECORD_DEPTH};
 use crate::model::ids::validate_column_name;
 use crate::model::staging::{OP_COLUMN, SEQ_COLUMN};
 
@@ -221,8 +221,31 @@ pub fn map_schema(schema: &SchemaRef, spec: LoadSpec<'_>) -> Result<MappedSchema
         )));
     }
     let incoming = incoming_columns(schema, spec.write_mode)?;
+    check_table_limits(schema, &incoming.data_columns)?;
     let key_columns = key_columns(spec, &incoming.data_columns, &incoming.data_indices)?;
     Ok(staging_layout(schema, spec.write_mode, incoming, key_columns))
+}
+
+/// BigQuery's limits on a table's shape ([`MAX_COLUMNS`] counting nested fields,
+/// [`MAX_RECORD_DEPTH`]), refused here rather than by `tables.insert` once rows are staged.
+fn check_table_limits(schema: &Schema, columns: &[Column]) -> Result<(), IngestError> {
+    let count: usize = columns.iter().map(Column::column_count).sum();
+    if count > MAX_COLUMNS {
+        return Err(IngestError::InvalidColumn(format!(
+            "the schema has {count} columns counting nested fields; BigQuery allows at most {MAX_COLUMNS}"
+        )));
+    }
+    for (column, field) in columns.iter().zip(schema.fields().iter().filter(|f| f.name() != OP_COLUMN)) {
+        let depth = column.record_depth();
+        if depth > MAX_RECORD_DEPTH {
+            return Err(unsupported(
+                &column.name,
+                field.data_type(),
+                format!("it nests {depth} levels of STRUCT; BigQuery allows at most {MAX_RECORD_DEPTH}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The client's columns of one schema: data columns (validated and mapped) and `_filament_op`.

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 /// One key value, in its column's type.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", content = "value", rename_all = "snake_case")]
-pub(crate) enum KeyValue {
+pub enum KeyValue {
     Int64(i64),
     /// Compared by UTF-8 bytes, which is BigQuery's (code point) order.
     String(String),
@@ -80,10 +80,10 @@ fn string_literal(value: &str) -> String {
 
 /// The staged values of one key column lie between `min` and `max` (both included).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct KeyRange {
-    pub(crate) column: String,
-    pub(crate) min: KeyValue,
-    pub(crate) max: KeyValue,
+pub struct KeyRange {
+    pub column: String,
+    pub min: KeyValue,
+    pub max: KeyValue,
 }
 
 impl KeyRange {

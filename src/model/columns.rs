@@ -9,8 +9,14 @@ use std::sync::Arc;
 use arrow_schema::{DataType, Field, TimeUnit};
 use serde::{Deserialize, Serialize};
 
-/// BigQuery's limit on columns per table.
+/// BigQuery's limit on columns per table: "A table, query result, or view definition can have up
+/// to 10,000 columns. This includes nested and repeated columns"
+/// (<https://cloud.google.com/bigquery/quotas#table_limits>); see [`Column::column_count`].
 pub(crate) const MAX_COLUMNS: usize = 10_000;
+/// "Maximum depth of nested records | 15 levels | ... independent of whether the records are
+/// scalar or array-based (repeated)" (<https://cloud.google.com/bigquery/quotas#table_limits>);
+/// see [`Column::record_depth`].
+pub(crate) const MAX_RECORD_DEPTH: usize = 15;
 /// BigQuery's limit on primary-key columns.
 pub(crate) const MAX_KEY_COLUMNS: usize = 16;
 
@@ -169,6 +175,23 @@ impl Column {
         }
     }
 
+    /// How many RECORDs nest here: 0 for a scalar or an ARRAY of scalars, 1 for a STRUCT (or
+    /// an ARRAY of STRUCTs) of scalars, and so on.
+    pub(crate) fn record_depth(&self) -> usize {
+        match &self.bigquery_type {
+            BigQueryType::Struct(fields) => 1 + fields.iter().map(Column::record_depth).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    /// The columns this one counts as against [`MAX_COLUMNS`]: itself and every nested field.
+    pub(crate) fn column_count(&self) -> usize {
+        match &self.bigquery_type {
+            BigQueryType::Struct(fields) => 1 + fields.iter().map(Column::column_count).sum::<usize>(),
+            _ => 1,
+        }
+    }
+
     /// The SQL type, as error messages and docs show it (`ARRAY<STRUCT<a INT64>>`).
     pub(crate) fn sql_type(&self) -> String {
         if self.repeated { format!("ARRAY<{}>", self.bigquery_type) } else { self.bigquery_type.to_string() }
@@ -203,6 +226,15 @@ impl Collation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nested_records_count_as_columns_and_levels() {
+        let scalar = Column::new("a", BigQueryType::Int64);
+        let inner = Column::repeated("r", BigQueryType::Struct(vec![scalar.clone(), scalar.clone()]));
+        let outer = Column::new("o", BigQueryType::Struct(vec![inner.clone(), scalar.clone()]));
+        assert_eq!((scalar.record_depth(), inner.record_depth(), outer.record_depth()), (0, 1, 2));
+        assert_eq!((scalar.column_count(), inner.column_count(), outer.column_count()), (1, 3, 5));
+    }
 
     #[test]
     fn only_plain_collation_names_are_kept() {

@@ -175,13 +175,43 @@ pub(crate) fn default_table_name(resource: &ResourceName) -> String {
     resource.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect()
 }
 
-/// Column names: `[A-Za-z_][A-Za-z0-9_]{0,299}`; the prefix `_filament_` is reserved.
+/// Prefixes BigQuery reserves for its own columns: "Column names can't use any of the
+/// following prefixes: `_TABLE_`, `_FILE_`, `_PARTITION`, `_ROW_TIMESTAMP`, `__ROOT__`,
+/// `_COLIDENTIFIER`, `_CHANGE_SEQUENCE_NUMBER`, `_CHANGE_TYPE`, `_CHANGE_TIMESTAMP`"
+/// (<https://cloud.google.com/bigquery/docs/schemas#column_names>). Compared without regard to
+/// case, as BigQuery compares column names ("Duplicate column names are not allowed even if the
+/// case differs", same page).
+pub(crate) const BIGQUERY_RESERVED_COLUMN_PREFIXES: [&str; 9] = [
+    "_TABLE_",
+    "_FILE_",
+    "_PARTITION",
+    "_ROW_TIMESTAMP",
+    "__ROOT__",
+    "_COLIDENTIFIER",
+    "_CHANGE_SEQUENCE_NUMBER",
+    "_CHANGE_TYPE",
+    "_CHANGE_TIMESTAMP",
+];
+
+/// "Column names have a maximum length of 300 characters"
+/// (<https://cloud.google.com/bigquery/docs/schemas#column_names>).
+pub(crate) const MAX_COLUMN_NAME_CHARS: usize = 300;
+
+/// Column names (and STRUCT field names): `[A-Za-z_][A-Za-z0-9_]{0,299}`, BigQuery's standard
+/// column names ("A column name can contain letters (a-z, A-Z), numbers (0-9), or underscores
+/// (_), and it must start with a letter or underscore", same page; flexible column names need
+/// field annotations on the Storage Write path and are refused), none of BigQuery's reserved
+/// prefixes, and not the gateway's reserved `_filament_`.
 pub(crate) fn validate_column_name(value: &str) -> Result<(), Problem> {
     let mut chars = value.chars();
     let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
-    let ok = first_ok && value.len() <= 300 && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    let ok = first_ok && value.len() <= MAX_COLUMN_NAME_CHARS && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
     if !ok {
         return Err(invalid("column", value, "start with a letter or _, then up to 299 of A-Z a-z 0-9 _"));
+    }
+    let upper = value.to_ascii_uppercase();
+    if let Some(prefix) = BIGQUERY_RESERVED_COLUMN_PREFIXES.iter().find(|prefix| upper.starts_with(*prefix)) {
+        return Err(invalid("column", value, &format!("BigQuery reserves the prefix {prefix} for its own columns")));
     }
     if value.to_ascii_lowercase().starts_with(RESERVED_PREFIX) {
         return Err(invalid("column", value, "the prefix _filament_ is reserved for the gateway"));
@@ -201,23 +231,51 @@ pub(crate) fn validate_dataset_id(value: &str) -> Result<(), Problem> {
     }
 }
 
-/// Google Cloud project IDs (6-30 of lowercase letters, digits, hyphens; legacy domain-scoped
-/// IDs `example.com:proj` are also accepted). Validated because they reach job references and SQL.
+/// Google Cloud project IDs, which reach job references and SQL. Google's rules
+/// (<https://cloud.google.com/resource-manager/docs/creating-managing-projects#before_you_begin>):
+/// "Must be 6 to 30 characters in length. Can only contain lowercase letters, numbers, and
+/// hyphens. Must start with a letter. Cannot end with a hyphen." Legacy domain-scoped IDs
+/// (`example.com:my-project`, <https://cloud.google.com/bigquery/docs/reference/standard-sql/migrating-from-legacy-sql>)
+/// are accepted with a domain of DNS labels (RFC 1035: at most 253 characters, labels of 1 to 63
+/// letters, digits and hyphens, neither starting nor ending with a hyphen).
 pub(crate) fn validate_project_id(value: &str) -> Result<(), Problem> {
     let (domain, project) = match value.rsplit_once(':') {
         Some((d, p)) => (Some(d), p),
         None => (None, value),
     };
-    let project_ok = (1..=63).contains(&project.len())
+    let project_ok = (6..=30).contains(&project.len())
         && all_chars(project, |c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && project.starts_with(|c: char| c.is_ascii_lowercase());
-    let domain_ok =
-        domain.is_none_or(|d| !d.is_empty() && all_chars(d, |c| c.is_ascii_alphanumeric() || c == '.' || c == '-'));
-    if project_ok && domain_ok {
-        Ok(())
-    } else {
-        Err(invalid("project", value, "use a Google Cloud project ID (lowercase letters, digits, hyphens)"))
+        && project.starts_with(|c: char| c.is_ascii_lowercase())
+        && !project.ends_with('-');
+    if !project_ok {
+        return Err(invalid(
+            "project",
+            value,
+            "use a Google Cloud project ID: 6 to 30 lowercase letters, digits and hyphens, starting with a letter and not ending with a hyphen",
+        ));
     }
+    if let Some(domain) = domain
+        && !is_domain_name(domain)
+    {
+        return Err(invalid(
+            "project",
+            value,
+            "the domain of a domain-scoped project ID must be a DNS name of at most 253 characters",
+        ));
+    }
+    Ok(())
+}
+
+/// A DNS name (RFC 1035): at most 253 characters of dot-separated labels of 1 to 63 letters,
+/// digits and hyphens that neither start nor end with a hyphen.
+fn is_domain_name(domain: &str) -> bool {
+    let label_ok = |label: &str| {
+        (1..=63).contains(&label.len())
+            && all_chars(label, |c| c.is_ascii_alphanumeric() || c == '-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    };
+    (1..=253).contains(&domain.len()) && domain.split('.').all(label_ok)
 }
 
 /// BigQuery locations (`US`, `EU`, `europe-west1`, ...).
@@ -260,10 +318,40 @@ mod tests {
     }
 
     #[test]
-    fn project_ids() {
+    fn project_ids_follow_googles_rules() {
         assert!(validate_project_id("my-project-123").is_ok());
         assert!(validate_project_id("example.com:my-project").is_ok());
-        assert!(validate_project_id("My Project").is_err());
-        assert!(validate_project_id("p`x").is_err());
+        assert!(validate_project_id(&format!("a{}", "b".repeat(29))).is_ok(), "30 characters");
+        for bad in ["My Project", "p`x", "demo", "a", "abcde", "my-project-", "1project", &"a".repeat(31)] {
+            assert!(validate_project_id(bad).is_err(), "{bad:?}");
+        }
+        let long_domain = format!("{}.com:my-project", "a".repeat(10_000));
+        for bad in [long_domain.as_str(), ":my-project", "-x.com:my-project", "a..b:my-project", "a b:my-project"] {
+            assert!(validate_project_id(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn bigquery_reserved_column_prefixes_are_refused_in_any_case() {
+        for reserved in [
+            "_PARTITIONTIME",
+            "_partitiondate",
+            "_TABLE_SUFFIX",
+            "_File_name",
+            "_ROW_TIMESTAMP",
+            "__root__x",
+            "_COLIDENTIFIER1",
+            "_change_type",
+            "_CHANGE_SEQUENCE_NUMBER",
+            "_change_timestamp",
+        ] {
+            let problem = validate_column_name(reserved).unwrap_err();
+            assert!(problem.detail.contains("BigQuery reserves the prefix"), "{reserved}: {}", problem.detail);
+        }
+        for fine in ["partition_time", "_table", "_filex", "table_", "_root_"] {
+            assert!(validate_column_name(fine).is_ok(), "{fine}");
+        }
+        assert!(validate_column_name(&"a".repeat(300)).is_ok());
+        assert!(validate_column_name(&"a".repeat(301)).is_err());
     }
 }

@@ -5,7 +5,7 @@
 //! (`../shared/docs/api-v1.md`). Anything that reaches SQL or a BigQuery name passes through
 //! one of the validated types here first. `model` depends on nothing but [`crate::error`].
 
-pub(crate) mod bounds;
+pub mod bounds;
 pub(crate) mod columns;
 pub(crate) mod ids;
 pub(crate) mod staging;

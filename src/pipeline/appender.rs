@@ -134,14 +134,32 @@ impl<'a> Appender<'a> {
 
     /// The answer to the oldest request in flight, or a retryable timeout once it has waited
     /// the retry policy's `response_timeout` (a hung server or a half-dead proxy that keeps
-    /// the connection open).
+    /// the connection open), or once a request has waited `send_timeout` for the connection to
+    /// take it (a peer that stopped reading: HTTP/2 flow control holds every later request).
     async fn next_response(&mut self) -> Result<AppendRowsResponse, BigQueryError> {
-        let timeout = self.context.retry.response_timeout;
+        let retry = self.context.retry;
         let Some(oldest) = self.in_flight.front() else { return next_response(&mut self.connection).await };
-        let deadline = tokio::time::Instant::from_std(oldest.sent_at + timeout);
-        match tokio::time::timeout_at(deadline, next_response(&mut self.connection)).await {
-            Ok(response) => response,
-            Err(_) => Err(BigQueryError::Timeout { operation: "AppendRows response", seconds: timeout.as_secs() }),
+        let response_deadline = oldest.sent_at + retry.response_timeout;
+        loop {
+            let send_deadline = self.connection.unsent_since().map(|since| since + retry.send_timeout);
+            let deadline = send_deadline.map_or(response_deadline, |send| send.min(response_deadline));
+            if let Ok(response) = tokio::time::timeout_at(deadline.into(), next_response(&mut self.connection)).await {
+                return response;
+            }
+            let now = Instant::now();
+            if now >= response_deadline {
+                return Err(BigQueryError::Timeout {
+                    operation: "AppendRows response",
+                    seconds: retry.response_timeout.as_secs(),
+                });
+            }
+            if self.connection.unsent_since().is_some_and(|since| since + retry.send_timeout <= now) {
+                return Err(BigQueryError::Timeout {
+                    operation: "AppendRows send",
+                    seconds: retry.send_timeout.as_secs(),
+                });
+            }
+            // The connection took a request meanwhile: wait on.
         }
     }
 
@@ -263,6 +281,16 @@ impl<'a> Appender<'a> {
         if let Err(error) = sent {
             // Judged like a failed response (logged, retried or not), with the real error.
             self.connection = Connection::Broken(error);
+        }
+    }
+}
+
+impl Connection {
+    /// Since when a request waits for an open connection to take it.
+    fn unsent_since(&self) -> Option<Instant> {
+        match self {
+            Connection::Open(open) => open.unsent_since(),
+            Connection::Closed | Connection::Broken(_) => None,
         }
     }
 }

@@ -35,6 +35,9 @@ pub(crate) struct RetryPolicy {
     /// How long the oldest request in flight waits for its answer before the attempt fails
     /// (retryable, as a broken connection).
     pub(crate) response_timeout: Duration,
+    /// How long a request waits for the connection to take it (a peer that stopped reading
+    /// holds it in HTTP/2 flow control) before the attempt fails, retryable.
+    pub(crate) send_timeout: Duration,
 }
 
 /// Consecutive failed attempts since the last acknowledgement, as the appender counts them.
@@ -116,6 +119,7 @@ mod tests {
             quota_wait: Duration::from_secs(900),
             max_quota_backoff: Duration::from_secs(30),
             response_timeout: Duration::from_secs(300),
+            send_timeout: Duration::from_secs(60),
         }
     }
 

@@ -8,6 +8,8 @@ use super::reconcile::{Reconciled, reconcile};
 use super::{Publisher, fingerprint, job_id, sql};
 use std::time::{Duration, Instant};
 
+use google_cloud_bigquery_v2::model::Table;
+
 use crate::bigquery::BigQueryError;
 use crate::bigquery::collation::{collated_columns, own_collations};
 use crate::bigquery::jobs::{JobOutcome, QueryJob};
@@ -43,10 +45,42 @@ pub(super) struct Published {
 }
 
 /// A keyed publication's key ranges and collations, as the destination compares its keys.
-struct KeysAsCompared {
-    ranges: Vec<KeyRange>,
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct KeysAsCompared {
+    pub(crate) ranges: Vec<KeyRange>,
     /// (key column, the collation it compares under).
-    collations: Vec<(String, Collation)>,
+    pub(crate) collations: Vec<(String, Collation)>,
+}
+
+impl KeysAsCompared {
+    /// How the destination `table` (its `tables.get` answer) compares the keys: the key
+    /// ranges without those of STRING columns that may compare under a collation (`und:ci`;
+    /// the gateway orders strings by code point, so such a range could leave out a row the
+    /// MERGE's join matches, and the row would be inserted twice), and the collation of each
+    /// STRING key column (`string_keys`) that has one of its own, for folding repeated keys the
+    /// way the join matches them.
+    pub(crate) fn in_table(table: &Table, string_keys: &[&str], key_ranges: &[KeyRange]) -> Self {
+        let collated = collated_columns(table);
+        let ordered_alike = |range: &&KeyRange| {
+            !(is_string_range(range) && collated.iter().any(|column| column.eq_ignore_ascii_case(&range.column)))
+        };
+        let mut collations = own_collations(table);
+        collations.retain(|(column, _)| string_keys.iter().any(|k| k.eq_ignore_ascii_case(column)));
+        Self { ranges: key_ranges.iter().filter(ordered_alike).cloned().collect(), collations }
+    }
+}
+
+fn is_string_range(range: &KeyRange) -> bool {
+    matches!(range.min, KeyValue::String(_))
+}
+
+/// The key columns of type STRING, named as in `columns`.
+pub(crate) fn string_key_columns<'a>(columns: &'a [Column], key: &[String]) -> Vec<&'a str> {
+    columns
+        .iter()
+        .filter(|c| c.bigquery_type == BigQueryType::String && key.iter().any(|k| c.name.eq_ignore_ascii_case(k)))
+        .map(|c| c.name.as_str())
+        .collect()
 }
 
 /// What a publication writes into its destination.
@@ -166,12 +200,7 @@ impl Publisher {
         if report.rows_sent == 0 && !replace {
             return Ok(None);
         }
-        let key: Vec<String> = resource
-            .primary_key
-            .iter()
-            .filter_map(|k| report.destination_columns.iter().find(|c| c.name.eq_ignore_ascii_case(k)))
-            .map(|c| c.name.clone())
-            .collect();
+        let key = sql::key_as_named(&resource.primary_key, &report.destination_columns);
         let compared = self.keys_as_compared(&destination, &report.destination_columns, &key, key_ranges).await?;
         let sql = sql::publication_statement(&sql::Publication {
             destination,
@@ -186,14 +215,10 @@ impl Publisher {
         Ok(Some(Statement { staged: Some(report), sql }))
     }
 
-    /// How the destination compares the publication's STRING keys, read from its schema when a
-    /// key column is a STRING: the key ranges without those of columns that may compare under a
-    /// collation (`und:ci`; the gateway orders strings by code point, so such a range could
-    /// leave out a row the MERGE's join matches, and the row would be inserted twice), and the
-    /// collation of each STRING key column that has one of its own, for folding repeated keys
-    /// the way the join matches them. A schema that cannot be read fails the publication (a
-    /// redelivery publishes it): folded by code point, keys a collated column holds as one
-    /// would reach the MERGE as several rows.
+    /// How the destination compares the publication's STRING keys ([`KeysAsCompared::in_table`]),
+    /// read from its schema when a key column (or a key range) is a STRING. A schema that
+    /// cannot be read fails the publication (a redelivery publishes it): folded by code point,
+    /// keys a collated column holds as one would reach the MERGE as several rows.
     async fn keys_as_compared(
         &self,
         destination: &sql::TableRef<'_>,
@@ -201,25 +226,16 @@ impl Publisher {
         key: &[String],
         key_ranges: &[KeyRange],
     ) -> Result<KeysAsCompared, Problem> {
-        let is_string_range = |range: &KeyRange| matches!(range.min, KeyValue::String(_));
-        let string_keys: Vec<&str> = columns
-            .iter()
-            .filter(|c| c.bigquery_type == BigQueryType::String && key.iter().any(|k| c.name.eq_ignore_ascii_case(k)))
-            .map(|c| c.name.as_str())
-            .collect();
+        let string_keys = string_key_columns(columns, key);
         if string_keys.is_empty() && !key_ranges.iter().any(is_string_range) {
             return Ok(KeysAsCompared { ranges: key_ranges.to_vec(), collations: Vec::new() });
         }
         let table = self.bigquery.get_table(destination.project, destination.dataset, destination.table).await;
         let table = table.map_err(|e| e.to_problem(ErrorCode::PublicationFailed))?.unwrap_or_default();
+        let compared = KeysAsCompared::in_table(&table, &string_keys, key_ranges);
         let collated = collated_columns(&table);
-        let ordered_alike = |range: &&KeyRange| {
-            !(is_string_range(range) && collated.iter().any(|column| column.eq_ignore_ascii_case(&range.column)))
-        };
-        let mut collations = own_collations(&table);
-        collations.retain(|(column, _)| string_keys.iter().any(|k| k.eq_ignore_ascii_case(column)));
         for key_column in &string_keys {
-            let has_own = collations.iter().any(|(column, _)| column.eq_ignore_ascii_case(key_column));
+            let has_own = compared.collations.iter().any(|(column, _)| column.eq_ignore_ascii_case(key_column));
             if !has_own && collated.iter().any(|column| column.eq_ignore_ascii_case(key_column)) {
                 tracing::warn!(
                     table = destination.table,
@@ -228,7 +244,7 @@ impl Publisher {
                 );
             }
         }
-        Ok(KeysAsCompared { ranges: key_ranges.iter().filter(ordered_alike).cloned().collect(), collations })
+        Ok(compared)
     }
 
     /// Runs the publication's job, and after a transient failure (BigQuery's passing reasons, a

@@ -10,7 +10,7 @@
 //! Pure pieces: [`sql`] (statements per write mode), [`job_id`], [`fingerprint`], [`plan`], and
 //! [`reconcile`] (what a redelivered publication does).
 
-mod destination;
+pub(crate) mod destination;
 pub(crate) mod fingerprint;
 pub(crate) mod job_id;
 mod plan;

@@ -64,6 +64,16 @@ pub(crate) struct Publication<'a> {
     pub(crate) replace: bool,
 }
 
+/// The declared key columns named as the destination columns spell them (keys match
+/// case-insensitively).
+pub(crate) fn key_as_named(primary_key: &[String], columns: &[Column]) -> Vec<String> {
+    primary_key
+        .iter()
+        .filter_map(|k| columns.iter().find(|c| c.name.eq_ignore_ascii_case(k)))
+        .map(|c| c.name.clone())
+        .collect()
+}
+
 /// The one statement (a script for `full_replace`) that publishes the staged rows.
 pub(crate) fn publication_statement(publication: &Publication<'_>) -> String {
     match publication.write_mode {
@@ -82,14 +92,32 @@ pub(crate) fn truncate_statement(destination: &TableRef<'_>) -> String {
     format!("TRUNCATE TABLE {}", destination.quoted())
 }
 
+/// The target of a MERGE, its source (the folded staged rows) and the staging table within the
+/// source, as range variables. Column and field names never start with the reserved prefix
+/// (`model::ids::validate_column_name`), so no alias can capture a column reference: GoogleSQL
+/// resolves a name to a range variable before a column, so with a target aliased `T` the
+/// `t` of `UPDATE SET t = ...` would name the whole row, and a staged column `k` read after
+/// `PARSE_NUMERIC(k) AS k` in the same SELECT would be the converted alias (both refused by
+/// Google's analyzer, `docs/testing.md`).
+const TARGET_ALIAS: &str = "_filament_target";
+const SOURCE_ALIAS: &str = "_filament_source";
+const STAGED_ALIAS: &str = "_filament_staged";
+
+/// `alias.`column``: a column of one range variable, never a SELECT-list alias.
+fn qualified(alias: &str, column: &str) -> String {
+    format!("{alias}.{}", quote_identifier(column))
+}
+
 /// The staged value of `column` (at SQL expression `expr`) converted to its destination type.
+/// Array elements are named `_filament_e{depth}` (offsets `_filament_o{depth}`): reserved, so
+/// they cannot shadow a column or field of the same name.
 fn converted(expr: &str, column: &Column, depth: usize) -> String {
     if !column.bigquery_type.needs_conversion() {
         return expr.to_string();
     }
     if column.repeated {
         let element = Column { repeated: false, ..column.clone() };
-        let (alias, offset) = (format!("e{depth}"), format!("o{depth}"));
+        let (alias, offset) = (format!("_filament_e{depth}"), format!("_filament_o{depth}"));
         return format!(
             "ARRAY(SELECT {} FROM UNNEST({expr}) AS {alias} WITH OFFSET AS {offset} ORDER BY {offset})",
             converted(&alias, &element, depth + 1)
@@ -114,10 +142,11 @@ fn converted(expr: &str, column: &Column, depth: usize) -> String {
     }
 }
 
-/// One select item: the column, converted where needed, under its own name.
+/// One select item over the staging table: the staged column, converted where needed, under
+/// its own name.
 fn select_item(column: &Column) -> String {
-    let name = quote_identifier(&column.name);
-    if column.bigquery_type.needs_conversion() { format!("{} AS {name}", converted(&name, column, 0)) } else { name }
+    let staged = qualified(STAGED_ALIAS, &column.name);
+    format!("{} AS {}", converted(&staged, column, 0), quote_identifier(&column.name))
 }
 
 fn column_list(columns: &[Column]) -> String {
@@ -128,7 +157,7 @@ fn column_list(columns: &[Column]) -> String {
 fn insert_select(p: &Publication<'_>) -> String {
     let select: Vec<String> = p.columns.iter().map(select_item).collect();
     format!(
-        "INSERT INTO {} ({})\nSELECT {}\nFROM {}",
+        "INSERT INTO {} ({})\nSELECT {}\nFROM {} AS {STAGED_ALIAS}",
         p.destination.quoted(),
         column_list(p.columns),
         select.join(", "),
@@ -150,7 +179,7 @@ fn replace(p: &Publication<'_>) -> String {
 /// destination's collation where it has one (a key `'A'` and a later `'a'` are one key to an
 /// `und:ci` column, so only the later row may reach the MERGE).
 fn fold_key(key: &Column, collations: &[(String, Collation)]) -> String {
-    let converted = converted(&quote_identifier(&key.name), key, 0);
+    let converted = converted(&qualified(STAGED_ALIAS, &key.name), key, 0);
     match collations.iter().find(|(column, _)| column.eq_ignore_ascii_case(&key.name)) {
         Some((_, collation)) => format!("COLLATE({converted}, '{}')", collation.as_str()),
         None => converted,
@@ -160,7 +189,9 @@ fn fold_key(key: &Column, collations: &[(String, Collation)]) -> String {
 /// Keyed modes: fold every key to its last staged operation (by `_filament_seq`), then one
 /// MERGE: deletes remove the key, everything else updates or inserts it.
 fn merge(p: &Publication<'_>) -> String {
-    let op = quote_identifier(OP_COLUMN);
+    let source = |column: &str| qualified(SOURCE_ALIAS, column);
+    let target = |column: &str| qualified(TARGET_ALIAS, column);
+    let op = source(OP_COLUMN);
     // Only cdc_merge mixes operations; the other keyed modes have one each.
     let (deletes, upserts) = match p.write_mode {
         WriteMode::CdcMerge => (true, true),
@@ -172,33 +203,28 @@ fn merge(p: &Publication<'_>) -> String {
     let is_key = |c: &Column| key_columns.iter().any(|k| k.name == c.name);
     let mut select: Vec<String> = p.columns.iter().map(select_item).collect();
     if deletes && upserts {
-        select.push(op.clone());
+        select.push(qualified(STAGED_ALIAS, OP_COLUMN));
     }
     let partition: Vec<String> = key_columns.iter().map(|k| fold_key(k, p.key_collations)).collect();
-    let mut on: Vec<String> = key_columns
-        .iter()
-        .map(|k| {
-            let name = quote_identifier(&k.name);
-            format!("T.{name} = S.{name}")
-        })
-        .collect();
+    let mut on: Vec<String> =
+        key_columns.iter().map(|k| format!("{} = {}", target(&k.name), source(&k.name))).collect();
     for k in &key_columns {
         let range = p.key_ranges.iter().find(|r| r.column.eq_ignore_ascii_case(&k.name));
         if let Some((min, max)) = range.and_then(|r| r.min.sql_literal().zip(r.max.sql_literal())) {
-            on.push(format!("T.{} BETWEEN {min} AND {max}", quote_identifier(&k.name)));
+            on.push(format!("{} BETWEEN {min} AND {max}", target(&k.name)));
         }
     }
     let mut statement = format!(
-        "MERGE {} AS T\nUSING (\n  SELECT {}\n  FROM {}\n  WHERE TRUE\n  QUALIFY ROW_NUMBER() OVER (PARTITION BY {} ORDER BY {} DESC) = 1\n) AS S\nON {}",
+        "MERGE {} AS {TARGET_ALIAS}\nUSING (\n  SELECT {}\n  FROM {} AS {STAGED_ALIAS}\n  WHERE TRUE\n  QUALIFY ROW_NUMBER() OVER (PARTITION BY {} ORDER BY {} DESC) = 1\n) AS {SOURCE_ALIAS}\nON {}",
         p.destination.quoted(),
         select.join(", "),
         p.staging.quoted(),
         partition.join(", "),
-        quote_identifier(SEQ_COLUMN),
+        qualified(STAGED_ALIAS, SEQ_COLUMN),
         on.join(" AND "),
     );
     if deletes {
-        let guard = if upserts { format!(" AND S.{op} = 'delete'") } else { String::new() };
+        let guard = if upserts { format!(" AND {op} = 'delete'") } else { String::new() };
         statement.push_str(&format!("\nWHEN MATCHED{guard} THEN DELETE"));
     }
     if upserts {
@@ -206,16 +232,13 @@ fn merge(p: &Publication<'_>) -> String {
             .columns
             .iter()
             .filter(|c| !is_key(c))
-            .map(|c| {
-                let name = quote_identifier(&c.name);
-                format!("{name} = S.{name}")
-            })
+            .map(|c| format!("{} = {}", quote_identifier(&c.name), source(&c.name)))
             .collect();
         if !updates.is_empty() {
             statement.push_str(&format!("\nWHEN MATCHED THEN UPDATE SET {}", updates.join(", ")));
         }
-        let guard = if deletes { format!(" AND S.{op} != 'delete'") } else { String::new() };
-        let values: Vec<String> = p.columns.iter().map(|c| format!("S.{}", quote_identifier(&c.name))).collect();
+        let guard = if deletes { format!(" AND {op} != 'delete'") } else { String::new() };
+        let values: Vec<String> = p.columns.iter().map(|c| source(&c.name)).collect();
         statement.push_str(&format!(
             "\nWHEN NOT MATCHED{guard} THEN INSERT ({}) VALUES ({})",
             column_list(p.columns),
@@ -295,7 +318,10 @@ mod tests {
         let key = vec!["id".to_string()];
         let sql = bounded(WriteMode::IncrementalUpsert, &columns(), &key, &id_range(3, 97), false);
         assert_eq!(sql, bounded(WriteMode::FullUpsert, &columns(), &key, &id_range(3, 97), false));
-        assert!(sql.contains("ON T.`id` = S.`id` AND T.`id` BETWEEN 3 AND 97"), "{sql}");
+        assert!(
+            sql.contains("ON _filament_target.`id` = _filament_source.`id` AND _filament_target.`id` BETWEEN 3 AND 97"),
+            "{sql}"
+        );
         insta::assert_snapshot!(sql);
     }
 
@@ -335,8 +361,16 @@ mod tests {
             key_collations: &collations,
             replace: false,
         });
-        assert!(sql.contains("PARTITION BY COLLATE(`tenant`, 'und:ci'), `id` ORDER BY"), "{sql}");
-        assert!(sql.contains("ON T.`tenant` = S.`tenant` AND T.`id` = S.`id` AND T.`id` BETWEEN 1 AND 9"), "{sql}");
+        assert!(
+            sql.contains("PARTITION BY COLLATE(_filament_staged.`tenant`, 'und:ci'), _filament_staged.`id` ORDER BY"),
+            "{sql}"
+        );
+        assert!(
+            sql.contains(
+                "ON _filament_target.`tenant` = _filament_source.`tenant` AND _filament_target.`id` = _filament_source.`id` AND _filament_target.`id` BETWEEN 1 AND 9"
+            ),
+            "{sql}"
+        );
         insta::assert_snapshot!(sql);
     }
 
@@ -350,7 +384,10 @@ mod tests {
         let append = bounded(WriteMode::FullAppend, &columns(), &[], &id_range(1, 2), false);
         assert!(!append.contains("BETWEEN"), "appends read only the staging table: {append}");
         let unbounded = statement(WriteMode::IncrementalUpsert, &columns(), &key, false);
-        assert!(unbounded.contains("ON T.`id` = S.`id`\n"), "no range, no bound: {unbounded}");
+        assert!(
+            unbounded.contains("ON _filament_target.`id` = _filament_source.`id`\n"),
+            "no range, no bound: {unbounded}"
+        );
     }
 
     #[test]
@@ -358,7 +395,7 @@ mod tests {
         let key = vec!["id".to_string()];
         let sql = statement(WriteMode::IncrementalUpsert, &columns()[..1], &key, false);
         assert!(!sql.contains("UPDATE SET"), "{sql}");
-        assert!(sql.contains("WHEN NOT MATCHED THEN INSERT (`id`) VALUES (S.`id`)"), "{sql}");
+        assert!(sql.contains("WHEN NOT MATCHED THEN INSERT (`id`) VALUES (_filament_source.`id`)"), "{sql}");
     }
 
     #[test]

@@ -82,8 +82,7 @@ async fn unknown_ids_are_not_found() {
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_identifiers_and_dataset_ids_are_unprocessable() {
     let gw = ready_gateway(GatewayOptions::new()).await;
-    let run =
-        |run_id: &str, dataset: &str| json!({"run_id": run_id, "destination": {"project": "demo", "dataset": dataset}});
+    let run = |run_id: &str, dataset: &str| json!({"run_id": run_id, "destination": {"project": "filament-demo", "dataset": dataset}});
     rejected_without_trace!(
         gw,
         StatusCode::UNPROCESSABLE_ENTITY,
@@ -190,7 +189,7 @@ async fn malformed_or_truncated_ipc_is_invalid() {
         gw,
         StatusCode::BAD_REQUEST,
         "invalid_request",
-        gw.json(Method::POST, "/v1/runs", Some(json!({"destination": {"project": "demo"}}))).await
+        gw.json(Method::POST, "/v1/runs", Some(json!({"destination": {"project": "filament-demo"}}))).await
     );
 }
 
@@ -317,7 +316,7 @@ async fn conflicting_definitions_and_missing_keys_are_refused() {
         .json(
             Method::POST,
             "/v1/runs",
-            Some(json!({"run_id": "run", "destination": {"project": "demo", "dataset": gw.dataset}})),
+            Some(json!({"run_id": "run", "destination": {"project": "filament-demo", "dataset": gw.dataset}})),
         )
         .await;
     assert_eq!(status, StatusCode::OK, "the same definition again is idempotent");
@@ -328,7 +327,7 @@ async fn conflicting_definitions_and_missing_keys_are_refused() {
         gw.json(
             Method::POST,
             "/v1/runs",
-            Some(json!({"run_id": "run", "destination": {"project": "demo", "dataset": "other"}}))
+            Some(json!({"run_id": "run", "destination": {"project": "filament-demo", "dataset": "other"}}))
         )
         .await
     );

@@ -99,7 +99,7 @@ impl Extraction {
         match sink {
             Sink::Emulator => {
                 let sql = format!("SELECT COUNT(*), COUNT(DISTINCT id) FROM {}.{}", extractor.dataset, self.table);
-                let counted = bigquery_query_at(&required_env("BIGQUERY_EMULATOR_HOST"), "demo", &sql).await;
+                let counted = bigquery_query_at(&required_env("BIGQUERY_EMULATOR_HOST"), "filament-demo", &sql).await;
                 let expected = expected_rows(self.number, batches).to_string();
                 assert_eq!(counted[0], vec![json!(expected), json!(expected)], "e{}: every row once", self.number);
             }

@@ -69,7 +69,7 @@ async fn row_values_never_reach_logs_or_error_bodies() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_connection_test_runs_a_query_job() {
     let gw = Gateway::spawn().await;
-    let (status, body) = gw.json(Method::POST, "/v1/connections/test", Some(json!({"project": "demo"}))).await;
+    let (status, body) = gw.json(Method::POST, "/v1/connections/test", Some(json!({"project": "filament-demo"}))).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["ok"], true);
     assert!(body["elapsed_ms"].is_u64());

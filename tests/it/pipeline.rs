@@ -201,6 +201,53 @@ async fn a_connection_that_stops_answering_is_replaced_without_losing_or_duplica
     assert!(retries.len() == 1 && retries[0].contains("timeout"), "{retries:?}");
 }
 
+/// A peer that stops reading an AppendRows call (its HTTP/2 flow-control window stays shut)
+/// holds the requests behind the one it read: once one has waited
+/// `FILAMENT_APPEND_SEND_TIMEOUT_SECS` to be sent, the connection is replaced and the
+/// unacknowledged requests replayed at their offsets.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_whose_peer_stops_reading_is_replaced_without_losing_or_duplicating_rows() {
+    let fake = FakeWrite::start().await;
+    fake.with(|s| s.stall_reading_connections = 1);
+    let gw = GatewayOptions::new()
+        .fake_write(&fake)
+        .append_initial_backoff(FAST_RETRY)
+        // Uncompressed, so each request (1.6 MB) is more than the fake's 1 MiB HTTP/2 window.
+        .env("FILAMENT_APPEND_GZIP_LEVEL", "0")
+        .env("FILAMENT_APPEND_SEND_TIMEOUT_SECS", "2")
+        .spawn()
+        .await;
+    TestRun::new("run", "e").batching(json!({"max_rows": 100_000})).full_append(&["t"]).open(&gw).await;
+    for part in 0..6 {
+        post_ok(&gw, "t", part * 100_000..(part + 1) * 100_000).await;
+    }
+    let committed = gw.commit_and_wait("run", "e").await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+    assert_exact_stream(&fake.stream_for("_filament_stg_t_"), 0..600_000);
+    let retries: Vec<String> =
+        gw.logs().lines().filter(|l| l.contains("bigquery.write.retry")).map(str::to_string).collect();
+    assert!(!retries.is_empty() && retries.iter().all(|r| r.contains("AppendRows send")), "{retries:?}");
+    assert!(fake.with(|s| s.connections) >= 2, "the stalled connection was replaced");
+}
+
+/// The routing header of every Storage Write call: AppendRows names its stream as it is (as
+/// Google's Python writer and BigQuery's documentation write it), unary calls URL-encode the
+/// resource they name (as Google's Go and Java clients do).
+#[tokio::test(flavor = "multi_thread")]
+async fn storage_write_calls_carry_googles_routing_headers() {
+    let fake = FakeWrite::start().await;
+    let gw = GatewayOptions::new().fake_write(&fake).spawn().await;
+    let _retries = load_in_batches_of_ten(&gw, &fake, 1).await;
+    let stream = fake.with(|s| s.streams.keys().next().cloned()).unwrap();
+    let headers = fake.with(|s| s.routing_headers.clone());
+    let of = |method: &str| headers.iter().filter(|(m, _)| m == method).map(|(_, h)| h.clone()).collect::<Vec<_>>();
+    assert_eq!(of("AppendRows"), [format!("write_stream={stream}")], "{headers:?}");
+    let (table, _) = stream.rsplit_once("/streams/").unwrap();
+    assert_eq!(of("CreateWriteStream"), [format!("parent={}", table.replace('/', "%2F"))], "{headers:?}");
+    assert_eq!(of("FinalizeWriteStream"), [format!("name={}", stream.replace('/', "%2F"))], "{headers:?}");
+    assert_eq!(of("BatchCommitWriteStreams"), [format!("parent={}", table.replace('/', "%2F"))], "{headers:?}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn permanent_append_errors_fail_the_execution() {
     let cases = [

@@ -70,7 +70,7 @@ async fn a_keyed_merge_is_bounded_by_the_staged_key_range_and_its_result_unchang
     assert_eq!(gw.commit_and_wait("r", "e").await["state"], "committed");
 
     let merge = proxy.queries().into_iter().find(|q| q.starts_with("MERGE")).expect("the MERGE was submitted");
-    assert!(merge.contains("T.`id` BETWEEN 10 AND 44"), "the destination side is bounded: {merge}");
+    assert!(merge.contains("_filament_target.`id` BETWEEN 10 AND 44"), "the destination side is bounded: {merge}");
     let rows = gw.query(&format!("SELECT id, v FROM {}.users ORDER BY id", gw.dataset)).await;
     let value = |r: &Vec<serde_json::Value>| r[1].as_str().unwrap().parse::<i64>().unwrap();
     assert_eq!(rows.len(), 100, "keys outside the range untouched, none added");
@@ -152,15 +152,18 @@ async fn a_string_key_under_a_collation_gets_no_range_and_folds_under_it() {
     assert_eq!(gw.commit_and_wait("r", "e").await["state"], "committed");
 
     let merge_into = |table: &str| {
-        let target = format!("{}`.`{table}` AS T", gw.dataset);
+        let target = format!("{}`.`{table}` AS _filament_target", gw.dataset);
         proxy.queries().into_iter().find(|q| q.starts_with("MERGE") && q.contains(&target)).expect("a MERGE")
     };
     let plain = merge_into("plain");
-    assert!(plain.contains("T.`code` BETWEEN 'A' AND 'b'"), "code point order: {plain}");
-    assert!(plain.contains("PARTITION BY `code` ORDER BY"), "folded by code point: {plain}");
+    assert!(plain.contains("_filament_target.`code` BETWEEN 'A' AND 'b'"), "code point order: {plain}");
+    assert!(plain.contains("PARTITION BY _filament_staged.`code` ORDER BY"), "folded by code point: {plain}");
     let collated = merge_into("collated");
     assert!(!collated.contains("BETWEEN"), "no range under und:ci: {collated}");
-    assert!(collated.contains("PARTITION BY COLLATE(`code`, 'und:ci') ORDER BY"), "folded as compared: {collated}");
+    assert!(
+        collated.contains("PARTITION BY COLLATE(_filament_staged.`code`, 'und:ci') ORDER BY"),
+        "folded as compared: {collated}"
+    );
     // The emulator keeps no collation on the column, but groups by the COLLATE the fold names:
     // 'A' and the later 'a' are one key there, two by code point.
     for (table, expected) in [("plain", vec!["A", "a", "b"]), ("collated", vec!["a", "b"])] {

@@ -23,7 +23,7 @@ async fn timed(request: reqwest::RequestBuilder) -> (StatusCode, Value, Duration
 }
 
 async fn connection_test(gw: &Gateway) -> (StatusCode, Value, Duration) {
-    timed(gw.request(Method::POST, "/v1/connections/test").json(&json!({"project": "demo"}))).await
+    timed(gw.request(Method::POST, "/v1/connections/test").json(&json!({"project": "filament-demo"}))).await
 }
 
 #[tokio::test(flavor = "multi_thread")]

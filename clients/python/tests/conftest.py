@@ -23,7 +23,7 @@ import pytest
 import requests
 
 TOKEN = "client-tests-token-0123456789"
-PROJECT = "demo"
+PROJECT = "filament-demo"
 START_DEADLINE_S = 60.0
 
 

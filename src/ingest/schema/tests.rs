@@ -2,6 +2,8 @@ use std::collections::HashMap;
 
 use arrow_schema::TimeUnit;
 
+use crate::error::ErrorCode;
+
 use super::*;
 
 fn schema(fields: Vec<Field>) -> SchemaRef {
@@ -207,4 +209,36 @@ fn schema_fingerprint_changes_with_type_nullability_or_json() {
         assert_ne!(schema_sha256(&a), schema_sha256(other));
     }
     assert_eq!(schema_sha256(&a), schema_sha256(&a.clone()));
+}
+
+/// A column nesting `levels` STRUCTs around one INT64.
+fn nested(levels: usize) -> Field {
+    let mut field = Field::new("leaf", DataType::Int64, true);
+    for level in 0..levels {
+        field = Field::new(format!("level{level}"), DataType::Struct(vec![field].into()), true);
+    }
+    field
+}
+
+#[test]
+fn bigquery_table_limits_are_refused_before_anything_is_staged() {
+    assert!(map_schema(&schema(vec![nested(MAX_RECORD_DEPTH)]), append()).is_ok(), "15 levels are allowed");
+    let too_deep = map_schema(&schema(vec![nested(MAX_RECORD_DEPTH + 1)]), append()).unwrap_err();
+    assert_eq!(too_deep.code(), ErrorCode::UnsupportedType);
+    assert!(too_deep.to_string().contains("nests 16 levels of STRUCT"), "{too_deep}");
+    // 100 STRUCT columns of 100 fields each: 10,100 columns counting the nested fields.
+    let wide: Vec<Field> = (0..100)
+        .map(|c| {
+            let fields: Vec<Field> = (0..100).map(|f| Field::new(format!("f{f}"), DataType::Int64, true)).collect();
+            Field::new(format!("c{c}"), DataType::Struct(fields.into()), true)
+        })
+        .collect();
+    let too_wide = map_schema(&schema(wide), append()).unwrap_err();
+    assert!(too_wide.to_string().contains("10100 columns counting nested fields"), "{too_wide}");
+    let reserved_nested =
+        Field::new("address", DataType::Struct(vec![Field::new("_PARTITIONTIME", DataType::Int64, true)].into()), true);
+    let refused = map_schema(&schema(vec![reserved_nested]), append()).unwrap_err();
+    assert!(refused.to_string().contains("BigQuery reserves the prefix _PARTITION"), "{refused}");
+    let refused = map_schema(&schema(vec![Field::new("_table_suffix", DataType::Int64, true)]), append()).unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::InvalidIdentifier, "{refused}");
 }

@@ -21,7 +21,7 @@ impl PrivateEmulator {
         let (rest_port, grpc_port) = (free_port(), free_port());
         let child = Command::new(required_env("FILAMENT_BQEMULATOR_BIN"))
             .args(["start", "--rest-port", &rest_port.to_string(), "--grpc-port", &grpc_port.to_string()])
-            .args(["--project", "demo", "--log-level", "warning"])
+            .args(["--project", "filament-demo", "--log-level", "warning"])
             .env("HOME", required_env("FILAMENT_BQEMULATOR_HOME"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())

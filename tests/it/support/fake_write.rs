@@ -87,6 +87,11 @@ pub struct FakeState {
     /// Until then, every append is answered with the status `RESOURCE_EXHAUSTED` ("Exceeds
     /// 'AppendRows throughput' quota") before it is applied: a quota that has not refilled.
     pub exhausted_until: Option<std::time::Instant>,
+    /// The next this many AppendRows connections stop reading after their first request (for a
+    /// minute; the call stays open): HTTP/2 flow control then holds the client's later requests.
+    pub stall_reading_connections: usize,
+    /// The `x-goog-request-params` header of every call, by method (`AppendRows`, ...).
+    pub routing_headers: Vec<(String, String)>,
 }
 
 /// Handle to a running fake.
@@ -164,6 +169,8 @@ impl tower::Service<http::Request<tonic::body::Body>> for WriteService {
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let state = Arc::clone(&self.state);
         let path = request.uri().path().rsplit('/').next().unwrap_or_default().to_string();
+        let routing = request.headers().get("x-goog-request-params").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        state.lock().unwrap().routing_headers.push((path.clone(), routing.to_string()));
         Box::pin(async move {
             let response = match path.as_str() {
                 "CreateWriteStream" => {
@@ -295,13 +302,26 @@ async fn append_rows(
     let mut incoming = request.into_inner();
     let (responses, responses_rx) = mpsc::unbounded_channel();
     let (queued, mut queue) = mpsc::unbounded_channel::<AppendRowsRequest>();
-    state.lock().unwrap().connections += 1;
+    let stalls = {
+        let mut s = state.lock().unwrap();
+        s.connections += 1;
+        let stalls = s.stall_reading_connections > 0;
+        s.stall_reading_connections = s.stall_reading_connections.saturating_sub(1);
+        stalls
+    };
     // Reader: takes requests as they arrive, so outstanding requests are observable.
     let reader_state = Arc::clone(&state);
     tokio::spawn(async move {
         // Clients may name the stream only on a connection's first request (BigQuery's rule).
         let mut connection_stream = String::new();
+        let mut read = 0;
         while let Some(Ok(mut request)) = incoming.next().await {
+            read += 1;
+            if stalls && read > 1 {
+                // Holds the request unread: nothing more of the call's body is taken.
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                break;
+            }
             if request.write_stream.is_empty() {
                 request.write_stream.clone_from(&connection_stream);
             } else {

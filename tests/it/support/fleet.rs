@@ -241,7 +241,7 @@ impl Extractor {
 
     /// Creates the run with `resources` declared (name, declaration).
     pub async fn create_run(&self, run: &str, resources: &[(&str, Value)]) {
-        let body = json!({"run_id": run, "destination": {"project": "demo", "dataset": self.dataset}});
+        let body = json!({"run_id": run, "destination": {"project": "filament-demo", "dataset": self.dataset}});
         let (status, created) = self.json(Method::POST, "/v1/runs", Some(body)).await;
         assert_eq!(status, StatusCode::CREATED, "{created}");
         for (resource, declaration) in resources {

@@ -6,6 +6,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod arrow;
+pub mod discovery;
 pub mod emulator;
 mod eventually;
 pub mod fake_rest;
@@ -15,6 +16,7 @@ mod grpc_inflate;
 pub mod proxy;
 pub mod rest_proxy;
 mod test_run;
+pub mod zetasql;
 
 pub use eventually::eventually;
 // `benches/ingest.rs` includes this module too and sets up its runs by hand.
@@ -90,6 +92,9 @@ pub struct Gateway {
     pub stderr_path: std::path::PathBuf,
     /// REST `host:port` of the emulator this gateway uses.
     pub emulator_rest: String,
+    /// The proxy judging this gateway's REST calls by BigQuery's discovery document (unless
+    /// the test pointed them elsewhere).
+    pub rest_conformance: Option<rest_proxy::RestProxy>,
     http: reqwest::Client,
 }
 
@@ -102,6 +107,12 @@ pub struct GatewayOptions {
     pub env: Vec<(String, String)>,
     /// Reuse an existing database (restart scenarios) instead of creating one.
     pub database_url: Option<String>,
+    /// REST calls go straight to the emulator instead of through a proxy that judges each by
+    /// BigQuery's discovery document (the benchmark measures without it).
+    pub direct_rest: bool,
+    /// Real BigQuery in this project, with Application Default Credentials (`make
+    /// test-bigquery`), instead of the emulator.
+    pub live_bigquery_project: Option<String>,
 }
 
 impl GatewayOptions {
@@ -146,6 +157,12 @@ impl GatewayOptions {
         self.env("FILAMENT_APPEND_INITIAL_BACKOFF_MS", &backoff.as_millis().to_string())
     }
 
+    /// Real BigQuery in `project` with the caller's Application Default Credentials.
+    pub fn live_bigquery(mut self, project: &str) -> Self {
+        self.live_bigquery_project = Some(project.to_string());
+        self
+    }
+
     /// Reuses the database at `url` (a restart) instead of creating a fresh one.
     pub fn database_url(mut self, url: &str) -> Self {
         self.database_url = Some(url.to_string());
@@ -165,11 +182,9 @@ impl Gateway {
     /// Spawns with `options`; tests write `options.spawn()`, `benches/ingest.rs` calls this.
     pub async fn spawn_with(options: GatewayOptions) -> Self {
         let admin_url = required_env("DATABASE_URL");
-        let rest = required_env("BIGQUERY_EMULATOR_HOST");
-        let grpc = required_env("BIGQUERY_STORAGE_EMULATOR_HOST");
         let suffix = random_suffix();
-        let database_url = match options.database_url {
-            Some(url) => url,
+        let database_url = match &options.database_url {
+            Some(url) => url.clone(),
             None => fresh_database(&admin_url, &format!("fbq_test_{suffix}")).await,
         };
         let token = format!("test-token-{}", random_suffix());
@@ -184,16 +199,25 @@ impl Gateway {
             .env("FILAMENT_LISTEN", "127.0.0.1:0")
             .env("DATABASE_URL", &database_url)
             .env("FILAMENT_API_TOKENS", &token)
-            .env("BIGQUERY_EMULATOR_HOST", &rest)
-            .env("BIGQUERY_STORAGE_EMULATOR_HOST", &grpc)
             .env("RUST_LOG", "info,filament_bigquery=debug")
             .stdout(Stdio::piped())
             .stderr(Stdio::from(stderr));
+        let (project, emulator_rest, rest_conformance) = match &options.live_bigquery_project {
+            Some(project) => {
+                // Application Default Credentials: a key file, gcloud's, or the metadata server.
+                for name in ["GOOGLE_APPLICATION_CREDENTIALS", "HOME", "CLOUDSDK_CONFIG", "GOOGLE_CLOUD_QUOTA_PROJECT"]
+                {
+                    if let Ok(value) = std::env::var(name) {
+                        command.env(name, value);
+                    }
+                }
+                (project.clone(), String::new(), None)
+            }
+            None => Self::emulated(&mut command, &options).await,
+        };
         for (k, v) in &options.env {
             command.env(k, v);
         }
-        let emulator_rest =
-            options.env.iter().find(|(k, _)| k == "BIGQUERY_EMULATOR_HOST").map(|(_, v)| v.clone()).unwrap_or(rest);
         let mut child = command.spawn().expect("spawn the gateway binary");
         let base_url = listening_address(&mut child, &stderr_path).await;
         Self {
@@ -202,11 +226,33 @@ impl Gateway {
             token,
             database_url,
             dataset: format!("t_{suffix}"),
-            project: "demo".into(),
+            project,
             stderr_path,
             emulator_rest,
+            rest_conformance,
             http: reqwest::Client::builder().timeout(Duration::from_secs(120)).build().expect("http client"),
         }
+    }
+
+    /// Points `command` at the emulator `make test` started (its REST calls through a proxy
+    /// judging each by BigQuery's discovery document, unless the test chose where they go):
+    /// the project, the emulator's REST address for test queries, and the proxy.
+    async fn emulated(
+        command: &mut Command,
+        options: &GatewayOptions,
+    ) -> (String, String, Option<rest_proxy::RestProxy>) {
+        let rest = required_env("BIGQUERY_EMULATOR_HOST");
+        let grpc = required_env("BIGQUERY_STORAGE_EMULATOR_HOST");
+        command.env("BIGQUERY_EMULATOR_HOST", &rest).env("BIGQUERY_STORAGE_EMULATOR_HOST", &grpc);
+        let rest_chosen = options.env.iter().find(|(k, _)| k == "BIGQUERY_EMULATOR_HOST").map(|(_, v)| v.clone());
+        let conformance = match (&rest_chosen, options.direct_rest) {
+            (None, false) => Some(rest_proxy::RestProxy::start(&rest).await),
+            _ => None,
+        };
+        if let Some(proxy) = &conformance {
+            command.env("BIGQUERY_EMULATOR_HOST", &proxy.address);
+        }
+        ("filament-demo".into(), rest_chosen.unwrap_or(rest), conformance)
     }
 
     /// The gateway's process id (benchmarks read its `/proc` accounting).

@@ -3,9 +3,15 @@
 //! take over query jobs (`jobs.insert` / `jobs.get`) with BigQuery's real answers: a 409
 //! `duplicate` for an existing job id, a DONE job with an `errorResult`, or jobs that stay
 //! RUNNING for a while (to observe how many publish at once). Everything else is forwarded.
+//!
+//! Every request is first judged by BigQuery's discovery document ([`super::discovery`]): one
+//! BigQuery would refuse or misread (an unknown field, an int64 sent as a number, an output-only
+//! field, an undeclared query parameter) is answered 400 as BigQuery would, and its problems are
+//! kept ([`RestProxy::problems`]). Gateways spawned by the harness send their REST calls through
+//! such a proxy unless a test points them elsewhere, so the whole suite is judged by it.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -14,7 +20,14 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use super::discovery::Discovery;
 use super::fake_rest::bigquery_error;
+
+/// BigQuery's discovery document, parsed once per test process.
+fn discovery() -> &'static Discovery {
+    static DISCOVERY: OnceLock<Discovery> = OnceLock::new();
+    DISCOVERY.get_or_init(Discovery::load)
+}
 
 /// What the proxy does with query jobs.
 #[derive(Debug, Clone, Default)]
@@ -39,7 +52,11 @@ pub enum JobMode {
 pub struct Recorded {
     pub method: String,
     pub path: String,
+    /// The path with its query string, as sent.
+    pub path_and_query: String,
     pub body: Value,
+    /// What the discovery document finds wrong with the request (answered 400 when any).
+    pub problems: Vec<String>,
 }
 
 #[derive(Debug, Default)]
@@ -56,6 +73,12 @@ pub struct ProxyState {
     pub collated: Vec<(String, String)>,
     /// Tables whose `tables.get` is answered 403 `accessDenied`.
     pub unreadable_tables: Vec<String>,
+    /// The emulator cannot create BIGNUMERIC columns (DuckDB's decimals stop at 38 digits):
+    /// `tables.insert` creates them NUMERIC instead, and `tables.get` reports them BIGNUMERIC
+    /// again, so the gateway's statements run unchanged (with values NUMERIC can hold).
+    pub bignumeric_as_numeric: bool,
+    /// (table, column) created NUMERIC in place of BIGNUMERIC.
+    pub narrowed: Vec<(String, String)>,
 }
 
 #[derive(Clone)]
@@ -102,6 +125,16 @@ impl RestProxy {
             .collect()
     }
 
+    /// Every problem the discovery document found in the requests so far, with the request.
+    pub fn problems(&self) -> Vec<String> {
+        let state = self.state.lock().unwrap();
+        state
+            .requests
+            .iter()
+            .flat_map(|r| r.problems.iter().map(move |p| format!("{} {}: {p}", r.method, r.path_and_query)))
+            .collect()
+    }
+
     /// The SQL of every `jobs.insert` seen.
     pub fn queries(&self) -> Vec<String> {
         self.requests("POST", "/jobs")
@@ -114,8 +147,8 @@ impl RestProxy {
 fn job(id: &str, state: &str, error: Option<(&str, &str)>) -> Value {
     let mut job = json!({
         "kind": "bigquery#job",
-        "id": format!("demo:US.{id}"),
-        "jobReference": {"projectId": "demo", "jobId": id, "location": "US"},
+        "id": format!("filament-demo:US.{id}"),
+        "jobReference": {"projectId": "filament-demo", "jobId": id, "location": "US"},
         "status": {"state": state},
         "statistics": {
             "totalBytesProcessed": "1048576",
@@ -139,6 +172,42 @@ fn job(id: &str, state: &str, error: Option<(&str, &str)>) -> Value {
 /// Whether `path` is a table's (`.../tables/{table}`, nothing after it).
 fn is_table_path(path: &str) -> bool {
     path.rsplit_once("/tables/").is_some_and(|(_, table)| !table.is_empty() && !table.contains('/'))
+}
+
+/// Every top-level field of type `from` in `fields` retyped `to`; their names.
+fn retype(fields: &mut Value, from: &str, to: &str, only: Option<&[String]>) -> Vec<String> {
+    let mut renamed = Vec::new();
+    for field in fields.as_array_mut().into_iter().flatten() {
+        let name = field["name"].as_str().unwrap_or_default().to_string();
+        if field["type"] == from && only.is_none_or(|only| only.contains(&name)) {
+            field["type"] = json!(to);
+            renamed.push(name);
+        }
+    }
+    renamed
+}
+
+/// A `tables.insert` body with its BIGNUMERIC columns created NUMERIC (remembered per table).
+fn narrowed_insert(shared: &Shared, body: Bytes) -> Bytes {
+    let Ok(mut table) = serde_json::from_slice::<Value>(&body) else { return body };
+    let name = table["tableReference"]["tableId"].as_str().unwrap_or_default().to_string();
+    let columns = retype(&mut table["schema"]["fields"], "BIGNUMERIC", "NUMERIC", None);
+    let mut state = shared.state.lock().unwrap();
+    state.narrowed.extend(columns.into_iter().map(|column| (name.clone(), column)));
+    Bytes::from(serde_json::to_vec(&table).unwrap())
+}
+
+/// A `tables.get` answer reporting the columns [`narrowed_insert`] created NUMERIC as BIGNUMERIC.
+fn widened_answer(shared: &Shared, path: &str, bytes: Bytes) -> Bytes {
+    let table = path.rsplit_once("/tables/").map(|(_, t)| t.to_string()).unwrap_or_default();
+    let columns: Vec<String> =
+        shared.state.lock().unwrap().narrowed.iter().filter(|(t, _)| *t == table).map(|(_, c)| c.clone()).collect();
+    let Ok(mut answer) = serde_json::from_slice::<Value>(&bytes) else { return bytes };
+    if columns.is_empty() {
+        return bytes;
+    }
+    retype(&mut answer["schema"]["fields"], "NUMERIC", "BIGNUMERIC", Some(&columns));
+    Bytes::from(serde_json::to_vec(&answer).unwrap())
 }
 
 /// A `tables.get` answer with the columns `collated` names for this table collated `und:ci`.
@@ -170,11 +239,25 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     let content_type = request.headers().get("content-type").cloned();
     let body: Bytes = axum::body::to_bytes(request.into_body(), usize::MAX).await.unwrap_or_default();
     let json_body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let sent_body = (!body.is_empty()).then_some(&json_body);
+    let problems = discovery().check_request(method.as_str(), &path_and_query, sent_body);
     let mode = {
         let mut state = shared.state.lock().unwrap();
-        state.requests.push(Recorded { method: method.to_string(), path: path.clone(), body: json_body.clone() });
+        state.requests.push(Recorded {
+            method: method.to_string(),
+            path: path.clone(),
+            path_and_query: path_and_query.clone(),
+            body: json_body.clone(),
+            problems: problems.clone(),
+        });
         state.jobs.clone()
     };
+    if !problems.is_empty() {
+        let message = format!("the request does not follow BigQuery's discovery document: {}", problems.join("; "));
+        eprintln!("rest proxy: {method} {path_and_query}: {message}");
+        let error = bigquery_error(400, "INVALID_ARGUMENT", &message, "invalid", vec![]);
+        return (StatusCode::BAD_REQUEST, axum::Json(error)).into_response();
+    }
     let is_insert = method == "POST" && path.ends_with("/jobs");
     let is_get = method == "GET";
     let table = path.rsplit_once("/tables/").map(|(_, t)| t.to_string()).unwrap_or_default();
@@ -190,7 +273,7 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         match mode {
             JobMode::Forward => {}
             JobMode::AlreadyExists if is_insert => {
-                let message = format!("Already Exists: Job demo:US.{id}");
+                let message = format!("Already Exists: Job filament-demo:US.{id}");
                 return (
                     StatusCode::CONFLICT,
                     axum::Json(bigquery_error(409, "ALREADY_EXISTS", &message, "duplicate", vec![])),
@@ -227,6 +310,8 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             }
         }
     }
+    let narrow = method == "POST" && path.ends_with("/tables") && shared.state.lock().unwrap().bignumeric_as_numeric;
+    let body = if narrow { narrowed_insert(&shared, body) } else { body };
     let mut forwarded = shared.http.request(method, format!("http://{}{path_and_query}", shared.upstream)).body(body);
     if let Some(content_type) = content_type {
         forwarded = forwarded.header("content-type", content_type);
@@ -238,6 +323,7 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             let mut bytes = response.bytes().await.unwrap_or_default();
             if is_get && is_table_path(&path) {
                 bytes = with_collations(&shared, &path, bytes);
+                bytes = widened_answer(&shared, &path, bytes);
             }
             let mut answer = (status, bytes).into_response();
             if let Some(content_type) = content_type {

@@ -1,0 +1,131 @@
+//! Every statement the gateway would send BigQuery for one resource, with the tables they read
+//! and write, for judges outside the crate: the GoogleSQL property tests (`tests/it/googlesql.rs`,
+//! Google's ZetaSQL analyzer) and the live-BigQuery suite's dry runs (`docs/testing.md`).
+//!
+//! Nothing here is a second copy: a [`Case`] goes through the same schema mapping
+//! ([`crate::ingest::schema::map_schema`]), table layout, `tables.insert` bodies
+//! ([`crate::bigquery::metadata`]), key comparison ([`crate::publish`]) and SQL generation
+//! ([`crate::publish::sql`]) a batch and its commit go through, so the catalog a judge builds
+//! is the schema the gateway would create for the destination and the staging table.
+
+use arrow_schema::SchemaRef;
+use google_cloud_bigquery_v2::model::Table;
+
+use crate::bigquery::metadata::{destination_table_body, staging_table_body, table_reference};
+use crate::error::Problem;
+use crate::ingest::schema::{LoadSpec, map_schema};
+use crate::model::WriteMode;
+use crate::model::bounds::KeyRange;
+use crate::model::table_layout::TableLayout;
+use crate::publish::destination::{KeysAsCompared, string_key_columns};
+use crate::publish::sql;
+
+/// One resource as an extractor would declare and send it.
+#[derive(Debug, Clone)]
+pub struct Case {
+    /// The Arrow schema of its batches (with `_filament_op` for the CDC modes).
+    pub schema: SchemaRef,
+    pub write_mode: WriteMode,
+    pub primary_key: Vec<String>,
+    /// STRING key columns the destination (created by someone else) compares under `und:ci`.
+    pub collated_keys: Vec<String>,
+    /// The key ranges its batches recorded (only the ordered key types get one).
+    pub key_ranges: Vec<KeyRange>,
+}
+
+/// A table as the gateway creates it: where, and its `tables.insert` body (wire JSON).
+#[derive(Debug, Clone)]
+pub struct TableBody {
+    pub project: String,
+    pub dataset: String,
+    pub table: String,
+    pub body: serde_json::Value,
+}
+
+/// One statement the gateway would submit as a query job.
+#[derive(Debug, Clone)]
+pub struct Statement {
+    /// Which path of the generator made it (`merge`, `insert`, `replace`, `truncate`).
+    pub shape: &'static str,
+    pub sql: String,
+    /// A script of several statements (`full_replace`'s transaction).
+    pub script: bool,
+}
+
+/// What a case publishes with.
+#[derive(Debug, Clone)]
+pub struct Shaped {
+    pub destination: TableBody,
+    pub staging: TableBody,
+    /// Every statement the write mode can publish with: for `full_replace` its first segment
+    /// (the transaction), a later segment and an empty replacement.
+    pub statements: Vec<Statement>,
+}
+
+/// The staging table of every case (the real name's hash makes it unique per delivery).
+fn staging_table_of(table: &str) -> String {
+    format!("_filament_stg_{table}_0123456789abcdef")
+}
+
+/// The tables and statements of `case` publishing into `project.dataset.table`, or the
+/// problem a batch of its schema would be refused with.
+pub fn shape(case: &Case, project: &str, dataset: &str, table: &str) -> Result<Shaped, Problem> {
+    let spec = LoadSpec { write_mode: case.write_mode, primary_key: &case.primary_key };
+    let mapped = map_schema(&case.schema, spec)?;
+    let columns = &mapped.destination_columns;
+    let layout = TableLayout::resolve(None, case.write_mode, &case.primary_key, columns, mapped.incoming.fields())?;
+    let mut destination = destination_table_body(table_reference(project, dataset, table), columns, &layout, 0);
+    collate(&mut destination, &case.collated_keys);
+    let staging_table = staging_table_of(table);
+    let staging_body =
+        staging_table_body(table_reference(project, dataset, &staging_table), &mapped.staging_columns, Some(0));
+    let key = sql::key_as_named(&case.primary_key, columns);
+    let compared = KeysAsCompared::in_table(&destination, &string_key_columns(columns, &key), &case.key_ranges);
+    let destination_ref = sql::TableRef { project, dataset, table };
+    let publication = |replace| {
+        sql::publication_statement(&sql::Publication {
+            destination: destination_ref.clone(),
+            staging: sql::TableRef { project, dataset, table: &staging_table },
+            write_mode: case.write_mode,
+            columns,
+            key: &key,
+            key_ranges: &compared.ranges,
+            key_collations: &compared.collations,
+            replace,
+        })
+    };
+    let statements = match case.write_mode {
+        WriteMode::FullReplace => vec![
+            Statement { shape: "replace", sql: publication(true), script: true },
+            Statement { shape: "insert", sql: publication(false), script: false },
+            Statement { shape: "truncate", sql: sql::truncate_statement(&destination_ref), script: false },
+        ],
+        mode if mode.is_merge() => vec![Statement { shape: "merge", sql: publication(false), script: false }],
+        _ => vec![Statement { shape: "insert", sql: publication(false), script: false }],
+    };
+    Ok(Shaped {
+        destination: table_body(project, dataset, table, &destination),
+        staging: table_body(project, dataset, &staging_table, &staging_body),
+        statements,
+    })
+}
+
+/// Gives the named top-level STRING columns the collation `und:ci`, as a destination created
+/// with it reports them.
+fn collate(table: &mut Table, columns: &[String]) {
+    for field in table.schema.iter_mut().flat_map(|schema| schema.fields.iter_mut()) {
+        if columns.iter().any(|c| c.eq_ignore_ascii_case(&field.name)) && field.r#type == "STRING" {
+            field.collation = Some("und:ci".into());
+        }
+    }
+}
+
+fn table_body(project: &str, dataset: &str, table: &str, body: &Table) -> TableBody {
+    TableBody {
+        project: project.into(),
+        dataset: dataset.into(),
+        table: table.into(),
+        // Serialising a generated model value cannot fail.
+        body: serde_json::to_value(body).unwrap_or_default(),
+    }
+}
