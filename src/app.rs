@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use sha2::{Digest as _, Sha256};
 use tokio_util::task::TaskTracker;
 
-use crate::api::server::{self, http1_read_buffer_bytes};
+use crate::api::server::{self, ConnectionLimits, http1_read_buffer_bytes};
 use crate::api::{ApiSettings, ApiState, router};
 use crate::bigquery::{BigQuery, Endpoints};
 use crate::config::{DatabaseConfig, ServeConfig};
@@ -65,6 +65,7 @@ fn pipeline_limits(config: &ServeConfig) -> anyhow::Result<PipelineLimits> {
         max_concurrent_batch_decodes: config
             .max_concurrent_batch_decodes
             .map_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()).max(2), |slots| slots as usize),
+        max_receiving_bytes: config.max_receiving_bytes.unwrap_or(config.max_batch_body_bytes.saturating_mul(2)),
         backpressure_wait: Duration::from_millis(config.backpressure_wait_ms),
         inflight_per_stream: config.inflight_per_stream as usize,
         max_inflight_requests: config.max_inflight_requests as usize,
@@ -89,6 +90,12 @@ fn api_settings(config: &ServeConfig) -> ApiSettings {
         pending_stream_max_age: Duration::from_secs(config.pending_stream_max_age_secs),
         max_uri_bytes: config.max_uri_bytes,
         max_header_bytes: config.max_header_bytes,
+        max_header_count: config.max_header_count as usize,
+        body_rate: crate::api::body_deadline::BodyRate {
+            initial: Duration::from_secs(config.body_read_timeout_secs),
+            min_rate_bytes_per_sec: config.body_min_rate_bytes_per_sec,
+            max_duration: Duration::from_secs(config.body_max_read_secs),
+        },
     }
 }
 
@@ -160,8 +167,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
 
     let drained =
         hand_over_on_signal(replica.clone(), state.pipeline.clone(), Duration::from_secs(config.shutdown_delay_secs));
-    let read_buffer_bytes = http1_read_buffer_bytes(config.max_uri_bytes, config.max_header_bytes);
-    server::serve(listener, router(state), read_buffer_bytes, drained).await;
+    server::serve(listener, router(state), connection_limits(&config), drained).await;
     commits.close();
     if tokio::time::timeout(SHUTDOWN_GRACE, commits.wait()).await.is_err() {
         tracing::warn!("shutdown: commits still running after the grace period; they fail");
@@ -171,6 +177,34 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     replica.release().await;
     tracing::info!("gateway stopped");
     Ok(())
+}
+
+/// Descriptors kept for everything but client connections: the Postgres pool, BigQuery's
+/// channels and REST connections, forwarding, files.
+const RESERVED_FILE_DESCRIPTORS: u64 = 256;
+
+/// What client connections may hold; `max_connections` within the open-files limit.
+fn connection_limits(config: &ServeConfig) -> ConnectionLimits {
+    let configured = u64::from(config.max_connections);
+    let max_connections = match server::open_files_limit() {
+        Some(limit) if configured + RESERVED_FILE_DESCRIPTORS > limit => {
+            let lowered = limit.saturating_sub(RESERVED_FILE_DESCRIPTORS).max(1);
+            tracing::warn!(
+                configured,
+                open_files_limit = limit,
+                lowered,
+                "FILAMENT_MAX_CONNECTIONS exceeds the open-files limit (ulimit -n) less 256: lowered"
+            );
+            lowered
+        }
+        _ => configured,
+    };
+    ConnectionLimits {
+        read_buffer_bytes: http1_read_buffer_bytes(config.max_uri_bytes, config.max_header_bytes),
+        max_connections: max_connections as usize,
+        header_read_timeout: Duration::from_secs(config.header_read_timeout_secs),
+        idle_timeout: Duration::from_secs(config.idle_timeout_secs),
+    }
 }
 
 /// Completes once SIGTERM/SIGINT came and this replica handed its executions over (unready at

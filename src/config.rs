@@ -85,11 +85,34 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_MAX_BUFFERED_BYTES_PER_RESOURCE")]
     pub max_buffered_bytes_per_resource: Option<usize>,
 
-    /// Batch bodies decoded and encoded at once, gateway-wide (bodies beyond it wait unread):
-    /// bounds the memory a request uses before its bytes reach the budget. Default: the number
-    /// of CPUs (at least 2); decoding is CPU-bound, more would only hold more memory.
+    /// Batch bodies converted and encoded at once, gateway-wide (read bodies beyond it wait):
+    /// conversion is CPU-bound, more would not go faster. Default: the number of CPUs (at
+    /// least 2). What a conversion allocates is held in the upload budget first.
     #[arg(long, env = "FILAMENT_MAX_CONCURRENT_BATCH_DECODES", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub max_concurrent_batch_decodes: Option<u32>,
+
+    /// Bytes of batch bodies being received and decoded at once, gateway-wide, counting what
+    /// their IPC-compressed buffers decompress to: bounds the memory of bodies not yet in the
+    /// upload budget (a request waits for room, then 429 `backpressure`). A slow client holds
+    /// only what it has sent. Default: twice `FILAMENT_MAX_BATCH_BODY_BYTES`.
+    #[arg(long, env = "FILAMENT_MAX_RECEIVING_BYTES")]
+    pub max_receiving_bytes: Option<usize>,
+
+    /// Request bodies (batches and JSON alike) get this many seconds at first, plus one per
+    /// `FILAMENT_BODY_MIN_RATE_BYTES_PER_SEC` bytes received; only the time spent waiting for
+    /// the client counts. A slower body ends with 408 `body_timeout`.
+    #[arg(long, env = "FILAMENT_BODY_READ_TIMEOUT_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub body_read_timeout_secs: u64,
+
+    /// The minimum rate of a request body, in bytes per second (see
+    /// `FILAMENT_BODY_READ_TIMEOUT_SECS`).
+    #[arg(long, env = "FILAMENT_BODY_MIN_RATE_BYTES_PER_SEC", default_value_t = 16 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_min_rate_bytes_per_sec: u64,
+
+    /// The longest a request body may take in all, in seconds, from its first byte (408
+    /// `body_timeout` beyond).
+    #[arg(long, env = "FILAMENT_BODY_MAX_READ_SECS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub body_max_read_secs: u64,
 
     /// How long a batch request waits for room in the upload budget before answering 429.
     #[arg(long, env = "FILAMENT_BACKPRESSURE_WAIT_MS", default_value_t = 10_000)]
@@ -160,6 +183,25 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_MAX_CONCURRENT_REQUESTS", default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_concurrent_requests: u32,
 
+    /// Client connections served at once, each one file descriptor; beyond it the gateway stops
+    /// accepting and new connections wait in the kernel's listen backlog. Above the requests
+    /// served at once (an HTTP/1.1 connection carries one at a time) and below the open-files
+    /// limit: the gateway lowers it to that limit less 256 descriptors (Postgres, BigQuery,
+    /// files) when `ulimit -n` is smaller.
+    #[arg(long, env = "FILAMENT_MAX_CONNECTIONS", default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections: u32,
+
+    /// How long a connection may take to send a complete request head once its first byte
+    /// arrived, in seconds; slower, it is closed (a slowloris client holds a connection no
+    /// longer than this).
+    #[arg(long, env = "FILAMENT_HEADER_READ_TIMEOUT_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub header_read_timeout_secs: u64,
+
+    /// How long a connection with no request open and none started stays open, in seconds
+    /// (HTTP/1.1 keep-alive and HTTP/2 alike).
+    #[arg(long, env = "FILAMENT_IDLE_TIMEOUT_SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub idle_timeout_secs: u64,
+
     /// Longest accepted request URI, in bytes (414 `uri_too_long` beyond).
     #[arg(long, env = "FILAMENT_MAX_URI_BYTES", default_value_t = 4096)]
     pub max_uri_bytes: usize,
@@ -168,6 +210,10 @@ pub struct ServeConfig {
     /// `headers_too_large` beyond).
     #[arg(long, env = "FILAMENT_MAX_HEADER_BYTES", default_value_t = 16 * 1024)]
     pub max_header_bytes: usize,
+
+    /// Most header fields a request may carry (431 `headers_too_large` beyond).
+    #[arg(long, env = "FILAMENT_MAX_HEADER_COUNT", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub max_header_count: u32,
 
     /// Project used by `/readyz` to check that the BigQuery REST API answers.
     #[arg(long, env = "FILAMENT_READINESS_PROJECT", default_value = "filament-readiness")]

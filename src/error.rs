@@ -59,6 +59,8 @@ error_codes! {
     InvalidTableOptions => "invalid_table_options", UNPROCESSABLE_ENTITY, "Invalid table options";
     RowTooLarge => "row_too_large", UNPROCESSABLE_ENTITY, "Row too large";
     PayloadTooLarge => "payload_too_large", PAYLOAD_TOO_LARGE, "Payload too large";
+    BodyTimeout => "body_timeout", REQUEST_TIMEOUT, "Request body too slow";
+    InvalidText => "invalid_text", UNPROCESSABLE_ENTITY, "Text the gateway cannot store";
     UriTooLong => "uri_too_long", URI_TOO_LONG, "Request URI too long";
     HeadersTooLarge => "headers_too_large", REQUEST_HEADER_FIELDS_TOO_LARGE, "Request headers too large";
     Overloaded => "overloaded", SERVICE_UNAVAILABLE, "Too many concurrent requests";

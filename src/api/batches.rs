@@ -1,43 +1,37 @@
 //! `POST .../resources/{resource}/batches[?seq=N]`: one Arrow IPC stream per request.
 //!
-//! The handler runs five named steps; the order is carried by the pipeline's admission types
-//! (`pipeline::admission`), so that a rejected request changes nothing and nothing is queued
-//! without room in the budget: check the request, load what it targets, get admitted (share
-//! and decode slot), decode and encode the whole body, reserve its bytes, then record the
-//! receipt and queue the rows under the execution's gate.
-
-use std::time::Duration;
+//! The handler runs seven steps; their order is carried by the pipeline's admission types
+//! (`pipeline::admission`) and ingestion's (`ingest::prepare`), so that a rejected request
+//! changes nothing, and every byte it makes the gateway hold is counted before it is
+//! allocated: check the request, load what it targets, get admitted (room in the resource's
+//! share), read and decode the body under the receive budget, prepare it against the
+//! declaration (its staged size known), convert and encode it under the upload budget, then
+//! record the receipt and queue the rows under the execution's gate. This module holds the
+//! HTTP side only: type rules and sizes are `ingest`'s, batching and lanes the pipeline's.
 
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
-use bytes::Bytes;
 use futures::StreamExt as _;
 use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::SharedState;
+use super::body_deadline::BodyTimedOut;
 use super::error::{ApiPath, ApiQuery, ProblemDocument};
 use super::executions::load_execution;
 use super::views::Receipt;
 use crate::error::{ErrorCode, Problem};
-use crate::ingest::decode::{BodyDecoder, DecodedBody};
-use crate::ingest::encode::{REQUEST_FRAMING_BYTES, schema_message};
-use crate::ingest::schema::{LoadSpec, MappedSchema, map_schema, schema_sha256};
-use crate::ingest::{bounds, encode_payloads};
+use crate::ingest::decode::{BodyDecoder, DecodedBody, Progress};
+use crate::ingest::prepare::{BatchLimits, BodySummary, Declaration, PreparedBatch, prepare};
 use crate::model::bounds::KeyRange;
-use crate::model::staging::{MAX_KEYED_SEQ, staging_table_name};
-use crate::model::table_layout::TableLayout;
+use crate::model::staging::staging_table_name;
 use crate::model::{ExecutionState, ResourceName, ResourceRef};
-use crate::pipeline::{BatchingPolicy, EncodedBatch, ExecutionUploads, LaneTarget, ReservedBatch};
+use crate::pipeline::{Admission, ExecutionUploads, LaneTarget, ReservedBatch};
 use crate::store::{InsertBatch, NewBatch, ReceiptRecord, ResourceRecord, RunRecord};
 use crate::telemetry;
 
 pub(crate) const ARROW_STREAM_CONTENT_TYPE: &str = "application/vnd.apache.arrow.stream";
-
-/// Upload batches default to 20,000 rows, about 8 MiB (the request budget) and a 10 s flush.
-const DEFAULT_BATCH_ROWS: usize = 20_000;
-const DEFAULT_FLUSH_INTERVAL_MS: u64 = 10_000;
 
 /// The batch body in OpenAPI: raw bytes of an Arrow IPC stream.
 #[derive(Debug, utoipa::ToSchema)]
@@ -74,8 +68,9 @@ type Answer = (StatusCode, axum::Json<Receipt>);
         (status = 400, description = "`invalid_arrow_ipc` or malformed request", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 404, description = "No such run, execution or resource", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 409, description = "`execution_not_extracting`, `batch_conflict`", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 413, description = "`payload_too_large`", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 408, description = "`body_timeout`: the body arrived slower than `FILAMENT_BODY_MIN_RATE_BYTES_PER_SEC`", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 409, description = "`execution_not_extracting`, `batch_conflict`, `resource_conflict` (the resource was declared again while the batch was read)", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 413, description = "`payload_too_large`: the body, or its rows once staged (naming the column), exceed the body limit", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 422, description = "`invalid_identifier`, `schema_mismatch`, `unsupported_type`, `precision_loss`, `invalid_value`, `invalid_operation`, `invalid_primary_key`, `null_primary_key`, `row_too_large`, `invalid_partitioning`, `invalid_clustering`, `invalid_table_options` (the declared table options do not fit the schema)", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 429, description = "`backpressure`: retry after `Retry-After` seconds", body = ProblemDocument, content_type = "application/problem+json"),
@@ -91,13 +86,30 @@ pub(crate) async fn post_batch(
 ) -> Result<Answer, Problem> {
     let resource = check_request(&resource, params.seq, &headers)?;
     let target = load_target(&state, &run_id, &execution_id, resource).await?;
-    let admission = state.pipeline.admit(&target.uploads, &target.resource.resource).await?;
-    let encoded = match decode_and_encode(&state, &target, params.seq, body).await? {
-        Decoded::Replay(answer) => return Ok(answer),
-        Decoded::New(encoded) => *encoded,
+    let declared_length = declared_length(&headers, state.settings.max_batch_body_bytes)?;
+    let mut admission = state.pipeline.admit(&target.uploads, &target.resource.resource, declared_length).await?;
+    let body = receive_body(body, &mut admission, state.settings.max_batch_body_bytes).await?;
+    let prepared = match prepare_body(&state, &target, params.seq, body).await? {
+        Prepared::Replay(answer) => return Ok(answer),
+        Prepared::New(prepared) => prepared,
     };
-    let reserved = admission.reserve(encoded.batch).await?;
-    record_and_enqueue(&state, &target, params.seq, encoded.accepted, reserved).await
+    let converting = admission.reserve(prepared.staged_bytes()).await?;
+    let (mut encoded, summary) = prepared.encode()?;
+    let key_ranges = encoded.key_ranges.take();
+    let reserved = converting.settle(encoded);
+    record_and_enqueue(&state, &target, params.seq, summary, key_ranges, reserved).await
+}
+
+/// The body's length when the request declares it (not content-encoded), refused at once
+/// beyond the body limit.
+fn declared_length(headers: &HeaderMap, max_body_bytes: usize) -> Result<Option<usize>, Problem> {
+    let Some(length) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok()) else {
+        return Ok(None);
+    };
+    if length > max_body_bytes as u64 {
+        return Err(crate::ingest::IngestError::BodyTooLarge { limit_bytes: max_body_bytes }.into());
+    }
+    Ok(Some(length as usize))
 }
 
 /// Step 1: what the request says about itself (resource name, `seq`, content headers).
@@ -141,101 +153,89 @@ async fn load_target(
     Ok(BatchTarget { resource: execution.delivery_ref().resource(resource), run, declared, uploads })
 }
 
-/// What the receipt and the lane need of a decoded body once its batches are gone.
-struct AcceptedBody {
-    rows: usize,
-    uncompressed_bytes: usize,
-    arrow_ipc_sha256: String,
-    canonical_schema: serde_json::Value,
-    canonical_schema_sha256: String,
-    mapped: MappedSchema,
-    serialized_schema: Bytes,
-    max_payload_bytes: usize,
-    /// Keyed modes: the batch's key ranges, recorded with its receipt.
-    key_ranges: Option<Vec<KeyRange>>,
-    /// The declared table options resolved against this schema.
-    destination_layout: TableLayout,
-}
-
-struct EncodedRequest {
-    batch: EncodedBatch,
-    accepted: AcceptedBody,
-}
-
-enum Decoded {
+enum Prepared {
     /// The `seq` was accepted before: the answer is its receipt (or a conflict).
     Replay(Answer),
-    New(Box<EncodedRequest>),
+    New(Box<PreparedBatch>),
 }
 
-/// Step 3: decode and hash the whole body, validate its schema against the declaration and the
-/// resource's earlier batches, and encode every row into AppendRows payloads.
-async fn decode_and_encode(
+/// Step 4: the body checked against the declaration and the resource's earlier batches in
+/// this delivery, its staged size known; or the receipt of a `seq` accepted before.
+async fn prepare_body(
     state: &SharedState,
     target: &BatchTarget,
     seq: Option<i64>,
-    body: Body,
-) -> Result<Decoded, Problem> {
-    let body = decode_body(body, state.settings.max_batch_body_bytes).await?;
+    body: DecodedBody,
+) -> Result<Prepared, Problem> {
     let declared = &target.declared;
-    let spec = LoadSpec { write_mode: declared.write_mode, primary_key: &declared.primary_key };
-    let mapped = map_schema(&body.schema, spec)?;
-    let destination_layout = TableLayout::resolve(
-        declared.table_options.as_ref(),
-        declared.write_mode,
-        &declared.primary_key,
-        &mapped.destination_columns,
-        mapped.incoming.fields(),
-    )?;
-    if mapped.stages_seq && seq.is_some_and(|seq| seq > MAX_KEYED_SEQ) {
-        return Err(Problem::invalid_request(format!(
-            "write mode {} orders rows by (seq, row): seq must be at most {MAX_KEYED_SEQ}",
-            declared.write_mode
-        )));
-    }
-    let canonical_schema = mapped.canonical_json();
-    let canonical_schema_sha256 = schema_sha256(&canonical_schema);
+    let declaration = Declaration {
+        write_mode: declared.write_mode,
+        primary_key: &declared.primary_key,
+        table_options: declared.table_options.as_ref(),
+    };
+    let limits = BatchLimits {
+        max_batch_body_bytes: state.settings.max_batch_body_bytes,
+        max_append_request_bytes: state.settings.max_append_request_bytes,
+    };
+    let prepared = prepare(body, declaration, seq, &limits)?;
+    let summary = prepared.summary();
     if let Some(seq) = seq
         && let Some(existing) = state.store.find_receipt(&target.resource, seq).await?
     {
-        return replayed(existing, &body.arrow_ipc_sha256).map(Decoded::Replay);
+        return replayed(existing, &summary.arrow_ipc_sha256).map(Prepared::Replay);
     }
     if let Some(staging) = state.store.get_staging_stream(&target.resource).await?
-        && staging.arrow_schema_sha256 != canonical_schema_sha256
+        && staging.arrow_schema_sha256 != summary.canonical_schema_sha256
     {
-        return Err(schema_mismatch(&target.resource.resource, &staging.arrow_schema, &canonical_schema));
+        return Err(schema_mismatch(&target.resource.resource, &staging.arrow_schema, &summary.canonical_schema));
     }
-    let serialized_schema = schema_message(&mapped.staging);
-    let max_payload_bytes = state
-        .settings
-        .max_append_request_bytes
-        .saturating_sub(REQUEST_FRAMING_BYTES + serialized_schema.len())
-        .max(1024);
-    let payloads = encode_payloads(&body, &mapped, max_payload_bytes)?;
-    let key_ranges = mapped.stages_seq.then(|| bounds::key_ranges(&payloads, &mapped));
-    let batch = EncodedBatch { payloads, rows: body.rows, stages_seq: mapped.stages_seq };
-    let accepted = AcceptedBody {
-        rows: body.rows,
-        uncompressed_bytes: body.uncompressed_bytes,
-        arrow_ipc_sha256: body.arrow_ipc_sha256,
-        canonical_schema,
-        canonical_schema_sha256,
-        mapped,
-        serialized_schema,
-        max_payload_bytes,
-        key_ranges,
-        destination_layout,
-    };
-    Ok(Decoded::New(Box::new(EncodedRequest { batch, accepted })))
+    Ok(Prepared::New(Box::new(prepared)))
 }
 
-/// Step 5: under the execution's gate (shared), re-check the state, record the receipt, stamp
+/// Step 3: reads and decodes the body, holding what it receives (and what IPC-compressed
+/// buffers decompress to) in the receive budget before decoding allocates it. The body's
+/// deadline (`api::body_deadline`) ends a slow one with 408 `body_timeout`.
+async fn receive_body(body: Body, admission: &mut Admission, max_body_bytes: usize) -> Result<DecodedBody, Problem> {
+    let mut decoder = BodyDecoder::new(max_body_bytes);
+    let mut stream = body.into_data_stream();
+    let (mut received, mut held) = (0usize, admission.received_bytes());
+    while let Some(chunk) = stream.next().await {
+        let mut chunk = chunk.map_err(body_read_error)?;
+        received = received.saturating_add(chunk.len());
+        if received > max_body_bytes {
+            return Err(crate::ingest::IngestError::BodyTooLarge { limit_bytes: max_body_bytes }.into());
+        }
+        if received > held {
+            admission.hold_received(received - held).await?;
+            held = received;
+        }
+        while !chunk.is_empty() {
+            if let Progress::MessageComplete { decompressed_bytes } = decoder.push_some(&mut chunk)? {
+                admission.hold_received(decompressed_bytes).await?;
+                decoder.decode_completed()?;
+            }
+        }
+    }
+    Ok(decoder.finish()?)
+}
+
+/// A body that could not be read: too slow (408 `body_timeout`), or broken (400).
+fn body_read_error(error: axum::Error) -> Problem {
+    match BodyTimedOut::in_chain(&error) {
+        Some(timed_out) => Problem::new(ErrorCode::BodyTimeout, timed_out.to_string())
+            .with_hint("send the body faster (FILAMENT_BODY_MIN_RATE_BYTES_PER_SEC), or in smaller batch requests"),
+        None => Problem::invalid_request(format!("could not read the request body: {error}")),
+    }
+}
+
+/// Step 7: under the execution's gate (shared), re-check the state, record the receipt, stamp
 /// the rows with its `seq` and queue them on the resource's lane.
 async fn record_and_enqueue(
     state: &SharedState,
     target: &BatchTarget,
     seq: Option<i64>,
-    body: AcceptedBody,
+    body: BodySummary,
+    key_ranges: Option<Vec<KeyRange>>,
     reserved: ReservedBatch,
 ) -> Result<Answer, Problem> {
     let accepting = target.uploads.accepting().await;
@@ -265,7 +265,8 @@ async fn record_and_enqueue(
             arrow_schema: &body.canonical_schema,
             arrow_schema_sha256: &body.canonical_schema_sha256,
             staging_table: &staging_table,
-            key_ranges: body.key_ranges.as_ref().map(|ranges| serde_json::json!(ranges)),
+            key_ranges: key_ranges.as_ref().map(|ranges| serde_json::json!(ranges)),
+            declaration: &target.declared,
         })
         .await?;
     let receipt = match inserted {
@@ -274,39 +275,16 @@ async fn record_and_enqueue(
         InsertBatch::SchemaMismatch { recorded } => {
             return Err(schema_mismatch(&target.resource.resource, &recorded, &body.canonical_schema));
         }
+        InsertBatch::DeclarationChanged { current } => return Err(redeclared(&target.declared, current.as_ref())),
     };
     let queued = reserved.accept(&receipt)?;
     let (rows, uncompressed_bytes) = (body.rows as u64, body.uncompressed_bytes as u64);
-    let lane_target = || lane_target(target, body, staging_table);
+    let lane_target = || LaneTarget::new(target.resource.clone(), &target.run, &target.declared, body);
     state.pipeline.enqueue(&accepting, &target.resource.resource, lane_target, queued);
     metrics::counter!(telemetry::BATCHES_QUEUED).increment(1);
     metrics::counter!(telemetry::ROWS_RECEIVED).increment(rows);
     metrics::counter!(telemetry::BYTES_RECEIVED).increment(uncompressed_bytes);
     Ok((StatusCode::ACCEPTED, axum::Json(receipt.into())))
-}
-
-/// Where the resource's lane sends its rows (built on the resource's first batch).
-fn lane_target(target: &BatchTarget, body: AcceptedBody, staging_table: String) -> LaneTarget {
-    let run = &target.run;
-    let batching = &run.batching;
-    let max_payload_bytes = body.max_payload_bytes;
-    LaneTarget {
-        resource: target.resource.clone(),
-        project: run.destination.project.clone(),
-        dataset: run.destination.dataset.clone(),
-        location: run.destination.location().map(str::to_string),
-        destination_table: target.declared.table_name.clone(),
-        staging_table,
-        destination_columns: body.mapped.destination_columns,
-        destination_layout: body.destination_layout,
-        staging_columns: body.mapped.staging_columns,
-        serialized_schema: body.serialized_schema,
-        batching: BatchingPolicy {
-            max_rows: batching.max_rows.map_or(DEFAULT_BATCH_ROWS, |rows| rows as usize),
-            max_bytes: batching.max_bytes.map_or(max_payload_bytes, |bytes| bytes as usize).min(max_payload_bytes),
-            flush_interval: Duration::from_millis(batching.flush_interval_ms.unwrap_or(DEFAULT_FLUSH_INTERVAL_MS)),
-        },
-    }
 }
 
 fn check_content_headers(headers: &HeaderMap) -> Result<(), Problem> {
@@ -330,16 +308,6 @@ fn check_content_headers(headers: &HeaderMap) -> Result<(), Problem> {
     Ok(())
 }
 
-async fn decode_body(body: Body, max_body_bytes: usize) -> Result<DecodedBody, Problem> {
-    let mut decoder = BodyDecoder::new(max_body_bytes);
-    let mut stream = body.into_data_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| Problem::invalid_request(format!("could not read the request body: {e}")))?;
-        decoder.push(chunk)?;
-    }
-    Ok(decoder.finish()?)
-}
-
 fn replayed(existing: ReceiptRecord, sha256: &str) -> Result<Answer, Problem> {
     if existing.arrow_ipc_sha256 == sha256 {
         Ok((StatusCode::OK, axum::Json(existing.into())))
@@ -351,10 +319,104 @@ fn replayed(existing: ReceiptRecord, sha256: &str) -> Result<Answer, Problem> {
     }
 }
 
+/// 409 `resource_conflict`: the resource was declared otherwise while the batch was prepared
+/// for its previous declaration; nothing was recorded.
+fn redeclared(prepared_for: &ResourceRecord, current: Option<&ResourceRecord>) -> Problem {
+    let now = match current {
+        None => "it is no longer declared".to_string(),
+        Some(current) => format!(
+            "it is now {} with primary key [{}] into table {} (the batch was read as {} with primary key [{}] into table {})",
+            current.write_mode,
+            current.primary_key.join(", "),
+            current.table_name,
+            prepared_for.write_mode,
+            prepared_for.primary_key.join(", "),
+            prepared_for.table_name
+        ),
+    };
+    Problem::new(
+        ErrorCode::ResourceConflict,
+        format!(
+            "resource {} was declared again while this batch was read: {now}; nothing was recorded",
+            prepared_for.resource
+        ),
+    )
+    .with_hint("send the batch again: it is read under the resource's current declaration")
+}
+
+/// Differing columns named in a `schema_mismatch` answer, at most (the rest are counted).
+const SHOWN_SCHEMA_DIFFERENCES: usize = 10;
+
 fn schema_mismatch(resource: &ResourceName, recorded: &serde_json::Value, received: &serde_json::Value) -> Problem {
+    let differences = schema_differences(recorded, received);
+    let shown: Vec<&str> = differences.iter().take(SHOWN_SCHEMA_DIFFERENCES).map(String::as_str).collect();
+    let more = differences.len().saturating_sub(SHOWN_SCHEMA_DIFFERENCES);
+    let more = if more > 0 { format!(", and {more} more") } else { String::new() };
     Problem::new(
         ErrorCode::SchemaMismatch,
-        format!("resource {resource} changed schema within the execution: first batch had {recorded}, this one has {received}"),
+        format!("resource {resource} changed schema within the execution: {}{more}", shown.join("; ")),
     )
     .with_hint("every batch of a resource within one execution must have the same schema")
+}
+
+/// How two canonical schemas (`[{"name", "type", "nullable"}]`) differ, column by column.
+fn schema_differences(recorded: &serde_json::Value, received: &serde_json::Value) -> Vec<String> {
+    let columns =
+        |schema: &serde_json::Value| -> Vec<serde_json::Value> { schema.as_array().cloned().unwrap_or_default() };
+    let (recorded, received) = (columns(recorded), columns(received));
+    let name = |column: &serde_json::Value| column["name"].as_str().unwrap_or_default().to_string();
+    let describe = |column: &serde_json::Value| {
+        let nullable = if column["nullable"] == true { "nullable" } else { "not null" };
+        let json = if column["json"] == true { ", JSON" } else { "" };
+        format!("{} ({nullable}{json})", column["type"].as_str().unwrap_or_default())
+    };
+    let mut differences = Vec::new();
+    for (position, column) in received.iter().enumerate() {
+        match recorded.iter().position(|r| name(r) == name(column)) {
+            None => differences.push(format!("column {:?} is new", name(column))),
+            Some(was) if recorded[was] != *column => differences.push(format!(
+                "column {:?} was {}, is {}",
+                name(column),
+                describe(&recorded[was]),
+                describe(column)
+            )),
+            Some(was) if was != position => {
+                differences.push(format!("column {:?} moved from position {was} to {position}", name(column)));
+            }
+            Some(_) => {}
+        }
+    }
+    for column in &recorded {
+        if !received.iter().any(|r| name(r) == name(column)) {
+            differences.push(format!("column {:?} is missing", name(column)));
+        }
+    }
+    differences
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_schema_mismatch_names_the_differing_columns_bounded() {
+        let column = |name: &str, kind: &str| serde_json::json!({"name": name, "type": kind, "nullable": true});
+        let recorded: Vec<_> = (0..10_000).map(|i| column(&format!("c{i}"), "Int64")).collect();
+        let mut received = recorded.clone();
+        received[3] = column("c3", "Utf8");
+        received.push(column("extra", "Int64"));
+        received.remove(0);
+        let problem = schema_mismatch(
+            &"r".parse().unwrap(),
+            &serde_json::Value::Array(recorded),
+            &serde_json::Value::Array(received),
+        );
+        assert!(
+            problem.detail.contains("column \"c3\" was Int64 (nullable), is Utf8 (nullable)"),
+            "{}",
+            problem.detail
+        );
+        assert!(problem.detail.contains("more"), "{}", problem.detail);
+        assert!(problem.detail.len() < 2000, "bounded: {} bytes", problem.detail.len());
+    }
 }

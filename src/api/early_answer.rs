@@ -6,7 +6,7 @@
 //!
 //! This middleware, outermost but for tracing, hands the handler the body through a shared
 //! slot. Once the answer is ready, whatever the handler left unread is read and discarded, at
-//! most [`ApiSettings::max_batch_body_bytes`](super::ApiSettings) and
+//! most twice [`ApiSettings::max_batch_body_bytes`](super::ApiSettings) and
 //! [`DRAIN_WITHIN`], before the answer goes out; beyond those bounds the connection is closed
 //! as before. A client that sent `Expect: 100-continue` and whose body was never asked for is
 //! not drained: hyper sends `100 Continue` only when the body is first read, so such a client
@@ -74,13 +74,18 @@ pub(crate) async fn answer_after_reading_body(
     let (parts, body) = request.into_parts();
     let slot = Arc::new(Mutex::new(BodySlot { body, polled: false }));
     let response = next.run(Request::from_parts(parts, Body::new(SharedBody(Arc::clone(&slot))))).await;
+    // An answer that closes the connection (a body too slow to wait for) reads nothing more.
+    let closes =
+        response.headers().get(header::CONNECTION).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
     let unread = {
         let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
-        let never_asked = expects_continue && !slot.polled;
+        let never_asked = (expects_continue && !slot.polled) || closes;
         (!never_asked && !http_body::Body::is_end_stream(&slot.body)).then(|| std::mem::take(&mut slot.body))
     };
     if let Some(unread) = unread {
-        let drained = drain(unread, state.settings.max_batch_body_bytes as u64).await;
+        // Up to twice the body limit: a body refused by its declared length is drained whole,
+        // as one refused part-way (at the limit) is drained to its end.
+        let drained = drain(unread, 2 * state.settings.max_batch_body_bytes as u64).await;
         if !drained {
             tracing::debug!(status = %response.status(), "closing the connection: the unread request body exceeds the drain bounds");
         }

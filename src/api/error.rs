@@ -2,12 +2,15 @@
 //! plus extractors whose rejections are problems too (so malformed JSON, paths and queries get
 //! the same stable shape as everything else).
 
-use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::rejection::{BytesRejection, FailedToBufferBody, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use serde::de::DeserializeOwned;
+
+use super::body_deadline::BodyTimedOut;
 
 use crate::error::{ErrorCode, Problem};
 
@@ -32,6 +35,10 @@ impl IntoResponse for Problem {
         if let Some(seconds) = self.retry_after_secs {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
+        // A client too slow to send its body is not waited for again: the connection closes.
+        if self.code == ErrorCode::BodyTimeout {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         response
     }
 }
@@ -53,7 +60,13 @@ pub(crate) struct ProblemDocument {
     pub(crate) hint: Option<String>,
 }
 
-/// `Json` whose rejections are `invalid_request` (or `unsupported_media_type`) problems.
+/// The most a JSON request body may hold (axum's default body limit): 413 beyond.
+pub(crate) const MAX_JSON_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+/// `Json` whose rejections are problems: `unsupported_media_type` without a JSON content type,
+/// 413 `payload_too_large` beyond [`MAX_JSON_BODY_BYTES`], 408 `body_timeout` for a body too
+/// slow to arrive, 422 `invalid_text` for a string holding U+0000 (Postgres stores no NUL, so
+/// it would fail later as an internal error), and `invalid_request` for malformed JSON.
 #[derive(Debug)]
 pub(crate) struct ApiJson<T>(pub T);
 
@@ -61,13 +74,74 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = Problem;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::Json::<T>::from_request(req, state).await {
+        let json_type = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(is_json);
+        if !json_type {
+            return Err(Problem::new(
+                ErrorCode::UnsupportedMediaType,
+                "send the body as Content-Type: application/json",
+            ));
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(body_rejection)?;
+        refuse_nul_characters(&bytes)?;
+        match axum::Json::<T>::from_bytes(&bytes) {
             Ok(axum::Json(value)) => Ok(ApiJson(value)),
-            Err(JsonRejection::MissingJsonContentType(_)) => {
-                Err(Problem::new(ErrorCode::UnsupportedMediaType, "send the body as Content-Type: application/json"))
-            }
             Err(rejection) => Err(Problem::invalid_request(rejection.body_text())),
         }
+    }
+}
+
+/// `application/json` or `application/*+json`, with any parameters (as axum's `Json` takes).
+fn is_json(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+/// A JSON body that could not be read whole.
+fn body_rejection(rejection: BytesRejection) -> Problem {
+    let BytesRejection::FailedToBufferBody(failed) = &rejection else {
+        return Problem::invalid_request(rejection.body_text());
+    };
+    if matches!(failed, FailedToBufferBody::LengthLimitError(_)) {
+        return Problem::new(
+            ErrorCode::PayloadTooLarge,
+            format!("JSON request bodies take at most {MAX_JSON_BODY_BYTES} bytes"),
+        );
+    }
+    match std::error::Error::source(failed).and_then(BodyTimedOut::in_chain) {
+        Some(timed_out) => Problem::new(ErrorCode::BodyTimeout, timed_out.to_string()),
+        None => Problem::invalid_request(rejection.body_text()),
+    }
+}
+
+/// 422 `invalid_text` naming the first field (as a JSON path) whose name or value holds U+0000.
+fn refuse_nul_characters(bytes: &[u8]) -> Result<(), Problem> {
+    let escaped = bytes.windows(6).any(|w| w.eq_ignore_ascii_case(b"\\u0000"));
+    if !escaped {
+        return Ok(());
+    }
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) else { return Ok(()) };
+    match nul_path(&value, "$") {
+        Some(path) => Err(Problem::new(
+            ErrorCode::InvalidText,
+            format!("{path} holds the character U+0000, which the gateway cannot store"),
+        )
+        .with_hint("remove NUL characters from the text, or send binary data as an Arrow BYTES column")),
+        None => Ok(()),
+    }
+}
+
+fn nul_path(value: &serde_json::Value, path: &str) -> Option<String> {
+    match value {
+        serde_json::Value::String(text) if text.contains('\0') => Some(path.to_string()),
+        serde_json::Value::Array(items) => {
+            items.iter().enumerate().find_map(|(index, item)| nul_path(item, &format!("{path}[{index}]")))
+        }
+        serde_json::Value::Object(fields) => fields.iter().find_map(|(name, item)| {
+            let shown: String = name.chars().map(|c| if c == '\0' { '\u{fffd}' } else { c }).take(64).collect();
+            let at = format!("{path}.{shown}");
+            if name.contains('\0') { Some(at) } else { nul_path(item, &at) }
+        }),
+        _ => None,
     }
 }
 

@@ -28,9 +28,10 @@ pub(crate) struct OpenExecutionRequest {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CheckpointRequest {
-    /// Opaque JSON from the source (a cursor, a position). Durable once the execution commits.
+    /// Opaque JSON from the source (a cursor, a position), kept exactly as sent (numbers of
+    /// any length and precision, key order). Durable once the execution commits.
     #[schema(value_type = Object)]
-    pub(crate) checkpoint: serde_json::Value,
+    pub(crate) checkpoint: Box<serde_json::value::RawValue>,
 }
 
 /// Answer of `POST .../checkpoints`.

@@ -4,6 +4,7 @@
 //! [`crate::pipeline`], [`crate::publish`] and [`crate::store`].
 
 pub(crate) mod batches;
+pub(crate) mod body_deadline;
 pub(crate) mod connections;
 mod early_answer;
 pub(crate) mod error;
@@ -45,6 +46,9 @@ pub(crate) struct ApiSettings {
     pub(crate) pending_stream_max_age: std::time::Duration,
     pub(crate) max_uri_bytes: usize,
     pub(crate) max_header_bytes: usize,
+    pub(crate) max_header_count: usize,
+    /// How fast request bodies must arrive (408 `body_timeout` otherwise).
+    pub(crate) body_rate: body_deadline::BodyRate,
 }
 
 /// Shared state of every handler.
@@ -160,27 +164,12 @@ pub(crate) fn router(state: SharedState) -> axum::Router {
         .with_state(state)
 }
 
-/// Limits that protect the service, checked before anything else: URI length, header size and
-/// concurrent requests (shed with 503 rather than queued, so memory stays bounded).
+/// Limits that protect the service, checked before anything else: a `Host` on HTTP/1.1 (RFC
+/// 9112, section 3.2), URI length, header count and size, concurrent requests (shed with 503
+/// rather than queued, so memory stays bounded), and the rate its body must arrive at.
 async fn protect(State(state): State<SharedState>, request: Request, next: Next) -> Response {
-    let uri_bytes = request.uri().to_string().len();
-    if uri_bytes > state.settings.max_uri_bytes {
-        return Problem::new(
-            ErrorCode::UriTooLong,
-            format!("the request URI has {uri_bytes} bytes; at most {} are accepted", state.settings.max_uri_bytes),
-        )
-        .into_response();
-    }
-    let header_bytes: usize = request.headers().iter().map(|(name, value)| name.as_str().len() + value.len()).sum();
-    if header_bytes > state.settings.max_header_bytes {
-        return Problem::new(
-            ErrorCode::HeadersTooLarge,
-            format!(
-                "the request headers have {header_bytes} bytes; at most {} are accepted",
-                state.settings.max_header_bytes
-            ),
-        )
-        .into_response();
+    if let Err(problem) = check_request_head(&state.settings, &request) {
+        return problem.into_response();
     }
     let Ok(_slot) = Arc::clone(&state.request_slots).try_acquire_owned() else {
         return Problem::new(ErrorCode::Overloaded, "the gateway is serving as many requests as it accepts at once")
@@ -188,7 +177,43 @@ async fn protect(State(state): State<SharedState>, request: Request, next: Next)
             .with_retry_after(1)
             .into_response();
     };
-    next.run(request).await
+    let (parts, body) = request.into_parts();
+    let body = axum::body::Body::new(body_deadline::DeadlineBody::new(body, state.settings.body_rate));
+    next.run(Request::from_parts(parts, body)).await
+}
+
+/// The request head within the gateway's limits (those hyper lets it answer: a head larger than
+/// the connection's read buffer is refused by hyper itself with a bare 431).
+fn check_request_head(settings: &ApiSettings, request: &Request) -> Result<(), Problem> {
+    let http11 = request.version() == axum::http::Version::HTTP_11;
+    if http11 && !request.headers().contains_key(header::HOST) {
+        return Err(Problem::invalid_request("an HTTP/1.1 request must carry a Host header (RFC 9112, section 3.2)"));
+    }
+    let uri_bytes = request.uri().to_string().len();
+    if uri_bytes > settings.max_uri_bytes {
+        return Err(Problem::new(
+            ErrorCode::UriTooLong,
+            format!("the request URI has {uri_bytes} bytes; at most {} are accepted", settings.max_uri_bytes),
+        ));
+    }
+    let header_count = request.headers().len();
+    if header_count > settings.max_header_count {
+        return Err(Problem::new(
+            ErrorCode::HeadersTooLarge,
+            format!("the request has {header_count} header fields; at most {} are accepted", settings.max_header_count),
+        ));
+    }
+    let header_bytes: usize = request.headers().iter().map(|(name, value)| name.as_str().len() + value.len()).sum();
+    if header_bytes > settings.max_header_bytes {
+        return Err(Problem::new(
+            ErrorCode::HeadersTooLarge,
+            format!(
+                "the request headers have {header_bytes} bytes; at most {} are accepted",
+                settings.max_header_bytes
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Whether the request carries one of the configured bearer tokens.
@@ -205,6 +230,9 @@ pub(crate) fn bearer_token_accepted(state: &ApiState, headers: &header::HeaderMa
 }
 
 async fn require_bearer_token(State(state): State<SharedState>, request: Request, next: Next) -> Response {
+    if request.headers().get_all(header::AUTHORIZATION).iter().count() > 1 {
+        return Problem::invalid_request("send one Authorization header; this request has several").into_response();
+    }
     if !bearer_token_accepted(&state, request.headers()) {
         let mut response =
             Problem::new(ErrorCode::Unauthorized, "send Authorization: Bearer <token> with a configured token")

@@ -66,7 +66,7 @@ pub(crate) struct RunView {
     pub(crate) executions: Vec<ExecutionSummary>,
     /// The last checkpoint of the last execution that committed, or null.
     #[schema(value_type = Option<Object>)]
-    pub(crate) durable_checkpoint: Option<serde_json::Value>,
+    pub(crate) durable_checkpoint: Option<Box<serde_json::value::RawValue>>,
     /// The execution that made `durable_checkpoint` durable.
     pub(crate) durable_checkpoint_execution_id: Option<String>,
     pub(crate) created_at: DateTime<Utc>,

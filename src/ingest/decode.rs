@@ -67,6 +67,18 @@ pub struct BodyDecoder {
     batches: Vec<DecodedBatch>,
     received_bytes: usize,
     max_body_bytes: usize,
+    /// The message [`Self::push_some`] completed, until it is decoded.
+    completed: Option<super::framing::CompletedMessage>,
+}
+
+/// What [`BodyDecoder::push_some`] reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// The bytes belong to a message not yet complete.
+    NeedMore,
+    /// A message is complete: decoding it allocates `decompressed_bytes` beyond the bytes
+    /// received (its IPC-compressed buffers, decompressed).
+    MessageComplete { decompressed_bytes: usize },
 }
 
 impl BodyDecoder {
@@ -79,6 +91,7 @@ impl BodyDecoder {
             batches: Vec::new(),
             received_bytes: 0,
             max_body_bytes,
+            completed: None,
         }
     }
 
@@ -86,19 +99,41 @@ impl BodyDecoder {
     /// once the framing has accepted its decompressed size, so a body is never buffered whole
     /// beyond its decoded batches (whose buffers are the message bytes, joined once).
     pub fn push(&mut self, mut chunk: Bytes) -> Result<(), IngestError> {
-        self.received_bytes = self.received_bytes.saturating_add(chunk.len());
-        if self.received_bytes > self.max_body_bytes {
-            return Err(IngestError::BodyTooLarge { limit_bytes: self.max_body_bytes });
-        }
-        self.hasher.update(&chunk);
         while !chunk.is_empty() {
-            let taken = self.framing.advance(&chunk)?;
-            self.message.push(chunk.split_to(taken));
-            if let Some(completed) = self.framing.take_completed() {
-                self.decode_message(completed.forwardable_record_batch)?;
+            if let Progress::MessageComplete { .. } = self.push_some(&mut chunk)? {
+                self.decode_completed()?;
             }
         }
         Ok(())
+    }
+
+    /// Takes the bytes of `chunk` up to the end of the next message (the rest stays in
+    /// `chunk`). When a message is complete, the caller may account for what decoding it
+    /// allocates, then calls [`Self::decode_completed`] before pushing more.
+    pub fn push_some(&mut self, chunk: &mut Bytes) -> Result<Progress, IngestError> {
+        let taken = self.framing.advance(chunk)?;
+        self.received_bytes = self.received_bytes.saturating_add(taken);
+        if self.received_bytes > self.max_body_bytes {
+            return Err(IngestError::BodyTooLarge { limit_bytes: self.max_body_bytes });
+        }
+        let piece = chunk.split_to(taken);
+        self.hasher.update(&piece);
+        self.message.push(piece);
+        Ok(match self.framing.take_completed() {
+            Some(completed) => {
+                self.completed = Some(completed);
+                Progress::MessageComplete { decompressed_bytes: completed.decompressed_bytes as usize }
+            }
+            None => Progress::NeedMore,
+        })
+    }
+
+    /// Decodes the message [`Self::push_some`] completed.
+    pub fn decode_completed(&mut self) -> Result<(), IngestError> {
+        match self.completed.take() {
+            Some(completed) => self.decode_message(completed.forwardable_record_batch),
+            None => Ok(()),
+        }
     }
 
     /// Feeds the pieces received since the last complete message to the decoder, as one buffer.
@@ -120,6 +155,7 @@ impl BodyDecoder {
 
     /// Ends the body: a truncated stream or one without a schema is invalid.
     pub fn finish(mut self) -> Result<DecodedBody, IngestError> {
+        self.decode_completed()?;
         if !self.message.is_empty() {
             // The end-of-stream marker, or the start of a message that never completed.
             self.decode_message(false)?;

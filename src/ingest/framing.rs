@@ -26,6 +26,9 @@ pub(crate) struct CompletedMessage {
     /// A record batch whose bytes a Storage Write request can carry as they are: framed with
     /// the continuation marker (Arrow 0.15 and later) and with uncompressed buffers.
     pub(crate) forwardable_record_batch: bool,
+    /// What decoding it allocates beyond the bytes received: its compressed buffers
+    /// decompressed (0 when nothing is compressed).
+    pub(crate) decompressed_bytes: u64,
 }
 
 /// Where in the stream the next bytes belong.
@@ -209,7 +212,9 @@ impl MessageFraming {
         if self.decompressed_bytes > self.max_decompressed_bytes {
             return Err(IngestError::BodyTooLarge { limit_bytes: self.max_decompressed_bytes as usize });
         }
-        self.completed = Some(CompletedMessage { forwardable_record_batch: body.forwardable_record_batch });
+        let decompressed_bytes = if body.windows.is_empty() { 0 } else { body.decompressed_bytes() };
+        self.completed =
+            Some(CompletedMessage { forwardable_record_batch: body.forwardable_record_batch, decompressed_bytes });
         self.state = FramingState::Prefix { bytes: [0; 4], read: 0, continuation: false };
         Ok(true)
     }

@@ -13,7 +13,9 @@ pub(crate) mod convert;
 pub mod decode;
 pub mod encode;
 mod framing;
+pub(crate) mod prepare;
 pub mod schema;
+pub(crate) mod staged_size;
 
 use std::sync::Arc;
 
@@ -70,6 +72,10 @@ pub enum IngestError {
     InvalidIpc(String),
     #[error("the body exceeds the limit of {limit_bytes} bytes after content decoding (Arrow buffers decompressed)")]
     BodyTooLarge { limit_bytes: usize },
+    #[error(
+        "the body's rows take {staged_bytes} bytes once staged, above the limit of {limit_bytes} bytes; column {column:?} alone takes {column_bytes} bytes (dictionary indices, string views and narrow integers expand when converted)"
+    )]
+    StagedTooLarge { staged_bytes: usize, limit_bytes: usize, column: String, column_bytes: usize },
     #[error("column {column:?} has Arrow type {arrow_type}, which is not supported: {reason}")]
     UnsupportedType { column: String, arrow_type: String, reason: String },
     #[error("{0}")]
@@ -96,7 +102,7 @@ impl IngestError {
     pub fn code(&self) -> ErrorCode {
         match self {
             IngestError::InvalidIpc(_) => ErrorCode::InvalidArrowIpc,
-            IngestError::BodyTooLarge { .. } => ErrorCode::PayloadTooLarge,
+            IngestError::BodyTooLarge { .. } | IngestError::StagedTooLarge { .. } => ErrorCode::PayloadTooLarge,
             IngestError::UnsupportedType { .. } => ErrorCode::UnsupportedType,
             IngestError::InvalidColumn(_) => ErrorCode::InvalidIdentifier,
             IngestError::PrecisionLoss { .. } => ErrorCode::PrecisionLoss,
@@ -114,7 +120,7 @@ impl IngestError {
 impl From<IngestError> for Problem {
     fn from(err: IngestError) -> Self {
         let hint = match &err {
-            IngestError::BodyTooLarge { .. } | IngestError::TooManyRows { .. } => {
+            IngestError::BodyTooLarge { .. } | IngestError::TooManyRows { .. } | IngestError::StagedTooLarge { .. } => {
                 Some("split the data into several batch requests")
             }
             IngestError::NullPrimaryKey { .. } => {

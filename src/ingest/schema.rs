@@ -195,6 +195,9 @@ fn scalar_type(path: &str, data_type: &DataType, json: bool) -> Result<BigQueryT
         }
         DataType::Date32 | DataType::Date64 => BigQueryType::Date,
         DataType::Time32(_) | DataType::Time64(_) => BigQueryType::Time,
+        DataType::Timestamp(_, Some(zone)) if zone.chars().any(char::is_control) => {
+            return Err(unsupported(path, data_type, "the time zone name holds control characters"));
+        }
         DataType::Timestamp(_, Some(_)) => BigQueryType::Timestamp,
         DataType::Timestamp(_, None) => BigQueryType::Datetime,
         DataType::Decimal32(precision, scale)

@@ -1,49 +1,64 @@
 //! Admission of one batch request into the upload pipeline, as a sequence of types (InfluxDB
-//! 3's validator type-state), so the steps cannot run out of order:
+//! 3's validator type-state), so the steps cannot run out of order and every byte a request
+//! makes the gateway hold is counted before it is allocated:
 //!
 //! 1. [`Pipeline::admit`](super::Pipeline::admit) waits for room in the resource's share of
-//!    the budget (before the body is read) and takes a decode slot: an [`Admission`].
-//! 2. The API decodes and encodes the body into an [`EncodedBatch`].
-//! 3. [`Admission::reserve`] holds the encoded bytes in the budget (and gives the decode slot
-//!    back): a [`ReservedBatch`]. All three waits share one backpressure deadline; past it the
-//!    request is answered 429 and nothing was recorded.
-//! 4. [`ReservedBatch::accept`] takes the receipt the store recorded and stamps the batch's
+//!    the budget, before the body is read: an [`Admission`].
+//! 2. The API reads and decodes the body, holding what it receives (and what IPC-compressed
+//!    buffers decompress to) against the gateway's **receive budget**
+//!    ([`Admission::hold_received`]): a slow client holds the few bytes it sent, never a slot.
+//! 3. [`Admission::reserve`] waits for a conversion slot, then holds what the body's encoded
+//!    rows take at most (its staged size, computed from the decoded arrays) in the resource's
+//!    share and the upload budget: a [`Converting`]. The staged rows themselves exist only
+//!    while it converts, one body per conversion slot.
+//! 4. [`Converting::settle`] takes the encoded body, keeps exactly its encoded bytes in the
+//!    budget and gives the rest, the conversion slot and the received bytes back: a
+//!    [`ReservedBatch`]. All the waits share one backpressure deadline; past it the request is
+//!    answered 429 and nothing was recorded.
+//! 5. [`ReservedBatch::accept`] takes the receipt the store recorded and stamps the batch's
 //!    `seq` into the staged rows: [`QueuedRows`], the only thing a lane accepts. So nothing is
 //!    enqueued without a budget permit, and nothing is stamped before its receipt exists.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::budget::{BudgetPermit, ByteBudget, ResourceShare};
-use crate::error::Problem;
+use crate::error::{ErrorCode, Problem};
 use crate::ingest::encode::{AppendPayload, stamp_seq};
+use crate::ingest::prepare::EncodedBody;
 use crate::model::ResourceName;
 use crate::store::ReceiptRecord;
 use crate::telemetry::QueueTiming;
 
-/// A batch request let in: room in its resource's share and a decode slot, with what is left
-/// of the backpressure wait.
+/// A batch request let in: room in its resource's share, with what is left of the
+/// backpressure wait, and the bytes it has received so far.
 #[derive(Debug)]
 pub(crate) struct Admission {
     pub(super) resource: ResourceName,
     pub(super) share: ResourceShare,
     pub(super) budget: ByteBudget,
+    pub(super) receiving: ByteBudget,
+    pub(super) conversions: Arc<Semaphore>,
     pub(super) deadline: Instant,
-    /// When `Pipeline::admit` started, and how long it waited (share and decode slot).
+    /// When `Pipeline::admit` started, and how long the request waited for room so far.
     pub(super) admitted_at: Instant,
     pub(super) waited: Duration,
-    /// Held while the body is decoded and encoded, until its bytes are in the budget.
-    pub(super) decode_slot: OwnedSemaphorePermit,
+    /// Bytes of the body received and decoded, held in the receive budget.
+    pub(super) received: BudgetPermit,
 }
 
-/// A body decoded, validated and encoded into AppendRows payloads; nothing recorded yet.
+/// An admitted request converting its body: a conversion slot, and what conversion allocates
+/// at most held in the upload budget.
 #[derive(Debug)]
-pub(crate) struct EncodedBatch {
-    pub(crate) payloads: Vec<AppendPayload>,
-    pub(crate) rows: usize,
-    /// Whether the payloads carry `_filament_seq`, to be stamped once the receipt exists.
-    pub(crate) stages_seq: bool,
+pub(crate) struct Converting {
+    resource: ResourceName,
+    permit: BudgetPermit,
+    admitted_at: Instant,
+    waited: Duration,
+    _received: BudgetPermit,
+    _conversion_slot: OwnedSemaphorePermit,
 }
 
 /// An encoded batch whose bytes are held in the upload budget.
@@ -63,22 +78,68 @@ pub(crate) struct QueuedRows {
 }
 
 impl Admission {
-    /// Holds the batch's encoded bytes in the resource's share and the budget, waiting out the
-    /// rest of the deadline (then 429 `backpressure`); gives the decode slot back.
-    pub(crate) async fn reserve(self, batch: EncodedBatch) -> Result<ReservedBatch, Problem> {
-        let encoded_bytes: usize = batch.payloads.iter().map(|p| p.serialized_record_batch.len()).sum();
-        let queue_started = Instant::now();
-        let remaining_wait = self.deadline.saturating_duration_since(queue_started);
-        let permit = self.budget.acquire(encoded_bytes, Some(&self.share), remaining_wait).await?;
-        drop(self.decode_slot);
-        QueueTiming {
-            resource: &self.resource,
-            rows: batch.rows,
-            duration: self.admitted_at.elapsed(),
-            backpressure: self.waited + queue_started.elapsed(),
+    /// What is left of the backpressure wait.
+    fn remaining_wait(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Bytes of the body held in the receive budget so far.
+    pub(crate) fn received_bytes(&self) -> usize {
+        self.received.bytes()
+    }
+
+    /// Holds `bytes` more of the body (received, or to be decompressed) in the receive budget,
+    /// waiting out the rest of the deadline (then 429 `backpressure`).
+    pub(crate) async fn hold_received(&mut self, bytes: usize) -> Result<(), Problem> {
+        if bytes == 0 {
+            return Ok(());
         }
-        .emit();
-        Ok(ReservedBatch { payloads: batch.payloads, stages_seq: batch.stages_seq, permit })
+        let started = Instant::now();
+        let more = self.receiving.acquire(bytes, None, self.remaining_wait()).await?;
+        self.waited += started.elapsed();
+        self.received.merge(more);
+        Ok(())
+    }
+
+    /// Waits for a conversion slot, then holds `staged_bytes` (what the encoded rows take at
+    /// most) in the resource's share and the upload budget, within the rest of the deadline
+    /// (then 429 `backpressure`).
+    pub(crate) async fn reserve(self, staged_bytes: usize) -> Result<Converting, Problem> {
+        let started = Instant::now();
+        let slot = tokio::time::timeout(self.remaining_wait(), Arc::clone(&self.conversions).acquire_owned()).await;
+        let conversion_slot = match slot {
+            Ok(Ok(slot)) => slot,
+            _ => {
+                return Err(Problem::new(
+                    ErrorCode::Backpressure,
+                    "every conversion slot stayed busy until the backpressure wait ran out",
+                )
+                .with_hint("retry after the Retry-After delay")
+                .with_retry_after(1));
+            }
+        };
+        let permit = self.budget.acquire(staged_bytes, Some(&self.share), self.remaining_wait()).await?;
+        Ok(Converting {
+            resource: self.resource,
+            permit,
+            admitted_at: self.admitted_at,
+            waited: self.waited + started.elapsed(),
+            _received: self.received,
+            _conversion_slot: conversion_slot,
+        })
+    }
+}
+
+impl Converting {
+    /// Keeps the encoded bytes of `encoded` in the budget, gives back the rest of the staged
+    /// size, and ends the request's hold on received bytes and its slot.
+    pub(crate) fn settle(self, encoded: EncodedBody) -> ReservedBatch {
+        let encoded_bytes: usize = encoded.payloads.iter().map(|p| p.serialized_record_batch.len()).sum();
+        let Converting { resource, permit, admitted_at, waited, .. } = self;
+        let kept = permit.keep(encoded_bytes);
+        QueueTiming { resource: &resource, rows: encoded.rows, duration: admitted_at.elapsed(), backpressure: waited }
+            .emit();
+        ReservedBatch { payloads: encoded.payloads, stages_seq: encoded.stages_seq, permit: kept }
     }
 }
 

@@ -29,6 +29,8 @@ pub(crate) struct ByteBudget {
     semaphore: Arc<Semaphore>,
     capacity_units: usize,
     pressure: Pressure,
+    /// What the budget holds, for answers (`the upload budget`, `the receive budget`).
+    name: &'static str,
 }
 
 /// How many requests are waiting for room in the budget (or in one resource's share). Lanes
@@ -123,9 +125,9 @@ fn units_for(bytes: usize) -> usize {
 }
 
 impl ByteBudget {
-    pub(crate) fn new(capacity_bytes: usize) -> Self {
+    pub(crate) fn new(capacity_bytes: usize, name: &'static str) -> Self {
         let capacity_units = units_for(capacity_bytes);
-        Self { semaphore: Arc::new(Semaphore::new(capacity_units)), capacity_units, pressure: Pressure::new() }
+        Self { semaphore: Arc::new(Semaphore::new(capacity_units)), capacity_units, pressure: Pressure::new(), name }
     }
 
     pub(crate) fn pressure(&self) -> &Pressure {
@@ -159,7 +161,8 @@ impl ByteBudget {
             return Err(Problem::new(
                 ErrorCode::PayloadTooLarge,
                 format!(
-                    "the batch encodes to {bytes} bytes, more than the whole upload budget ({} bytes)",
+                    "the batch needs {bytes} bytes of {}, more than all of it ({} bytes)",
+                    self.name,
                     self.capacity_bytes()
                 ),
             )
@@ -192,7 +195,7 @@ impl ByteBudget {
                 let share_units = share.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
                 Ok(BudgetPermit { permit: Some(permit), share, units, share_units })
             }
-            _ => Err(backpressure(format!("the upload budget ({} bytes)", self.capacity_bytes()), max_wait)),
+            _ => Err(backpressure(format!("{} ({} bytes)", self.name, self.capacity_bytes()), max_wait)),
         }
     }
 
@@ -245,6 +248,20 @@ impl BudgetPermit {
         BudgetPermit { permit: Some(split), share, units, share_units }
     }
 
+    /// The bytes this permit holds (whole KiB).
+    pub(crate) fn bytes(&self) -> usize {
+        self.units * UNIT_BYTES
+    }
+
+    /// The part of this permit that holds `bytes` (all of it when it holds less); the rest is
+    /// given back.
+    pub(crate) fn keep(mut self, bytes: usize) -> BudgetPermit {
+        if units_for(bytes) >= self.units {
+            return self;
+        }
+        self.split(bytes)
+    }
+
     /// Joins another permit (of the same resource) into this one.
     pub(crate) fn merge(&mut self, mut other: BudgetPermit) {
         fn join(mine: &mut Option<OwnedSemaphorePermit>, theirs: Option<OwnedSemaphorePermit>) {
@@ -267,7 +284,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn waits_then_answers_backpressure_and_releases_on_drop() {
-        let budget = ByteBudget::new(10 * 1024);
+        let budget = ByteBudget::new(10 * 1024, "the upload budget");
         let held = budget.acquire(8 * 1024, None, Duration::from_secs(1)).await.unwrap();
         assert_eq!(budget.in_use_bytes(), 8 * 1024);
         let problem = budget.acquire(4 * 1024, None, Duration::from_secs(1)).await.unwrap_err();
@@ -291,7 +308,7 @@ mod tests {
     /// the full budget presses every lane; the count drops when the wait ends.
     #[tokio::test(start_paused = true)]
     async fn waiting_requests_press_what_they_wait_for() {
-        let budget = ByteBudget::new(40 * 1024);
+        let budget = ByteBudget::new(40 * 1024, "the upload budget");
         let (slow, fast) = (ResourceShare::new(20 * 1024), ResourceShare::new(30 * 1024));
         let (budget_waiters, slow_waiters) = (budget.pressure().subscribe(), slow.pressure().subscribe());
         let _slow_held = budget.acquire(20 * 1024, Some(&slow), Duration::from_secs(1)).await.unwrap();
@@ -317,7 +334,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_full_share_waits_while_other_resources_keep_the_budget() {
-        let budget = ByteBudget::new(100 * 1024);
+        let budget = ByteBudget::new(100 * 1024, "the upload budget");
         let (slow, fast) = (ResourceShare::new(20 * 1024), ResourceShare::new(20 * 1024));
         let mut held = budget.acquire(20 * 1024, Some(&slow), Duration::from_secs(1)).await.unwrap();
         let refused = budget.acquire(1024, Some(&slow), Duration::from_secs(1)).await.unwrap_err();
@@ -336,7 +353,7 @@ mod tests {
 
     #[tokio::test]
     async fn permits_split_and_merge_without_losing_bytes() {
-        let budget = ByteBudget::new(100 * 1024);
+        let budget = ByteBudget::new(100 * 1024, "the upload budget");
         let mut whole = budget.acquire(10 * 1024, None, Duration::from_secs(1)).await.unwrap();
         let part = whole.split(3 * 1024);
         assert_eq!(budget.in_use_bytes(), 10 * 1024);

@@ -17,10 +17,14 @@ use super::appender::Appender;
 use super::retry::RetryPolicy;
 use crate::bigquery::BigQuery;
 use crate::error::{ErrorCode, Problem};
+use crate::ingest::prepare::BodySummary;
+use crate::model::Batching;
 use crate::model::columns::Column;
+use crate::model::staging::staging_table_name;
 use crate::model::table_layout::TableLayout;
 use crate::model::{ResourceName, ResourceRef};
 use crate::store::Store;
+use crate::store::{ResourceRecord, RunRecord};
 
 /// Where one lane's rows go.
 #[derive(Debug, Clone)]
@@ -50,6 +54,44 @@ pub(crate) struct BatchingPolicy {
     /// Encoded bytes per upload batch; never above the AppendRows payload budget.
     pub(crate) max_bytes: usize,
     pub(crate) flush_interval: Duration,
+}
+
+/// Upload batches default to 20,000 rows, about 8 MiB (the request budget) and a 10 s flush.
+pub(crate) const DEFAULT_BATCH_ROWS: usize = 20_000;
+pub(crate) const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(10);
+
+impl BatchingPolicy {
+    /// The run's batching settings over the defaults, upload batches never above
+    /// `max_payload_bytes` (one AppendRows request's payload).
+    pub(crate) fn new(batching: &Batching, max_payload_bytes: usize) -> Self {
+        Self {
+            max_rows: batching.max_rows.map_or(DEFAULT_BATCH_ROWS, |rows| rows as usize),
+            max_bytes: batching.max_bytes.map_or(max_payload_bytes, |bytes| bytes as usize).min(max_payload_bytes),
+            flush_interval: batching.flush_interval_ms.map_or(DEFAULT_FLUSH_INTERVAL, Duration::from_millis),
+        }
+    }
+}
+
+impl LaneTarget {
+    /// Where the lane of `resource` (declared as `declared`, in `run`) sends the rows of its
+    /// first accepted body, `summary`.
+    pub(crate) fn new(resource: ResourceRef, run: &RunRecord, declared: &ResourceRecord, summary: BodySummary) -> Self {
+        let staging_table = staging_table_name(&resource, &declared.table_name);
+        let BodySummary { mapped, serialized_schema, max_payload_bytes, destination_layout, .. } = summary;
+        Self {
+            resource,
+            project: run.destination.project.clone(),
+            dataset: run.destination.dataset.clone(),
+            location: run.destination.location().map(str::to_string),
+            destination_table: declared.table_name.clone(),
+            staging_table,
+            destination_columns: mapped.destination_columns,
+            destination_layout,
+            staging_columns: mapped.staging_columns,
+            serialized_schema,
+            batching: BatchingPolicy::new(&run.batching, max_payload_bytes),
+        }
+    }
 }
 
 /// Shared limits and clients every lane uses.

@@ -27,9 +27,9 @@ pub(crate) mod lane;
 mod prepare;
 pub(crate) mod retry;
 
-pub(crate) use admission::{Admission, EncodedBatch, QueuedRows, ReservedBatch};
+pub(crate) use admission::{Admission, QueuedRows, ReservedBatch};
 pub(crate) use gate::{Accepting, ExecutionUploads, Transitioning};
-pub(crate) use lane::{BatchingPolicy, LaneContext, LaneReport, LaneTarget};
+pub(crate) use lane::{LaneContext, LaneReport, LaneTarget};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::bigquery::BigQuery;
-use crate::error::{ErrorCode, Problem};
+use crate::error::Problem;
 use crate::model::{ExecutionKey, ResourceName};
 use crate::store::Store;
 use accumulator::LanePressure;
@@ -53,9 +53,13 @@ pub(crate) struct PipelineLimits {
     pub(crate) max_buffered_bytes: usize,
     /// One resource's part of `max_buffered_bytes` (of one execution).
     pub(crate) max_buffered_bytes_per_resource: usize,
-    /// Batch bodies being decoded and encoded at once, gateway-wide: what bounds memory before
-    /// a request's bytes reach the budget.
+    /// Batch bodies being converted and encoded at once, gateway-wide (CPU work; the memory
+    /// it allocates is held in the budget first).
     pub(crate) max_concurrent_batch_decodes: usize,
+    /// Bytes of batch bodies being received and decoded, gateway-wide (with what their
+    /// IPC-compressed buffers decompress to): what bounds memory before a request's bytes
+    /// reach the budget.
+    pub(crate) max_receiving_bytes: usize,
     pub(crate) backpressure_wait: Duration,
     pub(crate) inflight_per_stream: usize,
     pub(crate) max_inflight_requests: usize,
@@ -68,8 +72,9 @@ pub(crate) struct PipelineLimits {
 pub(crate) struct Pipeline {
     context: LaneContext,
     budget: ByteBudget,
+    receiving: ByteBudget,
     limits: PipelineLimits,
-    batch_decodes: Arc<Semaphore>,
+    conversions: Arc<Semaphore>,
     executions: Arc<Mutex<HashMap<ExecutionKey, Arc<ExecutionUploads>>>>,
 }
 
@@ -92,8 +97,9 @@ impl Pipeline {
                 inflight_per_stream: limits.inflight_per_stream,
                 retry: limits.retry,
             },
-            budget: ByteBudget::new(limits.max_buffered_bytes),
-            batch_decodes: Arc::new(Semaphore::new(limits.max_concurrent_batch_decodes)),
+            budget: ByteBudget::new(limits.max_buffered_bytes, "the upload budget"),
+            receiving: ByteBudget::new(limits.max_receiving_bytes, "the receive budget"),
+            conversions: Arc::new(Semaphore::new(limits.max_concurrent_batch_decodes)),
             limits,
             executions: Arc::default(),
         }
@@ -123,37 +129,34 @@ impl Pipeline {
     }
 
     /// Lets a batch request of `resource` in (step 1 of [`admission`]): waits for room in the
-    /// resource's share, then for a decode slot, within the backpressure wait (then 429).
+    /// resource's share, within the backpressure wait (then 429). `expected_body_bytes` (the
+    /// body's length when the request declares it) is held in the receive budget at once, so
+    /// requests that declare their length never wait for it half-read.
     pub(crate) async fn admit(
         &self,
         uploads: &ExecutionUploads,
         resource: &ResourceName,
+        expected_body_bytes: Option<usize>,
     ) -> Result<Admission, Problem> {
         let admitted_at = Instant::now();
         let deadline = admitted_at + self.limits.backpressure_wait;
         let share = self.resource_share(uploads, resource);
         share.wait_for_room(self.limits.backpressure_wait).await?;
-        let decode_slot = self.batch_decode_slot(deadline.saturating_duration_since(Instant::now())).await?;
-        let (budget, waited) = (self.budget.clone(), admitted_at.elapsed());
-        Ok(Admission { resource: resource.clone(), share, budget, deadline, admitted_at, waited, decode_slot })
-    }
-
-    /// A slot to decode and encode one batch body, waiting up to `max_wait` (then 429
-    /// `backpressure`): bodies beyond the slots stay unread in their connections.
-    async fn batch_decode_slot(&self, max_wait: Duration) -> Result<tokio::sync::OwnedSemaphorePermit, Problem> {
-        match tokio::time::timeout(max_wait, Arc::clone(&self.batch_decodes).acquire_owned()).await {
-            Ok(Ok(slot)) => Ok(slot),
-            _ => Err(Problem::new(
-                ErrorCode::Backpressure,
-                format!(
-                    "{} batch bodies were being decoded for {} ms",
-                    self.limits.max_concurrent_batch_decodes,
-                    max_wait.as_millis()
-                ),
-            )
-            .with_hint("retry after the Retry-After delay")
-            .with_retry_after(1)),
+        let mut admission = Admission {
+            resource: resource.clone(),
+            share,
+            budget: self.budget.clone(),
+            receiving: self.receiving.clone(),
+            conversions: Arc::clone(&self.conversions),
+            deadline,
+            admitted_at,
+            waited: admitted_at.elapsed(),
+            received: budget::BudgetPermit::empty(),
+        };
+        if let Some(bytes) = expected_body_bytes {
+            admission.hold_received(bytes).await?;
         }
+        Ok(admission)
     }
 
     /// The resource's part of the upload budget in this delivery.

@@ -2,6 +2,7 @@
 
 use chrono::{DateTime, Utc};
 
+use super::ResourceRecord;
 use super::{BindKey as _, Store, StoreError, StoreResult};
 use crate::model::bounds::KeyRange;
 use crate::model::columns::Column;
@@ -35,6 +36,9 @@ pub(crate) struct NewBatch<'a> {
     pub(crate) staging_table: &'a str,
     /// Keyed modes: the batch's key ranges.
     pub(crate) key_ranges: Option<serde_json::Value>,
+    /// The declaration the batch was prepared for: recorded only while the resource is still
+    /// declared so (a re-declaration waits for this insert, or this insert for it).
+    pub(crate) declaration: &'a ResourceRecord,
 }
 
 /// Outcome of recording a batch.
@@ -46,6 +50,10 @@ pub(crate) enum InsertBatch {
     /// Another schema was recorded first for this resource and delivery.
     SchemaMismatch {
         recorded: serde_json::Value,
+    },
+    /// The resource was declared otherwise (or no longer exists) since the batch was prepared.
+    DeclarationChanged {
+        current: Option<ResourceRecord>,
     },
 }
 
@@ -103,6 +111,18 @@ impl Store {
     /// then the receipt with the next or the requested `seq` and the current checkpoint position.
     pub(crate) async fn insert_batch(&self, batch: &NewBatch<'_>) -> StoreResult<InsertBatch> {
         let mut tx = self.pool.begin().await?;
+        // Shared with other batches, exclusive of a re-declaration (`upsert_resource` locks the
+        // row FOR UPDATE): the declaration cannot change between this check and the commit.
+        let current: Option<ResourceRecord> =
+            sqlx::query_as("SELECT * FROM resources WHERE run_id = $1 AND resource = $2 FOR SHARE")
+                .bind(batch.resource.delivery.run_id())
+                .bind(&batch.resource.resource)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if !current.as_ref().is_some_and(|current| current.same_declaration(batch.declaration)) {
+            tx.rollback().await?;
+            return Ok(InsertBatch::DeclarationChanged { current });
+        }
         sqlx::query(
             "INSERT INTO staging_streams (run_id, execution_id, delivery, resource, arrow_schema, arrow_schema_sha256, staging_table)
              VALUES ($1, $2, $3, $4, $5, $6, $7)

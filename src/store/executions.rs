@@ -287,7 +287,7 @@ impl Store {
     pub(crate) async fn add_checkpoint(
         &self,
         delivery: &DeliveryRef,
-        value: &serde_json::Value,
+        value: &serde_json::value::RawValue,
         flushed_rows: i64,
     ) -> StoreResult<i64> {
         let mut tx = self.pool.begin().await?;
@@ -297,12 +297,12 @@ impl Store {
             .await?;
         let seq: i64 = sqlx::query_scalar(
             "INSERT INTO checkpoints (run_id, execution_id, delivery, checkpoint_seq, value, flushed_rows)
-             SELECT $1, $2, $3, COALESCE(MAX(checkpoint_seq) + 1, 0), $4, $5
+             SELECT $1, $2, $3, COALESCE(MAX(checkpoint_seq) + 1, 0), $4::json, $5
              FROM checkpoints WHERE run_id = $1 AND execution_id = $2 AND delivery = $3
              RETURNING checkpoint_seq",
         )
         .bind_delivery(delivery)
-        .bind(value)
+        .bind(value.get())
         .bind(flushed_rows)
         .fetch_one(&mut *tx)
         .await?;

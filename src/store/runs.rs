@@ -19,7 +19,9 @@ pub(crate) struct RunRecord {
     pub(crate) job_project: Option<String>,
     pub(crate) maximum_bytes_billed: Option<i64>,
     pub(crate) definition_sha256: String,
-    pub(crate) durable_checkpoint: Option<serde_json::Value>,
+    /// As the extractor sent it (a `json` column: verbatim text).
+    #[sqlx(json(nullable))]
+    pub(crate) durable_checkpoint: Option<Box<serde_json::value::RawValue>>,
     pub(crate) durable_checkpoint_execution_id: Option<String>,
     pub(crate) created_at: DateTime<Utc>,
 }

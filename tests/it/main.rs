@@ -12,6 +12,7 @@ mod fidelity;
 mod fleet;
 mod googlesql;
 mod hardening;
+mod hostile;
 mod live_bigquery;
 mod operations;
 mod pipeline;
