@@ -133,13 +133,14 @@ impl Replica {
         }
     }
 
-    /// Takes over an execution another replica handed over at shutdown.
-    async fn adopt(&self, execution: &ExecutionRecord) -> Result<(), Problem> {
+    /// Takes over an execution another replica handed over at shutdown (a write: the lease
+    /// moves to this replica), or `execution_owned_elsewhere` when another one adopted it first.
+    pub(crate) async fn adopt(&self, execution: ExecutionRecord) -> Result<Owned<ExecutionRecord>, Problem> {
         self.refuse_new_work()?;
-        if self.store.adopt_execution(&execution.delivery_ref(), &self.lease).await?.is_some() {
-            tracing::info!(run_id = %execution.run_id, execution_id = %execution.execution_id,
-                delivery = execution.delivery, "replica.adopted");
-            return Ok(());
+        if let Some(adopted) = self.store.adopt_execution(&execution.delivery_ref(), &self.lease).await? {
+            tracing::info!(run_id = %adopted.run_id, execution_id = %adopted.execution_id,
+                delivery = adopted.delivery, "replica.adopted");
+            return Ok(Owned(adopted));
         }
         Err(Problem::new(
             ErrorCode::ExecutionOwnedElsewhere,
@@ -147,6 +148,21 @@ impl Replica {
         )
         .with_hint("retry after Retry-After")
         .with_retry_after(1))
+    }
+
+    /// Fails an execution whose owner stopped renewing its lease (a write): the answer is
+    /// `gateway_restarted` either way (another replica may have failed it first).
+    pub(crate) async fn fail_orphan(&self, execution: &ExecutionRecord) -> Problem {
+        let problem = gateway_restarted(
+            "the gateway replica serving this execution stopped (its lease expired); its uploads were lost",
+        );
+        match self.store.fail_orphaned_delivery(&execution.delivery_ref(), &problem).await {
+            Ok(Some(_)) => tracing::warn!(run_id = %execution.run_id, execution_id = %execution.execution_id,
+                "failed an execution whose replica stopped"),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "could not fail an orphaned execution"),
+        }
+        problem
     }
 
     /// At shutdown, before the server stops: hands every execution this replica owns over
@@ -176,7 +192,7 @@ impl Replica {
     /// columns, and releases the execution for adoption.
     async fn hand_over_one(&self, pipeline: &Pipeline, execution: &ExecutionRecord) -> Result<(), Problem> {
         let key = execution.key();
-        let uploads = pipeline.execution(&key, execution.delivery);
+        let uploads = pipeline.open_delivery(&key, execution.delivery);
         let transitioning = uploads.begin_transition().await;
         let Some(current) = self.store.get_execution(&key).await? else { return Ok(()) };
         let mine = current.owner.as_deref() == Some(self.lease.owner.as_str());
@@ -197,35 +213,71 @@ impl Replica {
         Ok(())
     }
 
-    /// Whether this replica may take batches for the execution or change its extraction state
-    /// (checkpoint, pause, commit, abort before the commit): it owns it. Otherwise 503
-    /// `execution_owned_elsewhere` (retry; a router with run affinity avoids it), or, when the
-    /// owner's lease expired, the execution is failed and `gateway_restarted` answered. A
-    /// committing or ended execution is any replica's to read and to report on.
-    pub(crate) async fn check_owner(&self, execution: &ExecutionRecord) -> Result<(), Problem> {
+    /// Who may take batches for the execution or change its extraction state (checkpoint,
+    /// pause, commit, abort before the commit), decided from the record alone (no I/O): this
+    /// replica, when it owns the open execution or the execution is past extraction (a
+    /// committing or ended execution is any replica's to read and to report on).
+    pub(crate) fn ownership(&self, execution: ExecutionRecord) -> Ownership {
         let extracting = ExecutionState::BEFORE_COMMIT.contains(&execution.state);
         if !extracting || execution.owner.as_deref() == Some(self.lease.owner.as_str()) {
-            return Ok(());
+            return Ownership::Mine(Owned(execution));
         }
         if execution.owner.is_none() && execution.handed_over {
-            return self.adopt(execution).await;
+            return Ownership::HandedOver(execution);
         }
         let live = execution.lease_expires_at.is_some_and(|expires| expires > chrono::Utc::now());
         if !live {
-            self.sweep().await;
-            return Err(gateway_restarted(
-                "the gateway replica serving this execution stopped (its lease expired); its uploads were lost",
-            ));
+            return Ownership::Orphaned(execution);
         }
         let owner = execution.owner.as_deref().unwrap_or("another replica");
-        Err(Problem::new(
-            ErrorCode::ExecutionOwnedElsewhere,
-            format!(
-                "execution {} is served by gateway replica {owner}, whose memory holds its uploads",
-                execution.execution_id
-            ),
+        Ownership::Elsewhere(
+            Problem::new(
+                ErrorCode::ExecutionOwnedElsewhere,
+                format!(
+                    "execution {} is served by gateway replica {owner}, whose memory holds its uploads",
+                    execution.execution_id
+                ),
+            )
+            .with_hint("retry after Retry-After; route requests by run id (load-balancer affinity) so an execution's requests reach one replica")
+            .with_retry_after(1),
         )
-        .with_hint("retry after Retry-After; route requests by run id (load-balancer affinity) so an execution's requests reach one replica")
-        .with_retry_after(1))
+    }
+
+    /// The proof that this replica may act on the execution ([`Self::ownership`]), adopting it
+    /// when it was handed over (a write) and failing it when its owner's lease expired (a
+    /// write; then `gateway_restarted`). Otherwise 503 `execution_owned_elsewhere`.
+    pub(crate) async fn claim(&self, execution: ExecutionRecord) -> Result<Owned<ExecutionRecord>, Problem> {
+        match self.ownership(execution) {
+            Ownership::Mine(owned) => Ok(owned),
+            Ownership::HandedOver(execution) => self.adopt(execution).await,
+            Ownership::Orphaned(execution) => Err(self.fail_orphan(&execution).await),
+            Ownership::Elsewhere(problem) => Err(problem),
+        }
+    }
+}
+
+/// Whose the execution is, as [`Replica::ownership`] reads its record.
+#[derive(Debug)]
+pub(crate) enum Ownership {
+    Mine(Owned<ExecutionRecord>),
+    /// Released by a replica that shut down: [`Replica::adopt`] it.
+    HandedOver(ExecutionRecord),
+    /// Its owner stopped renewing the lease: [`Replica::fail_orphan`].
+    Orphaned(ExecutionRecord),
+    /// Another live replica serves it.
+    Elsewhere(Problem),
+}
+
+/// Proof that this replica may take batches for an execution and change its extraction state:
+/// made only by [`Replica::claim`] and [`Replica::adopt`], so a handler that needs one cannot
+/// forget the check.
+#[derive(Debug, Clone)]
+pub(crate) struct Owned<T>(T);
+
+impl<T> std::ops::Deref for Owned<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
     }
 }

@@ -28,7 +28,8 @@ use crate::model::bounds::KeyRange;
 use crate::model::staging::staging_table_name;
 use crate::model::{ExecutionState, ResourceName, ResourceRef};
 use crate::pipeline::{Admission, ExecutionUploads, LaneTarget, ReservedBatch};
-use crate::store::{InsertBatch, NewBatch, ReceiptRecord, ResourceRecord, RunRecord};
+use crate::replica::Owned;
+use crate::store::{ExecutionRecord, InsertBatch, NewBatch, ReceiptRecord, ResourceRecord, RunRecord};
 use crate::telemetry;
 
 pub(crate) const ARROW_STREAM_CONTENT_TYPE: &str = "application/vnd.apache.arrow.stream";
@@ -129,6 +130,8 @@ struct BatchTarget {
     declared: ResourceRecord,
     resource: ResourceRef,
     uploads: std::sync::Arc<ExecutionUploads>,
+    /// This replica serves the execution.
+    execution: Owned<ExecutionRecord>,
 }
 
 /// Step 2: the run, the execution (which must be extracting) and the declared resource.
@@ -139,7 +142,7 @@ async fn load_target(
     resource: ResourceName,
 ) -> Result<BatchTarget, Problem> {
     let (run, execution) = load_execution(state, run_id, execution_id).await?;
-    state.replica.check_owner(&execution).await?;
+    let execution = state.replica.claim(execution).await?;
     let declared = state.store.get_resource(&run.run_id, &resource).await?.ok_or_else(|| {
         Problem::not_found(format!("resource {resource} of run {} (declare it with PUT first)", run.run_id))
     })?;
@@ -149,8 +152,8 @@ async fn load_target(
             format!("execution {} is {}; it accepts no more batches", execution.execution_id, execution.state),
         ));
     }
-    let uploads = state.pipeline.execution(&execution.key(), execution.delivery);
-    Ok(BatchTarget { resource: execution.delivery_ref().resource(resource), run, declared, uploads })
+    let uploads = state.pipeline.open_delivery(&execution.key(), execution.delivery);
+    Ok(BatchTarget { resource: execution.delivery_ref().resource(resource), run, declared, uploads, execution })
 }
 
 enum Prepared {
@@ -243,8 +246,8 @@ async fn record_and_enqueue(
     let delivery = &target.resource.delivery;
     let (_, current) = load_execution(state, delivery.run_id(), delivery.execution_id()).await?;
     // The owner may have handed the execution over meanwhile (it is shutting down).
-    state.replica.check_owner(&current).await?;
-    if !ExecutionState::ACCEPTING_BATCHES.contains(&current.state) || current.delivery != delivery.delivery {
+    let current = state.replica.claim(current).await?;
+    if !ExecutionState::ACCEPTING_BATCHES.contains(&current.state) || current.delivery != target.execution.delivery {
         return Err(Problem::new(
             ErrorCode::ExecutionNotExtracting,
             format!(

@@ -13,7 +13,8 @@ use super::runs::load_run;
 use super::views::{ExecutionView, execution_view};
 use crate::error::{ErrorCode, Problem};
 use crate::model::{ExecutionId, ExecutionKey, ExecutionState};
-use crate::pipeline::Transitioning;
+use crate::pipeline::{Pipeline, Transitioning};
+use crate::replica::{Owned, Ownership};
 use crate::store::{ExecutionRecord, OpenExecution, RunRecord};
 
 /// Body of `POST /v1/runs/{run_id}/executions`.
@@ -63,19 +64,28 @@ pub(super) async fn load_execution(
     Ok((run, execution))
 }
 
-/// The execution's gate held exclusively, and the execution as it is under the gate: no batch
-/// is half-accepted while the caller changes the state. The guard's delivery is the one the
-/// transition must name (a newer delivery may have started before the gate was taken).
+/// The execution's gate held exclusively, and the execution as it is under the gate, with the
+/// proof that this replica may change it: no batch is half-accepted while the caller changes
+/// the state. The guard's delivery is the one the transition must name (a newer delivery may
+/// have started before the gate was taken). The gate is the delivery's own while extraction
+/// goes on (created if no batch came yet); past it, the uploads this replica holds, if any,
+/// else a detached gate: a late transition of an ended execution leaves nothing behind.
 async fn begin_transition(
     state: &SharedState,
     run_id: &str,
     execution_id: &str,
-) -> Result<(Transitioning, RunRecord, ExecutionRecord), Problem> {
+) -> Result<(Transitioning, RunRecord, Owned<ExecutionRecord>), Problem> {
     let (_, execution) = load_execution(state, run_id, execution_id).await?;
-    let uploads = state.pipeline.execution(&execution.key(), execution.delivery);
+    let execution = state.replica.claim(execution).await?;
+    let (key, delivery) = (execution.key(), execution.delivery);
+    let uploads = if ExecutionState::BEFORE_COMMIT.contains(&execution.state) {
+        state.pipeline.open_delivery(&key, delivery)
+    } else {
+        state.pipeline.delivery(&key, delivery).unwrap_or_else(|| Pipeline::detached(delivery))
+    };
     let transitioning = uploads.begin_transition().await;
     let (run, current) = load_execution(state, run_id, execution_id).await?;
-    state.replica.check_owner(&current).await?;
+    let current = state.replica.claim(current).await?;
     Ok((transitioning, run, current))
 }
 
@@ -120,16 +130,22 @@ pub(crate) async fn open_execution(
     let key = ExecutionKey { run_id: run.run_id, execution_id };
     // Hold the current delivery's gate so no batch is half-accepted while the delivery changes.
     let previous = state.store.get_execution(&key).await?;
-    // Another live replica holds the open delivery's uploads: it alone can cancel them. (An
-    // owner whose lease lapsed is failed by the check, and the redelivery goes ahead.)
-    if let Some(previous) = &previous
-        && let Err(problem) = state.replica.check_owner(previous).await
-        && problem.code == ErrorCode::ExecutionOwnedElsewhere
-    {
-        return Err(problem);
-    }
-    let _transitioning = match previous {
-        Some(previous) => Some(state.pipeline.execution(&key, previous.delivery).begin_transition().await),
+    // Another live replica holds the open delivery's uploads: it alone can cancel them. An
+    // owner whose lease lapsed has its execution failed, and the redelivery goes ahead; a
+    // handed-over one is simply delivered again here.
+    let previous_delivery = match previous.map(|previous| state.replica.ownership(previous)) {
+        Some(Ownership::Elsewhere(problem)) => return Err(problem),
+        Some(Ownership::Orphaned(previous)) => {
+            state.replica.fail_orphan(&previous).await;
+            Some(previous.delivery)
+        }
+        Some(Ownership::Mine(previous)) => Some(previous.delivery),
+        Some(Ownership::HandedOver(previous)) => Some(previous.delivery),
+        None => None,
+    };
+    let uploads = previous_delivery.and_then(|delivery| state.pipeline.delivery(&key, delivery));
+    let _transitioning = match &uploads {
+        Some(uploads) => Some(uploads.begin_transition().await),
         None => None,
     };
     let (status, record) = match state.store.open_execution(&key, &state.replica.lease).await? {

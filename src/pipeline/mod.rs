@@ -105,9 +105,11 @@ impl Pipeline {
         }
     }
 
-    /// The uploads of the execution's current `delivery`, created on first use. A newer delivery
-    /// replaces (and cancels) the uploads of an older one.
-    pub(crate) fn execution(&self, key: &ExecutionKey, delivery: i32) -> Arc<ExecutionUploads> {
+    /// The uploads of the execution's `delivery`, which this replica serves: created on first
+    /// use; a newer delivery replaces (and cancels) the uploads of an older one. Only for a
+    /// delivery that is open and this replica's (`replica::Owned`): an entry made here lives
+    /// until the delivery is drained, cancelled or forgotten.
+    pub(crate) fn open_delivery(&self, key: &ExecutionKey, delivery: i32) -> Arc<ExecutionUploads> {
         let mut executions = lock(&self.executions);
         let uploads = Arc::new(ExecutionUploads::new(delivery));
         match executions.get(key) {
@@ -120,6 +122,18 @@ impl Pipeline {
         }
         executions.insert(key.clone(), Arc::clone(&uploads));
         uploads
+    }
+
+    /// The uploads this replica holds for the execution's `delivery`, if any (a lookup: it
+    /// creates nothing).
+    pub(crate) fn delivery(&self, key: &ExecutionKey, delivery: i32) -> Option<Arc<ExecutionUploads>> {
+        lock(&self.executions).get(key).filter(|uploads| uploads.delivery == delivery).map(Arc::clone)
+    }
+
+    /// Uploads of no one's: the gate of a transition on a delivery this replica holds nothing
+    /// of (a committing or ended execution), which no batch request shares.
+    pub(crate) fn detached(delivery: i32) -> Arc<ExecutionUploads> {
+        Arc::new(ExecutionUploads::new(delivery))
     }
 
     /// Whether this process holds uploads of the execution (it serves it, as far as it knows:

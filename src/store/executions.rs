@@ -361,6 +361,26 @@ impl Store {
         Ok(failed.rows_affected())
     }
 
+    /// Fails the delivery when its owner stopped renewing its lease (and did not hand it over);
+    /// `None` when it is not such an orphan (any more).
+    pub(crate) async fn fail_orphaned_delivery(
+        &self,
+        delivery: &DeliveryRef,
+        problem: &Problem,
+    ) -> StoreResult<Option<ExecutionRecord>> {
+        Ok(sqlx::query_as(
+            "UPDATE executions SET state = 'failed', error = $4, updated_at = now(), finished_at = now()
+             WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND state = ANY($5)
+               AND NOT handed_over AND (lease_expires_at IS NULL OR lease_expires_at < now())
+             RETURNING *",
+        )
+        .bind_delivery(delivery)
+        .bind(problem_json(problem)?)
+        .bind(state_names(ExecutionState::OPEN))
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
     /// The extracting (or paused) executions `owner` serves: what it hands over at shutdown.
     pub(crate) async fn owned_executions(&self, owner: &str) -> StoreResult<Vec<ExecutionRecord>> {
         Ok(sqlx::query_as("SELECT * FROM executions WHERE owner = $1 AND state = ANY($2)")

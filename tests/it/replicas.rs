@@ -252,3 +252,28 @@ async fn ended_deliveries_lose_their_receipts_and_a_late_redelivery_is_still_rec
     assert!(a.logs().contains("reusing its publication"), "the redelivery was recognised");
     assert_eq!(count(&a, "t").await, vec![json!("20"), json!("20")], "published once");
 }
+
+/// A transition of an execution that already ended registers nothing on the replica that
+/// answers it: when the execution is delivered again through another replica, this one
+/// forwards its requests there (an entry left behind would make it answer them itself, with
+/// 503 `execution_owned_elsewhere`).
+#[tokio::test(flavor = "multi_thread")]
+async fn transitions_of_an_ended_execution_leave_no_uploads_behind() {
+    let a = first_replica().await;
+    let b = replica_of(&a).await;
+    TestRun::new("r", "e").full_append(&["t"]).open(&a).await;
+    a.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..10)])).await;
+    assert_eq!(a.commit_and_wait("r", "e").await["state"], "committed");
+    let late = [("commit", StatusCode::OK), ("pause", StatusCode::CONFLICT), ("abort", StatusCode::CONFLICT)];
+    for (action, expected) in late {
+        let (status, body) = a.json(Method::POST, &format!("/v1/runs/r/executions/e/{action}"), None).await;
+        assert_eq!(status, expected, "{action}: {body}");
+    }
+    // Delivered again through `b`, which serves it now: `a` forwards its batches there (the
+    // same content: the redelivery reuses the publication).
+    assert_eq!(b.open_execution("r", "e").await.0, StatusCode::OK);
+    a.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..10)])).await;
+    assert_eq!(a.commit_and_wait("r", "e").await["state"], "committed");
+    assert_eq!(count(&a, "t").await, vec![json!("10"), json!("10")]);
+    assert!(a.metrics().await.contains("filament_requests_forwarded_total 2"), "the batch and the commit");
+}
