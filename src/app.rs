@@ -13,9 +13,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::api::server::{self, ConnectionLimits, http1_read_buffer_bytes};
 use crate::api::{ApiSettings, ApiState, router};
+use crate::bigquery::retry::Backoff;
 use crate::bigquery::{BigQuery, Endpoints};
 use crate::config::{DatabaseConfig, ServeConfig};
-use crate::error::ErrorCode;
 use crate::model::MAX_APPEND_PAYLOAD_BYTES;
 use crate::pipeline::retry::RetryPolicy;
 use crate::pipeline::{Pipeline, PipelineLimits};
@@ -72,10 +72,9 @@ fn pipeline_limits(config: &ServeConfig) -> anyhow::Result<PipelineLimits> {
         max_concurrent_prepares: config.max_concurrent_prepares as usize,
         retry: RetryPolicy {
             max_attempts: config.append_max_attempts,
-            initial_backoff: Duration::from_millis(config.append_initial_backoff_ms),
-            max_backoff: APPEND_MAX_BACKOFF,
+            backoff: Backoff::new(Duration::from_millis(config.append_initial_backoff_ms), APPEND_MAX_BACKOFF),
             quota_wait: Duration::from_secs(config.quota_wait_secs),
-            max_quota_backoff: QUOTA_MAX_BACKOFF,
+            quota_backoff: Backoff::new(Duration::from_millis(config.append_initial_backoff_ms), QUOTA_MAX_BACKOFF),
             response_timeout: Duration::from_secs(config.append_response_timeout_secs),
             send_timeout: Duration::from_secs(config.append_send_timeout_secs),
         },
@@ -119,7 +118,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         BigQuery::connect(endpoints.clone(), config.append_gzip_level).await.context("building BigQuery clients")?;
     if let Err(e) = bigquery.probe_credentials(crate::bigquery::CREDENTIALS_DEADLINE).await {
         // Not fatal: /readyz reports it, and the fix may be applied without a restart.
-        let problem = e.to_problem(ErrorCode::MissingCredentials);
+        let problem = e.problem(crate::bigquery::error::Stage::Credentials);
         tracing::error!(detail = %problem.detail, hint = problem.hint.as_deref().unwrap_or(""), "credentials probe failed");
     }
 

@@ -4,7 +4,6 @@
 //! `emit()` writes both (vector's internal events), so the rules (which level, which labels)
 //! are written once.
 
-use std::fmt::Display;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -28,6 +27,7 @@ pub(crate) const BUDGET_BYTES_IN_USE: &str = "filament_upload_budget_bytes_in_us
 pub(crate) const BACKPRESSURE_WAITS: &str = "filament_backpressure_waits_total";
 pub(crate) const BACKPRESSURE_REJECTIONS: &str = "filament_backpressure_rejections_total";
 pub(crate) const APPEND_RETRIES: &str = "filament_append_retries_total";
+pub(crate) const BIGQUERY_RETRIES: &str = "filament_bigquery_retries_total";
 pub(crate) const APPEND_LATENCY: &str = "filament_append_latency_seconds";
 pub(crate) const HTTP_REQUEST_DURATION: &str = "filament_http_request_duration_seconds";
 pub(crate) const PUBLICATION_DURATION: &str = "filament_publication_duration_seconds";
@@ -142,27 +142,6 @@ impl AppendAcknowledged<'_> {
     }
 }
 
-/// A failed AppendRows attempt: `bigquery.write.retry` and, when it is retried, the retry counter.
-#[derive(Debug)]
-pub(crate) struct AppendFailed<'a, E: Display> {
-    pub(crate) resource: &'a str,
-    /// Row offset of the first unacknowledged request.
-    pub(crate) offset: Option<i64>,
-    pub(crate) code: &'static str,
-    pub(crate) retryable: bool,
-    pub(crate) attempt: u32,
-    pub(crate) error: &'a E,
-}
-
-impl<E: Display> AppendFailed<'_, E> {
-    pub(crate) fn emit(&self) {
-        metrics::counter!(APPEND_RETRIES, "code" => self.code).increment(u64::from(self.retryable));
-        let (resource, offset, code, retryable, attempt) =
-            (self.resource, self.offset, self.code, self.retryable, self.attempt);
-        tracing::warn!(%resource, offset, code, retryable, attempt, error = %self.error, "bigquery.write.retry");
-    }
-}
-
 /// `bigquery.write.prepare` with `layout_mismatch`: the existing destination table is laid out
 /// otherwise than its resource declares. The table is left as it is and loading goes on.
 #[derive(Debug)]
@@ -246,6 +225,11 @@ fn describe() {
         "Batch requests answered 429 because the budget stayed full"
     );
     describe_counter!(APPEND_RETRIES, Unit::Count, "Failed AppendRows attempts that were retried, by gRPC code");
+    describe_counter!(
+        BIGQUERY_RETRIES,
+        Unit::Count,
+        "Failed attempts of any BigQuery call that were retried, by operation and code"
+    );
     describe_histogram!(APPEND_LATENCY, Unit::Seconds, "From sending an AppendRows request to its response");
     describe_counter!(EXECUTIONS_FINISHED, Unit::Count, "Executions that reached a terminal state, by state");
     describe_histogram!(HTTP_REQUEST_DURATION, Unit::Seconds, "From receiving an HTTP request to answering it");

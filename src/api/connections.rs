@@ -8,9 +8,10 @@ use utoipa::ToSchema;
 
 use super::SharedState;
 use super::error::{ApiJson, ProblemDocument};
+use crate::bigquery::error::Stage;
 use crate::bigquery::jobs::QueryJob;
 use crate::bigquery::{BigQueryError, CONNECTION_TEST_DEADLINE, CREDENTIALS_DEADLINE, within};
-use crate::error::{ErrorCode, Problem};
+use crate::error::Problem;
 use crate::model::ids::{validate_location, validate_project_id};
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -51,7 +52,7 @@ pub(crate) async fn test_connection(
     }
     let started = Instant::now();
     let bigquery = &state.bigquery;
-    bigquery.probe_credentials(CREDENTIALS_DEADLINE).await.map_err(|e| e.to_problem(ErrorCode::MissingCredentials))?;
+    bigquery.probe_credentials(CREDENTIALS_DEADLINE).await.map_err(|e| e.problem(Stage::Credentials))?;
     let job_id = format!("filament_connection_test_{}", hex::encode(rand::random::<[u8; 12]>()));
     let remaining = CONNECTION_TEST_DEADLINE.saturating_sub(started.elapsed());
     let query = QueryJob {
@@ -71,7 +72,7 @@ pub(crate) async fn test_connection(
 /// The connection test's problem: BigQuery's own diagnosis, or for an endpoint that did not
 /// answer in time, `bigquery_unavailable` naming the endpoint.
 fn connection_problem(error: &BigQueryError, endpoint: &str) -> Problem {
-    let problem = error.to_problem(ErrorCode::BigqueryError);
+    let problem = error.problem(Stage::Setup);
     match error {
         BigQueryError::Timeout { seconds, .. } => problem.with_hint(format!(
             "BigQuery's REST API at {endpoint} did not answer within {seconds} s: check that the gateway can reach it (DNS, firewall, proxy, Private Google Access)"

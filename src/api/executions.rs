@@ -14,6 +14,7 @@ use super::views::{ExecutionView, execution_view};
 use crate::error::{ErrorCode, Problem};
 use crate::model::{ExecutionId, ExecutionKey, ExecutionState};
 use crate::pipeline::{Pipeline, Transitioning};
+use crate::publish::{AbortOutcome, CommitStart};
 use crate::replica::{Owned, Ownership};
 use crate::store::{ExecutionRecord, OpenExecution, RunRecord};
 
@@ -261,28 +262,16 @@ pub(crate) async fn commit_execution(
     ApiQuery(params): ApiQuery<CommitParams>,
 ) -> Result<(StatusCode, axum::Json<ExecutionView>), Problem> {
     let (transitioning, run, execution) = begin_transition(&state, &run_id, &execution_id).await?;
-    refuse_expired_streams(&state, &execution).await?;
-    let delivery = execution.key().delivery(transitioning.delivery());
-    let committing =
-        state.store.transition_execution(&delivery, ExecutionState::BEFORE_COMMIT, ExecutionState::Committing).await?;
-    drop(transitioning);
-    let Some(committing) = committing else {
-        let (_, current) = load_execution(&state, &run_id, &execution_id).await?;
-        return match current.state {
-            ExecutionState::Committed => Ok((StatusCode::OK, axum::Json(execution_view(&state.store, current).await?))),
-            ExecutionState::Committing => {
-                let record = if params.wait { wait_for_terminal(&state, &current.key()).await? } else { current };
-                let status = if record.state.is_terminal() { StatusCode::OK } else { StatusCode::ACCEPTED };
-                Ok((status, axum::Json(execution_view(&state.store, record).await?)))
-            }
-            _ => Err(not_extracting(&current, "commit")),
-        };
+    let max_age = state.settings.pending_stream_max_age;
+    let committing = match state.publisher.begin_commit(transitioning, run, execution, max_age).await? {
+        CommitStart::Started(committing) => committing,
+        CommitStart::Current(current) => return already_committing(&state, *current, params.wait).await,
     };
     let publisher = state.publisher.clone();
-    let task_execution = committing.clone();
-    let task = state.commits.spawn(async move { publisher.commit(&run, &task_execution).await });
+    let started = committing.execution.clone();
+    let task = state.commits.spawn(async move { publisher.commit(*committing).await });
     if !params.wait {
-        return Ok((StatusCode::ACCEPTED, axum::Json(execution_view(&state.store, committing).await?)));
+        return Ok((StatusCode::ACCEPTED, axum::Json(execution_view(&state.store, started).await?)));
     }
     let record = match task.await {
         Ok(result) => result?,
@@ -291,31 +280,22 @@ pub(crate) async fn commit_execution(
     Ok((StatusCode::OK, axum::Json(execution_view(&state.store, record).await?)))
 }
 
-/// Pending streams must be committed within 24 hours: refuse (and fail) an execution whose
-/// oldest stream is older than the configured limit, before anything is published.
-async fn refuse_expired_streams(state: &SharedState, execution: &ExecutionRecord) -> Result<(), Problem> {
-    if !ExecutionState::BEFORE_COMMIT.contains(&execution.state) {
-        return Ok(());
+/// The answer to a commit of an execution another request committed or is committing (waited
+/// for with `wait`), or 409 when it ended otherwise.
+async fn already_committing(
+    state: &SharedState,
+    current: ExecutionRecord,
+    wait: bool,
+) -> Result<(StatusCode, axum::Json<ExecutionView>), Problem> {
+    match current.state {
+        ExecutionState::Committed => Ok((StatusCode::OK, axum::Json(execution_view(&state.store, current).await?))),
+        ExecutionState::Committing => {
+            let record = if wait { wait_for_terminal(state, &current.key()).await? } else { current };
+            let status = if record.state.is_terminal() { StatusCode::OK } else { StatusCode::ACCEPTED };
+            Ok((status, axum::Json(execution_view(&state.store, record).await?)))
+        }
+        _ => Err(not_extracting(&current, "commit")),
     }
-    let streams = state.store.list_staging_streams(&execution.delivery_ref()).await?;
-    let Some(oldest) = streams.iter().filter_map(|s| s.stream_created_at).min() else { return Ok(()) };
-    let age = chrono::Utc::now() - oldest;
-    let limit = state.settings.pending_stream_max_age;
-    if age.to_std().unwrap_or_default() <= limit {
-        return Ok(());
-    }
-    let problem = Problem::new(
-        ErrorCode::PendingStreamExpired,
-        format!(
-            "the execution's oldest pending stream is {} minutes old, beyond the {}-minute limit; BigQuery discards uncommitted streams after about 24 hours",
-            age.num_minutes(),
-            limit.as_secs() / 60
-        ),
-    )
-    .with_hint("deliver the execution again and commit it sooner");
-    state.pipeline.cancel(&execution.key());
-    state.store.fail_execution(&execution.delivery_ref(), &problem).await?;
-    Err(problem)
 }
 
 /// Polls until another request's commit ends, for at most the publication job timeout (then
@@ -352,27 +332,15 @@ pub(crate) async fn abort_execution(
     State(state): State<SharedState>,
     ApiPath((run_id, execution_id)): ApiPath<(String, String)>,
 ) -> Result<axum::Json<ExecutionView>, Problem> {
-    let (transitioning, run, before) = begin_transition(&state, &run_id, &execution_id).await?;
-    let delivery = before.key().delivery(transitioning.delivery());
-    let aborted = state.store.abort_execution(&delivery).await?;
-    match aborted {
-        Some(record) => {
-            state.pipeline.cancel(&record.key());
-            // While committing, a publication job may be reading the staging tables: they stay
-            // until they expire. Before that, nothing will read them again.
-            if before.state != ExecutionState::Committing {
-                let publisher = state.publisher.clone();
-                state.commits.spawn(async move { publisher.discard_staging(&run, &delivery).await });
-            }
-            Ok(axum::Json(execution_view(&state.store, record).await?))
+    let (transitioning, run, execution) = begin_transition(&state, &run_id, &execution_id).await?;
+    match state.publisher.abort(transitioning, run, execution, &state.commits).await? {
+        AbortOutcome::Aborted(record) => Ok(axum::Json(execution_view(&state.store, record).await?)),
+        AbortOutcome::Refused(current)
+            if current.state == ExecutionState::Committing && current.publishing_at.is_some() =>
+        {
+            Err(publication_in_progress(&state, &current).await?)
         }
-        None => {
-            let (_, current) = load_execution(&state, &run_id, &execution_id).await?;
-            if current.state == ExecutionState::Committing && current.publishing_at.is_some() {
-                return Err(publication_in_progress(&state, &current).await?);
-            }
-            Err(not_extracting(&current, "abort"))
-        }
+        AbortOutcome::Refused(current) => Err(not_extracting(&current, "abort")),
     }
 }
 

@@ -8,7 +8,7 @@ use utoipa::ToSchema;
 
 use super::SharedState;
 use super::error::ProblemDocument;
-use crate::error::{ErrorCode, Problem};
+use crate::error::Problem;
 
 /// Readiness of one dependency.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -49,7 +49,7 @@ pub(crate) async fn readyz(State(state): State<SharedState>) -> (StatusCode, axu
         ReadinessCheck {
             name: "bigquery".into(),
             ok: bigquery.is_ok(),
-            error: bigquery.err().map(|e| e.to_problem(ErrorCode::BigqueryUnavailable).to_string()),
+            error: bigquery.err().map(|e| e.problem(crate::bigquery::error::Stage::Readiness).to_string()),
         },
         ReadinessCheck {
             name: "serving".into(),

@@ -1,5 +1,7 @@
-//! Errors of the BigQuery boundary (REST and gRPC), classified once: whether a retry can help,
-//! and which user-facing problem (with its fix) a failure means.
+//! Errors of the BigQuery boundary (REST and gRPC), classified once: whether a retry can help
+//! ([`super::retry::RetryClass`]), and which user-facing problem a failure means: the failures
+//! users can fix are one table ([`DIAGNOSES`], each with its fix), and any other failure takes
+//! the default code of the [`Stage`] it happened at.
 
 use crate::error::{ErrorCode, Problem};
 
@@ -15,7 +17,7 @@ pub(crate) enum BigQueryError {
     /// An error carried inside an OK response (AppendRows `error`/`row_errors`, BatchCommit
     /// `stream_errors`, a job's `errorResult`).
     #[error("{operation}: {message}")]
-    InResponse { operation: &'static str, code: i32, message: String },
+    InResponse { operation: &'static str, code: tonic::Code, message: String },
     /// A query job ended with an `errorResult` (it can never run again under its id).
     #[error("query job: {message} ({reason})")]
     JobFailed { reason: String, message: String },
@@ -31,8 +33,12 @@ pub(crate) enum BigQueryError {
     Connect(String),
 }
 
-/// `errorResult.reason`s of a query job that a new attempt may not meet again.
-const TRANSIENT_JOB_REASONS: &[&str] = &["rateLimitExceeded", "backendError", "internalError", "jobBackendError"];
+/// `errorResult.reason`s of a query job that a new attempt (under a new job id) may not meet
+/// again (<https://cloud.google.com/bigquery/docs/error-messages>: "Retry the job with a new
+/// jobId").
+const TRANSIENT_JOB_REASONS: &[&str] = &["backendError", "internalError", "jobBackendError", "jobInternalError"];
+/// `errorResult.reason`s of a query job that BigQuery refused for its rate limits: pushback.
+const PUSHBACK_JOB_REASONS: &[&str] = &["rateLimitExceeded", "jobRateLimitExceeded"];
 
 /// gRPC codes Google's clients retry on the Storage Write API.
 const RETRYABLE_GRPC: &[tonic::Code] = &[
@@ -72,7 +78,7 @@ impl BigQueryError {
                     || source.is_timeout()
             }
             BigQueryError::Grpc { status, .. } => RETRYABLE_GRPC.contains(&status.code()),
-            BigQueryError::InResponse { code, .. } => RETRYABLE_GRPC.iter().any(|c| *c as i32 == *code),
+            BigQueryError::InResponse { code, .. } => RETRYABLE_GRPC.contains(code),
             BigQueryError::Timeout { .. } | BigQueryError::Connect(_) => true,
             BigQueryError::Credentials(_) | BigQueryError::Inconsistent(_) | BigQueryError::JobFailed { .. } => false,
         }
@@ -93,22 +99,40 @@ impl BigQueryError {
     /// Whether BigQuery refused for quota (`RESOURCE_EXHAUSTED`, as a status or inside an
     /// AppendRows response): retried for as long as the quota wait allows, not per attempt.
     pub(crate) fn is_quota_exhausted(&self) -> bool {
-        const RESOURCE_EXHAUSTED: i32 = tonic::Code::ResourceExhausted as i32;
         match self {
             BigQueryError::Grpc { status, .. } => status.code() == tonic::Code::ResourceExhausted,
-            BigQueryError::InResponse { code, .. } => *code == RESOURCE_EXHAUSTED,
+            BigQueryError::InResponse { code, .. } => *code == tonic::Code::ResourceExhausted,
             _ => false,
         }
     }
 
-    /// A short name for logs and metric labels: the gRPC code (`UNAVAILABLE`, ...) or the kind.
-    pub(crate) fn code_name(&self) -> &'static str {
+    /// Whether BigQuery pushed back: a quota or rate limit, on any API (gRPC
+    /// `RESOURCE_EXHAUSTED`; REST 429, or 403 with `rateLimitExceeded` / `quotaExceeded`; a job
+    /// that failed for its rate limits).
+    pub(crate) fn is_pushback(&self) -> bool {
         match self {
-            BigQueryError::Grpc { status, .. } => grpc_code_name(status.code() as i32),
-            BigQueryError::InResponse { code, .. } => grpc_code_name(*code),
-            BigQueryError::Connect(_) => "connect",
-            BigQueryError::Timeout { .. } => "timeout",
-            _ => "other",
+            BigQueryError::Rest { source, .. } => source.http_status_code() == Some(429) || is_quota(source),
+            BigQueryError::JobFailed { reason, .. } => PUSHBACK_JOB_REASONS.contains(&reason.as_str()),
+            _ => self.is_quota_exhausted(),
+        }
+    }
+
+    /// A short name for logs and metric labels: the gRPC code (`UNAVAILABLE`, ...), the HTTP
+    /// status of a REST answer, the job's reason, or the kind.
+    pub(crate) fn code_name(&self) -> String {
+        match self {
+            BigQueryError::Grpc { status, .. } => grpc_code_name(status.code()).to_string(),
+            BigQueryError::InResponse { code, .. } => grpc_code_name(*code).to_string(),
+            BigQueryError::Rest { source, .. } => match source.http_status_code() {
+                Some(status) => format!("http_{status}"),
+                None if source.is_timeout() => "timeout".into(),
+                None => "io".into(),
+            },
+            BigQueryError::JobFailed { reason, .. } => reason.clone(),
+            BigQueryError::Connect(_) => "connect".into(),
+            BigQueryError::Timeout { .. } => "timeout".into(),
+            BigQueryError::Credentials(_) => "credentials".into(),
+            BigQueryError::Inconsistent(_) => "inconsistent".into(),
         }
     }
 
@@ -148,77 +172,150 @@ impl BigQueryError {
         }
     }
 
-    /// Maps the failure to the user-facing problem, recognising the failures users can fix.
-    pub(crate) fn to_problem(&self, fallback: ErrorCode) -> Problem {
-        let message = self.message();
-        let lower = message.to_ascii_lowercase();
-        // A token that could not be fetched inside a REST call is the same failure.
-        if let BigQueryError::Rest { source, .. } = self
-            && source.is_authentication()
-        {
-            return Problem::new(
-                ErrorCode::MissingCredentials,
-                format!("could not obtain Google credentials: {source}"),
-            )
-            .with_hint(
-                "attach a service account, configure Workload Identity, or run `gcloud auth application-default login`",
-            );
-        }
-        if let BigQueryError::Credentials(detail) = self {
-            return Problem::new(ErrorCode::MissingCredentials, detail.clone()).with_hint(
-                "attach a service account, configure Workload Identity, or run `gcloud auth application-default login`",
-            );
-        }
-        if let BigQueryError::JobFailed { reason, message } = self
-            && reason == "bytesBilledLimitExceeded"
-        {
-            return Problem::new(ErrorCode::PublicationTooExpensive, message.clone()).with_hint(
-                "the job would bill more than the run's maximum_bytes_billed: raise it, or let the job read less (partition or cluster the destination on the key, see docs/cost.md)",
-            );
-        }
-        if let BigQueryError::Rest { source, .. } = self
-            && is_quota(source)
-        {
-            return Problem::new(ErrorCode::QuotaExceeded, message).with_hint(
-                "BigQuery's quota or rate limit named in the detail stayed exhausted through the gateway's retries: wait and retry, spread the load (fewer concurrent runs or tables), or request a higher quota in the Google Cloud console (IAM & Admin > Quotas)",
-            );
-        }
-        let infos = self.error_infos();
-        let reasons: Vec<&str> = infos.iter().map(|(reason, _)| reason.as_str()).collect();
-        if reasons.contains(&"SERVICE_DISABLED")
-            || lower.contains("service_disabled")
-            || lower.contains("has not been used in project")
-        {
-            let service = infos
-                .iter()
-                .find_map(|(_, metadata)| metadata.get("service").cloned())
-                .unwrap_or_else(|| "bigquerystorage.googleapis.com".to_string());
-            return Problem::new(ErrorCode::ServiceDisabled, message).with_hint(format!(
-                "enable {service} in the project (the gateway needs bigquery.googleapis.com and bigquerystorage.googleapis.com): gcloud services enable {service}"
-            ));
-        }
-        // From datasets.get (HTTP 404) or a job's errorResult ("notFound").
-        if lower.contains("not found: dataset") && lower.contains("in location") {
-            return dataset_location_mismatch(message);
-        }
-        if self.is_quota_exhausted() {
-            return Problem::new(ErrorCode::QuotaExceeded, message).with_hint(
-                "BigQuery's Storage Write API quota (AppendRows throughput) stayed exhausted for FILAMENT_QUOTA_WAIT_SECS: request a quota increase, or lower FILAMENT_MAX_INFLIGHT_REQUESTS",
-            );
-        }
-        let permission = self.http_status() == Some(403)
-            || reasons.iter().any(|r| matches!(*r, "accessDenied" | "IAM_PERMISSION_DENIED"))
-            || matches!(self, BigQueryError::Grpc { status, .. } if status.code() == tonic::Code::PermissionDenied);
-        if permission {
-            return Problem::new(ErrorCode::PermissionDenied, message).with_hint(
-                "grant the gateway's credential roles/bigquery.jobUser on the project and roles/bigquery.dataEditor on the dataset (creating a dataset needs the project-level grant)",
-            );
-        }
-        if self.is_retryable() && fallback == ErrorCode::BigqueryError {
-            return Problem::new(ErrorCode::BigqueryUnavailable, message);
-        }
-        Problem::new(fallback, message)
+    /// The user-facing problem of a failure at `stage`: a failure users can fix, recognised
+    /// ([`DIAGNOSES`]), or the stage's own code.
+    pub(crate) fn problem(&self, stage: Stage) -> Problem {
+        self.diagnose().unwrap_or_else(|| Problem::new(stage.code(self), self.message()))
     }
+
+    /// The failure users can fix that this is, if it is one: the first row of [`DIAGNOSES`]
+    /// that recognises it.
+    pub(crate) fn diagnose(&self) -> Option<Problem> {
+        DIAGNOSES.iter().find_map(|diagnosis| (diagnosis.recognise)(self))
+    }
+}
+
+/// Where a call to BigQuery failed: what a failure users cannot fix is reported as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stage {
+    /// Datasets, tables, write streams before the first append (`bigquery_error`, or
+    /// `bigquery_unavailable` when a retry could help).
+    Setup,
+    /// Appends, finalize and commit of streams (`upload_failed`).
+    Upload,
+    /// Publication query jobs and what they read first (`publication_failed`).
+    Publication,
+    /// Credentials (`missing_credentials`).
+    Credentials,
+    /// A check of BigQuery's reachability (`bigquery_unavailable`).
+    Readiness,
+}
+
+impl Stage {
+    fn code(self, error: &BigQueryError) -> ErrorCode {
+        match self {
+            Stage::Setup if error.is_retryable() => ErrorCode::BigqueryUnavailable,
+            Stage::Setup => ErrorCode::BigqueryError,
+            Stage::Upload => ErrorCode::UploadFailed,
+            Stage::Publication => ErrorCode::PublicationFailed,
+            Stage::Credentials => ErrorCode::MissingCredentials,
+            Stage::Readiness => ErrorCode::BigqueryUnavailable,
+        }
+    }
+}
+
+/// A failure users can fix: how it is recognised, and the problem with its fix.
+struct Diagnosis {
+    recognise: fn(&BigQueryError) -> Option<Problem>,
+}
+
+const CREDENTIALS_HINT: &str =
+    "attach a service account, configure Workload Identity, or run `gcloud auth application-default login`";
+
+/// The failures users can fix, in the order they are recognised (the first that matches wins).
+const DIAGNOSES: &[Diagnosis] = &[
+    // A token that could not be fetched, at start-up or inside a REST call.
+    Diagnosis {
+        recognise: |e| {
+            match e {
+                BigQueryError::Credentials(detail) => Some(Problem::new(ErrorCode::MissingCredentials, detail.clone())),
+                BigQueryError::Rest { source, .. } if source.is_authentication() => Some(Problem::new(
+                    ErrorCode::MissingCredentials,
+                    format!("could not obtain Google credentials: {source}"),
+                )),
+                _ => None,
+            }
+            .map(|problem| problem.with_hint(CREDENTIALS_HINT))
+        },
+    },
+    // A job over the run's maximum_bytes_billed.
+    Diagnosis {
+        recognise: |e| {
+            match e {
+            BigQueryError::JobFailed { reason, message } if reason == "bytesBilledLimitExceeded" => Some(
+                Problem::new(ErrorCode::PublicationTooExpensive, message.clone()).with_hint(
+                    "the job would bill more than the run's maximum_bytes_billed: raise it, or let the job read less (partition or cluster the destination on the key, see docs/cost.md)",
+                ),
+            ),
+            _ => None,
+        }
+        },
+    },
+    // A REST quota or rate limit that outlasted the retries.
+    Diagnosis {
+        recognise: |e| {
+            match e {
+            BigQueryError::Rest { source, .. } if is_quota(source) => Some(
+                Problem::new(ErrorCode::QuotaExceeded, e.message()).with_hint(
+                    "BigQuery's quota or rate limit named in the detail stayed exhausted through the gateway's retries: wait and retry, spread the load (fewer concurrent runs or tables), or request a higher quota in the Google Cloud console (IAM & Admin > Quotas)",
+                ),
+            ),
+            _ => None,
+        }
+        },
+    },
+    // The BigQuery or BigQuery Storage API disabled in the project.
+    Diagnosis { recognise: service_disabled },
+    // The dataset lives in another location (datasets.get 404, or a job's notFound).
+    Diagnosis {
+        recognise: |e| {
+            let lower = e.message().to_ascii_lowercase();
+            (lower.contains("not found: dataset") && lower.contains("in location"))
+                .then(|| dataset_location_mismatch(e.message()))
+        },
+    },
+    // The Storage Write throughput quota stayed exhausted for the quota wait.
+    Diagnosis {
+        recognise: |e| {
+            e.is_quota_exhausted().then(|| {
+                Problem::new(ErrorCode::QuotaExceeded, e.message()).with_hint(
+                    "BigQuery's Storage Write API quota (AppendRows throughput) stayed exhausted for FILAMENT_QUOTA_WAIT_SECS: request a quota increase, or lower FILAMENT_MAX_INFLIGHT_REQUESTS",
+                )
+            })
+        },
+    },
+    // A missing permission, named in the message.
+    Diagnosis { recognise: permission_denied },
+];
+
+fn service_disabled(error: &BigQueryError) -> Option<Problem> {
+    let infos = error.error_infos();
+    let lower = error.message().to_ascii_lowercase();
+    let disabled = infos.iter().any(|(reason, _)| reason == "SERVICE_DISABLED")
+        || lower.contains("service_disabled")
+        || lower.contains("has not been used in project");
+    if !disabled {
+        return None;
+    }
+    let service = infos
+        .iter()
+        .find_map(|(_, metadata)| metadata.get("service").cloned())
+        .unwrap_or_else(|| "bigquerystorage.googleapis.com".to_string());
+    Some(Problem::new(ErrorCode::ServiceDisabled, error.message()).with_hint(format!(
+        "enable {service} in the project (the gateway needs bigquery.googleapis.com and bigquerystorage.googleapis.com): gcloud services enable {service}"
+    )))
+}
+
+fn permission_denied(error: &BigQueryError) -> Option<Problem> {
+    let infos = error.error_infos();
+    let denied = error.http_status() == Some(403)
+        || infos.iter().any(|(reason, _)| matches!(reason.as_str(), "accessDenied" | "IAM_PERMISSION_DENIED"))
+        || matches!(error, BigQueryError::Grpc { status, .. } if status.code() == tonic::Code::PermissionDenied);
+    denied.then(|| {
+        Problem::new(ErrorCode::PermissionDenied, error.message()).with_hint(
+            "grant the gateway's credential roles/bigquery.jobUser on the project and roles/bigquery.dataEditor on the dataset (creating a dataset needs the project-level grant)",
+        )
+    })
 }
 
 /// `errors[].reason`s of a REST answer that mean a quota or rate limit was hit.
@@ -244,24 +341,25 @@ pub(crate) fn dataset_location_mismatch(detail: String) -> Problem {
 }
 
 /// The canonical name of a gRPC status code.
-pub(crate) fn grpc_code_name(code: i32) -> &'static str {
+pub(crate) fn grpc_code_name(code: tonic::Code) -> &'static str {
     match code {
-        1 => "CANCELLED",
-        2 => "UNKNOWN",
-        3 => "INVALID_ARGUMENT",
-        4 => "DEADLINE_EXCEEDED",
-        5 => "NOT_FOUND",
-        6 => "ALREADY_EXISTS",
-        7 => "PERMISSION_DENIED",
-        8 => "RESOURCE_EXHAUSTED",
-        9 => "FAILED_PRECONDITION",
-        10 => "ABORTED",
-        11 => "OUT_OF_RANGE",
-        12 => "UNIMPLEMENTED",
-        13 => "INTERNAL",
-        14 => "UNAVAILABLE",
-        16 => "UNAUTHENTICATED",
-        _ => "OTHER",
+        tonic::Code::Ok => "OK",
+        tonic::Code::Cancelled => "CANCELLED",
+        tonic::Code::Unknown => "UNKNOWN",
+        tonic::Code::InvalidArgument => "INVALID_ARGUMENT",
+        tonic::Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        tonic::Code::NotFound => "NOT_FOUND",
+        tonic::Code::AlreadyExists => "ALREADY_EXISTS",
+        tonic::Code::PermissionDenied => "PERMISSION_DENIED",
+        tonic::Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        tonic::Code::FailedPrecondition => "FAILED_PRECONDITION",
+        tonic::Code::Aborted => "ABORTED",
+        tonic::Code::OutOfRange => "OUT_OF_RANGE",
+        tonic::Code::Unimplemented => "UNIMPLEMENTED",
+        tonic::Code::Internal => "INTERNAL",
+        tonic::Code::Unavailable => "UNAVAILABLE",
+        tonic::Code::DataLoss => "DATA_LOSS",
+        tonic::Code::Unauthenticated => "UNAUTHENTICATED",
     }
 }
 
@@ -293,8 +391,10 @@ mod tests {
         for code in [tonic::Code::InvalidArgument, tonic::Code::NotFound, tonic::Code::FailedPrecondition] {
             assert!(!BigQueryError::Grpc { operation: "append", status: tonic::Status::new(code, "x") }.is_retryable());
         }
+        let out_of_range = tonic::Code::OutOfRange;
         assert!(
-            !BigQueryError::InResponse { operation: "append", code: 11, message: "out of range".into() }.is_retryable()
+            !BigQueryError::InResponse { operation: "append", code: out_of_range, message: "out of range".into() }
+                .is_retryable()
         );
     }
 
@@ -321,7 +421,7 @@ mod tests {
             details.encode_to_vec().into(),
         );
         let error = BigQueryError::Grpc { operation: "CreateWriteStream", status };
-        let problem = error.to_problem(ErrorCode::UploadFailed);
+        let problem = error.problem(Stage::Upload);
         assert_eq!(problem.code, ErrorCode::ServiceDisabled);
         assert!(problem.hint.unwrap().contains("gcloud services enable bigquerystorage.googleapis.com"));
     }
@@ -334,19 +434,22 @@ mod tests {
                 "BigQuery Storage API has not been used in project 123 before or it is disabled",
             ),
         };
-        assert_eq!(disabled.to_problem(ErrorCode::UploadFailed).code, ErrorCode::ServiceDisabled);
+        assert_eq!(disabled.problem(Stage::Upload).code, ErrorCode::ServiceDisabled);
         let denied = BigQueryError::Grpc {
             operation: "append",
             status: tonic::Status::permission_denied("Permission bigquery.tables.updateData denied on table"),
         };
-        let problem = denied.to_problem(ErrorCode::UploadFailed);
+        let problem = denied.problem(Stage::Upload);
         assert_eq!(problem.code, ErrorCode::PermissionDenied);
         assert!(problem.detail.contains("bigquery.tables.updateData"));
-        let quota = BigQueryError::InResponse { operation: "append", code: 8, message: "Exceeds quota".into() };
-        let problem = quota.to_problem(ErrorCode::UploadFailed);
+        let code = tonic::Code::ResourceExhausted;
+        let quota = BigQueryError::InResponse { operation: "append", code, message: "Exceeds quota".into() };
+        let problem = quota.problem(Stage::Upload);
         assert_eq!(problem.code, ErrorCode::QuotaExceeded);
         assert!(problem.hint.unwrap().contains("AppendRows throughput"));
-        let other = BigQueryError::InResponse { operation: "append", code: 3, message: "bad row".into() };
-        assert_eq!(other.to_problem(ErrorCode::UploadFailed).code, ErrorCode::UploadFailed);
+        let code = tonic::Code::InvalidArgument;
+        let other = BigQueryError::InResponse { operation: "append", code, message: "bad row".into() };
+        assert_eq!(other.problem(Stage::Upload).code, ErrorCode::UploadFailed);
+        assert_eq!(other.diagnose(), None, "nothing users can fix: the stage's code");
     }
 }

@@ -1,11 +1,21 @@
-//! Query jobs with caller-chosen, deterministic job ids (`jobs.insert`, then `jobs.get` until
-//! DONE). A 409 on insert means the job exists already: it is fetched and awaited, never re-run.
+//! Query jobs with caller-chosen, deterministic job ids: `jobs.insert`, then, unless the job
+//! ended already, `jobs.getQueryResults` long polls (each answers as soon as the job completes,
+//! or after `timeoutMs`; with `maxResults=0`, as Google's clients wait for a query), then one
+//! `jobs.get` for its outcome and statistics. A 409 on insert means the job exists already: it
+//! is fetched and awaited, never re-run.
 
 use std::time::Duration;
 
 use google_cloud_bigquery_v2::model::{Job, JobConfiguration, JobConfigurationQuery, JobReference};
 
+use super::retry::{Backoff, Retried, RetryClass};
 use super::{BigQuery, BigQueryError, BigQueryResult, rest_call};
+
+/// How long one `jobs.getQueryResults` asks BigQuery to wait for the job (it may answer sooner;
+/// well inside the REST call's deadline).
+const LONG_POLL: Duration = Duration::from_secs(30);
+/// Delays between long polls that failed in passing.
+const LONG_POLL_BACKOFF: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(10));
 use crate::model::JobCost;
 
 /// How a finished job ended.
@@ -84,20 +94,83 @@ impl BigQuery {
             Err(e) if e.http_status_code() == Some(409) => (self.get_job(project, location, job_id).await?, true),
             Err(e) => return Err(BigQueryError::rest("jobs.insert")(e)),
         };
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut poll_interval = Duration::from_millis(100);
-        while !is_done(&job) {
-            if tokio::time::Instant::now() >= deadline {
-                return Err(BigQueryError::Timeout { operation: "query job", seconds: timeout.as_secs() });
-            }
-            tokio::time::sleep(poll_interval).await;
-            poll_interval = (poll_interval * 2).min(Duration::from_secs(2));
+        if !is_done(&job) {
+            self.wait_for_job(project, location, job_id, timeout).await?;
             job = self.get_job(project, location, job_id).await?;
         }
         if let Some(error) = job_error(&job) {
             return Err(error);
         }
         Ok(JobOutcome { rows_affected: rows_affected(&job), reused, cost: job_cost(&job) })
+    }
+
+    /// Waits up to `timeout` for the job to complete, with `jobs.getQueryResults` long polls. An
+    /// answer other than a passing failure ends the wait: `jobs.get` then tells how it ended.
+    async fn wait_for_job(
+        &self,
+        project: &str,
+        location: Option<&str>,
+        job_id: &str,
+        timeout: Duration,
+    ) -> BigQueryResult<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut failures = 0;
+        loop {
+            let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if remaining.is_zero() {
+                return Err(BigQueryError::Timeout { operation: "query job", seconds: timeout.as_secs() });
+            }
+            let wait_ms = remaining.min(LONG_POLL).as_millis() as u32;
+            let poll = || {
+                let request = self
+                    .jobs
+                    .get_query_results()
+                    .set_project_id(project)
+                    .set_job_id(job_id)
+                    .set_timeout_ms(wait_ms)
+                    .set_max_results(0u32);
+                match location {
+                    Some(location) => request.set_location(location).send(),
+                    None => request.send(),
+                }
+            };
+            match rest_call("jobs.getQueryResults", poll).await {
+                Ok(Ok(answer)) if answer.job_complete.unwrap_or(false) => return Ok(()),
+                Ok(Ok(_)) => failures = 0,
+                // The job failed, or cannot be read: jobs.get says which.
+                Ok(Err(e)) if e.http_status_code().is_some_and(|status| status < 500) => return Ok(()),
+                Ok(Err(e)) => {
+                    self.poll_failed(job_id, BigQueryError::rest("jobs.getQueryResults")(e), &mut failures).await?
+                }
+                Err(e) => self.poll_failed(job_id, e, &mut failures).await?,
+            }
+        }
+    }
+
+    /// A long poll that failed in passing: waits the shared backoff (the outer deadline bounds
+    /// the attempts); any other failure ends the wait with it.
+    async fn poll_failed(&self, job_id: &str, error: BigQueryError, failures: &mut u32) -> BigQueryResult<()> {
+        let class = RetryClass::of(&error);
+        *failures += 1;
+        let delay = (class != RetryClass::Permanent).then(|| LONG_POLL_BACKOFF.delay(*failures));
+        Retried {
+            operation: "jobs.getQueryResults",
+            resource: Some(job_id),
+            code: &error.code_name(),
+            class,
+            attempt: *failures,
+            delay,
+            offset: None,
+            error: &error,
+        }
+        .emit();
+        match delay {
+            Some(delay) => {
+                tokio::time::sleep(delay).await;
+                Ok(())
+            }
+            None => Err(error),
+        }
     }
 
     pub(crate) async fn get_job(&self, project: &str, location: Option<&str>, job_id: &str) -> BigQueryResult<Job> {

@@ -13,6 +13,7 @@ pub(crate) mod error;
 pub(crate) mod jobs;
 pub(crate) mod known_datasets;
 pub(crate) mod metadata;
+pub(crate) mod retry;
 pub(crate) mod write;
 
 pub(crate) use error::{BigQueryError, BigQueryResult};
@@ -72,8 +73,9 @@ pub(crate) async fn within<T>(
 }
 
 /// A REST call's answer within [`REST_CALL_DEADLINE`] (the caller judges BigQuery's errors), or
-/// a [`BigQueryError::Timeout`]. Quota answers (403/429 `rateLimitExceeded`, `quotaExceeded`)
-/// are retried after 0.5, 1, 2 and 4 s; one that persists is returned (`quota_exceeded`).
+/// a [`BigQueryError::Timeout`]. BigQuery's pushback (429, or 403 `rateLimitExceeded` /
+/// `quotaExceeded`: [`retry::RetryClass::Pushback`]) is retried [`QUOTA_RETRIES`] times after
+/// the shared backoff; one that persists is returned (`quota_exceeded`).
 pub(crate) async fn rest_call<T, Call, Answer>(
     operation: &'static str,
     mut call: Call,
@@ -83,14 +85,22 @@ where
     Answer: Future<Output = Result<T, google_cloud_gax::error::Error>>,
 {
     within(operation, REST_CALL_DEADLINE, async {
-        let mut backoff = QUOTA_FIRST_BACKOFF;
-        for _ in 0..QUOTA_RETRIES {
+        for attempt in 1..=QUOTA_RETRIES {
             match call().await {
-                Err(e) if error::is_quota(&e) => {
-                    tracing::warn!(operation, error = %e, backoff_ms = backoff.as_millis() as u64,
-                        code = "quota", "bigquery.rest.retry");
-                    tokio::time::sleep(backoff).await;
-                    backoff *= 2;
+                Err(e) if e.http_status_code() == Some(429) || error::is_quota(&e) => {
+                    let delay = QUOTA_BACKOFF.delay(attempt);
+                    retry::Retried {
+                        operation,
+                        resource: None,
+                        code: "quota",
+                        class: retry::RetryClass::Pushback,
+                        attempt,
+                        delay: Some(delay),
+                        offset: None,
+                        error: &e,
+                    }
+                    .emit();
+                    tokio::time::sleep(delay).await;
                 }
                 answer => return Ok(answer),
             }
@@ -100,9 +110,10 @@ where
     .await
 }
 
-/// Retries of a REST call that BigQuery answered with a quota error.
+/// Retries of a REST call that BigQuery answered with pushback, and the delays between them
+/// (about 0.5, 1, 2 and 4 s).
 const QUOTA_RETRIES: u32 = 4;
-const QUOTA_FIRST_BACKOFF: Duration = Duration::from_millis(500);
+const QUOTA_BACKOFF: retry::Backoff = retry::Backoff::new(Duration::from_millis(700), Duration::from_secs(6));
 
 /// `projects/p/datasets/d/tables/t`, the Storage Write API's table path.
 pub(crate) fn table_path(project: &str, dataset: &str, table: &str) -> String {
@@ -129,7 +140,7 @@ impl BigQuery {
     pub(crate) async fn connect(endpoints: Endpoints, append_gzip_level: u32) -> anyhow::Result<Self> {
         let credential_source = CredentialSource::detect(endpoints.emulator);
         let credentials = credentials::build(&credential_source).map_err(|e| {
-            let problem = e.to_problem(crate::error::ErrorCode::MissingCredentials);
+            let problem = e.problem(error::Stage::Credentials);
             anyhow::anyhow!("{}: {} (hint: {})", problem.code, problem.detail, problem.hint.unwrap_or_default())
         })?;
         let rest = &endpoints.rest;

@@ -26,10 +26,6 @@ use tower::ServiceExt as _;
 use super::append_frame::{GzipLevel, grpc_frame};
 use super::{BigQueryError, BigQueryResult, credentials};
 
-/// gRPC code `ALREADY_EXISTS`: the offset is below the stream's end, so these rows landed in an
-/// earlier attempt whose response was lost.
-const CODE_ALREADY_EXISTS: i32 = 6;
-
 const APPEND_ROWS_PATH: &str = "/google.cloud.bigquery.storage.v1.BigQueryWrite/AppendRows";
 /// Largest response message accepted. Google's clients accept more than any answer needs (Java:
 /// `setMaxInboundMessageSize(Integer.MAX_VALUE)`, `BigQueryWriteStubSettings.java`; Go's
@@ -388,18 +384,22 @@ pub(crate) fn judge_append_response(offset: i64, response: AppendRowsResponse) -
             response.row_errors.iter().take(5).map(|e| format!("row {}: {}", e.index, e.message)).collect();
         return Err(BigQueryError::InResponse {
             operation: "AppendRows",
-            code: 3,
+            code: tonic::Code::InvalidArgument,
             message: format!("BigQuery rejected rows at offset {offset}: {}", rows.join("; ")),
         });
     }
     match response.response {
         Some(append_rows_response::Response::AppendResult(_)) => Ok(AppendAck::Appended),
-        Some(append_rows_response::Response::Error(status)) if status.code == CODE_ALREADY_EXISTS => {
+        // The offset is below the stream's end: these rows landed in an earlier attempt whose
+        // response was lost.
+        Some(append_rows_response::Response::Error(status))
+            if tonic::Code::from_i32(status.code) == tonic::Code::AlreadyExists =>
+        {
             Ok(AppendAck::AlreadyPresent)
         }
         Some(append_rows_response::Response::Error(status)) => Err(BigQueryError::InResponse {
             operation: "AppendRows",
-            code: status.code,
+            code: tonic::Code::from_i32(status.code),
             message: format!("append at offset {offset} failed (code {}): {}", status.code, status.message),
         }),
         None => Err(BigQueryError::Inconsistent(format!("empty AppendRows response at offset {offset}"))),

@@ -22,9 +22,11 @@ use super::lane::{LaneContext, LaneReport, LaneTarget};
 use super::prepare::prepare;
 use super::retry::{FailureStreak, RetryAction};
 use crate::bigquery::BigQueryError;
+use crate::bigquery::error::Stage;
+use crate::bigquery::retry::{Retried, RetryClass};
 use crate::bigquery::write::{AppendAck, AppendConnection, append_request, judge_append_response};
-use crate::error::{ErrorCode, Problem};
-use crate::telemetry::{self, AppendAcknowledged, AppendFailed};
+use crate::error::Problem;
+use crate::telemetry::{self, AppendAcknowledged};
 
 /// A request sent and not yet acknowledged; it keeps its payload for replay.
 #[derive(Debug)]
@@ -219,17 +221,19 @@ impl<'a> Appender<'a> {
     /// connection that starts with a window of one.
     async fn on_failure(&mut self, error: BigQueryError) -> Result<(), Problem> {
         let (attempt, action) = self.failures.record(&self.context.retry, &error);
-        AppendFailed {
-            resource: &self.target.resource.resource,
-            offset: self.in_flight.front().map(|f| f.offset),
-            code: error.code_name(),
-            retryable: action != RetryAction::Fail,
+        Retried {
+            operation: "AppendRows",
+            resource: Some(&self.target.resource.resource),
+            code: &error.code_name(),
+            class: RetryClass::of(&error),
             attempt,
+            delay: action.delay(),
+            offset: self.in_flight.front().map(|f| f.offset),
             error: &error,
         }
         .emit();
         let RetryAction::RetryAfter(backoff) = action else {
-            return Err(error.to_problem(ErrorCode::UploadFailed));
+            return Err(error.problem(Stage::Upload));
         };
         self.connection = Connection::Closed;
         metrics::gauge!(telemetry::APPENDS_IN_FLIGHT).decrement(self.in_flight.len() as f64);

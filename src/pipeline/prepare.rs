@@ -12,12 +12,13 @@ use google_cloud_bigquery_v2::model::{Table, TableFieldSchema};
 
 use super::lane::{LaneContext, LaneTarget};
 use super::retry::{FailureStreak, RetryAction};
-use crate::bigquery::error::dataset_location_mismatch;
+use crate::bigquery::error::{Stage, dataset_location_mismatch};
 use crate::bigquery::metadata::{layout_differences, missing_columns, type_conflicts};
+use crate::bigquery::retry::{Retried, RetryClass};
 use crate::bigquery::{BigQuery, BigQueryError, table_path};
 use crate::error::{ErrorCode, Problem};
 use crate::model::staging::STAGING_TABLE_TTL;
-use crate::telemetry::{AppendFailed, LayoutMismatch, PhaseTiming};
+use crate::telemetry::{LayoutMismatch, PhaseTiming};
 
 /// Prepares the lane's tables and stream (at most `max_concurrent_prepares` at once
 /// gateway-wide); returns the PENDING stream's name.
@@ -29,7 +30,7 @@ pub(super) async fn prepare(context: &LaneContext, target: &LaneTarget) -> Resul
     tracing::info!(run_id = %resource.delivery.run_id(), execution_id = %resource.delivery.execution_id(),
         resource = %resource.resource, table = %target.destination_table, "bigquery.write.prepare.started");
     let bigquery = &context.bigquery;
-    let fail = |e: BigQueryError| e.to_problem(ErrorCode::BigqueryError);
+    let fail = |e: BigQueryError| e.problem(Stage::Setup);
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
     let existing_location =
         bigquery.ensure_dataset(project, dataset, target.location.as_deref()).await.map_err(fail)?;
@@ -44,7 +45,7 @@ pub(super) async fn prepare(context: &LaneContext, target: &LaneTarget) -> Resul
     // A stream created by an attempt whose answer was lost stays empty and is never committed.
     let stream_name = retried(context, target, || bigquery.writer().create_pending_stream(&staging_path))
         .await
-        .map_err(|e| e.to_problem(ErrorCode::UploadFailed))?;
+        .map_err(|e| e.problem(Stage::Upload))?;
     context.store.set_stream_name(resource, &stream_name).await?;
     PhaseTiming { resource: &resource.resource, phase: "prepare", duration: started.elapsed() }.emit();
     Ok(stream_name)
@@ -64,9 +65,17 @@ where
             Err(error) => error,
         };
         let (attempt, action) = failures.record(&context.retry, &error);
-        let resource = &target.resource.resource;
-        let retryable = action != RetryAction::Fail;
-        AppendFailed { resource, offset: None, code: error.code_name(), retryable, attempt, error: &error }.emit();
+        Retried {
+            operation: "CreateWriteStream",
+            resource: Some(&target.resource.resource),
+            code: &error.code_name(),
+            class: RetryClass::of(&error),
+            attempt,
+            delay: action.delay(),
+            offset: None,
+            error: &error,
+        }
+        .emit();
         match action {
             RetryAction::RetryAfter(delay) => tokio::time::sleep(delay).await,
             RetryAction::Fail => return Err(error),
@@ -93,7 +102,7 @@ fn check_location(target: &LaneTarget, existing: Option<&str>) -> Result<(), Pro
 /// layout other than the declared one.
 async fn prepare_destination(context: &LaneContext, target: &LaneTarget) -> Result<(), Problem> {
     let (bigquery, layout) = (&context.bigquery, &target.destination_layout);
-    let fail = |e: BigQueryError| e.to_problem(ErrorCode::BigqueryError);
+    let fail = |e: BigQueryError| e.problem(Stage::Setup);
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
     let (table, wanted) = (&target.destination_table, &target.destination_columns);
     let Some(existing_table) = bigquery.get_table(project, dataset, table).await.map_err(fail)? else {
@@ -134,7 +143,7 @@ async fn extend_destination(
     target: &LaneTarget,
     existing: &[TableFieldSchema],
 ) -> Result<(), Problem> {
-    let fail = |e: BigQueryError| e.to_problem(ErrorCode::BigqueryError);
+    let fail = |e: BigQueryError| e.problem(Stage::Setup);
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
     let (table, wanted) = (&target.destination_table, &target.destination_columns);
     let conflicts = type_conflicts(existing, wanted);

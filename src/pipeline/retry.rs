@@ -1,7 +1,7 @@
-//! The retry decision of the appender, in one place (vector's `RetryLogic`): whether a failed
-//! AppendRows attempt is tried again, and after how long (exponential backoff with full
-//! jitter). What BigQuery failures are retryable at all is classified once, by
-//! [`BigQueryError::is_retryable`].
+//! The retry budget of a lane's Storage Write calls (AppendRows, CreateWriteStream): whether a
+//! failed attempt is tried again, and after how long. What a failure means is classified once
+//! ([`RetryClass`]) and the delays are the shared [`Backoff`] (`bigquery::retry`, the one retry
+//! vocabulary of every BigQuery call).
 //!
 //! Two budgets, both counted since the last acknowledgement (progress resets them):
 //! - a retryable failure is tried again up to `max_attempts` attempts;
@@ -12,6 +12,7 @@
 use std::time::{Duration, Instant};
 
 use crate::bigquery::BigQueryError;
+use crate::bigquery::retry::{Backoff, RetryClass};
 
 /// What to do after a failed attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,16 +23,26 @@ pub(crate) enum RetryAction {
     Fail,
 }
 
+impl RetryAction {
+    /// The delay before the next attempt, when there is one.
+    pub(crate) fn delay(self) -> Option<Duration> {
+        match self {
+            RetryAction::RetryAfter(delay) => Some(delay),
+            RetryAction::Fail => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RetryPolicy {
     /// Attempts per request, the first included (quota failures aside).
     pub(crate) max_attempts: u32,
-    pub(crate) initial_backoff: Duration,
-    pub(crate) max_backoff: Duration,
+    /// Delays between attempts after a transient failure.
+    pub(crate) backoff: Backoff,
     /// How long `RESOURCE_EXHAUSTED` is waited out before the execution fails.
     pub(crate) quota_wait: Duration,
-    /// Longest delay between two attempts while the quota is exhausted.
-    pub(crate) max_quota_backoff: Duration,
+    /// Delays between attempts while the quota is exhausted (longer at the most).
+    pub(crate) quota_backoff: Backoff,
     /// How long the oldest request in flight waits for its answer before the attempt fails
     /// (retryable, as a broken connection).
     pub(crate) response_timeout: Duration,
@@ -59,7 +70,7 @@ impl FailureStreak {
 
     /// Counts `error` and returns the attempt number (within its kind) and the decision.
     pub(crate) fn record(&mut self, policy: &RetryPolicy, error: &BigQueryError) -> (u32, RetryAction) {
-        if error.is_quota_exhausted() {
+        if RetryClass::of(error) == RetryClass::Pushback {
             self.quota_attempts += 1;
             let failing_for = self.quota_since.get_or_insert_with(Instant::now).elapsed();
             (self.quota_attempts, policy.decide(error, self.quota_attempts, failing_for))
@@ -72,39 +83,26 @@ impl FailureStreak {
 
 impl RetryPolicy {
     /// The decision after `failed_attempts` consecutive failures of this kind (this one
-    /// included); `quota_failing_for` is how long the quota has been exhausted (quota errors).
+    /// included); `quota_failing_for` is how long the quota has been exhausted (pushback).
     pub(crate) fn decide(
         &self,
         error: &BigQueryError,
         failed_attempts: u32,
         quota_failing_for: Duration,
     ) -> RetryAction {
-        if error.is_quota_exhausted() {
-            let Some(remaining) = self.quota_wait.checked_sub(quota_failing_for).filter(|r| !r.is_zero()) else {
-                return RetryAction::Fail;
-            };
-            let delay = backoff(self.initial_backoff, self.max_quota_backoff, failed_attempts);
-            return RetryAction::RetryAfter(delay.min(remaining));
-        }
-        if error.is_retryable() && failed_attempts < self.max_attempts {
-            RetryAction::RetryAfter(self.backoff(failed_attempts))
-        } else {
-            RetryAction::Fail
+        match RetryClass::of(error) {
+            RetryClass::Pushback => {
+                let Some(remaining) = self.quota_wait.checked_sub(quota_failing_for).filter(|r| !r.is_zero()) else {
+                    return RetryAction::Fail;
+                };
+                RetryAction::RetryAfter(self.quota_backoff.delay(failed_attempts).min(remaining))
+            }
+            RetryClass::Transient if failed_attempts < self.max_attempts => {
+                RetryAction::RetryAfter(self.backoff.delay(failed_attempts))
+            }
+            _ => RetryAction::Fail,
         }
     }
-
-    /// Delay before retry number `attempt` (1-based): uniform in [ceiling/2, ceiling], where the
-    /// ceiling doubles from `initial_backoff` up to `max_backoff`.
-    pub(crate) fn backoff(&self, attempt: u32) -> Duration {
-        backoff(self.initial_backoff, self.max_backoff, attempt)
-    }
-}
-
-fn backoff(initial: Duration, max: Duration, attempt: u32) -> Duration {
-    let exponent = attempt.saturating_sub(1).min(20);
-    let ceiling = initial.saturating_mul(1 << exponent).min(max);
-    let half = ceiling / 2;
-    half + half.mul_f64(rand::random::<f64>())
 }
 
 #[cfg(test)]
@@ -114,22 +112,11 @@ mod tests {
     fn policy() -> RetryPolicy {
         RetryPolicy {
             max_attempts: 8,
-            initial_backoff: Duration::from_millis(200),
-            max_backoff: Duration::from_secs(10),
+            backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(10)),
             quota_wait: Duration::from_secs(900),
-            max_quota_backoff: Duration::from_secs(30),
+            quota_backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(30)),
             response_timeout: Duration::from_secs(300),
             send_timeout: Duration::from_secs(60),
-        }
-    }
-
-    #[test]
-    fn backoff_grows_with_jitter_and_is_capped() {
-        let policy = policy();
-        for attempt in 1..=12 {
-            let ceiling = (Duration::from_millis(200) * 2u32.pow(attempt.min(20) - 1)).min(Duration::from_secs(10));
-            let delay = policy.backoff(attempt);
-            assert!(delay >= ceiling / 2 && delay <= ceiling, "attempt {attempt}: {delay:?}");
         }
     }
 
@@ -150,7 +137,8 @@ mod tests {
         let status = BigQueryError::grpc("AppendRows")(tonic::Status::resource_exhausted(
             "Exceeds 'AppendRows throughput' quota",
         ));
-        let in_response = BigQueryError::InResponse { operation: "AppendRows", code: 8, message: "quota".into() };
+        let code = tonic::Code::ResourceExhausted;
+        let in_response = BigQueryError::InResponse { operation: "AppendRows", code, message: "quota".into() };
         for quota in [&status, &in_response] {
             for attempt in [1, 8, 50, 500] {
                 let RetryAction::RetryAfter(delay) = policy.decide(quota, attempt, Duration::from_secs(60)) else {

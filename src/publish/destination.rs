@@ -12,19 +12,21 @@ use google_cloud_bigquery_v2::model::Table;
 
 use crate::bigquery::BigQueryError;
 use crate::bigquery::collation::{collated_columns, own_collations};
+use crate::bigquery::error::Stage;
 use crate::bigquery::jobs::{JobOutcome, QueryJob};
+use crate::bigquery::retry::{Backoff, Retried, RetryClass};
 use crate::error::{ErrorCode, Problem};
 use crate::model::bounds::{KeyRange, KeyValue, covering_ranges};
 use crate::model::columns::{BigQueryType, Collation, Column};
-use crate::model::{DeliveryRef, PublicationState, ResourceName, WriteMode};
+use crate::model::{DeliveryRef, ResourceName, WriteMode};
 use crate::pipeline::LaneReport;
-use crate::store::{NewPublication, ResourceRecord, RunRecord};
+use crate::store::{NewPublication, PublicationEnd, ResourceRecord, RunRecord};
 use crate::telemetry::{self, PublishTiming};
 
-/// Attempts of one publication (the first included) when its jobs fail transiently.
+/// Attempts of one publication (the first included) when its jobs fail in passing.
 const MAX_PUBLICATION_ATTEMPTS: u32 = 4;
-/// Delay before the second attempt; doubled before each further one.
-const PUBLICATION_RETRY_BACKOFF: Duration = Duration::from_secs(1);
+/// Delays before the next attempt: about 1, 2 and 4 s.
+const PUBLICATION_BACKOFF: Backoff = Backoff::new(Duration::from_millis(1400), Duration::from_secs(30));
 
 /// How one publication ended when it did not fail for good.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,6 +85,35 @@ pub(crate) fn string_key_columns<'a>(columns: &'a [Column], key: &[String]) -> V
         .collect()
 }
 
+/// One publication's query job: what it runs, for which delivery and resource, under which
+/// fingerprint.
+struct PublicationJob<'a> {
+    run: &'a RunRecord,
+    delivery: &'a DeliveryRef,
+    resource: &'a ResourceRecord,
+    fingerprint: String,
+    statement: Statement<'a>,
+}
+
+impl PublicationJob<'_> {
+    /// The job id of attempt `attempt` (1-based).
+    fn job_id(&self, attempt: u32) -> String {
+        let base = job_id::publication_job_id(self.delivery, self.resource, &self.run.destination.dataset);
+        job_id::attempt_job_id(&base, attempt)
+    }
+
+    /// `dataset.table`.
+    fn destination(&self) -> String {
+        format!("{}.{}", self.run.destination.dataset, self.resource.table_name)
+    }
+}
+
+/// Whether a failed job may succeed when run again under a new job id: it failed (BigQuery ran
+/// it) for a passing reason or for its rate limits.
+fn reruns(error: &BigQueryError) -> bool {
+    matches!(error, BigQueryError::JobFailed { .. }) && RetryClass::of(error) != RetryClass::Permanent
+}
+
 /// What a publication writes into its destination.
 struct Statement<'a> {
     /// The staged rows, or `None` for an empty replacement (a truncation).
@@ -139,7 +170,10 @@ impl Publisher {
             Reconciled::Refuse(problem) => return Err(problem),
         }
         match self.statement(run, planned, &key_ranges).await? {
-            Some(statement) => self.run_and_record(run, delivery, resource, &fingerprint, &statement).await,
+            Some(statement) => {
+                let job = PublicationJob { run, delivery, resource, fingerprint, statement };
+                self.run_and_record(&job).await
+            }
             None => Ok(PublishOutcome::Published),
         }
     }
@@ -194,7 +228,7 @@ impl Publisher {
         let destination = sql::TableRef { project, dataset, table: &resource.table_name };
         let Some(report) = planned.staged else {
             let exists = self.bigquery.table_fields(project, dataset, &resource.table_name).await;
-            let exists = exists.map_err(|e| e.to_problem(ErrorCode::PublicationFailed))?.is_some();
+            let exists = exists.map_err(|e| e.problem(Stage::Publication))?.is_some();
             return Ok(exists.then(|| Statement { staged: None, sql: sql::truncate_statement(&destination) }));
         };
         if report.rows_sent == 0 && !replace {
@@ -231,7 +265,7 @@ impl Publisher {
             return Ok(KeysAsCompared { ranges: key_ranges.to_vec(), collations: Vec::new() });
         }
         let table = self.bigquery.get_table(destination.project, destination.dataset, destination.table).await;
-        let table = table.map_err(|e| e.to_problem(ErrorCode::PublicationFailed))?.unwrap_or_default();
+        let table = table.map_err(|e| e.problem(Stage::Publication))?.unwrap_or_default();
         let compared = KeysAsCompared::in_table(&table, &string_keys, key_ranges);
         let collated = collated_columns(&table);
         for key_column in &string_keys {
@@ -247,64 +281,58 @@ impl Publisher {
         Ok(compared)
     }
 
-    /// Runs the publication's job, and after a transient failure (BigQuery's passing reasons, a
-    /// DML conflict) runs it again under the next attempt's job id, after a backoff, up to
-    /// [`MAX_PUBLICATION_ATTEMPTS`].
-    async fn run_and_record(
-        &self,
-        run: &RunRecord,
-        delivery: &DeliveryRef,
-        resource: &ResourceRecord,
-        fingerprint: &str,
-        statement: &Statement<'_>,
-    ) -> Result<PublishOutcome, Problem> {
-        let (run_id, execution_id) = (delivery.run_id(), delivery.execution_id());
-        let base = job_id::publication_job_id(
-            run_id,
-            execution_id,
-            &resource.resource,
-            &run.destination.dataset,
-            &resource.table_name,
-            resource.write_mode,
-        );
+    /// Runs the publication's job, and after a failure in passing (BigQuery's passing reasons,
+    /// its rate limits, a DML conflict) runs it again under the next attempt's job id, after the
+    /// shared backoff, up to [`MAX_PUBLICATION_ATTEMPTS`]. Each attempt's job id and the
+    /// fingerprint are recorded before its job is submitted.
+    async fn run_and_record(&self, job: &PublicationJob<'_>) -> Result<PublishOutcome, Problem> {
         let mut attempt = 1;
         loop {
-            let job_id = job_id::attempt_job_id(&base, attempt);
-            let outcome = self.run_attempt(run, delivery, resource, fingerprint, statement, &job_id).await?;
+            let job_id = job.job_id(attempt);
+            let destination = job.destination();
+            let record = NewPublication {
+                delivery: job.delivery,
+                resource: &job.resource.resource,
+                destination: &destination,
+                job_id: &job_id,
+                fingerprint: &job.fingerprint,
+            };
+            self.store.begin_publication(&record).await?;
+            let outcome = self.submit(job, &job_id).await;
             match outcome {
-                Err(e) if e.is_transient_job_failure() && attempt < MAX_PUBLICATION_ATTEMPTS => {
-                    tracing::warn!(%run_id, %execution_id, resource = %resource.resource, %job_id, phase = "publish",
-                        retryable = true, attempt, error = %e, "bigquery.write.retry");
-                    tokio::time::sleep(PUBLICATION_RETRY_BACKOFF * 2u32.pow(attempt - 1)).await;
+                Err(e) if reruns(&e) && attempt < MAX_PUBLICATION_ATTEMPTS => {
+                    let delay = PUBLICATION_BACKOFF.delay(attempt);
+                    Retried {
+                        operation: "query job",
+                        resource: Some(&job.resource.resource),
+                        code: &e.code_name(),
+                        class: RetryClass::of(&e),
+                        attempt,
+                        delay: Some(delay),
+                        offset: None,
+                        error: &e,
+                    }
+                    .emit();
+                    tokio::time::sleep(delay).await;
                     attempt += 1;
                 }
-                outcome => return self.record_outcome(delivery, resource, &job_id, outcome).await,
+                outcome => return self.record_outcome(job, &job_id, outcome).await,
             }
         }
     }
 
-    /// Records the attempt (job id and fingerprint) before submitting its job, then runs it.
-    async fn run_attempt(
-        &self,
-        run: &RunRecord,
-        delivery: &DeliveryRef,
-        resource: &ResourceRecord,
-        fingerprint: &str,
-        statement: &Statement<'_>,
-        job_id: &str,
-    ) -> Result<Result<JobOutcome, BigQueryError>, Problem> {
-        let (run_id, execution_id, name) = (delivery.run_id(), delivery.execution_id(), &resource.resource);
-        let destination = format!("{}.{}", run.destination.dataset, resource.table_name);
-        let record = NewPublication { delivery, resource: name, destination: &destination, job_id, fingerprint };
-        self.store.begin_publication(&record).await?;
-        let staged_rows = statement.staged.map_or(0, |report| report.rows_sent);
-        tracing::info!(%run_id, %execution_id, resource = %name, %job_id, staged_rows, "bigquery.write.publish.started");
-        let labels = job_id::publication_labels(run_id, execution_id, name);
+    /// Submits the attempt's job and waits for it.
+    async fn submit(&self, job: &PublicationJob<'_>, job_id: &str) -> Result<JobOutcome, BigQueryError> {
+        let (run, name) = (job.run, &job.resource.resource);
+        let staged_rows = job.statement.staged.map_or(0, |report| report.rows_sent);
+        tracing::info!(run_id = %job.delivery.run_id(), execution_id = %job.delivery.execution_id(), resource = %name,
+            %job_id, staged_rows, "bigquery.write.publish.started");
+        let labels = job_id::publication_labels(job.delivery, name);
         let query = QueryJob {
             project: run.job_project.as_deref().unwrap_or(&run.destination.project),
             location: run.destination.location(),
             job_id,
-            sql: &statement.sql,
+            sql: &job.statement.sql,
             labels: &labels,
             maximum_bytes_billed: run.maximum_bytes_billed,
             timeout: self.query_job_timeout,
@@ -319,39 +347,36 @@ impl Publisher {
         };
         metrics::histogram!(telemetry::PUBLICATION_DURATION, "outcome" => outcome_label).record(duration.as_secs_f64());
         let cost = outcome.as_ref().ok().map(|o| &o.cost);
-        let (dataset, table) = (run.destination.dataset.as_str(), resource.table_name.as_str());
+        let (dataset, table) = (run.destination.dataset.as_str(), job.resource.table_name.as_str());
         PublishTiming { resource: name, dataset, table, duration, cost }.emit();
-        Ok(outcome)
+        outcome
     }
 
     /// Records how the publication's last attempt ended.
     async fn record_outcome(
         &self,
-        delivery: &DeliveryRef,
-        resource: &ResourceRecord,
+        job: &PublicationJob<'_>,
         job_id: &str,
         outcome: Result<JobOutcome, BigQueryError>,
     ) -> Result<PublishOutcome, Problem> {
-        let (run_id, execution_id, name) = (delivery.run_id(), delivery.execution_id(), &resource.resource);
-        let execution = &delivery.execution;
+        let (execution, name) = (&job.delivery.execution, &job.resource.resource);
         match outcome {
             Ok(outcome) => {
-                let rows = outcome.rows_affected;
                 self.store.record_publication_cost(execution, name, &outcome.cost).await?;
-                self.store.finish_publication(execution, name, PublicationState::Done, rows, None).await?;
+                let rows = outcome.rows_affected;
+                self.store.finish_publication(execution, name, PublicationEnd::Done { rows_affected: rows }).await?;
                 metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "done").increment(1);
                 Ok(PublishOutcome::Published)
             }
             Err(e) if e.is_retryable() => {
-                tracing::warn!(%run_id, %execution_id, resource = %name, %job_id, error = %e,
-                    "lost track of the publication job; a redelivery re-attaches to it");
+                tracing::warn!(run_id = %job.delivery.run_id(), execution_id = %job.delivery.execution_id(),
+                    resource = %name, %job_id, error = %e, "lost track of the publication job; a redelivery re-attaches to it");
                 metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "unfinished").increment(1);
-                Ok(PublishOutcome::Unfinished(e.to_problem(ErrorCode::PublicationFailed)))
+                Ok(PublishOutcome::Unfinished(e.problem(Stage::Publication)))
             }
             Err(e) => {
-                let problem = e.to_problem(ErrorCode::PublicationFailed);
-                let failed = PublicationState::Failed;
-                self.store.finish_publication(execution, name, failed, None, Some(&problem)).await?;
+                let problem = e.problem(Stage::Publication);
+                self.store.finish_publication(execution, name, PublicationEnd::Failed(&problem)).await?;
                 metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "failed").increment(1);
                 Err(problem)
             }

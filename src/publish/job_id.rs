@@ -4,7 +4,8 @@
 
 use sha2::{Digest as _, Sha256};
 
-use crate::model::WriteMode;
+use crate::model::DeliveryRef;
+use crate::store::ResourceRecord;
 
 /// BigQuery's limit on job id length.
 const MAX_JOB_ID_LEN: usize = 1024;
@@ -19,14 +20,9 @@ fn sanitize(part: &str) -> String {
 /// The short hash of the unsanitised parts, and of the resource (two resources may publish
 /// into one table with one mode), keeps ids distinct when sanitising or truncating would make
 /// two of them equal.
-pub(crate) fn publication_job_id(
-    run_id: &str,
-    execution_id: &str,
-    resource: &str,
-    dataset: &str,
-    table: &str,
-    write_mode: WriteMode,
-) -> String {
+pub(crate) fn publication_job_id(delivery: &DeliveryRef, resource: &ResourceRecord, dataset: &str) -> String {
+    let (run_id, execution_id) = (delivery.run_id(), delivery.execution_id());
+    let (table, write_mode, resource) = (&resource.table_name, resource.write_mode, &resource.resource);
     let digest =
         Sha256::digest(format!("{run_id}\n{execution_id}\n{resource}\n{dataset}\n{table}\n{write_mode}").as_bytes());
     let hash = &hex::encode(digest)[..12];
@@ -53,10 +49,10 @@ fn label_value(part: &str) -> String {
 
 /// The labels of a publication job, so users find it in `INFORMATION_SCHEMA.JOBS` and billing
 /// exports: `filament_run`, `filament_execution`, `filament_resource`.
-pub(crate) fn publication_labels(run_id: &str, execution_id: &str, resource: &str) -> Vec<(&'static str, String)> {
+pub(crate) fn publication_labels(delivery: &DeliveryRef, resource: &str) -> Vec<(&'static str, String)> {
     vec![
-        ("filament_run", label_value(run_id)),
-        ("filament_execution", label_value(execution_id)),
+        ("filament_run", label_value(delivery.run_id())),
+        ("filament_execution", label_value(delivery.execution_id())),
         ("filament_resource", label_value(resource)),
     ]
 }
@@ -65,24 +61,39 @@ pub(crate) fn publication_labels(run_id: &str, execution_id: &str, resource: &st
 mod tests {
     use super::*;
 
+    use crate::model::{ExecutionId, ExecutionKey, RunId, WriteMode};
+
+    fn delivery(run: &str, execution: &str) -> DeliveryRef {
+        ExecutionKey { run_id: RunId::parse(run).unwrap(), execution_id: ExecutionId::parse(execution).unwrap() }
+            .delivery(1)
+    }
+
+    fn resource(name: &str, table: &str, write_mode: WriteMode) -> ResourceRecord {
+        ResourceRecord {
+            resource: name.parse().unwrap(),
+            table_name: table.into(),
+            write_mode,
+            primary_key: vec![],
+            table_options: None,
+            layout_mismatch: None,
+        }
+    }
+
     #[test]
     fn job_ids_are_deterministic_valid_and_distinct() {
-        let a = publication_job_id("run-1", "exec-1", "users", "raw", "users", WriteMode::FullAppend);
-        assert_eq!(a, publication_job_id("run-1", "exec-1", "users", "raw", "users", WriteMode::FullAppend));
+        let users = resource("users", "users", WriteMode::FullAppend);
+        let a = publication_job_id(&delivery("run-1", "exec-1"), &users, "raw");
+        assert_eq!(a, publication_job_id(&delivery("run-1", "exec-1"), &users, "raw"));
         assert!(a.starts_with("filament_run-1_exec-1_raw_users_full_append_"));
-        assert_ne!(a, publication_job_id("run-1", "exec-2", "users", "raw", "users", WriteMode::FullAppend));
-        assert_ne!(a, publication_job_id("run-1", "exec-1", "users", "raw", "users", WriteMode::IncrementalAppend));
-        assert_ne!(a, publication_job_id("run-1", "exec-1", "users_2", "raw", "users", WriteMode::FullAppend));
-        let long = publication_job_id(
-            &"r".repeat(64),
-            &"e".repeat(64),
-            &"x".repeat(128),
-            &"d".repeat(1024),
-            &"t".repeat(1024),
-            WriteMode::CdcMerge,
-        );
+        assert_ne!(a, publication_job_id(&delivery("run-1", "exec-2"), &users, "raw"));
+        let incremental = resource("users", "users", WriteMode::IncrementalAppend);
+        assert_ne!(a, publication_job_id(&delivery("run-1", "exec-1"), &incremental, "raw"));
+        let other = resource("users_2", "users", WriteMode::FullAppend);
+        assert_ne!(a, publication_job_id(&delivery("run-1", "exec-1"), &other, "raw"));
+        let longest = resource(&"x".repeat(128), &"t".repeat(1024), WriteMode::CdcMerge);
+        let long = publication_job_id(&delivery(&"r".repeat(64), &"e".repeat(64)), &longest, &"d".repeat(1024));
         assert!(attempt_job_id(&long, 99).len() <= MAX_JOB_ID_LEN);
-        let labels = publication_labels("Run-1", &"E".repeat(64), "public.Users");
+        let labels = publication_labels(&delivery("Run-1", &"E".repeat(64)), "public.Users");
         assert_eq!(labels[0], ("filament_run", "run-1".to_string()));
         assert_eq!(labels[1].1.len(), 63);
         assert_eq!(labels[2].1, "public_users");

@@ -13,6 +13,7 @@
 pub(crate) mod destination;
 pub(crate) mod fingerprint;
 pub(crate) mod job_id;
+mod lifecycle;
 mod plan;
 pub(crate) mod reconcile;
 pub(crate) mod sql;
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 
+use crate::bigquery::error::Stage;
 use crate::bigquery::write::CommitOutcome;
 use crate::bigquery::{BigQuery, BigQueryError, table_path};
 use crate::error::{ErrorCode, Problem};
@@ -29,6 +31,7 @@ use crate::pipeline::{LaneReport, Pipeline};
 use crate::store::{ExecutionRecord, RunRecord, Store};
 use crate::telemetry::{self, PhaseTiming};
 use destination::{PublishOutcome, Published};
+pub(crate) use lifecycle::{AbortOutcome, CommitStart, Committing};
 
 /// Runs commits. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -44,13 +47,11 @@ pub(crate) struct Publisher {
 }
 
 impl Publisher {
-    /// Commits one delivery already moved to `committing`. Any failure fails the execution with
-    /// its problem; the terminal record is returned either way.
-    pub(crate) async fn commit(
-        &self,
-        run: &RunRecord,
-        execution: &ExecutionRecord,
-    ) -> Result<ExecutionRecord, Problem> {
+    /// Commits one delivery [`Self::begin_commit`] moved to `committing`. Any failure fails the
+    /// execution with its problem; the terminal record is returned either way.
+    pub(crate) async fn commit(&self, committing: Committing) -> Result<ExecutionRecord, Problem> {
+        let Committing { run, execution } = committing;
+        let run = &run;
         let delivery = execution.delivery_ref();
         let result = self.commit_inner(run, &delivery).await;
         self.pipeline.forget(&delivery.execution, delivery.delivery);
@@ -178,7 +179,7 @@ impl Publisher {
     /// answer was lost is resolved by asking BigQuery whether the stream shows a commit time.
     async fn commit_stream(&self, run: &RunRecord, delivery: &DeliveryRef, report: &LaneReport) -> Result<(), Problem> {
         let writer = self.bigquery.writer();
-        let upload_failed = |e: BigQueryError| e.to_problem(ErrorCode::UploadFailed);
+        let upload_failed = |e: BigQueryError| e.problem(Stage::Upload);
         let timing =
             |phase, started: Instant| PhaseTiming { resource: &report.resource, phase, duration: started.elapsed() };
         let started = Instant::now();

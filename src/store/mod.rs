@@ -15,7 +15,7 @@ mod runs;
 
 pub(crate) use batches::{HandedOverStream, InsertBatch, NewBatch, ReceiptRecord};
 pub(crate) use executions::{ExecutionRecord, Lease, OpenExecution, ResourceProgress};
-pub(crate) use publications::{NewPublication, PublicationRecord};
+pub(crate) use publications::{NewPublication, PublicationEnd, PublicationRecord};
 pub(crate) use runs::{NewRun, ResourceRecord, ResourceUpsert, RunRecord};
 
 use std::time::Duration;

@@ -19,6 +19,15 @@ pub(crate) struct PublicationRecord {
     pub(crate) cost: JobCost,
 }
 
+/// How a publication's job ended.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum PublicationEnd<'a> {
+    /// The job ran; `rows_affected` as BigQuery reports it (DML statistics).
+    Done { rows_affected: Option<i64> },
+    /// The job failed for good, with the problem it is reported as.
+    Failed(&'a Problem),
+}
+
 /// A publication about to be submitted.
 #[derive(Debug, Clone)]
 pub(crate) struct NewPublication<'a> {
@@ -96,14 +105,17 @@ impl Store {
         Ok(())
     }
 
+    /// Records how the publication's job ended.
     pub(crate) async fn finish_publication(
         &self,
         execution: &ExecutionKey,
         resource: &ResourceName,
-        state: PublicationState,
-        rows_affected: Option<i64>,
-        error: Option<&Problem>,
+        end: PublicationEnd<'_>,
     ) -> StoreResult<()> {
+        let (state, rows_affected, error) = match end {
+            PublicationEnd::Done { rows_affected } => (PublicationState::Done, rows_affected, None),
+            PublicationEnd::Failed(problem) => (PublicationState::Failed, None, Some(problem)),
+        };
         let error = error.map(serde_json::to_value).transpose().map_err(|e| StoreError::Corrupt(e.to_string()))?;
         sqlx::query(
             "UPDATE publications SET state = $4, rows_affected = $5, error = $6, updated_at = now()

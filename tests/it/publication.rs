@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use crate::support::arrow::{batch, ids, ipc_stream};
 use crate::support::fake_write::FakeWrite;
 use crate::support::rest_proxy::{JobMode, RestProxy};
-use crate::support::{Gateway, GatewayOptions, eventually, required_env};
+use crate::support::{Gateway, GatewayOptions, TestRun, eventually, required_env};
 
 /// Run `r`, execution `e`: twelve `full_append` resources (tables `t00` to `t11` of one
 /// dataset), ten rows posted to each at once.
@@ -49,6 +49,24 @@ async fn destinations_publish_at_once(setting: Option<&str>, publish_at_once: us
     assert!(published.iter().all(|r| r["publication"]["state"] == "done"), "{committed}");
     assert_eq!(proxy.queries().len(), 12);
     assert_eq!(proxy.state.lock().unwrap().max_running, publish_at_once);
+}
+
+/// A running job is awaited with `jobs.getQueryResults` long polls (answered when it completes),
+/// then read once with `jobs.get`, not polled on a schedule: a 3-second job takes one long poll.
+#[tokio::test(flavor = "multi_thread")]
+async fn running_jobs_are_awaited_with_one_long_poll_each() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
+    TestRun::new("r", "e").full_append(&["t"]).open(&gw).await;
+    gw.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..10)])).await;
+    proxy.set_jobs(JobMode::RunFor(Duration::from_secs(3)));
+    assert_eq!(gw.commit_and_wait("r", "e").await["state"], "committed");
+    let long_polls = proxy.requests("GET", "/queries/");
+    assert_eq!(long_polls.len(), 1, "{long_polls:?}");
+    assert!(
+        long_polls[0].path_and_query.contains("timeoutMs=") && long_polls[0].path_and_query.contains("maxResults=0")
+    );
+    assert_eq!(proxy.requests("GET", "/jobs/").len(), 1, "one jobs.get, for the outcome");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -39,5 +39,11 @@ async fn rest_quota_answers_are_retried_then_reported_as_quota_exceeded() {
         assert!(attempts >= 4, "{project}: the quota answer was retried ({attempts} attempts)");
         assert!(started.elapsed() < Duration::from_secs(15), "{project}: answered in {:?}", started.elapsed());
     }
-    assert!(gw.logs().contains("bigquery.rest.retry"), "each retry is logged");
+    let logs = gw.logs();
+    let retries: Vec<&str> = logs.lines().filter(|l| l.contains("bigquery.write.retry")).collect();
+    assert!(retries.len() >= 8, "each retry is logged: {retries:?}");
+    assert!(
+        retries.iter().all(|l| l.contains("operation=\"jobs.insert\"") && l.contains("class=\"pushback\"")),
+        "{retries:?}"
+    );
 }

@@ -227,9 +227,23 @@ fn with_collations(shared: &Shared, path: &str, bytes: Bytes) -> Bytes {
     Bytes::from(serde_json::to_vec(&answer).unwrap())
 }
 
-/// The job id of a `jobs.get` path (`.../jobs/{id}`).
+/// The job id of a `jobs.get` path (`.../jobs/{id}`) or a `jobs.getQueryResults` one
+/// (`.../queries/{id}`).
 fn job_id_of(path: &str) -> Option<String> {
-    path.split("/jobs/").nth(1).map(|id| id.trim_end_matches('/').to_string())
+    path.split("/jobs/")
+        .nth(1)
+        .or_else(|| path.split("/queries/").nth(1))
+        .map(|id| id.trim_end_matches('/').to_string())
+}
+
+/// The `timeoutMs` of a `jobs.getQueryResults` query string (BigQuery's default: 10 s).
+fn long_poll_wait(path_and_query: &str) -> Duration {
+    let millis = path_and_query
+        .split_once('?')
+        .and_then(|(_, query)| query.split('&').find_map(|pair| pair.strip_prefix("timeoutMs=")))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(10_000);
+    Duration::from_millis(millis)
 }
 
 async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
@@ -266,7 +280,9 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         let error = bigquery_error(403, "PERMISSION_DENIED", &message, "accessDenied", vec![]);
         return (StatusCode::FORBIDDEN, axum::Json(error)).into_response();
     }
-    let get_id = (method == "GET").then(|| job_id_of(&path)).flatten();
+    let get_id = (method == "GET" && (path.contains("/jobs/") || path.contains("/queries/")))
+        .then(|| job_id_of(&path))
+        .flatten();
     if is_insert || get_id.is_some() {
         let id =
             get_id.clone().unwrap_or_else(|| json_body["jobReference"]["jobId"].as_str().unwrap_or("").to_string());
@@ -298,14 +314,26 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
                 }
             }
             JobMode::RunFor(duration) => {
-                let mut state = shared.state.lock().unwrap();
                 let now = Instant::now();
-                if is_insert {
-                    state.running.insert(id.clone(), now + duration);
+                let done_at = {
+                    let mut state = shared.state.lock().unwrap();
+                    if is_insert {
+                        state.running.insert(id.clone(), now + duration);
+                    }
+                    let running = state.running.values().filter(|done_at| **done_at > now).count();
+                    state.max_running = state.max_running.max(running);
+                    state.running.get(&id).copied().unwrap_or(now)
+                };
+                if path.contains("/queries/") {
+                    // A long poll: answered when the job completes, or after timeoutMs.
+                    let waited = done_at.saturating_duration_since(now).min(long_poll_wait(&path_and_query));
+                    tokio::time::sleep(waited).await;
+                    let complete = Instant::now() >= done_at;
+                    let reference = json!({"projectId": "filament-demo", "jobId": id, "location": "US"});
+                    return axum::Json(json!({"kind": "bigquery#getQueryResultsResponse", "jobReference": reference, "jobComplete": complete}))
+                        .into_response();
                 }
-                let running = state.running.values().filter(|done_at| **done_at > now).count();
-                state.max_running = state.max_running.max(running);
-                let done = state.running.get(&id).is_none_or(|done_at| *done_at <= now);
+                let done = done_at <= now;
                 return axum::Json(job(&id, if done { "DONE" } else { "RUNNING" }, None)).into_response();
             }
         }
