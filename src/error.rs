@@ -129,11 +129,16 @@ pub struct Problem {
     #[serde(skip)]
     #[schema(ignore)]
     pub retry_after_secs: Option<u64>,
+    /// What failed inside the gateway (a Postgres error, say), for the log line of the answer
+    /// or the failure it becomes: never sent, never stored.
+    #[serde(skip)]
+    #[schema(ignore)]
+    pub cause: Option<String>,
 }
 
 impl Problem {
     pub fn new(code: ErrorCode, detail: impl Into<String>) -> Self {
-        Self { code, detail: detail.into(), hint: None, retry_after_secs: None }
+        Self { code, detail: detail.into(), hint: None, retry_after_secs: None, cause: None }
     }
 
     pub fn with_hint(mut self, hint: impl Into<String>) -> Self {
@@ -157,6 +162,12 @@ impl Problem {
 
     pub fn internal(detail: impl Into<String>) -> Self {
         Self::new(ErrorCode::InternalError, detail)
+    }
+
+    /// Keeps what failed inside, for the log (see [`Problem::cause`]).
+    pub fn with_cause(mut self, cause: impl fmt::Display) -> Self {
+        self.cause = Some(cause.to_string());
+        self
     }
 }
 

@@ -19,6 +19,9 @@ pub(crate) const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let status = self.code.status();
+        if let Some(cause) = self.cause.as_deref().filter(|_| status.is_server_error()) {
+            tracing::error!(code = %self.code, detail = %self.detail, cause, "request failed inside the gateway");
+        }
         let mut body = serde_json::json!({
             "type": format!("urn:filament:problem:{}", self.code.as_str()),
             "title": self.code.title(),

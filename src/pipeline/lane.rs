@@ -166,7 +166,7 @@ pub(super) async fn run_lane(
         let delivery = &target.resource.delivery;
         tracing::warn!(run_id = %delivery.run_id(), execution_id = %delivery.execution_id(),
             resource = %target.resource.resource, code = %problem.code, detail = %problem.detail,
-            "upload lane failed; failing the execution");
+            cause = problem.cause.as_deref(), "upload lane failed; failing the execution");
         if let Err(e) = context.store.fail_execution(delivery, problem).await {
             tracing::error!(error = %e, "could not record the failed execution");
         }

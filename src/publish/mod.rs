@@ -59,7 +59,7 @@ impl Publisher {
             Ok(()) => self.store.mark_committed(&delivery).await?,
             Err(problem) => {
                 tracing::warn!(run_id = %run.run_id, execution_id = %execution.execution_id, code = %problem.code,
-                    detail = %problem.detail, "commit failed");
+                    detail = %problem.detail, cause = problem.cause.as_deref(), "commit failed");
                 self.store.fail_execution(&delivery, &problem).await?
             }
         };

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 
 use super::ResourceRecord;
-use super::{BindKey as _, Store, StoreError, StoreResult};
+use super::{BindKey as _, DELIVERY_KEY, RESOURCE_KEY, Store, StoreError, StoreResult};
 use crate::model::bounds::KeyRange;
 use crate::model::columns::Column;
 use crate::model::{DeliveryRef, ResourceName, ResourceRef};
@@ -82,8 +82,6 @@ pub(crate) struct HandedOverStream {
 /// The advisory lock that lets one replica at a time prune.
 const PRUNE_LOCK: i64 = 0x66696c_7072756e;
 
-const RESOURCE_KEY: &str = "run_id = $1 AND execution_id = $2 AND delivery = $3 AND resource = $4";
-
 /// Streams a replica handed over (their acknowledged rows and columns recorded) that are not
 /// finalized yet; callers add the delivery's or the resource's key.
 const HANDED_OVER_STREAMS: &str = "SELECT resource, staging_table, stream_name, rows_acknowledged, destination_columns
@@ -157,16 +155,15 @@ impl Store {
                 return Ok(InsertBatch::SeqTaken(existing));
             }
         }
-        let inserted: ReceiptRecord = sqlx::query_as(
+        let inserted: ReceiptRecord = sqlx::query_as(&format!(
             "INSERT INTO batches (run_id, execution_id, delivery, resource, seq, rows, uncompressed_bytes, arrow_ipc_sha256, checkpoint_seq, key_ranges)
              SELECT $1, $2, $3, $4,
-                    COALESCE($5, (SELECT COALESCE(MAX(seq) + 1, 0) FROM batches
-                                  WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND resource = $4)),
+                    COALESCE($5, (SELECT COALESCE(MAX(seq) + 1, 0) FROM batches WHERE {RESOURCE_KEY})),
                     $6, $7, $8,
-                    (SELECT COUNT(*) FROM checkpoints WHERE run_id = $1 AND execution_id = $2 AND delivery = $3),
+                    (SELECT COUNT(*) FROM checkpoints WHERE {DELIVERY_KEY}),
                     $9
              RETURNING *",
-        )
+        ))
         .bind_resource(batch.resource)
         .bind(batch.seq)
         .bind(batch.rows)
@@ -215,12 +212,10 @@ impl Store {
     }
 
     pub(crate) async fn list_staging_streams(&self, delivery: &DeliveryRef) -> StoreResult<Vec<StagingStreamRecord>> {
-        Ok(sqlx::query_as(
-            "SELECT * FROM staging_streams WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 ORDER BY resource",
-        )
-        .bind_delivery(delivery)
-        .fetch_all(&self.pool)
-        .await?)
+        Ok(sqlx::query_as(&format!("SELECT * FROM staging_streams WHERE {DELIVERY_KEY} ORDER BY resource"))
+            .bind_delivery(delivery)
+            .fetch_all(&self.pool)
+            .await?)
     }
 
     /// Records the PENDING stream's name as soon as it exists (before any commit).
@@ -285,12 +280,10 @@ impl Store {
 
     /// The delivery's streams handed over by a replica that shut down.
     pub(crate) async fn handed_over_streams(&self, delivery: &DeliveryRef) -> StoreResult<Vec<HandedOverStream>> {
-        Ok(sqlx::query_as(&format!(
-            "{HANDED_OVER_STREAMS} AND run_id = $1 AND execution_id = $2 AND delivery = $3 ORDER BY resource"
-        ))
-        .bind_delivery(delivery)
-        .fetch_all(&self.pool)
-        .await?)
+        Ok(sqlx::query_as(&format!("{HANDED_OVER_STREAMS} AND {DELIVERY_KEY} ORDER BY resource"))
+            .bind_delivery(delivery)
+            .fetch_all(&self.pool)
+            .await?)
     }
 
     /// The resource's handed-over stream, to go on appending to.

@@ -2,9 +2,11 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{BindKey as _, Store, StoreError, StoreResult, state_names};
-use crate::error::Problem;
-use crate::model::{DeliveryOutcome, DeliveryRef, ExecutionId, ExecutionKey, ExecutionState, ResourceName, RunId};
+use super::{BindKey as _, DELIVERY_KEY, EXECUTION_KEY, Store, StoreError, StoreResult, state_names};
+use crate::error::{ErrorCode, Problem};
+use crate::model::{
+    DeliveryOutcome, DeliveryRef, ExecutionId, ExecutionKey, ExecutionState, PublicationState, ResourceName, RunId,
+};
 
 /// An execution as stored; `delivery` is the current delivery.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -89,7 +91,7 @@ impl Store {
         // Serialise concurrent opens of the same id on the run row.
         sqlx::query("SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE").bind(&key.run_id).execute(&mut *tx).await?;
         let existing: Option<ExecutionRecord> =
-            sqlx::query_as("SELECT * FROM executions WHERE run_id = $1 AND execution_id = $2 FOR UPDATE")
+            sqlx::query_as(&format!("SELECT * FROM executions WHERE {EXECUTION_KEY} FOR UPDATE"))
                 .bind_execution(key)
                 .fetch_optional(&mut *tx)
                 .await?;
@@ -97,12 +99,13 @@ impl Store {
             None => {
                 let record: ExecutionRecord = sqlx::query_as(
                     "INSERT INTO executions (run_id, execution_id, delivery, state, owner, lease_expires_at, owner_url)
-                     VALUES ($1, $2, 1, 'extracting', $3, now() + $4 * interval '1 second', $5) RETURNING *",
+                     VALUES ($1, $2, 1, $6, $3, now() + $4 * interval '1 second', $5) RETURNING *",
                 )
                 .bind_execution(key)
                 .bind(&lease.owner)
                 .bind(lease.seconds())
                 .bind(&lease.url)
+                .bind(ExecutionState::Extracting)
                 .fetch_one(&mut *tx)
                 .await?;
                 sqlx::query("INSERT INTO deliveries (run_id, execution_id, delivery) VALUES ($1, $2, 1)")
@@ -116,25 +119,26 @@ impl Store {
                 return Ok(OpenExecution::Committing(current));
             }
             Some(current) => {
-                sqlx::query(
+                sqlx::query(&format!(
                     "UPDATE deliveries SET final_state = COALESCE(final_state, $4)
-                     WHERE run_id = $1 AND execution_id = $2 AND delivery = $3",
-                )
+                     WHERE {DELIVERY_KEY}"
+                ))
                 .bind_delivery(&current.delivery_ref())
                 .bind(DeliveryOutcome::replaced_in(current.state))
                 .execute(&mut *tx)
                 .await?;
-                let record: ExecutionRecord = sqlx::query_as(
-                    "UPDATE executions SET delivery = delivery + 1, state = 'extracting', error = NULL,
+                let record: ExecutionRecord = sqlx::query_as(&format!(
+                    "UPDATE executions SET delivery = delivery + 1, state = $6, error = NULL,
                             publishing_at = NULL, finished_at = NULL, updated_at = now(),
                             owner = $3, lease_expires_at = now() + $4 * interval '1 second',
                             owner_url = $5, handed_over = false
-                     WHERE run_id = $1 AND execution_id = $2 RETURNING *",
-                )
+                     WHERE {EXECUTION_KEY} RETURNING *"
+                ))
                 .bind_execution(key)
                 .bind(&lease.owner)
                 .bind(lease.seconds())
                 .bind(&lease.url)
+                .bind(ExecutionState::Extracting)
                 .fetch_one(&mut *tx)
                 .await?;
                 sqlx::query("INSERT INTO deliveries (run_id, execution_id, delivery) VALUES ($1, $2, $3)")
@@ -149,7 +153,7 @@ impl Store {
     }
 
     pub(crate) async fn get_execution(&self, key: &ExecutionKey) -> StoreResult<Option<ExecutionRecord>> {
-        Ok(sqlx::query_as("SELECT * FROM executions WHERE run_id = $1 AND execution_id = $2")
+        Ok(sqlx::query_as(&format!("SELECT * FROM executions WHERE {EXECUTION_KEY}"))
             .bind_execution(key)
             .fetch_optional(&self.pool)
             .await?)
@@ -170,12 +174,12 @@ impl Store {
         from: &[ExecutionState],
         to: ExecutionState,
     ) -> StoreResult<Option<ExecutionRecord>> {
-        Ok(sqlx::query_as(
+        Ok(sqlx::query_as(&format!(
             "UPDATE executions SET state = $5, updated_at = now(),
                     finished_at = CASE WHEN $6 THEN now() END
-             WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND state = ANY($4)
-             RETURNING *",
-        )
+             WHERE {DELIVERY_KEY} AND state = ANY($4)
+             RETURNING *"
+        ))
         .bind_delivery(delivery)
         .bind(state_names(from))
         .bind(to)
@@ -188,11 +192,12 @@ impl Store {
     /// submitted; `false` when it is no longer committing (aborted or failed meanwhile), in
     /// which case nothing may be published.
     pub(crate) async fn begin_publishing(&self, delivery: &DeliveryRef) -> StoreResult<bool> {
-        let marked = sqlx::query(
+        let marked = sqlx::query(&format!(
             "UPDATE executions SET publishing_at = COALESCE(publishing_at, now()), updated_at = now()
-             WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND state = 'committing'",
-        )
+             WHERE {DELIVERY_KEY} AND state = $4"
+        ))
         .bind_delivery(delivery)
+        .bind(ExecutionState::Committing)
         .execute(&self.pool)
         .await?;
         Ok(marked.rows_affected() == 1)
@@ -200,14 +205,15 @@ impl Store {
 
     /// Aborts the delivery unless it ended or began publishing; `None` otherwise.
     pub(crate) async fn abort_execution(&self, delivery: &DeliveryRef) -> StoreResult<Option<ExecutionRecord>> {
-        Ok(sqlx::query_as(
-            "UPDATE executions SET state = 'aborted', updated_at = now(), finished_at = now()
-             WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND state = ANY($4)
+        Ok(sqlx::query_as(&format!(
+            "UPDATE executions SET state = $5, updated_at = now(), finished_at = now()
+             WHERE {DELIVERY_KEY} AND state = ANY($4)
                AND publishing_at IS NULL
-             RETURNING *",
-        )
+             RETURNING *"
+        ))
         .bind_delivery(delivery)
         .bind(state_names(ExecutionState::OPEN))
+        .bind(ExecutionState::Aborted)
         .fetch_optional(&self.pool)
         .await?)
     }
@@ -219,9 +225,11 @@ impl Store {
         Ok(sqlx::query_scalar(
             "SELECT DISTINCT p.resource FROM publications p
              JOIN executions e ON e.run_id = p.run_id AND e.execution_id = p.execution_id
-             WHERE p.run_id = $1 AND p.execution_id <> $2 AND p.state = 'done' AND e.state = 'committed'",
+             WHERE p.run_id = $1 AND p.execution_id <> $2 AND p.state = $3 AND e.state = $4",
         )
         .bind_execution(key)
+        .bind(PublicationState::Done)
+        .bind(ExecutionState::Committed)
         .fetch_all(&self.pool)
         .await?)
     }
@@ -232,14 +240,15 @@ impl Store {
         delivery: &DeliveryRef,
         problem: &Problem,
     ) -> StoreResult<Option<ExecutionRecord>> {
-        Ok(sqlx::query_as(
-            "UPDATE executions SET state = 'failed', error = $4, updated_at = now(), finished_at = now()
-             WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND state = ANY($5)
-             RETURNING *",
-        )
+        Ok(sqlx::query_as(&format!(
+            "UPDATE executions SET state = $6, error = $4, updated_at = now(), finished_at = now()
+             WHERE {DELIVERY_KEY} AND state = ANY($5)
+             RETURNING *"
+        ))
         .bind_delivery(delivery)
         .bind(problem_json(problem)?)
         .bind(state_names(ExecutionState::OPEN))
+        .bind(ExecutionState::Failed)
         .fetch_optional(&self.pool)
         .await?)
     }
@@ -250,32 +259,35 @@ impl Store {
     /// but stalled, was publishing) is committed too: its publications did complete.
     pub(crate) async fn mark_committed(&self, delivery: &DeliveryRef) -> StoreResult<Option<ExecutionRecord>> {
         let mut tx = self.pool.begin().await?;
-        let committed: Option<ExecutionRecord> = sqlx::query_as(
-            "UPDATE executions SET state = 'committed', error = NULL, updated_at = now(), finished_at = now()
-             WHERE run_id = $1 AND execution_id = $2 AND delivery = $3
-               AND (state = 'committing'
-                    OR (state = 'failed' AND publishing_at IS NOT NULL AND error->>'code' = 'gateway_restarted'))
-             RETURNING *",
-        )
+        let committed: Option<ExecutionRecord> = sqlx::query_as(&format!(
+            "UPDATE executions SET state = $4, error = NULL, updated_at = now(), finished_at = now()
+             WHERE {DELIVERY_KEY}
+               AND (state = $5 OR (state = $6 AND publishing_at IS NOT NULL AND error->>'code' = $7))
+             RETURNING *"
+        ))
         .bind_delivery(delivery)
+        .bind(ExecutionState::Committed)
+        .bind(ExecutionState::Committing)
+        .bind(ExecutionState::Failed)
+        .bind(ErrorCode::GatewayRestarted.as_str())
         .fetch_optional(&mut *tx)
         .await?;
         let Some(committed) = committed else {
             tx.rollback().await?;
             return Ok(None);
         };
-        sqlx::query("UPDATE deliveries SET final_state = $4 WHERE run_id = $1 AND execution_id = $2 AND delivery = $3")
+        sqlx::query(&format!("UPDATE deliveries SET final_state = $4 WHERE {DELIVERY_KEY}"))
             .bind_delivery(delivery)
             .bind(DeliveryOutcome::Committed)
             .execute(&mut *tx)
             .await?;
-        sqlx::query(
+        sqlx::query(&format!(
             "UPDATE runs SET durable_checkpoint = c.value, durable_checkpoint_execution_id = $2, updated_at = now()
              FROM (SELECT value FROM checkpoints
-                   WHERE run_id = $1 AND execution_id = $2 AND delivery = $3
+                   WHERE {DELIVERY_KEY}
                    ORDER BY checkpoint_seq DESC LIMIT 1) c
-             WHERE runs.run_id = $1",
-        )
+             WHERE runs.run_id = $1"
+        ))
         .bind_delivery(delivery)
         .execute(&mut *tx)
         .await?;
@@ -291,16 +303,16 @@ impl Store {
         flushed_rows: i64,
     ) -> StoreResult<i64> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT 1 FROM executions WHERE run_id = $1 AND execution_id = $2 FOR UPDATE")
+        sqlx::query(&format!("SELECT 1 FROM executions WHERE {EXECUTION_KEY} FOR UPDATE"))
             .bind_execution(&delivery.execution)
             .execute(&mut *tx)
             .await?;
-        let seq: i64 = sqlx::query_scalar(
+        let seq: i64 = sqlx::query_scalar(&format!(
             "INSERT INTO checkpoints (run_id, execution_id, delivery, checkpoint_seq, value, flushed_rows)
              SELECT $1, $2, $3, COALESCE(MAX(checkpoint_seq) + 1, 0), $4::json, $5
-             FROM checkpoints WHERE run_id = $1 AND execution_id = $2 AND delivery = $3
-             RETURNING checkpoint_seq",
-        )
+             FROM checkpoints WHERE {DELIVERY_KEY}
+             RETURNING checkpoint_seq"
+        ))
         .bind_delivery(delivery)
         .bind(value.get())
         .bind(flushed_rows)
@@ -347,7 +359,7 @@ impl Store {
     /// that replica's open executions at once instead (it is shutting down).
     pub(crate) async fn fail_orphaned_executions(&self, owner: Option<&str>, problem: &Problem) -> StoreResult<u64> {
         let failed = sqlx::query(
-            "UPDATE executions SET state = 'failed', error = $1, updated_at = now(), finished_at = now()
+            "UPDATE executions SET state = $4, error = $1, updated_at = now(), finished_at = now()
              WHERE state = ANY($2)
                AND (CASE WHEN $3::text IS NULL
                          THEN NOT handed_over AND (lease_expires_at IS NULL OR lease_expires_at < now())
@@ -356,6 +368,7 @@ impl Store {
         .bind(problem_json(problem)?)
         .bind(state_names(ExecutionState::OPEN))
         .bind(owner)
+        .bind(ExecutionState::Failed)
         .execute(&self.pool)
         .await?;
         Ok(failed.rows_affected())
@@ -368,15 +381,16 @@ impl Store {
         delivery: &DeliveryRef,
         problem: &Problem,
     ) -> StoreResult<Option<ExecutionRecord>> {
-        Ok(sqlx::query_as(
-            "UPDATE executions SET state = 'failed', error = $4, updated_at = now(), finished_at = now()
-             WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND state = ANY($5)
+        Ok(sqlx::query_as(&format!(
+            "UPDATE executions SET state = $6, error = $4, updated_at = now(), finished_at = now()
+             WHERE {DELIVERY_KEY} AND state = ANY($5)
                AND NOT handed_over AND (lease_expires_at IS NULL OR lease_expires_at < now())
-             RETURNING *",
-        )
+             RETURNING *"
+        ))
         .bind_delivery(delivery)
         .bind(problem_json(problem)?)
         .bind(state_names(ExecutionState::OPEN))
+        .bind(ExecutionState::Failed)
         .fetch_optional(&self.pool)
         .await?)
     }
@@ -393,11 +407,11 @@ impl Store {
     /// Releases the delivery of `lease.owner` for another replica to adopt (its streams were
     /// drained and recorded first). False when it is no longer this replica's or past commit.
     pub(crate) async fn hand_over_execution(&self, delivery: &DeliveryRef, lease: &Lease) -> StoreResult<bool> {
-        let released = sqlx::query(
+        let released = sqlx::query(&format!(
             "UPDATE executions SET owner = NULL, owner_url = NULL, lease_expires_at = NULL, handed_over = true,
                     updated_at = now()
-             WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND owner = $4 AND state = ANY($5)",
-        )
+             WHERE {DELIVERY_KEY} AND owner = $4 AND state = ANY($5)"
+        ))
         .bind_delivery(delivery)
         .bind(&lease.owner)
         .bind(state_names(ExecutionState::BEFORE_COMMIT))
@@ -413,13 +427,13 @@ impl Store {
         delivery: &DeliveryRef,
         lease: &Lease,
     ) -> StoreResult<Option<ExecutionRecord>> {
-        Ok(sqlx::query_as(
+        Ok(sqlx::query_as(&format!(
             "UPDATE executions SET owner = $4, owner_url = $5, lease_expires_at = now() + $6 * interval '1 second',
                     handed_over = false, updated_at = now()
-             WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND owner IS NULL AND handed_over
+             WHERE {DELIVERY_KEY} AND owner IS NULL AND handed_over
                AND state = ANY($7)
-             RETURNING *",
-        )
+             RETURNING *"
+        ))
         .bind_delivery(delivery)
         .bind(&lease.owner)
         .bind(&lease.url)

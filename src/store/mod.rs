@@ -47,10 +47,11 @@ pub(crate) struct StoreSettings {
     pub(crate) max_connections: u32,
 }
 
+/// The answer to a failure of the state database; the error itself is logged where the
+/// problem ends (a 5xx answer, a failed execution), not here.
 impl From<StoreError> for Problem {
     fn from(err: StoreError) -> Self {
-        tracing::error!(error = %err, "store error");
-        Problem::internal("the gateway could not read or write its state database; retry later")
+        Problem::internal("the gateway could not read or write its state database; retry later").with_cause(err)
     }
 }
 
@@ -88,6 +89,12 @@ impl Store {
         Ok(())
     }
 }
+
+/// The key conditions of the rows of one execution, delivery and resource of a delivery, as
+/// [`BindKey`] binds them (`$1`, `$2`, ...).
+const EXECUTION_KEY: &str = "run_id = $1 AND execution_id = $2";
+const DELIVERY_KEY: &str = "run_id = $1 AND execution_id = $2 AND delivery = $3";
+const RESOURCE_KEY: &str = "run_id = $1 AND execution_id = $2 AND delivery = $3 AND resource = $4";
 
 /// The names of `states`, for `state = ANY($n)`.
 fn state_names(states: &[ExecutionState]) -> Vec<&'static str> {

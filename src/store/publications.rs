@@ -1,6 +1,6 @@
 //! Publication records: one query job per execution and destination table.
 
-use super::{BindKey as _, Store, StoreError, StoreResult};
+use super::{BindKey as _, EXECUTION_KEY, Store, StoreError, StoreResult};
 use crate::error::Problem;
 use crate::model::{DeliveryRef, ExecutionKey, JobCost, PublicationState, ResourceName};
 
@@ -42,7 +42,7 @@ pub(crate) struct NewPublication<'a> {
 
 impl Store {
     pub(crate) async fn list_publications(&self, execution: &ExecutionKey) -> StoreResult<Vec<PublicationRecord>> {
-        Ok(sqlx::query_as("SELECT * FROM publications WHERE run_id = $1 AND execution_id = $2 ORDER BY resource")
+        Ok(sqlx::query_as(&format!("SELECT * FROM publications WHERE {EXECUTION_KEY} ORDER BY resource"))
             .bind_execution(execution)
             .fetch_all(&self.pool)
             .await?)
@@ -53,7 +53,7 @@ impl Store {
         execution: &ExecutionKey,
         resource: &ResourceName,
     ) -> StoreResult<Option<PublicationRecord>> {
-        Ok(sqlx::query_as("SELECT * FROM publications WHERE run_id = $1 AND execution_id = $2 AND resource = $3")
+        Ok(sqlx::query_as(&format!("SELECT * FROM publications WHERE {EXECUTION_KEY} AND resource = $3"))
             .bind_execution(execution)
             .bind(resource)
             .fetch_optional(&self.pool)
@@ -64,10 +64,10 @@ impl Store {
     pub(crate) async fn begin_publication(&self, publication: &NewPublication<'_>) -> StoreResult<()> {
         sqlx::query(
             "INSERT INTO publications (run_id, execution_id, resource, delivery, destination, job_id, fingerprint, state)
-             VALUES ($1, $2, $4, $3, $5, $6, $7, 'running')
+             VALUES ($1, $2, $4, $3, $5, $6, $7, $8)
              ON CONFLICT (run_id, execution_id, resource) DO UPDATE
                SET delivery = EXCLUDED.delivery, destination = EXCLUDED.destination, job_id = EXCLUDED.job_id,
-                   fingerprint = EXCLUDED.fingerprint, state = 'running', rows_affected = NULL, error = NULL,
+                   fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, rows_affected = NULL, error = NULL,
                    updated_at = now()",
         )
         .bind_delivery(publication.delivery)
@@ -75,6 +75,7 @@ impl Store {
         .bind(publication.destination)
         .bind(publication.job_id)
         .bind(publication.fingerprint)
+        .bind(PublicationState::Running)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -87,11 +88,11 @@ impl Store {
         resource: &ResourceName,
         cost: &JobCost,
     ) -> StoreResult<()> {
-        sqlx::query(
+        sqlx::query(&format!(
             "UPDATE publications SET bytes_processed = $4, bytes_billed = $5, slot_ms = $6,
                     rows_inserted = $7, rows_updated = $8, rows_deleted = $9
-             WHERE run_id = $1 AND execution_id = $2 AND resource = $3",
-        )
+             WHERE {EXECUTION_KEY} AND resource = $3"
+        ))
         .bind_execution(execution)
         .bind(resource)
         .bind(cost.bytes_processed)
@@ -117,10 +118,10 @@ impl Store {
             PublicationEnd::Failed(problem) => (PublicationState::Failed, None, Some(problem)),
         };
         let error = error.map(serde_json::to_value).transpose().map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        sqlx::query(
+        sqlx::query(&format!(
             "UPDATE publications SET state = $4, rows_affected = $5, error = $6, updated_at = now()
-             WHERE run_id = $1 AND execution_id = $2 AND resource = $3",
-        )
+             WHERE {EXECUTION_KEY} AND resource = $3"
+        ))
         .bind_execution(execution)
         .bind(resource)
         .bind(state)
