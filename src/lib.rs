@@ -8,6 +8,8 @@
 //! - [`api`]: axum routes (one file per resource), auth, problem+json errors, OpenAPI.
 //! - [`ingest`]: batch bodies: incremental IPC decoding, hashing, schema validation and
 //!   conversion to the staging representation, split into AppendRows payloads.
+//! - `intake`: one batch request from its loaded target to rows queued on a lane: admission,
+//!   body, preparation, receipt, enqueue, in that order.
 //! - `pipeline`: admission under the byte budget, then per execution and resource upload
 //!   lanes that batch payloads and append them to PENDING write streams (windows, retries).
 //! - `bigquery`: Storage Write client (tonic), datasets/tables/jobs (REST), credentials.
@@ -34,6 +36,7 @@ pub mod config;
 pub mod conformance;
 pub mod error;
 pub mod ingest;
+pub(crate) mod intake;
 pub mod model;
 pub(crate) mod pipeline;
 pub(crate) mod publish;

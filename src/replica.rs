@@ -192,8 +192,8 @@ impl Replica {
     /// columns, and releases the execution for adoption.
     async fn hand_over_one(&self, pipeline: &Pipeline, execution: &ExecutionRecord) -> Result<(), Problem> {
         let key = execution.key();
-        let uploads = pipeline.open_delivery(&key, execution.delivery);
-        let transitioning = uploads.begin_transition().await;
+        let lanes = pipeline.open_delivery(&key, execution.delivery);
+        let transitioning = lanes.begin_transition().await;
         let Some(current) = self.store.get_execution(&key).await? else { return Ok(()) };
         let mine = current.owner.as_deref() == Some(self.lease.owner.as_str());
         if !mine || current.delivery != transitioning.delivery() {
@@ -203,7 +203,9 @@ impl Replica {
         let delivery = current.delivery_ref();
         for report in &reports {
             let resource = delivery.resource(report.resource.clone());
-            self.store.record_handed_over_stream(&resource, report.rows_sent, &report.destination_columns).await?;
+            self.store
+                .record_handed_over_stream(&resource, report.rows_acknowledged, &report.destination_columns)
+                .await?;
         }
         let released = self.store.hand_over_execution(&delivery, &self.lease).await?;
         pipeline.forget(&key, current.delivery);

@@ -1,13 +1,11 @@
 //! `POST .../resources/{resource}/batches[?seq=N]`: one Arrow IPC stream per request.
 //!
-//! The handler runs seven steps; their order is carried by the pipeline's admission types
-//! (`pipeline::admission`) and ingestion's (`ingest::prepare`), so that a rejected request
-//! changes nothing, and every byte it makes the gateway hold is counted before it is
-//! allocated: check the request, load what it targets, get admitted (room in the resource's
-//! share), read and decode the body under the receive budget, prepare it against the
-//! declaration (its staged size known), convert and encode it under the upload budget, then
-//! record the receipt and queue the rows under the execution's gate. This module holds the
-//! HTTP side only: type rules and sizes are `ingest`'s, batching and lanes the pipeline's.
+//! The handler checks what the request says about itself (resource name, `seq`, content
+//! headers, declared length) and loads what it names (run, execution, declared resource, the
+//! proof that this replica serves the execution); from there the request belongs to
+//! [`intake`](crate::intake), which admits, reads, prepares, records and queues it. This module
+//! holds the HTTP side only: type rules and sizes are `ingest`'s, batching and lanes the
+//! pipeline's, the order of the steps intake's.
 
 use axum::body::Body;
 use axum::extract::State;
@@ -22,15 +20,9 @@ use super::error::{ApiPath, ApiQuery, ProblemDocument};
 use super::executions::load_execution;
 use super::views::Receipt;
 use crate::error::{ErrorCode, Problem};
-use crate::ingest::decode::{BodyDecoder, DecodedBody, Progress};
-use crate::ingest::prepare::{BatchLimits, BodySummary, Declaration, PreparedBatch, prepare};
-use crate::model::bounds::KeyRange;
-use crate::model::staging::staging_table_name;
-use crate::model::{ExecutionState, ResourceName, ResourceRef};
-use crate::pipeline::{Admission, ExecutionUploads, LaneTarget, ReservedBatch};
-use crate::replica::Owned;
-use crate::store::{ExecutionRecord, InsertBatch, NewBatch, ReceiptRecord, ResourceRecord, RunRecord};
-use crate::telemetry;
+use crate::ingest::prepare::BatchLimits;
+use crate::intake::{Accepted, BatchRequest, BatchTarget, Intake};
+use crate::model::ResourceName;
 
 pub(crate) const ARROW_STREAM_CONTENT_TYPE: &str = "application/vnd.apache.arrow.stream";
 
@@ -88,17 +80,21 @@ pub(crate) async fn post_batch(
     let resource = check_request(&resource, params.seq, &headers)?;
     let target = load_target(&state, &run_id, &execution_id, resource).await?;
     let declared_length = declared_length(&headers, state.settings.max_batch_body_bytes)?;
-    let mut admission = state.pipeline.admit(&target.uploads, &target.resource.resource, declared_length).await?;
-    let body = receive_body(body, &mut admission, state.settings.max_batch_body_bytes).await?;
-    let prepared = match prepare_body(&state, &target, params.seq, body).await? {
-        Prepared::Replay(answer) => return Ok(answer),
-        Prepared::New(prepared) => prepared,
+    let intake = Intake {
+        store: &state.store,
+        pipeline: &state.pipeline,
+        replica: &state.replica,
+        limits: BatchLimits {
+            max_batch_body_bytes: state.settings.max_batch_body_bytes,
+            max_append_request_bytes: state.settings.max_append_request_bytes,
+        },
     };
-    let converting = admission.reserve(prepared.staged_bytes()).await?;
-    let (mut encoded, summary) = prepared.encode()?;
-    let key_ranges = encoded.key_ranges.take();
-    let reserved = converting.settle(encoded);
-    record_and_enqueue(&state, &target, params.seq, summary, key_ranges, reserved).await
+    let body = body.into_data_stream().map(|chunk| chunk.map_err(body_read_error));
+    let request = BatchRequest { target, seq: params.seq, declared_length, body };
+    Ok(match intake.accept(request).await? {
+        Accepted::Queued(receipt) => (StatusCode::ACCEPTED, axum::Json(receipt.into())),
+        Accepted::Replayed(receipt) => (StatusCode::OK, axum::Json(receipt.into())),
+    })
 }
 
 /// The body's length when the request declares it (not content-encoded), refused at once
@@ -123,18 +119,7 @@ fn check_request(resource: &str, seq: Option<i64>, headers: &HeaderMap) -> Resul
     Ok(resource)
 }
 
-/// What a batch request loads into: the run, the declared resource, the execution's current
-/// delivery and its uploads.
-struct BatchTarget {
-    run: RunRecord,
-    declared: ResourceRecord,
-    resource: ResourceRef,
-    uploads: std::sync::Arc<ExecutionUploads>,
-    /// This replica serves the execution.
-    execution: Owned<ExecutionRecord>,
-}
-
-/// Step 2: the run, the execution (which must be extracting) and the declared resource.
+/// Step 2: the run, the execution (which this replica must serve) and the declared resource.
 async fn load_target(
     state: &SharedState,
     run_id: &str,
@@ -146,80 +131,7 @@ async fn load_target(
     let declared = state.store.get_resource(&run.run_id, &resource).await?.ok_or_else(|| {
         Problem::not_found(format!("resource {resource} of run {} (declare it with PUT first)", run.run_id))
     })?;
-    if !ExecutionState::ACCEPTING_BATCHES.contains(&execution.state) {
-        return Err(Problem::new(
-            ErrorCode::ExecutionNotExtracting,
-            format!("execution {} is {}; it accepts no more batches", execution.execution_id, execution.state),
-        ));
-    }
-    let uploads = state.pipeline.open_delivery(&execution.key(), execution.delivery);
-    Ok(BatchTarget { resource: execution.delivery_ref().resource(resource), run, declared, uploads, execution })
-}
-
-enum Prepared {
-    /// The `seq` was accepted before: the answer is its receipt (or a conflict).
-    Replay(Answer),
-    New(Box<PreparedBatch>),
-}
-
-/// Step 4: the body checked against the declaration and the resource's earlier batches in
-/// this delivery, its staged size known; or the receipt of a `seq` accepted before.
-async fn prepare_body(
-    state: &SharedState,
-    target: &BatchTarget,
-    seq: Option<i64>,
-    body: DecodedBody,
-) -> Result<Prepared, Problem> {
-    let declared = &target.declared;
-    let declaration = Declaration {
-        write_mode: declared.write_mode,
-        primary_key: &declared.primary_key,
-        table_options: declared.table_options.as_ref(),
-    };
-    let limits = BatchLimits {
-        max_batch_body_bytes: state.settings.max_batch_body_bytes,
-        max_append_request_bytes: state.settings.max_append_request_bytes,
-    };
-    let prepared = prepare(body, declaration, seq, &limits)?;
-    let summary = prepared.summary();
-    if let Some(seq) = seq
-        && let Some(existing) = state.store.find_receipt(&target.resource, seq).await?
-    {
-        return replayed(existing, &summary.arrow_ipc_sha256).map(Prepared::Replay);
-    }
-    if let Some(staging) = state.store.get_staging_stream(&target.resource).await?
-        && staging.arrow_schema_sha256 != summary.canonical_schema_sha256
-    {
-        return Err(schema_mismatch(&target.resource.resource, &staging.arrow_schema, &summary.canonical_schema));
-    }
-    Ok(Prepared::New(Box::new(prepared)))
-}
-
-/// Step 3: reads and decodes the body, holding what it receives (and what IPC-compressed
-/// buffers decompress to) in the receive budget before decoding allocates it. The body's
-/// deadline (`api::body_deadline`) ends a slow one with 408 `body_timeout`.
-async fn receive_body(body: Body, admission: &mut Admission, max_body_bytes: usize) -> Result<DecodedBody, Problem> {
-    let mut decoder = BodyDecoder::new(max_body_bytes);
-    let mut stream = body.into_data_stream();
-    let (mut received, mut held) = (0usize, admission.received_bytes());
-    while let Some(chunk) = stream.next().await {
-        let mut chunk = chunk.map_err(body_read_error)?;
-        received = received.saturating_add(chunk.len());
-        if received > max_body_bytes {
-            return Err(crate::ingest::IngestError::BodyTooLarge { limit_bytes: max_body_bytes }.into());
-        }
-        if received > held {
-            admission.hold_received(received - held).await?;
-            held = received;
-        }
-        while !chunk.is_empty() {
-            if let Progress::MessageComplete { decompressed_bytes } = decoder.push_some(&mut chunk)? {
-                admission.hold_received(decompressed_bytes).await?;
-                decoder.decode_completed()?;
-            }
-        }
-    }
-    Ok(decoder.finish()?)
+    Ok(BatchTarget { run, declared, execution })
 }
 
 /// A body that could not be read: too slow (408 `body_timeout`), or broken (400).
@@ -229,65 +141,6 @@ fn body_read_error(error: axum::Error) -> Problem {
             .with_hint("send the body faster (FILAMENT_BODY_MIN_RATE_BYTES_PER_SEC), or in smaller batch requests"),
         None => Problem::invalid_request(format!("could not read the request body: {error}")),
     }
-}
-
-/// Step 7: under the execution's gate (shared), re-check the state, record the receipt, stamp
-/// the rows with its `seq` and queue them on the resource's lane.
-async fn record_and_enqueue(
-    state: &SharedState,
-    target: &BatchTarget,
-    seq: Option<i64>,
-    body: BodySummary,
-    key_ranges: Option<Vec<KeyRange>>,
-    reserved: ReservedBatch,
-) -> Result<Answer, Problem> {
-    let accepting = target.uploads.accepting().await;
-    // Re-check under the gate: a transition or redelivery may have happened while decoding.
-    let delivery = &target.resource.delivery;
-    let (_, current) = load_execution(state, delivery.run_id(), delivery.execution_id()).await?;
-    // The owner may have handed the execution over meanwhile (it is shutting down).
-    let current = state.replica.claim(current).await?;
-    if !ExecutionState::ACCEPTING_BATCHES.contains(&current.state) || current.delivery != target.execution.delivery {
-        return Err(Problem::new(
-            ErrorCode::ExecutionNotExtracting,
-            format!(
-                "execution {} is {} (delivery {}); it accepts no more batches",
-                current.execution_id, current.state, current.delivery
-            ),
-        ));
-    }
-    let staging_table = staging_table_name(&target.resource, &target.declared.table_name);
-    let inserted = state
-        .store
-        .insert_batch(&NewBatch {
-            resource: &target.resource,
-            seq,
-            rows: body.rows as i64,
-            uncompressed_bytes: body.uncompressed_bytes as i64,
-            arrow_ipc_sha256: &body.arrow_ipc_sha256,
-            arrow_schema: &body.canonical_schema,
-            arrow_schema_sha256: &body.canonical_schema_sha256,
-            staging_table: &staging_table,
-            key_ranges: key_ranges.as_ref().map(|ranges| serde_json::json!(ranges)),
-            declaration: &target.declared,
-        })
-        .await?;
-    let receipt = match inserted {
-        InsertBatch::Inserted(receipt) => receipt,
-        InsertBatch::SeqTaken(existing) => return replayed(existing, &body.arrow_ipc_sha256),
-        InsertBatch::SchemaMismatch { recorded } => {
-            return Err(schema_mismatch(&target.resource.resource, &recorded, &body.canonical_schema));
-        }
-        InsertBatch::DeclarationChanged { current } => return Err(redeclared(&target.declared, current.as_ref())),
-    };
-    let queued = reserved.accept(&receipt)?;
-    let (rows, uncompressed_bytes) = (body.rows as u64, body.uncompressed_bytes as u64);
-    let lane_target = || LaneTarget::new(target.resource.clone(), &target.run, &target.declared, body);
-    state.pipeline.enqueue(&accepting, &target.resource.resource, lane_target, queued);
-    metrics::counter!(telemetry::BATCHES_QUEUED).increment(1);
-    metrics::counter!(telemetry::ROWS_RECEIVED).increment(rows);
-    metrics::counter!(telemetry::BYTES_RECEIVED).increment(uncompressed_bytes);
-    Ok((StatusCode::ACCEPTED, axum::Json(receipt.into())))
 }
 
 fn check_content_headers(headers: &HeaderMap) -> Result<(), Problem> {
@@ -309,117 +162,4 @@ fn check_content_headers(headers: &HeaderMap) -> Result<(), Problem> {
         ));
     }
     Ok(())
-}
-
-fn replayed(existing: ReceiptRecord, sha256: &str) -> Result<Answer, Problem> {
-    if existing.arrow_ipc_sha256 == sha256 {
-        Ok((StatusCode::OK, axum::Json(existing.into())))
-    } else {
-        Err(Problem::new(
-            ErrorCode::BatchConflict,
-            format!("seq {} of resource {} was already accepted with other content", existing.seq, existing.resource),
-        ))
-    }
-}
-
-/// 409 `resource_conflict`: the resource was declared otherwise while the batch was prepared
-/// for its previous declaration; nothing was recorded.
-fn redeclared(prepared_for: &ResourceRecord, current: Option<&ResourceRecord>) -> Problem {
-    let now = match current {
-        None => "it is no longer declared".to_string(),
-        Some(current) => format!(
-            "it is now {} with primary key [{}] into table {} (the batch was read as {} with primary key [{}] into table {})",
-            current.write_mode,
-            current.primary_key.join(", "),
-            current.table_name,
-            prepared_for.write_mode,
-            prepared_for.primary_key.join(", "),
-            prepared_for.table_name
-        ),
-    };
-    Problem::new(
-        ErrorCode::ResourceConflict,
-        format!(
-            "resource {} was declared again while this batch was read: {now}; nothing was recorded",
-            prepared_for.resource
-        ),
-    )
-    .with_hint("send the batch again: it is read under the resource's current declaration")
-}
-
-/// Differing columns named in a `schema_mismatch` answer, at most (the rest are counted).
-const SHOWN_SCHEMA_DIFFERENCES: usize = 10;
-
-fn schema_mismatch(resource: &ResourceName, recorded: &serde_json::Value, received: &serde_json::Value) -> Problem {
-    let differences = schema_differences(recorded, received);
-    let shown: Vec<&str> = differences.iter().take(SHOWN_SCHEMA_DIFFERENCES).map(String::as_str).collect();
-    let more = differences.len().saturating_sub(SHOWN_SCHEMA_DIFFERENCES);
-    let more = if more > 0 { format!(", and {more} more") } else { String::new() };
-    Problem::new(
-        ErrorCode::SchemaMismatch,
-        format!("resource {resource} changed schema within the execution: {}{more}", shown.join("; ")),
-    )
-    .with_hint("every batch of a resource within one execution must have the same schema")
-}
-
-/// How two canonical schemas (`[{"name", "type", "nullable"}]`) differ, column by column.
-fn schema_differences(recorded: &serde_json::Value, received: &serde_json::Value) -> Vec<String> {
-    let columns =
-        |schema: &serde_json::Value| -> Vec<serde_json::Value> { schema.as_array().cloned().unwrap_or_default() };
-    let (recorded, received) = (columns(recorded), columns(received));
-    let name = |column: &serde_json::Value| column["name"].as_str().unwrap_or_default().to_string();
-    let describe = |column: &serde_json::Value| {
-        let nullable = if column["nullable"] == true { "nullable" } else { "not null" };
-        let json = if column["json"] == true { ", JSON" } else { "" };
-        format!("{} ({nullable}{json})", column["type"].as_str().unwrap_or_default())
-    };
-    let mut differences = Vec::new();
-    for (position, column) in received.iter().enumerate() {
-        match recorded.iter().position(|r| name(r) == name(column)) {
-            None => differences.push(format!("column {:?} is new", name(column))),
-            Some(was) if recorded[was] != *column => differences.push(format!(
-                "column {:?} was {}, is {}",
-                name(column),
-                describe(&recorded[was]),
-                describe(column)
-            )),
-            Some(was) if was != position => {
-                differences.push(format!("column {:?} moved from position {was} to {position}", name(column)));
-            }
-            Some(_) => {}
-        }
-    }
-    for column in &recorded {
-        if !received.iter().any(|r| name(r) == name(column)) {
-            differences.push(format!("column {:?} is missing", name(column)));
-        }
-    }
-    differences
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_schema_mismatch_names_the_differing_columns_bounded() {
-        let column = |name: &str, kind: &str| serde_json::json!({"name": name, "type": kind, "nullable": true});
-        let recorded: Vec<_> = (0..10_000).map(|i| column(&format!("c{i}"), "Int64")).collect();
-        let mut received = recorded.clone();
-        received[3] = column("c3", "Utf8");
-        received.push(column("extra", "Int64"));
-        received.remove(0);
-        let problem = schema_mismatch(
-            &"r".parse().unwrap(),
-            &serde_json::Value::Array(recorded),
-            &serde_json::Value::Array(received),
-        );
-        assert!(
-            problem.detail.contains("column \"c3\" was Int64 (nullable), is Utf8 (nullable)"),
-            "{}",
-            problem.detail
-        );
-        assert!(problem.detail.contains("more"), "{}", problem.detail);
-        assert!(problem.detail.len() < 2000, "bounded: {} bytes", problem.detail.len());
-    }
 }

@@ -79,12 +79,12 @@ async fn begin_transition(
     let (_, execution) = load_execution(state, run_id, execution_id).await?;
     let execution = state.replica.claim(execution).await?;
     let (key, delivery) = (execution.key(), execution.delivery);
-    let uploads = if ExecutionState::BEFORE_COMMIT.contains(&execution.state) {
+    let lanes = if ExecutionState::BEFORE_COMMIT.contains(&execution.state) {
         state.pipeline.open_delivery(&key, delivery)
     } else {
         state.pipeline.delivery(&key, delivery).unwrap_or_else(|| Pipeline::detached(delivery))
     };
-    let transitioning = uploads.begin_transition().await;
+    let transitioning = lanes.begin_transition().await;
     let (run, current) = load_execution(state, run_id, execution_id).await?;
     let current = state.replica.claim(current).await?;
     Ok((transitioning, run, current))
@@ -144,9 +144,9 @@ pub(crate) async fn open_execution(
         Some(Ownership::HandedOver(previous)) => Some(previous.delivery),
         None => None,
     };
-    let uploads = previous_delivery.and_then(|delivery| state.pipeline.delivery(&key, delivery));
-    let _transitioning = match &uploads {
-        Some(uploads) => Some(uploads.begin_transition().await),
+    let lanes = previous_delivery.and_then(|delivery| state.pipeline.delivery(&key, delivery));
+    let _transitioning = match &lanes {
+        Some(lanes) => Some(lanes.begin_transition().await),
         None => None,
     };
     let (status, record) = match state.store.open_execution(&key, &state.replica.lease).await? {

@@ -246,9 +246,9 @@ impl BigQuery {
         Ok(self.get_table(project, dataset, table).await?.map(|t| t.schema.map(|s| s.fields).unwrap_or_default()))
     }
 
-    /// Creates a table with NULLABLE `columns` and no layout (staging tables);
+    /// Creates a staging table: NULLABLE `columns`, no layout;
     /// `expiration_ms` is milliseconds since the epoch. Returns `false` when it already existed.
-    pub(crate) async fn create_table(
+    pub(crate) async fn create_staging_table(
         &self,
         project: &str,
         dataset: &str,

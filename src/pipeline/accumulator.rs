@@ -15,7 +15,7 @@ use crate::ingest::encode::{AppendPayload, record_batch_message};
 
 /// One upload batch ready to send.
 #[derive(Debug)]
-pub(super) struct Upload {
+pub(super) struct UploadBatch {
     pub(super) rows: usize,
     pub(super) message: Bytes,
     /// Held until the upload is acknowledged: dropping it returns its bytes to the budget.
@@ -27,7 +27,7 @@ pub(super) struct Upload {
 pub(super) async fn accumulate(
     policy: BatchingPolicy,
     mut commands: mpsc::UnboundedReceiver<LaneCommand>,
-    uploads: mpsc::UnboundedSender<Upload>,
+    upload_batches: mpsc::UnboundedSender<UploadBatch>,
     mut pressure: LanePressure,
 ) {
     let mut pending = Pending::default();
@@ -36,22 +36,22 @@ pub(super) async fn accumulate(
         let command = tokio::select! {
             command = commands.recv() => command,
             () = sleep_until_opt(deadline) => {
-                pending.flush(&policy, &uploads);
+                pending.flush(&policy, &upload_batches);
                 continue;
             }
             () = raised(&mut pressure, pending.started.is_some()) => {
-                pending.flush(&policy, &uploads);
+                pending.flush(&policy, &upload_batches);
                 continue;
             }
         };
         match command {
-            Some(LaneCommand::Rows(rows)) => pending.add(rows, &policy, &uploads),
+            Some(LaneCommand::Rows(rows)) => pending.add(rows, &policy, &upload_batches),
             Some(LaneCommand::Flush(done)) => {
-                pending.flush(&policy, &uploads);
+                pending.flush(&policy, &upload_batches);
                 let _ = done.send(());
             }
             None => {
-                pending.flush(&policy, &uploads);
+                pending.flush(&policy, &upload_batches);
                 return;
             }
         }
@@ -101,15 +101,15 @@ struct Pending {
 impl Pending {
     /// Takes one request's payloads: big ones go out at once (after what is pending), small
     /// ones accumulate, flushing first when they would overflow the batch.
-    fn add(&mut self, rows: QueuedRows, policy: &BatchingPolicy, uploads: &mpsc::UnboundedSender<Upload>) {
+    fn add(&mut self, rows: QueuedRows, policy: &BatchingPolicy, upload_batches: &mpsc::UnboundedSender<UploadBatch>) {
         let (payloads, permit) = rows.into_parts();
         let permits = permit.divide(payloads.iter().map(|p| p.serialized_record_batch.len()));
         for (payload, share) in payloads.into_iter().zip(permits) {
             let big =
                 payload.rows * 2 >= policy.max_rows || payload.serialized_record_batch.len() * 2 >= policy.max_bytes;
             if big {
-                self.flush(policy, uploads);
-                let _ = uploads.send(Upload {
+                self.flush(policy, upload_batches);
+                let _ = upload_batches.send(UploadBatch {
                     rows: payload.rows,
                     message: payload.serialized_record_batch,
                     _budget: share,
@@ -119,7 +119,7 @@ impl Pending {
             if self.rows + payload.rows > policy.max_rows
                 || self.bytes + payload.serialized_record_batch.len() > policy.max_bytes
             {
-                self.flush(policy, uploads);
+                self.flush(policy, upload_batches);
             }
             self.push(payload, share);
         }
@@ -136,7 +136,7 @@ impl Pending {
         self.pieces.push(payload);
     }
 
-    fn flush(&mut self, policy: &BatchingPolicy, uploads: &mpsc::UnboundedSender<Upload>) {
+    fn flush(&mut self, policy: &BatchingPolicy, upload_batches: &mpsc::UnboundedSender<UploadBatch>) {
         let pieces = std::mem::take(&mut self.pieces);
         let permit = self.permit.take().unwrap_or_else(BudgetPermit::empty);
         let rows = std::mem::take(&mut self.rows);
@@ -148,13 +148,17 @@ impl Pending {
         if pieces.len() > 1
             && let Some(message) = coalesced(&pieces, policy.max_bytes)
         {
-            let _ = uploads.send(Upload { rows, message, _budget: permit });
+            let _ = upload_batches.send(UploadBatch { rows, message, _budget: permit });
             return;
         }
         // One piece, or coalescing did not fit: send the pieces as encoded at request time.
         let permits = permit.divide(pieces.iter().map(|p| p.serialized_record_batch.len()));
         for (piece, share) in pieces.into_iter().zip(permits) {
-            let _ = uploads.send(Upload { rows: piece.rows, message: piece.serialized_record_batch, _budget: share });
+            let _ = upload_batches.send(UploadBatch {
+                rows: piece.rows,
+                message: piece.serialized_record_batch,
+                _budget: share,
+            });
         }
     }
 }
@@ -195,18 +199,18 @@ mod tests {
     async fn small_rows_wait_for_the_flush_interval_or_the_row_limit() {
         let policy = BatchingPolicy { max_rows: 100, max_bytes: 1 << 20, flush_interval: Duration::from_secs(10) };
         let (commands, receiver) = mpsc::unbounded_channel();
-        let (uploads_tx, mut uploads) = mpsc::unbounded_channel();
+        let (upload_batches_tx, mut upload_batches) = mpsc::unbounded_channel();
         let (_budget, budget) = watch::channel(0usize);
         let (_share, share) = watch::channel(0usize);
-        tokio::spawn(accumulate(policy, receiver, uploads_tx, LanePressure { budget, share }));
+        tokio::spawn(accumulate(policy, receiver, upload_batches_tx, LanePressure { budget, share }));
 
         for i in 0..3 {
             commands.send(rows(vec![payload(i * 10, 10)])).unwrap();
         }
         tokio::time::sleep(Duration::from_millis(9_900)).await;
-        assert!(uploads.try_recv().is_err(), "nothing before the flush interval");
+        assert!(upload_batches.try_recv().is_err(), "nothing before the flush interval");
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let upload = uploads.try_recv().expect("flushed after 10 s");
+        let upload = upload_batches.try_recv().expect("flushed after 10 s");
         assert_eq!(upload.rows, 30, "the three requests were coalesced into one upload");
 
         // The row limit flushes without waiting: 10 x 10 rows fill one batch of 100.
@@ -215,20 +219,20 @@ mod tests {
         }
         tokio::task::yield_now().await;
         tokio::time::sleep(Duration::from_millis(1)).await;
-        assert_eq!(uploads.try_recv().expect("full batch").rows, 100);
-        assert!(uploads.try_recv().is_err(), "the 11th request waits for more rows");
+        assert_eq!(upload_batches.try_recv().expect("full batch").rows, 100);
+        assert!(upload_batches.try_recv().is_err(), "the 11th request waits for more rows");
 
         // A flush (checkpoint) queues what is left and then answers.
         let (done, flushed) = oneshot::channel();
         commands.send(LaneCommand::Flush(done)).unwrap();
         flushed.await.unwrap();
-        assert_eq!(uploads.try_recv().expect("flushed remainder").rows, 10);
+        assert_eq!(upload_batches.try_recv().expect("flushed remainder").rows, 10);
 
         // Payloads of at least half a batch go out as they are, in order.
         commands.send(rows(vec![payload(0, 5), payload(5, 60)])).unwrap();
         drop(commands);
         tokio::time::sleep(Duration::from_millis(1)).await;
-        let sizes: Vec<usize> = std::iter::from_fn(|| uploads.try_recv().ok()).map(|u| u.rows).collect();
+        let sizes: Vec<usize> = std::iter::from_fn(|| upload_batches.try_recv().ok()).map(|u| u.rows).collect();
         assert_eq!(sizes, [5, 60]);
     }
 
@@ -239,30 +243,30 @@ mod tests {
         let policy = BatchingPolicy { max_rows: 100, max_bytes: 1 << 20, flush_interval: Duration::from_secs(10) };
         for waits_for_share in [false, true] {
             let (commands, receiver) = mpsc::unbounded_channel();
-            let (uploads_tx, mut uploads) = mpsc::unbounded_channel();
+            let (upload_batches_tx, mut upload_batches) = mpsc::unbounded_channel();
             let (budget_waiters, budget) = watch::channel(0usize);
             let (share_waiters, share) = watch::channel(0usize);
             let waiters = if waits_for_share { &share_waiters } else { &budget_waiters };
-            tokio::spawn(accumulate(policy, receiver, uploads_tx, LanePressure { budget, share }));
+            tokio::spawn(accumulate(policy, receiver, upload_batches_tx, LanePressure { budget, share }));
 
             commands.send(rows(vec![payload(0, 10)])).unwrap();
             commands.send(rows(vec![payload(10, 10)])).unwrap();
             tokio::time::sleep(Duration::from_millis(100)).await;
-            assert!(uploads.try_recv().is_err(), "held while nobody waits");
+            assert!(upload_batches.try_recv().is_err(), "held while nobody waits");
 
             waiters.send_replace(1);
             tokio::time::sleep(Duration::from_millis(1)).await;
-            assert_eq!(uploads.try_recv().expect("sent while a request waits").rows, 20);
+            assert_eq!(upload_batches.try_recv().expect("sent while a request waits").rows, 20);
             commands.send(rows(vec![payload(20, 10)])).unwrap();
             tokio::time::sleep(Duration::from_millis(1)).await;
-            assert_eq!(uploads.try_recv().expect("arrived while a request waits").rows, 10);
+            assert_eq!(upload_batches.try_recv().expect("arrived while a request waits").rows, 10);
 
             waiters.send_replace(0);
             commands.send(rows(vec![payload(30, 10)])).unwrap();
             tokio::time::sleep(Duration::from_millis(9_000)).await;
-            assert!(uploads.try_recv().is_err());
+            assert!(upload_batches.try_recv().is_err());
             tokio::time::sleep(Duration::from_millis(1_100)).await;
-            assert_eq!(uploads.try_recv().expect("flushed after 10 s").rows, 10);
+            assert_eq!(upload_batches.try_recv().expect("flushed after 10 s").rows, 10);
         }
     }
 }

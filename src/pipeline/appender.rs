@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::AppendRowsResponse;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
-use super::accumulator::Upload;
+use super::accumulator::UploadBatch;
 use super::lane::{LaneContext, LaneReport, LaneTarget};
 use super::prepare::prepare;
 use super::retry::{FailureStreak, RetryAction};
@@ -32,7 +32,7 @@ use crate::telemetry::{self, AppendAcknowledged};
 #[derive(Debug)]
 struct InFlight {
     offset: i64,
-    upload: Upload,
+    upload: UploadBatch,
     sent_at: Instant,
     send_duration: Duration,
     _slot: OwnedSemaphorePermit,
@@ -42,7 +42,7 @@ struct InFlight {
 #[derive(Debug)]
 struct Unacknowledged {
     offset: i64,
-    upload: Upload,
+    upload: UploadBatch,
 }
 
 /// The lane's AppendRows connection.
@@ -67,8 +67,8 @@ pub(super) struct Appender<'a> {
     congestion_window: usize,
     /// Requests to send again, in offset order, before anything queued.
     replay: VecDeque<Unacknowledged>,
-    /// Upload batches not sent yet.
-    queue: VecDeque<Upload>,
+    /// UploadBatch batches not sent yet.
+    queue: VecDeque<UploadBatch>,
     /// Sent and not acknowledged, in offset order.
     in_flight: VecDeque<InFlight>,
     connection: Connection,
@@ -84,12 +84,12 @@ pub(super) struct Appender<'a> {
 
 impl<'a> Appender<'a> {
     /// Prepares the lane's tables and stream (or takes over the stream a replica handed over,
-    /// at its recorded offset), then appends every upload batch it receives until `uploads`
+    /// at its recorded offset), then appends every upload batch it receives until `upload_batches`
     /// closes and all are acknowledged.
     pub(super) async fn run(
         context: &'a LaneContext,
         target: &'a LaneTarget,
-        mut uploads: mpsc::UnboundedReceiver<Upload>,
+        mut upload_batches: mpsc::UnboundedReceiver<UploadBatch>,
     ) -> Result<LaneReport, Problem> {
         let (stream_name, start_offset) = match context.store.handed_over_stream(&target.resource).await? {
             // Another replica drained this stream and shut down: go on at its recorded offset.
@@ -125,7 +125,7 @@ impl<'a> Appender<'a> {
                     let slot = slot.map_err(|_| Problem::internal("in-flight limiter closed"))?;
                     appender.send_next(slot).await;
                 }
-                upload = uploads.recv(), if input_open => match upload {
+                upload = upload_batches.recv(), if input_open => match upload {
                     Some(upload) => appender.queue.push_back(upload),
                     None => input_open = false,
                 },
@@ -175,7 +175,7 @@ impl<'a> Appender<'a> {
             staging_table: self.target.staging_table.clone(),
             destination_columns: self.target.destination_columns.clone(),
             stream_name: self.stream_name,
-            rows_sent: self.acknowledged_rows,
+            rows_acknowledged: self.acknowledged_rows,
         }
     }
 

@@ -17,12 +17,12 @@ use super::lane::{LaneCommand, LaneReport};
 use crate::error::Problem;
 use crate::model::ResourceName;
 
-/// Uploads of one delivery of an execution.
+/// The upload lanes of one delivery of an execution, one per resource, and its gate.
 #[derive(Debug)]
-pub(crate) struct ExecutionUploads {
+pub(crate) struct DeliveryLanes {
     pub(crate) delivery: i32,
     gate: Arc<RwLock<()>>,
-    pub(super) lanes: Mutex<HashMap<ResourceName, Lane>>,
+    pub(super) by_resource: Mutex<HashMap<ResourceName, Lane>>,
     pub(super) shares: Mutex<HashMap<ResourceName, ResourceShare>>,
     pub(super) cancel: CancellationToken,
 }
@@ -37,23 +37,23 @@ pub(super) struct Lane {
 /// The gate held shared: no state transition happens while a batch is being accepted.
 #[derive(Debug)]
 pub(crate) struct Accepting {
-    pub(super) uploads: Arc<ExecutionUploads>,
+    pub(super) lanes: Arc<DeliveryLanes>,
     _gate: OwnedRwLockReadGuard<()>,
 }
 
 /// The gate held exclusively: no batch is half-accepted while the state changes.
 #[derive(Debug)]
 pub(crate) struct Transitioning {
-    pub(super) uploads: Arc<ExecutionUploads>,
+    pub(super) lanes: Arc<DeliveryLanes>,
     _gate: OwnedRwLockWriteGuard<()>,
 }
 
-impl ExecutionUploads {
+impl DeliveryLanes {
     pub(super) fn new(delivery: i32) -> Self {
         Self {
             delivery,
             gate: Arc::new(RwLock::new(())),
-            lanes: Mutex::default(),
+            by_resource: Mutex::default(),
             shares: Mutex::default(),
             cancel: CancellationToken::new(),
         }
@@ -61,19 +61,19 @@ impl ExecutionUploads {
 
     /// Waits for the gate, shared.
     pub(crate) async fn accepting(self: &Arc<Self>) -> Accepting {
-        Accepting { uploads: Arc::clone(self), _gate: Arc::clone(&self.gate).read_owned().await }
+        Accepting { lanes: Arc::clone(self), _gate: Arc::clone(&self.gate).read_owned().await }
     }
 
     /// Waits for the gate, exclusively.
     pub(crate) async fn begin_transition(self: &Arc<Self>) -> Transitioning {
-        Transitioning { uploads: Arc::clone(self), _gate: Arc::clone(&self.gate).write_owned().await }
+        Transitioning { lanes: Arc::clone(self), _gate: Arc::clone(&self.gate).write_owned().await }
     }
 }
 
 impl Transitioning {
     /// The delivery this gate belongs to.
     pub(crate) fn delivery(&self) -> i32 {
-        self.uploads.delivery
+        self.lanes.delivery
     }
 }
 

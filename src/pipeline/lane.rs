@@ -115,7 +115,7 @@ pub(crate) struct LaneReport {
     pub(crate) destination_columns: Vec<Column>,
     pub(crate) stream_name: String,
     /// Rows appended to the stream (acknowledged, in order).
-    pub(crate) rows_sent: i64,
+    pub(crate) rows_acknowledged: i64,
 }
 
 impl From<crate::store::HandedOverStream> for LaneReport {
@@ -126,7 +126,7 @@ impl From<crate::store::HandedOverStream> for LaneReport {
             staging_table: stream.staging_table,
             destination_columns: stream.destination_columns,
             stream_name: stream.stream_name,
-            rows_sent: stream.rows_acknowledged,
+            rows_acknowledged: stream.rows_acknowledged,
         }
     }
 }
@@ -148,12 +148,12 @@ pub(super) async fn run_lane(
     pressure: LanePressure,
     cancel: CancellationToken,
 ) -> Result<LaneReport, Problem> {
-    let (uploads_tx, uploads_rx) = mpsc::unbounded_channel();
+    let (upload_batches_tx, upload_batches_rx) = mpsc::unbounded_channel();
     // Its own task: the appender must be able to fail (and fail the execution) at once, while
     // the accumulator would otherwise wait for the lane to be drained.
-    let accumulator = tokio::spawn(accumulate(target.batching, commands, uploads_tx, pressure));
+    let accumulator = tokio::spawn(accumulate(target.batching, commands, upload_batches_tx, pressure));
     let result = tokio::select! {
-        result = Appender::run(&context, &target, uploads_rx) => result,
+        result = Appender::run(&context, &target, upload_batches_rx) => result,
         () = cancel.cancelled() => {
             accumulator.abort();
             let detail = format!("uploads of resource {} were cancelled", target.resource.resource);

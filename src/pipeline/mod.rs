@@ -12,7 +12,7 @@
 //! - `inflight_per_stream` (4): outstanding AppendRows requests per stream, a sliding window.
 //! - `max_inflight_requests` (8): outstanding AppendRows requests across the gateway.
 //! - `max_concurrent_prepares` (8): resources creating tables and streams at once, separate from
-//!   uploads so new tables get set up while established ones upload.
+//!   lanes so new tables get set up while established ones upload.
 //!
 //! The API admits each batch with [`Pipeline::admit`], hands it to [`Pipeline::enqueue`], asks
 //! for [`Pipeline::flush`] at checkpoints, and commit calls [`Pipeline::drain`], receiving one
@@ -28,7 +28,7 @@ mod prepare;
 pub(crate) mod retry;
 
 pub(crate) use admission::{Admission, QueuedRows, ReservedBatch};
-pub(crate) use gate::{Accepting, ExecutionUploads, Transitioning};
+pub(crate) use gate::{Accepting, DeliveryLanes, Transitioning};
 pub(crate) use lane::{LaneContext, LaneReport, LaneTarget};
 
 use std::collections::HashMap;
@@ -75,7 +75,7 @@ pub(crate) struct Pipeline {
     receiving: ByteBudget,
     limits: PipelineLimits,
     conversions: Arc<Semaphore>,
-    executions: Arc<Mutex<HashMap<ExecutionKey, Arc<ExecutionUploads>>>>,
+    executions: Arc<Mutex<HashMap<ExecutionKey, Arc<DeliveryLanes>>>>,
 }
 
 impl Pipeline {
@@ -105,38 +105,38 @@ impl Pipeline {
         }
     }
 
-    /// The uploads of the execution's `delivery`, which this replica serves: created on first
-    /// use; a newer delivery replaces (and cancels) the uploads of an older one. Only for a
+    /// The lanes of the execution's `delivery`, which this replica serves: created on first
+    /// use; a newer delivery replaces (and cancels) the lanes of an older one. Only for a
     /// delivery that is open and this replica's (`replica::Owned`): an entry made here lives
     /// until the delivery is drained, cancelled or forgotten.
-    pub(crate) fn open_delivery(&self, key: &ExecutionKey, delivery: i32) -> Arc<ExecutionUploads> {
+    pub(crate) fn open_delivery(&self, key: &ExecutionKey, delivery: i32) -> Arc<DeliveryLanes> {
         let mut executions = lock(&self.executions);
-        let uploads = Arc::new(ExecutionUploads::new(delivery));
+        let lanes = Arc::new(DeliveryLanes::new(delivery));
         match executions.get(key) {
             Some(existing) if existing.delivery == delivery => return Arc::clone(existing),
-            // A request that read an older delivery: hand it detached uploads; it is rejected
+            // A request that read an older delivery: hand it detached lanes; it is rejected
             // when it re-checks the delivery under the gate.
-            Some(existing) if existing.delivery > delivery => return uploads,
+            Some(existing) if existing.delivery > delivery => return lanes,
             Some(existing) => existing.cancel.cancel(),
             None => {}
         }
-        executions.insert(key.clone(), Arc::clone(&uploads));
-        uploads
+        executions.insert(key.clone(), Arc::clone(&lanes));
+        lanes
     }
 
-    /// The uploads this replica holds for the execution's `delivery`, if any (a lookup: it
+    /// The lanes this replica holds for the execution's `delivery`, if any (a lookup: it
     /// creates nothing).
-    pub(crate) fn delivery(&self, key: &ExecutionKey, delivery: i32) -> Option<Arc<ExecutionUploads>> {
-        lock(&self.executions).get(key).filter(|uploads| uploads.delivery == delivery).map(Arc::clone)
+    pub(crate) fn delivery(&self, key: &ExecutionKey, delivery: i32) -> Option<Arc<DeliveryLanes>> {
+        lock(&self.executions).get(key).filter(|lanes| lanes.delivery == delivery).map(Arc::clone)
     }
 
     /// Uploads of no one's: the gate of a transition on a delivery this replica holds nothing
     /// of (a committing or ended execution), which no batch request shares.
-    pub(crate) fn detached(delivery: i32) -> Arc<ExecutionUploads> {
-        Arc::new(ExecutionUploads::new(delivery))
+    pub(crate) fn detached(delivery: i32) -> Arc<DeliveryLanes> {
+        Arc::new(DeliveryLanes::new(delivery))
     }
 
-    /// Whether this process holds uploads of the execution (it serves it, as far as it knows:
+    /// Whether this process holds lanes of the execution (it serves it, as far as it knows:
     /// the handlers check the lease).
     pub(crate) fn holds(&self, key: &ExecutionKey) -> bool {
         lock(&self.executions).contains_key(key)
@@ -148,13 +148,13 @@ impl Pipeline {
     /// requests that declare their length never wait for it half-read.
     pub(crate) async fn admit(
         &self,
-        uploads: &ExecutionUploads,
+        lanes: &DeliveryLanes,
         resource: &ResourceName,
         expected_body_bytes: Option<usize>,
     ) -> Result<Admission, Problem> {
         let admitted_at = Instant::now();
         let deadline = admitted_at + self.limits.backpressure_wait;
-        let share = self.resource_share(uploads, resource);
+        let share = self.resource_share(lanes, resource);
         share.wait_for_room(self.limits.backpressure_wait).await?;
         let mut admission = Admission {
             resource: resource.clone(),
@@ -174,8 +174,8 @@ impl Pipeline {
     }
 
     /// The resource's part of the upload budget in this delivery.
-    fn resource_share(&self, uploads: &ExecutionUploads, resource: &ResourceName) -> ResourceShare {
-        lock(&uploads.shares)
+    fn resource_share(&self, lanes: &DeliveryLanes, resource: &ResourceName) -> ResourceShare {
+        lock(&lanes.shares)
             .entry(resource.clone())
             .or_insert_with(|| ResourceShare::new(self.limits.max_buffered_bytes_per_resource))
             .clone()
@@ -190,14 +190,15 @@ impl Pipeline {
         target: impl FnOnce() -> LaneTarget,
         rows: QueuedRows,
     ) {
-        let uploads = &accepting.uploads;
-        let share = self.resource_share(uploads, resource);
-        let mut lanes = lock(&uploads.lanes);
-        let lane = lanes.entry(resource.clone()).or_insert_with(|| {
+        let delivery_lanes = &accepting.lanes;
+        let share = self.resource_share(delivery_lanes, resource);
+        let mut by_resource = lock(&delivery_lanes.by_resource);
+        let lane = by_resource.entry(resource.clone()).or_insert_with(|| {
             let (commands, receiver) = mpsc::unbounded_channel();
             let pressure =
                 LanePressure { budget: self.budget.pressure().subscribe(), share: share.pressure().subscribe() };
-            let lane = lane::run_lane(self.context.clone(), target(), receiver, pressure, uploads.cancel.clone());
+            let lane =
+                lane::run_lane(self.context.clone(), target(), receiver, pressure, delivery_lanes.cancel.clone());
             Lane { commands, worker: tokio::spawn(lane) }
         });
         // A closed lane has failed (and failed its execution) or was cancelled; `drain` reports why.
@@ -207,7 +208,7 @@ impl Pipeline {
 
     /// Queues every lane's accumulated rows for upload (checkpoints).
     pub(crate) async fn flush(&self, transitioning: &Transitioning) {
-        let waits: Vec<oneshot::Receiver<()>> = lock(&transitioning.uploads.lanes)
+        let waits: Vec<oneshot::Receiver<()>> = lock(&transitioning.lanes.by_resource)
             .values()
             .filter_map(|lane| {
                 let (done, wait) = oneshot::channel();
@@ -220,14 +221,14 @@ impl Pipeline {
         }
     }
 
-    /// Ends the uploads of an execution: closes every lane (flushing what it accumulated) and
+    /// Ends the lanes of an execution: closes every lane (flushing what it accumulated) and
     /// waits for it to drain.
     pub(crate) async fn drain(&self, key: &ExecutionKey, delivery: i32) -> Result<Vec<LaneReport>, Problem> {
-        let uploads = match lock(&self.executions).get(key) {
+        let delivery_lanes = match lock(&self.executions).get(key) {
             Some(u) if u.delivery == delivery => Arc::clone(u),
             _ => return Ok(Vec::new()),
         };
-        let lanes: Vec<(ResourceName, Lane)> = lock(&uploads.lanes).drain().collect();
+        let lanes: Vec<(ResourceName, Lane)> = lock(&delivery_lanes.by_resource).drain().collect();
         let mut reports = Vec::with_capacity(lanes.len());
         let mut first_error = None;
         for (resource, lane) in lanes {
@@ -253,14 +254,14 @@ impl Pipeline {
         }
     }
 
-    /// Cancels the uploads of an execution (abort, redelivery) and forgets them.
+    /// Cancels the lanes of an execution (abort, redelivery) and forgets them.
     pub(crate) fn cancel(&self, key: &ExecutionKey) {
-        if let Some(uploads) = lock(&self.executions).remove(key) {
-            uploads.cancel.cancel();
+        if let Some(lanes) = lock(&self.executions).remove(key) {
+            lanes.cancel.cancel();
         }
     }
 
-    /// Forgets a finished execution's (already drained) uploads.
+    /// Forgets a finished execution's (already drained) lanes.
     pub(crate) fn forget(&self, key: &ExecutionKey, delivery: i32) {
         let mut executions = lock(&self.executions);
         if executions.get(key).is_some_and(|u| u.delivery == delivery) {

@@ -38,7 +38,7 @@ pub(super) async fn prepare(context: &LaneContext, target: &LaneTarget) -> Resul
     prepare_destination(context, target).await?;
     let expires_at_ms = chrono::Utc::now().timestamp_millis() + STAGING_TABLE_TTL.as_millis() as i64;
     bigquery
-        .create_table(project, dataset, &target.staging_table, &target.staging_columns, Some(expires_at_ms))
+        .create_staging_table(project, dataset, &target.staging_table, &target.staging_columns, Some(expires_at_ms))
         .await
         .map_err(fail)?;
     let staging_path = table_path(project, dataset, &target.staging_table);

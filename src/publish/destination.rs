@@ -231,7 +231,7 @@ impl Publisher {
             let exists = exists.map_err(|e| e.problem(Stage::Publication))?.is_some();
             return Ok(exists.then(|| Statement { staged: None, sql: sql::truncate_statement(&destination) }));
         };
-        if report.rows_sent == 0 && !replace {
+        if report.rows_acknowledged == 0 && !replace {
             return Ok(None);
         }
         let key = sql::key_as_named(&resource.primary_key, &report.destination_columns);
@@ -324,7 +324,7 @@ impl Publisher {
     /// Submits the attempt's job and waits for it.
     async fn submit(&self, job: &PublicationJob<'_>, job_id: &str) -> Result<JobOutcome, BigQueryError> {
         let (run, name) = (job.run, &job.resource.resource);
-        let staged_rows = job.statement.staged.map_or(0, |report| report.rows_sent);
+        let staged_rows = job.statement.staged.map_or(0, |report| report.rows_acknowledged);
         tracing::info!(run_id = %job.delivery.run_id(), execution_id = %job.delivery.execution_id(), resource = %name,
             %job_id, staged_rows, "bigquery.write.publish.started");
         let labels = job_id::publication_labels(job.delivery, name);

@@ -33,6 +33,14 @@ use crate::telemetry::{self, PhaseTiming};
 use destination::{PublishOutcome, Published};
 pub(crate) use lifecycle::{AbortOutcome, CommitStart, Committing};
 
+/// How a commit that did not fail ended.
+enum CommitEnd {
+    /// Every destination was published.
+    Published,
+    /// An abort was recorded before publishing began: no destination changed.
+    AbortedBeforePublishing,
+}
+
 /// Runs commits. Cheap to clone.
 #[derive(Debug, Clone)]
 pub(crate) struct Publisher {
@@ -56,7 +64,9 @@ impl Publisher {
         let result = self.commit_inner(run, &delivery).await;
         self.pipeline.forget(&delivery.execution, delivery.delivery);
         let record = match result {
-            Ok(()) => self.store.mark_committed(&delivery).await?,
+            Ok(CommitEnd::Published) => self.store.mark_committed(&delivery).await?,
+            // The abort's own record stands: it changed nothing.
+            Ok(CommitEnd::AbortedBeforePublishing) => None,
             Err(problem) => {
                 tracing::warn!(run_id = %run.run_id, execution_id = %execution.execution_id, code = %problem.code,
                     detail = %problem.detail, cause = problem.cause.as_deref(), "commit failed");
@@ -76,7 +86,7 @@ impl Publisher {
         Ok(record)
     }
 
-    async fn commit_inner(&self, run: &RunRecord, delivery: &DeliveryRef) -> Result<(), Problem> {
+    async fn commit_inner(&self, run: &RunRecord, delivery: &DeliveryRef) -> Result<CommitEnd, Problem> {
         let mut reports = self.pipeline.drain(&delivery.execution, delivery.delivery).await?;
         // Streams a replica handed over at shutdown whose resource got no batch here since.
         for stream in self.store.handed_over_streams(delivery).await? {
@@ -110,7 +120,7 @@ impl Publisher {
             for report in &reports {
                 self.delete_staging_table(run, &report.staging_table).await;
             }
-            return Err(Problem::new(ErrorCode::ExecutionNotExtracting, "the execution was aborted before publishing"));
+            return Ok(CommitEnd::AbortedBeforePublishing);
         }
         let declared = self.store.list_resources_by_declaration(&run.run_id).await?;
         let continuing = self.store.continuing_resources(&delivery.execution).await?;
@@ -119,7 +129,8 @@ impl Publisher {
             destinations.into_iter().map(|destination| self.publish_destination(run, delivery, destination)).collect();
         let published: Vec<Vec<Published>> =
             futures::stream::iter(publications).buffer_unordered(self.max_concurrent_publications).collect().await;
-        self.outcome(run, published.into_iter().flatten()).await
+        self.outcome(run, published.into_iter().flatten()).await?;
+        Ok(CommitEnd::Published)
     }
 
     /// Deletes the staging tables no job will read again and names every failed destination
@@ -185,12 +196,12 @@ impl Publisher {
         let started = Instant::now();
         let row_count = writer.finalize(&report.stream_name).await.map_err(upload_failed)?;
         timing("finalize", started).emit();
-        if row_count != report.rows_sent {
+        if row_count != report.rows_acknowledged {
             return Err(Problem::new(
                 ErrorCode::RowCountMismatch,
                 format!(
                     "resource {}: the stream holds {row_count} rows but the gateway appended {}",
-                    report.resource, report.rows_sent
+                    report.resource, report.rows_acknowledged
                 ),
             ));
         }

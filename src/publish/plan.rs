@@ -78,7 +78,7 @@ mod tests {
             staging_table: format!("_filament_stg_{name}"),
             destination_columns: Vec::new(),
             stream_name: format!("stream-{name}"),
-            rows_sent: 1,
+            rows_acknowledged: 1,
         }
     }
 

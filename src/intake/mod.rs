@@ -1,0 +1,235 @@
+//! Intake: one batch request, from its body to rows queued on the resource's upload lane.
+//!
+//! The HTTP handler (`api::batches`) checks what the request says about itself and loads what
+//! it names ([`BatchTarget`]); from there the request's path stays here and goes on forward:
+//! get admitted (room in the resource's share, `pipeline::admission`), read and decode the body
+//! under the receive budget (`ingest::decode`), prepare it against the declaration, its staged
+//! size known (`ingest::prepare`), convert and encode it under the upload budget, then record
+//! the receipt (`store::batches`) and queue the rows under the execution's gate (`pipeline`).
+//! The order is carried by the admission types, so a rejected request changes nothing and
+//! every byte it makes the gateway hold is counted before it is allocated.
+
+mod problems;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt as _};
+
+use crate::error::{ErrorCode, Problem};
+use crate::ingest::IngestError;
+use crate::ingest::decode::{BodyDecoder, DecodedBody, Progress};
+use crate::ingest::prepare::{BatchLimits, BodySummary, Declaration, PreparedBatch, prepare};
+use crate::model::bounds::KeyRange;
+use crate::model::staging::staging_table_name;
+use crate::model::{ExecutionState, ResourceRef};
+use crate::pipeline::{Admission, DeliveryLanes, LaneTarget, Pipeline, ReservedBatch};
+use crate::replica::{Owned, Replica};
+use crate::store::{ExecutionRecord, InsertBatch, NewBatch, ReceiptRecord, ResourceRecord, RunRecord, Store};
+use crate::telemetry;
+use problems::{redeclared, replayed, schema_mismatch};
+
+/// What a batch request loads into: the run, the declared resource and the execution's
+/// current delivery, which this replica serves.
+pub(crate) struct BatchTarget {
+    pub(crate) run: RunRecord,
+    pub(crate) declared: ResourceRecord,
+    pub(crate) execution: Owned<ExecutionRecord>,
+}
+
+/// One batch request as intake takes it: where it goes, its `seq`, the body's length when the
+/// request declares it, and the body's bytes (read errors already answered as problems).
+pub(crate) struct BatchRequest<B> {
+    pub(crate) target: BatchTarget,
+    pub(crate) seq: Option<i64>,
+    pub(crate) declared_length: Option<usize>,
+    pub(crate) body: B,
+}
+
+/// How an accepted batch request ends.
+#[derive(Debug)]
+pub(crate) enum Accepted {
+    /// Recorded and queued for upload.
+    Queued(ReceiptRecord),
+    /// The `seq` was accepted before with the same body: its original receipt.
+    Replayed(ReceiptRecord),
+}
+
+/// What intake works with; borrowed from the gateway's state per request.
+pub(crate) struct Intake<'a> {
+    pub(crate) store: &'a Store,
+    pub(crate) pipeline: &'a Pipeline,
+    pub(crate) replica: &'a Replica,
+    pub(crate) limits: BatchLimits,
+}
+
+/// The request's place in its execution, fixed once loaded.
+struct Loaded {
+    target: BatchTarget,
+    resource: ResourceRef,
+    lanes: Arc<DeliveryLanes>,
+}
+
+impl Intake<'_> {
+    /// Accepts one batch request, or refuses it having changed nothing.
+    pub(crate) async fn accept<B>(&self, request: BatchRequest<B>) -> Result<Accepted, Problem>
+    where
+        B: Stream<Item = Result<Bytes, Problem>> + Unpin,
+    {
+        let BatchRequest { target, seq, declared_length, body } = request;
+        let loaded = self.load(target)?;
+        let mut admission = self.pipeline.admit(&loaded.lanes, &loaded.resource.resource, declared_length).await?;
+        let body = self.receive_body(body, &mut admission).await?;
+        let prepared = match self.prepare_body(&loaded, seq, body).await? {
+            Prepared::Replay(receipt) => return Ok(Accepted::Replayed(receipt)),
+            Prepared::New(prepared) => prepared,
+        };
+        let converting = admission.reserve(prepared.staged_bytes()).await?;
+        let (mut encoded, summary) = prepared.encode()?;
+        let key_ranges = encoded.key_ranges.take();
+        let reserved = converting.settle(encoded);
+        self.record_and_enqueue(&loaded, seq, summary, key_ranges, reserved).await
+    }
+
+    /// The execution must accept batches; its delivery's lanes are opened for them.
+    fn load(&self, target: BatchTarget) -> Result<Loaded, Problem> {
+        let execution = &target.execution;
+        if !ExecutionState::ACCEPTING_BATCHES.contains(&execution.state) {
+            return Err(Problem::new(
+                ErrorCode::ExecutionNotExtracting,
+                format!("execution {} is {}; it accepts no more batches", execution.execution_id, execution.state),
+            ));
+        }
+        let lanes = self.pipeline.open_delivery(&execution.key(), execution.delivery);
+        let resource = execution.delivery_ref().resource(target.declared.resource.clone());
+        Ok(Loaded { target, resource, lanes })
+    }
+
+    /// Reads and decodes the body, holding what it receives (and what IPC-compressed buffers
+    /// decompress to) in the receive budget before decoding allocates it.
+    async fn receive_body<B>(&self, mut body: B, admission: &mut Admission) -> Result<DecodedBody, Problem>
+    where
+        B: Stream<Item = Result<Bytes, Problem>> + Unpin,
+    {
+        let max_body_bytes = self.limits.max_batch_body_bytes;
+        let mut decoder = BodyDecoder::new(max_body_bytes);
+        let (mut received, mut held) = (0usize, admission.received_bytes());
+        while let Some(chunk) = body.next().await {
+            let mut chunk = chunk?;
+            received = received.saturating_add(chunk.len());
+            if received > max_body_bytes {
+                return Err(IngestError::BodyTooLarge { limit_bytes: max_body_bytes }.into());
+            }
+            if received > held {
+                admission.hold_received(received - held).await?;
+                held = received;
+            }
+            while !chunk.is_empty() {
+                if let Progress::MessageComplete { decompressed_bytes } = decoder.push_some(&mut chunk)? {
+                    admission.hold_received(decompressed_bytes).await?;
+                    decoder.decode_completed()?;
+                }
+            }
+        }
+        Ok(decoder.finish()?)
+    }
+
+    /// The body checked against the declaration and the resource's earlier batches in this
+    /// delivery, its staged size known; or the receipt of a `seq` accepted before.
+    async fn prepare_body(&self, loaded: &Loaded, seq: Option<i64>, body: DecodedBody) -> Result<Prepared, Problem> {
+        let declared = &loaded.target.declared;
+        let declaration = Declaration {
+            write_mode: declared.write_mode,
+            primary_key: &declared.primary_key,
+            table_options: declared.table_options.as_ref(),
+        };
+        let prepared = prepare(body, declaration, seq, &self.limits)?;
+        let summary = prepared.summary();
+        if let Some(seq) = seq
+            && let Some(existing) = self.store.find_receipt(&loaded.resource, seq).await?
+        {
+            return replayed(existing, &summary.arrow_ipc_sha256).map(Prepared::Replay);
+        }
+        if let Some(staging) = self.store.get_staging_stream(&loaded.resource).await?
+            && staging.arrow_schema_sha256 != summary.canonical_schema_sha256
+        {
+            return Err(schema_mismatch(&loaded.resource.resource, &staging.arrow_schema, &summary.canonical_schema));
+        }
+        Ok(Prepared::New(Box::new(prepared)))
+    }
+
+    /// Under the execution's gate (shared), re-checks the state, records the receipt, stamps
+    /// the rows with its `seq` and queues them on the resource's lane.
+    async fn record_and_enqueue(
+        &self,
+        loaded: &Loaded,
+        seq: Option<i64>,
+        body: BodySummary,
+        key_ranges: Option<Vec<KeyRange>>,
+        reserved: ReservedBatch,
+    ) -> Result<Accepted, Problem> {
+        let accepting = loaded.lanes.accepting().await;
+        self.recheck_under_gate(loaded).await?;
+        let declared = &loaded.target.declared;
+        let staging_table = staging_table_name(&loaded.resource, &declared.table_name);
+        let inserted = self
+            .store
+            .insert_batch(&NewBatch {
+                resource: &loaded.resource,
+                seq,
+                rows: body.rows as i64,
+                uncompressed_bytes: body.uncompressed_bytes as i64,
+                arrow_ipc_sha256: &body.arrow_ipc_sha256,
+                arrow_schema: &body.canonical_schema,
+                arrow_schema_sha256: &body.canonical_schema_sha256,
+                staging_table: &staging_table,
+                key_ranges: key_ranges.as_ref().map(|ranges| serde_json::json!(ranges)),
+                declaration: declared,
+            })
+            .await?;
+        let receipt = match inserted {
+            InsertBatch::Inserted(receipt) => receipt,
+            InsertBatch::SeqTaken(existing) => {
+                return replayed(existing, &body.arrow_ipc_sha256).map(Accepted::Replayed);
+            }
+            InsertBatch::SchemaMismatch { recorded } => {
+                return Err(schema_mismatch(&loaded.resource.resource, &recorded, &body.canonical_schema));
+            }
+            InsertBatch::DeclarationChanged { current } => return Err(redeclared(declared, current.as_ref())),
+        };
+        let queued = reserved.accept(&receipt)?;
+        let (rows, uncompressed_bytes) = (body.rows as u64, body.uncompressed_bytes as u64);
+        let lane_target = || LaneTarget::new(loaded.resource.clone(), &loaded.target.run, declared, body);
+        self.pipeline.enqueue(&accepting, &loaded.resource.resource, lane_target, queued);
+        metrics::counter!(telemetry::BATCHES_QUEUED).increment(1);
+        metrics::counter!(telemetry::ROWS_RECEIVED).increment(rows);
+        metrics::counter!(telemetry::BYTES_RECEIVED).increment(uncompressed_bytes);
+        Ok(Accepted::Queued(receipt))
+    }
+
+    /// A transition or redelivery may have happened while the body was read, and the owner
+    /// may have handed the execution over meanwhile (it is shutting down).
+    async fn recheck_under_gate(&self, loaded: &Loaded) -> Result<(), Problem> {
+        let key = loaded.target.execution.key();
+        let current = self.store.get_execution(&key).await?.ok_or_else(|| Problem::not_found(&key))?;
+        let current = self.replica.claim(current).await?;
+        if !ExecutionState::ACCEPTING_BATCHES.contains(&current.state)
+            || current.delivery != loaded.target.execution.delivery
+        {
+            return Err(Problem::new(
+                ErrorCode::ExecutionNotExtracting,
+                format!(
+                    "execution {} is {} (delivery {}); it accepts no more batches",
+                    current.execution_id, current.state, current.delivery
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+enum Prepared {
+    /// The `seq` was accepted before: its receipt.
+    Replay(ReceiptRecord),
+    New(Box<PreparedBatch>),
+}
