@@ -95,6 +95,24 @@ impl ErrorCode {
     pub fn from_str_opt(s: &str) -> Option<Self> {
         Self::ALL.iter().copied().find(|c| c.as_str() == s)
     }
+
+    /// What a client does about the code, where that is not to fix the request: the contract
+    /// text of the OpenAPI document's problem responses (`api::problems`).
+    pub fn advice(self) -> Option<&'static str> {
+        Some(match self {
+            ErrorCode::Backpressure | ErrorCode::Overloaded => "retry after `Retry-After` seconds",
+            ErrorCode::ExecutionOwnedElsewhere => {
+                "another gateway replica serves the execution and could not be reached; retry after `Retry-After`"
+            }
+            ErrorCode::ReplicaDraining => "this replica is shutting down; retry",
+            ErrorCode::GatewayRestarted => "the replica serving the execution stopped; deliver the execution again",
+            ErrorCode::PendingStreamExpired => "deliver the execution again and commit it sooner",
+            ErrorCode::BodyTimeout => "the body arrived slower than `FILAMENT_BODY_MIN_RATE_BYTES_PER_SEC`",
+            ErrorCode::PublicationInProgress => "the commit already submitted destination jobs and runs to its end",
+            ErrorCode::BigqueryUnavailable | ErrorCode::QuotaExceeded => "retry later",
+            _ => return None,
+        })
+    }
 }
 
 impl Serialize for ErrorCode {

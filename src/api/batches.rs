@@ -16,8 +16,9 @@ use utoipa::IntoParams;
 
 use super::SharedState;
 use super::body_deadline::BodyTimedOut;
-use super::error::{ApiPath, ApiQuery, ProblemDocument};
+use super::error::{ApiPath, ApiQuery};
 use super::executions::load_execution;
+use super::problems;
 use super::views::Receipt;
 use crate::error::{ErrorCode, Problem};
 use crate::ingest::prepare::BatchLimits;
@@ -58,16 +59,7 @@ type Answer = (StatusCode, axum::Json<Receipt>);
     responses(
         (status = 202, description = "Accepted and queued for upload", body = Receipt),
         (status = 200, description = "Replay of an accepted `seq` with the same body: the original receipt", body = Receipt),
-        (status = 400, description = "`invalid_arrow_ipc` or malformed request", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 404, description = "No such run, execution or resource", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 408, description = "`body_timeout`: the body arrived slower than `FILAMENT_BODY_MIN_RATE_BYTES_PER_SEC`", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 409, description = "`execution_not_extracting`, `batch_conflict`, `resource_conflict` (the resource was declared again while the batch was read)", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 413, description = "`payload_too_large`: the body, or its rows once staged (naming the column), exceed the body limit", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 415, description = "`unsupported_media_type`", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "`invalid_identifier`, `schema_mismatch`, `unsupported_type`, `precision_loss`, `invalid_value`, `invalid_operation`, `invalid_primary_key`, `null_primary_key`, `row_too_large`, `invalid_partitioning`, `invalid_clustering`, `invalid_table_options` (the declared table options do not fit the schema)", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 429, description = "`backpressure`: retry after `Retry-After` seconds", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 503, description = "`execution_owned_elsewhere`: another gateway replica serves the execution and could not be reached (retry after `Retry-After`); `replica_draining`: this replica is shutting down (retry); `gateway_restarted`: the replica that served it stopped (deliver the execution again)", body = ProblemDocument, content_type = "application/problem+json"),
+        problems::BatchProblems,
     )
 )]
 pub(crate) async fn post_batch(

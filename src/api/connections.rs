@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::SharedState;
-use super::error::{ApiJson, ProblemDocument};
+use super::error::ApiJson;
+use super::problems;
 use crate::bigquery::error::Stage;
 use crate::bigquery::jobs::QueryJob;
 use crate::bigquery::{BigQueryError, CONNECTION_TEST_DEADLINE, CREDENTIALS_DEADLINE, within};
@@ -33,12 +34,7 @@ pub(crate) struct ConnectionTestResponse {
     request_body = ConnectionTestRequest,
     responses(
         (status = 200, description = "BigQuery answered", body = ConnectionTestResponse),
-        (status = 400, description = "Malformed body", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 415, description = "Not JSON", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid project or location", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 502, description = "BigQuery refused: `service_disabled`, `missing_credentials`, `permission_denied`, ... with a hint", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 503, description = "BigQuery unreachable", body = ProblemDocument, content_type = "application/problem+json"),
+        problems::ConnectionTestProblems,
     )
 )]
 pub(crate) async fn test_connection(

@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::SharedState;
-use super::error::{ApiJson, ApiPath, ApiQuery, ProblemDocument};
+use super::error::{ApiJson, ApiPath, ApiQuery};
+use super::problems;
 use super::runs::load_run;
 use super::views::{ExecutionView, execution_view};
 use crate::error::{ErrorCode, Problem};
@@ -107,13 +108,7 @@ fn not_extracting(execution: &ExecutionRecord, action: &str) -> Problem {
     responses(
         (status = 201, description = "Execution created (state `extracting`)", body = ExecutionView),
         (status = 200, description = "Existing execution: a new delivery started", body = ExecutionView),
-        (status = 400, description = "Malformed body", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 404, description = "No such run", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 409, description = "`execution_not_extracting`: the execution is committing", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 503, description = "`execution_owned_elsewhere`: another live gateway replica serves the open execution and could not be reached (retry after `Retry-After`); `replica_draining`: this replica is shutting down (retry)", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 415, description = "Not JSON", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
+        problems::OpenExecutionProblems,
     )
 )]
 pub(crate) async fn open_execution(
@@ -168,9 +163,7 @@ pub(crate) async fn open_execution(
     params(("run_id" = String, Path, description = "Run id"), ("execution_id" = String, Path, description = "Execution id")),
     responses(
         (status = 200, description = "The execution", body = ExecutionView),
-        (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 404, description = "No such run or execution", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
+        problems::GetExecutionProblems,
     )
 )]
 pub(crate) async fn get_execution(
@@ -188,13 +181,7 @@ pub(crate) async fn get_execution(
     request_body = CheckpointRequest,
     responses(
         (status = 200, description = "Checkpoint recorded", body = CheckpointResponse),
-        (status = 400, description = "Malformed body", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 404, description = "No such run or execution", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 409, description = "`execution_not_extracting`", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 415, description = "Not JSON", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 503, description = "`execution_owned_elsewhere`: another gateway replica serves the execution and could not be reached (retry after `Retry-After`); `replica_draining`: this replica is shutting down (retry); `gateway_restarted`: the replica that served it stopped (deliver the execution again)", body = ProblemDocument, content_type = "application/problem+json"),
+        problems::CheckpointProblems,
     )
 )]
 pub(crate) async fn post_checkpoint(
@@ -220,11 +207,7 @@ pub(crate) async fn post_checkpoint(
     params(("run_id" = String, Path, description = "Run id"), ("execution_id" = String, Path, description = "Execution id")),
     responses(
         (status = 200, description = "Execution paused", body = ExecutionView),
-        (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 404, description = "No such run or execution", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 409, description = "`execution_not_extracting`", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 503, description = "`execution_owned_elsewhere`: another gateway replica serves the execution and could not be reached (retry after `Retry-After`); `replica_draining`: this replica is shutting down (retry); `gateway_restarted`: the replica that served it stopped (deliver the execution again)", body = ProblemDocument, content_type = "application/problem+json"),
+        problems::PauseProblems,
     )
 )]
 pub(crate) async fn pause_execution(
@@ -248,12 +231,7 @@ pub(crate) async fn pause_execution(
     responses(
         (status = 202, description = "Committing (poll the execution)", body = ExecutionView),
         (status = 200, description = "With `wait=true`, or already committed: the terminal execution", body = ExecutionView),
-        (status = 400, description = "Malformed query", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 404, description = "No such run or execution", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 409, description = "`execution_not_extracting`: failed or aborted", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 503, description = "`execution_owned_elsewhere`: another gateway replica serves the execution and could not be reached (retry after `Retry-After`); `replica_draining`: this replica is shutting down (retry); `gateway_restarted`: the replica that served it stopped (deliver the execution again)", body = ProblemDocument, content_type = "application/problem+json"),
+        problems::CommitProblems,
     )
 )]
 pub(crate) async fn commit_execution(
@@ -321,11 +299,7 @@ async fn wait_for_terminal(state: &SharedState, key: &ExecutionKey) -> Result<Ex
     params(("run_id" = String, Path, description = "Run id"), ("execution_id" = String, Path, description = "Execution id")),
     responses(
         (status = 200, description = "Execution aborted", body = ExecutionView),
-        (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 404, description = "No such run or execution", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 409, description = "`execution_not_extracting`: already terminal; `publication_in_progress`: the commit already submitted destination jobs and runs to its end", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid identifier", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 503, description = "`execution_owned_elsewhere`: another gateway replica serves the execution and could not be reached (retry after `Retry-After`); `replica_draining`: this replica is shutting down (retry); `gateway_restarted`: the replica that served it stopped (deliver the execution again)", body = ProblemDocument, content_type = "application/problem+json"),
+        problems::AbortProblems,
     )
 )]
 pub(crate) async fn abort_execution(

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::SharedState;
-use super::error::ProblemDocument;
+use super::problems;
 use crate::error::Problem;
 
 /// Readiness of one dependency.
@@ -73,7 +73,7 @@ pub(crate) async fn metrics(State(state): State<SharedState>) -> Response {
     get, path = "/openapi.json", tag = "operations",
     responses(
         (status = 200, description = "The OpenAPI 3.1 document", body = Object),
-        (status = 500, description = "Unexpected", body = ProblemDocument, content_type = "application/problem+json"),
+        problems::OpenApiDocumentProblems,
     )
 )]
 pub(crate) async fn openapi_document() -> Response {

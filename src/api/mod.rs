@@ -1,4 +1,4 @@
-//! The HTTP API of the contract (`../shared/docs/api-v1.md`): axum routes, one file per
+//! The HTTP API of the contract (`openapi/openapi.json`, generated from here): axum routes, one file per
 //! resource, each handler carrying its `#[utoipa::path]`. Bearer auth guards `/v1`; every error
 //! is a problem+json rendered by [`error`]. Handlers call into [`crate::ingest`],
 //! [`crate::pipeline`], [`crate::publish`] and [`crate::store`].
@@ -11,7 +11,9 @@ pub(crate) mod error;
 pub(crate) mod executions;
 pub(crate) mod forward;
 pub(crate) mod health;
+mod problems;
 pub(crate) mod runs;
+mod schema_bounds;
 pub(crate) mod server;
 pub(crate) mod views;
 
@@ -131,10 +133,12 @@ fn operations_routes() -> OpenApiRouter<SharedState> {
 
 /// The OpenAPI document, generated from the handlers.
 pub(crate) fn openapi() -> utoipa::openapi::OpenApi {
-    OpenApiRouter::<SharedState>::with_openapi(ApiDoc::openapi())
+    let mut document = OpenApiRouter::<SharedState>::with_openapi(ApiDoc::openapi())
         .merge(v1_routes())
         .merge(operations_routes())
-        .into_openapi()
+        .into_openapi();
+    schema_bounds::apply(&mut document);
+    document
 }
 
 /// The OpenAPI document as the checked-in `openapi/openapi.json` holds it.

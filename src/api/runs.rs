@@ -9,7 +9,8 @@ use sha2::{Digest as _, Sha256};
 use utoipa::ToSchema;
 
 use super::SharedState;
-use super::error::{ApiJson, ApiPath, ProblemDocument};
+use super::error::{ApiJson, ApiPath};
+use super::problems;
 use super::views::{ResourceView, RunView, run_view};
 use crate::error::{ErrorCode, Problem};
 use crate::model::columns::MAX_KEY_COLUMNS;
@@ -31,7 +32,6 @@ pub(crate) struct CreateRunRequest {
     pub(crate) job_project: Option<String>,
     /// Most bytes one publication job may bill; a job that would bill more fails with
     /// `publication_too_expensive` (and the figure it needed).
-    #[schema(minimum = 1)]
     pub(crate) maximum_bytes_billed: Option<i64>,
 }
 
@@ -63,11 +63,7 @@ pub(super) async fn load_run(state: &SharedState, run_id: &str) -> Result<RunRec
     responses(
         (status = 201, description = "Run created", body = RunView),
         (status = 200, description = "The same run already exists", body = RunView),
-        (status = 400, description = "Malformed body", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 409, description = "`run_conflict`: the id exists with another definition", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 415, description = "Not JSON", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "`invalid_identifier`, `invalid_dataset_id`", body = ProblemDocument, content_type = "application/problem+json"),
+        problems::CreateRunProblems,
     )
 )]
 pub(crate) async fn create_run(
@@ -86,8 +82,9 @@ pub(crate) async fn create_run(
     if let Some(project) = &request.job_project {
         validate_project_id(project)?;
     }
-    if request.maximum_bytes_billed.is_some_and(|bytes| bytes < 1) {
-        return Err(Problem::invalid_request("maximum_bytes_billed must be at least 1"));
+    let billed = crate::model::request_bounds::MAXIMUM_BYTES_BILLED;
+    if request.maximum_bytes_billed.is_some_and(|bytes| !billed.contains(bytes)) {
+        return Err(Problem::invalid_request(format!("maximum_bytes_billed must be {}", billed.describe())));
     }
     let mut definition = serde_json::json!({"destination": destination, "batching": batching});
     // Present only when set, so runs defined before these settings keep their definition.
@@ -125,9 +122,7 @@ pub(crate) async fn create_run(
     params(("run_id" = String, Path, description = "Run id")),
     responses(
         (status = 200, description = "The run", body = RunView),
-        (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 404, description = "No such run", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid run id", body = ProblemDocument, content_type = "application/problem+json"),
+        problems::GetRunProblems,
     )
 )]
 pub(crate) async fn get_run(
@@ -168,12 +163,7 @@ fn validate_primary_key(write_mode: WriteMode, primary_key: &[String]) -> Result
     request_body = PutResourceRequest,
     responses(
         (status = 200, description = "The resource as declared", body = ResourceView),
-        (status = 400, description = "Malformed body", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or invalid token", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 404, description = "No such run", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 409, description = "`resource_conflict`: batches exist and the declaration changes", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 415, description = "Not JSON", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "`invalid_identifier`, `primary_key_required`, `invalid_primary_key`, `invalid_partitioning`, `invalid_clustering`, `invalid_table_labels`, `invalid_table_options`", body = ProblemDocument, content_type = "application/problem+json"),
+        problems::PutResourceProblems,
     )
 )]
 pub(crate) async fn put_resource(

@@ -34,7 +34,7 @@ pub(crate) enum BigQueryError {
 }
 
 /// `errorResult.reason`s of a query job that a new attempt (under a new job id) may not meet
-/// again (<https://cloud.google.com/bigquery/docs/error-messages>: "Retry the job with a new
+/// again (BigQuery documentation, Error messages: "Retry the job with a new
 /// jobId").
 const TRANSIENT_JOB_REASONS: &[&str] = &["backendError", "internalError", "jobBackendError", "jobInternalError"];
 /// `errorResult.reason`s of a query job that BigQuery refused for its rate limits: pushback.

@@ -1,6 +1,6 @@
 //! The Storage Write API over tonic (generated `googleapis-tonic-google-cloud-bigquery-storage-v1`
 //! client): PENDING streams, AppendRows with explicit row offsets and gzip, finalize, batch
-//! commit and GetWriteStream. Wire facts: `../shared/docs/bigquery-facts.md`.
+//! commit and GetWriteStream. Wire facts: `docs/architecture.md` (Data flow).
 //!
 //! AppendRows requests are framed by [`super::append_frame`] (gzip with ISA-L, the record batch
 //! never copied into a contiguous request); responses are decoded by tonic as usual.
@@ -247,7 +247,7 @@ impl WriteClient {
         }
         // The routing header BigQuery needs outside the US multi-region ("you must include the
         // following header in your requests: x-goog-request-params: write_stream=<stream_name>",
-        // https://cloud.google.com/bigquery/docs/write-api#grpc), with the stream name as it is,
+        // BigQuery documentation, Storage Write API, gRPC), with the stream name as it is,
         // as Google's Python writer sends it (`writer.py`: `f"write_stream={self._stream_name}"`).
         builder = builder.header("x-goog-request-params", format!("write_stream={stream_name}"));
         let request = builder

@@ -137,7 +137,7 @@ fn stage(array: &ArrayRef, column: &Column, path: &str, row_of: RowOf<'_>) -> Re
 
 /// BigQuery's ranges: "DATE: 0001-01-01 to 9999-12-31", "DATETIME: 0001-01-01 00:00:00 to
 /// 9999-12-31 23:59:59.999999", "TIMESTAMP: 0001-01-01 00:00:00 to 9999-12-31 23:59:59.999999
-/// UTC" (<https://cloud.google.com/bigquery/docs/reference/standard-sql/data-types>), in days and
+/// UTC" (GoogleSQL reference, Data types), in days and
 /// microseconds since the epoch. A staged value outside them would make BigQuery refuse the
 /// append (and its key range could not be written as a literal).
 const MIN_DATE_DAYS: i32 = -719_162;

@@ -11,10 +11,10 @@ use serde::{Deserialize, Serialize};
 
 /// BigQuery's limit on columns per table: "A table, query result, or view definition can have up
 /// to 10,000 columns. This includes nested and repeated columns"
-/// (<https://cloud.google.com/bigquery/quotas#table_limits>); see [`Column::column_count`].
+/// (BigQuery documentation, Quotas and limits, Table limits); see [`Column::column_count`].
 pub(crate) const MAX_COLUMNS: usize = 10_000;
 /// "Maximum depth of nested records | 15 levels | ... independent of whether the records are
-/// scalar or array-based (repeated)" (<https://cloud.google.com/bigquery/quotas#table_limits>);
+/// scalar or array-based (repeated)" (BigQuery documentation, Quotas and limits, Table limits);
 /// see [`Column::record_depth`].
 pub(crate) const MAX_RECORD_DEPTH: usize = 15;
 /// BigQuery's limit on primary-key columns.

@@ -1,4 +1,4 @@
-//! Identifiers of the contract (`../shared/docs/api-v1.md`), parsed once at the edge: a
+//! Identifiers of the contract (`openapi/openapi.json`), parsed once at the edge: a
 //! [`RunId`], [`ExecutionId`] or [`ResourceName`] exists only when its text is valid, so
 //! everything after the API (SQL, BigQuery names, job ids) can take it as it is. The keys
 //! [`ExecutionKey`], [`DeliveryRef`] and [`ResourceRef`] name what the store and the pipeline
@@ -178,7 +178,7 @@ pub(crate) fn default_table_name(resource: &ResourceName) -> String {
 /// Prefixes BigQuery reserves for its own columns: "Column names can't use any of the
 /// following prefixes: `_TABLE_`, `_FILE_`, `_PARTITION`, `_ROW_TIMESTAMP`, `__ROOT__`,
 /// `_COLIDENTIFIER`, `_CHANGE_SEQUENCE_NUMBER`, `_CHANGE_TYPE`, `_CHANGE_TIMESTAMP`"
-/// (<https://cloud.google.com/bigquery/docs/schemas#column_names>). Compared without regard to
+/// (BigQuery documentation, Specifying a schema, Column names). Compared without regard to
 /// case, as BigQuery compares column names ("Duplicate column names are not allowed even if the
 /// case differs", same page).
 pub(crate) const BIGQUERY_RESERVED_COLUMN_PREFIXES: [&str; 9] = [
@@ -194,7 +194,7 @@ pub(crate) const BIGQUERY_RESERVED_COLUMN_PREFIXES: [&str; 9] = [
 ];
 
 /// "Column names have a maximum length of 300 characters"
-/// (<https://cloud.google.com/bigquery/docs/schemas#column_names>).
+/// (BigQuery documentation, Specifying a schema, Column names).
 pub(crate) const MAX_COLUMN_NAME_CHARS: usize = 300;
 
 /// Column names (and STRUCT field names): `[A-Za-z_][A-Za-z0-9_]{0,299}`, BigQuery's standard
@@ -232,10 +232,10 @@ pub(crate) fn validate_dataset_id(value: &str) -> Result<(), Problem> {
 }
 
 /// Google Cloud project IDs, which reach job references and SQL. Google's rules
-/// (<https://cloud.google.com/resource-manager/docs/creating-managing-projects#before_you_begin>):
+/// (Resource Manager documentation, Creating and managing projects, Before you begin):
 /// "Must be 6 to 30 characters in length. Can only contain lowercase letters, numbers, and
 /// hyphens. Must start with a letter. Cannot end with a hyphen." Legacy domain-scoped IDs
-/// (`example.com:my-project`, <https://cloud.google.com/bigquery/docs/reference/standard-sql/migrating-from-legacy-sql>)
+/// (`example.com:my-project`; BigQuery documentation, Migrating to GoogleSQL)
 /// are accepted with a domain of DNS labels (RFC 1035: at most 253 characters, labels of 1 to 63
 /// letters, digits and hyphens, neither starting nor ending with a hyphen).
 pub(crate) fn validate_project_id(value: &str) -> Result<(), Problem> {

@@ -2,12 +2,13 @@
 //! the staging contract ([`staging`]), declared table layouts ([`table_options`], [`table_layout`]), write
 //! modes, execution and publication states, and the
 //! run's destination and batching settings, with the validation rules of the contract
-//! (`../shared/docs/api-v1.md`). Anything that reaches SQL or a BigQuery name passes through
+//! (`openapi/openapi.json`). Anything that reaches SQL or a BigQuery name passes through
 //! one of the validated types here first. `model` depends on nothing but [`crate::error`].
 
 pub mod bounds;
 pub(crate) mod columns;
 pub(crate) mod ids;
+pub(crate) mod request_bounds;
 pub(crate) mod staging;
 pub(crate) mod table_layout;
 pub(crate) mod table_options;
@@ -206,28 +207,26 @@ impl Destination {
 pub(crate) struct Batching {
     /// Rows per upload batch (default 20,000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 1, maximum = 1_000_000)]
     pub(crate) max_rows: Option<u64>,
     /// Encoded bytes per upload batch (default about 8 MiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 1024, maximum = 9_437_184)]
     pub(crate) max_bytes: Option<u64>,
     /// Flush interval in milliseconds (default 10,000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 10, maximum = 3_600_000)]
     pub(crate) flush_interval_ms: Option<u64>,
 }
 
 impl Batching {
     pub(crate) fn validate(&self) -> Result<(), Problem> {
-        let check = |name: &str, value: Option<u64>, min: u64, max: u64| match value {
-            Some(v) if !(min..=max).contains(&v) => {
-                Err(Problem::invalid_request(format!("batching.{name} must be between {min} and {max}")))
+        use request_bounds::{BATCHING_FLUSH_INTERVAL_MS, BATCHING_MAX_BYTES, BATCHING_MAX_ROWS, IntegerBounds};
+        let check = |name: &str, value: Option<u64>, bounds: IntegerBounds| match value {
+            Some(v) if !i64::try_from(v).is_ok_and(|v| bounds.contains(v)) => {
+                Err(Problem::invalid_request(format!("batching.{name} must be {}", bounds.describe())))
             }
             _ => Ok(()),
         };
-        check("max_rows", self.max_rows, 1, 1_000_000)?;
-        check("max_bytes", self.max_bytes, 1024, MAX_APPEND_PAYLOAD_BYTES as u64)?;
-        check("flush_interval_ms", self.flush_interval_ms, 10, 3_600_000)
+        check("max_rows", self.max_rows, BATCHING_MAX_ROWS)?;
+        check("max_bytes", self.max_bytes, BATCHING_MAX_BYTES)?;
+        check("flush_interval_ms", self.flush_interval_ms, BATCHING_FLUSH_INTERVAL_MS)
     }
 }

@@ -14,6 +14,7 @@ use utoipa::ToSchema;
 
 use super::WriteMode;
 use super::ids::validate_column_name;
+use super::request_bounds::{EXPIRATION_DAYS, RANGE_INTERVAL};
 use crate::error::{ErrorCode, Problem};
 
 /// BigQuery's limit on clustering columns.
@@ -37,9 +38,9 @@ pub(crate) const MAX_EXPIRATION_DAYS: i64 = 36_500;
 pub(crate) struct TableOptionsDeclaration {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) partitioning: Option<PartitioningDeclaration>,
-    /// Up to 4 top-level columns of a clusterable type (INT64, STRING, BOOL, DATE, DATETIME,
-    /// TIMESTAMP, NUMERIC, BIGNUMERIC). Absent in a keyed mode: the primary key's first (up to 4)
-    /// clusterable columns. `[]`: no clustering.
+    /// Up to `maxItems` top-level columns of a clusterable type (INT64, STRING, BOOL, DATE, DATETIME,
+    /// TIMESTAMP, NUMERIC, BIGNUMERIC). Absent in a keyed mode: the primary key's first clusterable
+    /// columns, as many as allowed. `[]`: no clustering.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) clustering: Option<Vec<String>>,
     /// Queries must filter on the partitioning column (needs `partitioning`; in a MERGE mode the
@@ -48,12 +49,11 @@ pub(crate) struct TableOptionsDeclaration {
     pub(crate) require_partition_filter: Option<bool>,
     /// The table expires this many days after the gateway creates it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 1, maximum = 36500)]
     pub(crate) expiration_days: Option<i64>,
-    /// Table description (at most 16,384 characters).
+    /// Table description (at most `maxLength` characters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) description: Option<String>,
-    /// Table labels: at most 64; keys 1-63 characters of lowercase letters, digits, `_` and `-`,
+    /// Table labels: at most `maxProperties`; keys 1-63 characters of lowercase letters, digits, `_` and `-`,
     /// starting with a letter; values 0-63 of the same characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) labels: Option<BTreeMap<String, String>>,
@@ -81,7 +81,6 @@ pub(crate) struct PartitioningDeclaration {
 pub(crate) struct IntegerRange {
     pub(crate) start: i64,
     pub(crate) end: i64,
-    #[schema(minimum = 1)]
     pub(crate) interval: i64,
 }
 
@@ -196,8 +195,12 @@ impl Partitioning {
 }
 
 fn check_range(range: IntegerRange) -> Result<IntegerRange, Problem> {
-    if range.interval < 1 {
-        return Err(invalid_partitioning(format!("range interval {} must be at least 1", range.interval)));
+    if !RANGE_INTERVAL.contains(range.interval) {
+        return Err(invalid_partitioning(format!(
+            "range interval {} must be {}",
+            range.interval,
+            RANGE_INTERVAL.describe()
+        )));
     }
     if range.start >= range.end {
         return Err(invalid_partitioning(format!("range start {} must be below end {}", range.start, range.end)));
@@ -261,10 +264,11 @@ impl TryFrom<TableOptionsDeclaration> for TableOptions {
             return Err(invalid_table_options("require_partition_filter needs partitioning"));
         }
         if let Some(days) = declared.expiration_days
-            && !(1..=MAX_EXPIRATION_DAYS).contains(&days)
+            && !EXPIRATION_DAYS.contains(days)
         {
             return Err(invalid_table_options(format!(
-                "expiration_days {days} must be between 1 and {MAX_EXPIRATION_DAYS}"
+                "expiration_days {days} must be {}",
+                EXPIRATION_DAYS.describe()
             )));
         }
         if let Some(description) = &declared.description {
