@@ -154,7 +154,7 @@ start_emulator() { # env-file mode
     rest=$(free_port) grpc=$(free_port)
   fi
   mkdir -p "$BUILD/bqemulator"
-  HOME="$BUILD/bqemulator-home" nohup "$EMULATOR_VENV/bin/bqemulator" start \
+  HOME="$BUILD/bqemulator-home" nohup "$EMULATOR_VENV/bin/python" "$ROOT/scripts/bqemulator_launch.py" start \
     --rest-port "$rest" --grpc-port "$grpc" --project filament-demo --log-level warning \
     >"$BUILD/bqemulator/emulator-$rest.log" 2>&1 &
   echo $! >"$BUILD/bqemulator/pid-$rest"
@@ -168,7 +168,7 @@ start_emulator() { # env-file mode
     echo "export BIGQUERY_EMULATOR_HOST=127.0.0.1:$rest BIGQUERY_STORAGE_EMULATOR_HOST=127.0.0.1:$grpc"
     echo "export FILAMENT_EMULATOR_PID=$(cat "$BUILD/bqemulator/pid-$rest")"
     # Tests that may leave an emulator in a bad state (cut connections) start their own.
-    echo "export FILAMENT_BQEMULATOR_BIN=$EMULATOR_VENV/bin/bqemulator FILAMENT_BQEMULATOR_HOME=$BUILD/bqemulator-home"
+    echo "export FILAMENT_BQEMULATOR_PYTHON=$EMULATOR_VENV/bin/python FILAMENT_BQEMULATOR_LAUNCH=$ROOT/scripts/bqemulator_launch.py FILAMENT_BQEMULATOR_HOME=$BUILD/bqemulator-home"
   } >>"$1"
 }
 

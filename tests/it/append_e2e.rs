@@ -4,12 +4,9 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::support::arrow::{BASE_MICROS, DAY_MS, common_types, ids, ipc_stream, ipc_stream_compressed};
+use crate::support::arrow::{BASE_MICROS, DAY_MS, common_types, gzip, ids, ipc_stream, ipc_stream_compressed};
+use crate::support::rows::{count_rows, count_rows_and_ids, int};
 use crate::support::{Gateway, TestRun, assert_problem, required_env};
-
-fn int(v: &Value) -> i64 {
-    v.as_str().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("not an integer: {v}"))
-}
 
 fn date_string(days_since_epoch: i64) -> String {
     (chrono::NaiveDate::from_ymd_opt(1970, 1, 1).unwrap() + chrono::Duration::days(days_since_epoch)).to_string()
@@ -149,8 +146,7 @@ async fn seq_replay_returns_the_same_receipt_and_adds_no_rows() {
     let next = gw.post_accepted("run", "e", "t", None, ipc_stream(&[ids(10..15)])).await;
     assert_eq!(next["seq"], 1);
     gw.commit_and_wait("run", "e").await;
-    let counts = gw.query(&format!("SELECT COUNT(*), COUNT(DISTINCT id) FROM {}.t", gw.dataset)).await;
-    assert_eq!(counts[0].iter().map(int).collect::<Vec<_>>(), [15, 15]);
+    assert_eq!(count_rows_and_ids(&gw, "t").await, (15, 15));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -175,28 +171,23 @@ async fn a_redelivered_committed_execution_publishes_once_and_a_changed_one_is_r
     assert_eq!(status, StatusCode::OK);
     assert_eq!(second["state"], "committed", "{second}");
     assert_eq!(second["delivery"], 2);
-    let count = gw.query(&format!("SELECT COUNT(*) FROM {}.t", gw.dataset)).await;
-    assert_eq!(int(&count[0][0]), 20, "the redelivery reused the publication");
+    assert_eq!(count_rows(&gw, "t").await, 20, "the redelivery reused the publication");
 
     let (_, third) = deliver(StatusCode::OK, 0..21).await;
     assert_eq!(third["state"], "failed", "{third}");
     assert_eq!(third["error"]["code"], "replay_mismatch", "{third}");
-    let count = gw.query(&format!("SELECT COUNT(*) FROM {}.t", gw.dataset)).await;
-    assert_eq!(int(&count[0][0]), 20);
+    assert_eq!(count_rows(&gw, "t").await, 20);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn gzip_and_zstd_bodies_are_decoded_and_hashed_after_decoding() {
     use sha2::Digest as _;
-    use std::io::Write as _;
     let gw = Gateway::spawn().await;
     TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
     let path = "/v1/runs/run/executions/e/resources/t/batches";
     let plain = ipc_stream(&[ids(0..100)]);
-    let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    gzip.write_all(&plain).unwrap();
     let zstd = zstd::encode_all(&plain[..], 3).unwrap();
-    for (encoding, body) in [("gzip", gzip.finish().unwrap()), ("zstd", zstd)] {
+    for (encoding, body) in [("gzip", gzip(&plain)), ("zstd", zstd)] {
         let (status, receipt) = crate::support::send(
             gw.request(Method::POST, path)
                 .header("content-type", "application/vnd.apache.arrow.stream")
@@ -209,7 +200,7 @@ async fn gzip_and_zstd_bodies_are_decoded_and_hashed_after_decoding() {
         assert_eq!(receipt["arrow_ipc_sha256"], hex::encode(sha2::Sha256::digest(&plain)));
     }
     gw.commit_and_wait("run", "e").await;
-    assert_eq!(int(&gw.query(&format!("SELECT COUNT(*) FROM {}.t", gw.dataset)).await[0][0]), 200);
+    assert_eq!(count_rows(&gw, "t").await, 200);
 }
 
 /// Arrow IPC buffer compression (as pyarrow's `IpcWriteOptions(compression=...)` writes it):

@@ -5,7 +5,7 @@
 //! served, once its lease expires. Every row lands exactly once.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use reqwest::{Method, StatusCode};
@@ -14,10 +14,15 @@ use serde_json::{Value, json};
 use crate::support::arrow::{ids, ipc_stream};
 use crate::support::fake_write::FakeWrite;
 use crate::support::fleet::{Extractor, Fleet};
-use crate::support::{bigquery_query_at, eventually, required_env};
+use crate::support::lease::outlive_current_leases;
+use crate::support::rows::count_rows_and_ids_at;
+use crate::support::{eventually, required_env};
 
 const LEASE: &str = "2";
 const ROWS_PER_BATCH: i64 = 500;
+/// An extractor's pace: it posts a batch (and a checkpoint) this often, so that its execution
+/// stays open across whatever the test does meanwhile.
+const BATCH_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Odd-numbered executions load a keyed table, even-numbered ones append.
 fn keyed(number: usize) -> bool {
@@ -76,9 +81,9 @@ impl Extraction {
         assert_eq!(receipt["rows"], ROWS_PER_BATCH, "{receipt}");
     }
 
-    /// Posts batches (a checkpoint after each) until `keep_going` turns false and at least
-    /// `minimum` were sent; how many were sent.
-    async fn extract(&self, extractor: &Extractor, minimum: i64, keep_going: &AtomicBool) -> i64 {
+    /// Posts batches (a checkpoint after each, every [`BATCH_INTERVAL`]) until `keep_going`
+    /// turns false and at least `minimum` were sent, counting them in `posted`; how many were sent.
+    async fn extract(&self, extractor: &Extractor, minimum: i64, keep_going: &AtomicBool, posted: &AtomicI64) -> i64 {
         let mut seq = 0;
         while seq < minimum || keep_going.load(Ordering::SeqCst) {
             self.post_accepted(extractor, seq).await;
@@ -86,7 +91,8 @@ impl Extraction {
             let (status, body) = extractor.json(Method::POST, &path, Some(json!({"checkpoint": {"seq": seq}}))).await;
             assert!(status.is_success(), "checkpoint of e{}: {status} {body}", self.number);
             seq += 1;
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            posted.store(seq, Ordering::SeqCst);
+            tokio::time::sleep(BATCH_INTERVAL).await;
         }
         seq
     }
@@ -98,10 +104,10 @@ impl Extraction {
         assert_eq!(committed["state"], "committed", "e{}: {committed}", self.number);
         match sink {
             Sink::Emulator => {
-                let sql = format!("SELECT COUNT(*), COUNT(DISTINCT id) FROM {}.{}", extractor.dataset, self.table);
-                let counted = bigquery_query_at(&required_env("BIGQUERY_EMULATOR_HOST"), "filament-demo", &sql).await;
-                let expected = expected_rows(self.number, batches).to_string();
-                assert_eq!(counted[0], vec![json!(expected), json!(expected)], "e{}: every row once", self.number);
+                let host = required_env("BIGQUERY_EMULATOR_HOST");
+                let counted = count_rows_and_ids_at(&host, "filament-demo", &extractor.dataset, &self.table).await;
+                let expected = expected_rows(self.number, batches);
+                assert_eq!(counted, (expected, expected), "e{}: every row once", self.number);
             }
             Sink::Fake(fake) => {
                 let mut staged = committed_ids(fake, &self.table);
@@ -144,6 +150,8 @@ struct Extracting {
     keep_going: Arc<AtomicBool>,
     /// Extractions that ended (however), counted as their task ends.
     ended: Arc<std::sync::atomic::AtomicUsize>,
+    /// Batches each extraction has posted so far.
+    posted: Vec<Arc<AtomicI64>>,
     count: usize,
 }
 
@@ -160,19 +168,29 @@ impl Extracting {
     fn start(extractor: &Extractor, sink: &Sink, count: usize, minimum_batches: i64) -> Self {
         let keep_going = Arc::new(AtomicBool::new(true));
         let ended = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let posted: Vec<Arc<AtomicI64>> = (0..count).map(|_| Arc::default()).collect();
         let mut tasks = tokio::task::JoinSet::new();
         for number in 0..count {
             let (extractor, keep_going, sink) = (extractor.clone(), Arc::clone(&keep_going), sink.clone());
             let guard = EndGuard(Arc::clone(&ended));
+            let posted = Arc::clone(&posted[number]);
             tasks.spawn(async move {
                 let _guard = guard;
                 let extraction = Extraction::new(number);
                 extraction.open(&extractor).await;
-                let batches = extraction.extract(&extractor, minimum_batches, &keep_going).await;
+                let batches = extraction.extract(&extractor, minimum_batches, &keep_going, &posted).await;
                 extraction.commit_and_check(&extractor, batches, &sink).await;
             });
         }
-        Self { tasks, keep_going, ended, count }
+        Self { tasks, keep_going, ended, posted, count }
+    }
+
+    /// Waits until every extraction has posted a batch: each has an open execution with rows.
+    async fn wait_until_each_posted(&self) {
+        eventually(Duration::from_secs(60), "every extraction to post a batch", || async {
+            self.posted.iter().all(|posted| posted.load(Ordering::SeqCst) > 0).then_some(())
+        })
+        .await;
     }
 
     /// Every extraction is still extracting (none ended early, by failure or otherwise).
@@ -194,10 +212,11 @@ async fn extractors_through_a_round_robin_balancer_load_every_row_once() {
     // Four extractions: at most four AppendRows streams open in bqemulator at once.
     let fleet = Fleet::start(3, &Sink::Emulator.env()).await;
     let extracting = Extracting::start(&fleet.extractor(), &Sink::Emulator, 4, 6);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    // A fourth replica starting while executions are open on the others fails none of them.
+    extracting.wait_until_each_posted().await;
+    // A fourth replica starting while executions are open on the others fails none of them,
+    // though it sweeps after every lease they held when it started has run out: they were renewed.
     let fourth = fleet.spawn_extra().await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    outlive_current_leases(&fleet.database_url, Duration::from_secs(LEASE.parse().unwrap())).await;
     assert!(extracting.all_running(), "no extraction ended while the fourth replica started");
     extracting.finish().await;
     let mut forwarded = 0;
@@ -214,7 +233,7 @@ async fn a_rolling_restart_fails_no_execution() {
     let sink = Sink::Fake(FakeWrite::start().await);
     let mut fleet = Fleet::start(3, &sink.env()).await;
     let extracting = Extracting::start(&fleet.extractor(), &sink, 8, 4);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    extracting.wait_until_each_posted().await;
     let mut handed_over = 0;
     for index in 0..fleet.replicas.len() {
         assert!(extracting.all_running(), "extractions run during the restarts");

@@ -10,6 +10,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::json;
 
 use crate::support::arrow::{batch, ids, ipc_stream};
+use crate::support::rows::{count_rows, count_rows_and_ids};
 use crate::support::{Gateway, GatewayOptions, TestRun, eventually, required_env, send};
 
 const MARKER: &str = "ZZ-SECRET-ROW-VALUE-7f3a";
@@ -92,8 +93,7 @@ async fn sigterm_lets_a_running_commit_finish() {
     assert!(exit.success(), "graceful exit: {exit:?}");
     assert!(gw.logs().contains("gateway stopped"));
     // The commit finished before the process exited.
-    let counts = gw.query(&format!("SELECT COUNT(*) FROM {}.t", gw.dataset)).await;
-    assert_eq!(counts[0][0], "5000");
+    assert_eq!(count_rows(&gw, "t").await, 5000);
     let restarted = GatewayOptions::new().database_url(&gw.database_url).spawn().await;
     let (_, execution) = send(restarted.request(Method::GET, "/v1/runs/run/executions/e")).await;
     assert_eq!(execution["state"], "committed", "{execution}");
@@ -125,8 +125,7 @@ async fn an_interrupted_execution_fails_at_restart_and_a_redelivery_loads_every_
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     }
     assert_eq!(restarted.commit_and_wait("run", "e").await["state"], "committed");
-    let counts = restarted.query(&format!("SELECT COUNT(*), COUNT(DISTINCT id) FROM {}.t", restarted.dataset)).await;
-    assert_eq!(counts[0], vec![json!("1000"), json!("1000")]);
+    assert_eq!(count_rows_and_ids(&restarted, "t").await, (1000, 1000));
 }
 
 #[test]

@@ -5,7 +5,6 @@
 //! changed in Postgres, that `/healthz` and well-behaved clients are served meanwhile, and that
 //! the gateway's peak memory (`VmHWM`) stays within the bound `docs/architecture.md` states.
 
-use std::io::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +16,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-use crate::support::arrow::{ids, ipc_stream, ipc_stream_compressed};
+use crate::support::arrow::{gzip, ids, ipc_stream, ipc_stream_compressed};
 use crate::support::{Gateway, GatewayOptions, TestRun, assert_problem, eventually, send};
 
 /// The memory bound of `docs/architecture.md` with the default settings of a 2-CPU machine:
@@ -110,9 +109,7 @@ async fn compression_bombs_are_refused_at_the_body_limit() {
     // HTTP gzip: an Arrow stream followed by 256 MiB of zeros, in a few hundred kilobytes.
     let mut bomb = ipc_stream(&[ids(0..1)]);
     bomb.resize(256 << 20, 0);
-    let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    gzip.write_all(&bomb).unwrap();
-    let gzipped = gzip.finish().unwrap();
+    let gzipped = gzip(&bomb);
     drop(bomb);
     let before = gw.db_snapshot().await;
     let request = gw

@@ -26,14 +26,26 @@ fn the_checked_in_openapi_document_matches_the_handlers() {
     assert_eq!(document["openapi"], "3.1.0");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn the_served_document_is_the_checked_in_one_and_every_v1_route_needs_a_token() {
-    let gw = Gateway::spawn().await;
+/// The OpenAPI document the gateway serves (`/openapi.json`, without a token).
+async fn served_document(gw: &Gateway) -> Value {
     let (status, served) = send(gw.unauthenticated(Method::GET, "/openapi.json")).await;
     assert_eq!(status, StatusCode::OK);
-    let checked_in: Value = serde_json::from_str(&std::fs::read_to_string(OPENAPI_PATH).unwrap()).unwrap();
-    assert_eq!(served, checked_in);
+    served
+}
 
+#[tokio::test(flavor = "multi_thread")]
+async fn the_served_openapi_document_is_the_checked_in_one() {
+    let gw = Gateway::spawn().await;
+    let checked_in: Value = serde_json::from_str(&std::fs::read_to_string(OPENAPI_PATH).unwrap()).unwrap();
+    assert_eq!(served_document(&gw).await, checked_in);
+}
+
+/// Every operation of the served document: those under `/v1` answer 401 without a token and
+/// document their security, the others are public.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_v1_route_needs_a_token_and_documents_it() {
+    let gw = Gateway::spawn().await;
+    let served = served_document(&gw).await;
     let mut v1_operations = 0;
     for (path, item) in served["paths"].as_object().unwrap() {
         for (method, operation) in item.as_object().unwrap() {
@@ -54,7 +66,7 @@ async fn the_served_document_is_the_checked_in_one_and_every_v1_route_needs_a_to
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn health_readiness_and_metrics() {
+async fn healthz_answers_ok_and_readyz_names_its_three_checks() {
     let gw = Gateway::spawn().await;
     let (status, body) = send(gw.unauthenticated(Method::GET, "/healthz")).await;
     assert_eq!((status, body), (StatusCode::OK, Value::String("ok".into())));
@@ -62,7 +74,13 @@ async fn health_readiness_and_metrics() {
     assert_eq!(status, StatusCode::OK, "{ready}");
     let checks: Vec<&str> = ready["checks"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
     assert_eq!(checks, ["postgres", "bigquery", "serving"], "{ready}");
+}
 
+/// One batch of 42 rows loaded and committed shows in `/metrics`: rows received, queued,
+/// appended, the publication, the append and the batch request by route and status.
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_count_the_rows_batches_appends_and_publication_of_a_load() {
+    let gw = Gateway::spawn().await;
     TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
     let (status, _) = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(0..42)])).await;
     assert_eq!(status, StatusCode::ACCEPTED);

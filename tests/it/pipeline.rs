@@ -8,21 +8,16 @@ use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 use crate::support::arrow::{ids, ipc_stream};
 use crate::support::emulator::PrivateEmulator;
-use crate::support::fake_write::{AppendFault, FakeWrite};
+use crate::support::fake_write::{AppendFault, FakeWrite, assert_exact_stream};
 use crate::support::proxy::CuttingProxy;
+use crate::support::rows::{int, post_ids};
 use crate::support::{Gateway, GatewayOptions, TestRun, eventually};
 
 /// Appends retried this soon after a scripted fault keep the tests fast.
 const FAST_RETRY: Duration = Duration::from_millis(20);
-
-async fn post_ok(gw: &Gateway, resource: &str, range: std::ops::Range<i64>) {
-    let (status, body) = gw.post_batch("run", "e", resource, None, ipc_stream(&[ids(range)])).await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-}
 
 /// Posts `batches` batches of ten rows (ids 0, 1, ...) to resource `t` of a new run whose
 /// upload batches hold ten rows, commits, and checks that every row landed exactly once, in
@@ -30,7 +25,7 @@ async fn post_ok(gw: &Gateway, resource: &str, range: std::ops::Range<i64>) {
 async fn load_in_batches_of_ten(gw: &Gateway, fake: &FakeWrite, batches: i64) -> Vec<String> {
     TestRun::new("run", "e").batching(json!({"max_rows": 10})).full_append(&["t"]).open(gw).await;
     for batch in 0..batches {
-        post_ok(gw, "t", batch * 10..batch * 10 + 10).await;
+        post_ids(gw, "t", batch * 10..batch * 10 + 10).await;
     }
     let committed = gw.commit_and_wait("run", "e").await;
     assert_eq!(committed["state"], "committed", "{committed}");
@@ -39,18 +34,10 @@ async fn load_in_batches_of_ten(gw: &Gateway, fake: &FakeWrite, batches: i64) ->
     gw.logs().lines().filter(|l| l.contains("bigquery.write.retry")).map(str::to_string).collect()
 }
 
-fn assert_exact_stream(stream: &crate::support::fake_write::FakeStream, expected: std::ops::Range<i64>) {
-    assert_eq!(stream.ids, expected.collect::<Vec<_>>(), "rows in offset order, each exactly once");
-    let mut next = 0;
-    for (offset, rows) in &stream.appends {
-        assert_eq!(*offset, next, "appends are contiguous: {:?}", stream.appends);
-        next += *rows as i64;
-    }
-    assert!(stream.committed);
-}
-
+/// Three streams with more batches queued than their windows hold: one stream keeps four
+/// appends in flight, and the gateway eight in all (the defaults), the streams sharing them.
 #[tokio::test(flavor = "multi_thread")]
-async fn windows_refill_per_acknowledgement_within_the_stream_and_global_limits() {
+async fn at_most_four_appends_per_stream_and_eight_in_all_are_in_flight() {
     let fake = FakeWrite::start().await;
     fake.with(|s| {
         s.table_delays.push((String::new(), Duration::from_millis(100)));
@@ -61,7 +48,7 @@ async fn windows_refill_per_acknowledgement_within_the_stream_and_global_limits(
     // Stream a fills its window of 4 first, so the limits are observed deterministically: the
     // other two streams then share the remaining 4 of the 8 gateway-wide slots.
     for batch in 0..10 {
-        post_ok(&gw, "a", batch * 10..batch * 10 + 10).await;
+        post_ids(&gw, "a", batch * 10..batch * 10 + 10).await;
     }
     eventually(Duration::from_secs(30), "stream a to hold a full window", || async {
         let held = fake.with(|s| {
@@ -76,7 +63,7 @@ async fn windows_refill_per_acknowledgement_within_the_stream_and_global_limits(
     .await;
     for batch in 0..10 {
         for resource in ["b", "c"] {
-            post_ok(&gw, resource, batch * 10..batch * 10 + 10).await;
+            post_ids(&gw, resource, batch * 10..batch * 10 + 10).await;
         }
     }
     // Every batch is queued; now let the fake answer, one request per 100 ms per stream.
@@ -91,12 +78,23 @@ async fn windows_refill_per_acknowledgement_within_the_stream_and_global_limits(
         assert!(s.max_outstanding_total <= 8, "at most 8 appends in flight overall: {}", s.max_outstanding_total);
         assert!(s.max_outstanding_total > 4, "several streams upload at once: {}", s.max_outstanding_total);
     });
+}
+
+/// The log of an upload: the writer's settings once (gzip at ISA-L's level 1, the windows), the
+/// stages of each resource, and per append its rows, bytes and where its time went.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upload_logs_the_writers_settings_its_stages_and_each_appends_timing() {
+    let fake = FakeWrite::start().await;
+    let gw = GatewayOptions::new().fake_write(&fake).spawn().await;
+    let _retries = load_in_batches_of_ten(&gw, &fake, 2).await;
     let logs = gw.logs();
     for event in ["bigquery.write.ready", "bigquery.write.prepare.started", "bigquery.write.publish.started"] {
         assert!(logs.contains(event), "missing {event}");
     }
-    assert!(logs.contains("compression=\"gzip\"") || logs.contains("compression=gzip"), "ready event fields");
-    assert!(logs.contains("inflight_per_stream=4") && logs.contains("max_inflight_requests=8"));
+    let ready = logs.lines().find(|l| l.contains("bigquery.write.ready")).unwrap();
+    for field in ["compression=gzip-isal-1", "inflight_per_stream=4", "max_inflight_requests=8"] {
+        assert!(ready.split_whitespace().any(|word| word == field), "{field} in {ready}");
+    }
     let timing = logs
         .lines()
         .find(|l| l.contains("bigquery.write.timing") && l.contains("phase=\"append\""))
@@ -117,7 +115,7 @@ async fn the_window_refills_per_acknowledgement() {
     let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
     TestRun::new("run", "e").batching(json!({"max_rows": 10})).full_append(&["t"]).open(&gw).await;
     for batch in 0..12 {
-        post_ok(&gw, "t", batch * 10..batch * 10 + 10).await;
+        post_ids(&gw, "t", batch * 10..batch * 10 + 10).await;
     }
     fake.with(|s| s.hold_responses = false);
     assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
@@ -140,7 +138,7 @@ async fn at_most_eight_resources_are_set_up_at_once() {
     let names: Vec<&str> = resources.iter().map(String::as_str).collect();
     TestRun::new("run", "e").full_append(&names).open(&gw).await;
     for resource in &names {
-        post_ok(&gw, resource, 0..5).await;
+        post_ids(&gw, resource, 0..5).await;
     }
     assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
     let max = fake.with(|s| s.max_creates_in_progress);
@@ -219,7 +217,7 @@ async fn a_connection_whose_peer_stops_reading_is_replaced_without_losing_or_dup
         .await;
     TestRun::new("run", "e").batching(json!({"max_rows": 100_000})).full_append(&["t"]).open(&gw).await;
     for part in 0..6 {
-        post_ok(&gw, "t", part * 100_000..(part + 1) * 100_000).await;
+        post_ids(&gw, "t", part * 100_000..(part + 1) * 100_000).await;
     }
     let committed = gw.commit_and_wait("run", "e").await;
     assert_eq!(committed["state"], "committed", "{committed}");
@@ -249,7 +247,7 @@ async fn storage_write_calls_carry_googles_routing_headers() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn permanent_append_errors_fail_the_execution() {
+async fn permanent_append_errors_fail_the_execution_without_a_retry() {
     let cases = [
         (AppendFault::InResponseError(3), "INVALID_ARGUMENT"),
         (AppendFault::InResponseError(11), "OUT_OF_RANGE"),
@@ -260,7 +258,7 @@ async fn permanent_append_errors_fail_the_execution() {
         fake.script([fault]);
         let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
         TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
-        post_ok(&gw, "t", 0..10).await;
+        post_ids(&gw, "t", 0..10).await;
         let (status, body) = gw.json(Method::POST, "/v1/runs/run/executions/e/commit?wait=true", None).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         assert_eq!(body["state"], "failed", "{name}: {body}");
@@ -278,10 +276,10 @@ async fn a_slow_table_does_not_stall_a_fast_one() {
     let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
     TestRun::new("run", "e").batching(json!({"max_rows": 10})).full_append(&["slow", "fast"]).open(&gw).await;
     for batch in 0..8 {
-        post_ok(&gw, "slow", batch * 10..batch * 10 + 10).await;
+        post_ids(&gw, "slow", batch * 10..batch * 10 + 10).await;
     }
     for batch in 0..40 {
-        post_ok(&gw, "fast", batch * 10..batch * 10 + 10).await;
+        post_ids(&gw, "fast", batch * 10..batch * 10 + 10).await;
     }
     // Poll until the fast table is fully acknowledged; the slow one must still be uploading.
     let progress = eventually(Duration::from_secs(30), "the fast table to be fully acknowledged", || async {
@@ -302,26 +300,10 @@ async fn a_slow_table_does_not_stall_a_fast_one() {
     assert_exact_stream(&fake.stream_for("_filament_stg_slow_"), 0..80);
 }
 
-/// Samples the upload budget gauge every 10 ms until `stop` is cancelled; the highest value seen.
-fn spawn_budget_sampler(gw: Arc<Gateway>, stop: CancellationToken) -> tokio::task::JoinHandle<u64> {
-    tokio::spawn(async move {
-        let mut max_seen = 0u64;
-        loop {
-            // The gauge is exported once the budget is first used; until then there is nothing to see.
-            let in_use = gw.metric("filament_upload_budget_bytes_in_use").await.map(|v| v as u64);
-            max_seen = max_seen.max(in_use.unwrap_or_default());
-            tokio::select! {
-                () = stop.cancelled() => return max_seen,
-                () = tokio::time::sleep(Duration::from_millis(10)) => {}
-            }
-        }
-    })
-}
-
-/// Posts batch `seq` until it is accepted, counting the 429 answers in `rejected`.
-async fn post_until_accepted(gw: &Gateway, seq: i64, body: Vec<u8>, rejected: &AtomicUsize) {
-    eventually(Duration::from_secs(120), &format!("batch {seq} to be accepted"), || async {
-        let (status, response) = gw.post_batch("run", "e", "t", Some(seq), body.clone()).await;
+/// Posts batch `seq` of `resource` until it is accepted, counting the 429 answers in `rejected`.
+async fn post_until_accepted(gw: &Gateway, resource: &str, seq: i64, body: Vec<u8>, rejected: &AtomicUsize) {
+    eventually(Duration::from_secs(120), &format!("batch {seq} of {resource} to be accepted"), || async {
+        let (status, response) = gw.post_batch("run", "e", resource, Some(seq), body.clone()).await;
         if status == StatusCode::TOO_MANY_REQUESTS {
             assert_eq!(response["code"], "backpressure");
             assert_eq!(response["status"], 429);
@@ -334,25 +316,34 @@ async fn post_until_accepted(gw: &Gateway, seq: i64, body: Vec<u8>, rejected: &A
     .await;
 }
 
+/// 16 MiB of rows, sixteen times the upload budget, posted six requests at a time to two tables
+/// that the fake acknowledges slowly. The budget holds every accepted payload until BigQuery
+/// acknowledges it, so what BigQuery has received and not yet acknowledged (the fake's peak of
+/// unanswered record-batch bytes) stays within it, and a request that finds it full is answered
+/// 429 instead of buffered. Each table's share is the whole budget, so it is the gateway-wide
+/// budget that bounds the two together; without it the windows (four appends per stream, eight
+/// in all, of up to 256 KiB each) would let about twice the budget out at once.
 #[tokio::test(flavor = "multi_thread")]
-async fn the_byte_budget_bounds_memory_and_answers_429_instead_of_buffering() {
-    const BUDGET: u64 = 1024 * 1024;
+async fn the_upload_budget_bounds_unacknowledged_bytes_and_answers_429_when_full() {
+    const BUDGET: usize = 1024 * 1024;
+    const ROWS_PER_BATCH: i64 = 8192; // 128 KiB of Arrow per batch
+    const BATCHES: i64 = 128;
+    const RESOURCES: [&str; 2] = ["a", "b"];
     let fake = FakeWrite::start().await;
     fake.with(|s| s.table_delays.push((String::new(), Duration::from_millis(60))));
     let gw = GatewayOptions::new()
         .fake_write(&fake)
         .append_initial_backoff(FAST_RETRY)
         .env("FILAMENT_MAX_BUFFERED_BYTES", &BUDGET.to_string())
+        .env("FILAMENT_MAX_BUFFERED_BYTES_PER_RESOURCE", &BUDGET.to_string())
         .env("FILAMENT_BACKPRESSURE_WAIT_MS", "100")
         .spawn()
         .await;
     let gw = Arc::new(gw);
-    TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
-    let stop_sampling = CancellationToken::new();
-    let sampler = spawn_budget_sampler(Arc::clone(&gw), stop_sampling.clone());
-    // 16 MiB of rows (16x the budget), six requests at a time, each retried after a 429.
-    const ROWS_PER_BATCH: i64 = 8192; // 128 KiB of Arrow per batch
-    const BATCHES: i64 = 128;
+    TestRun::new("run", "e").full_append(&RESOURCES).open(&gw).await;
+    // Batch n goes to table a when n is even, to b when odd; each is retried after a 429.
+    let resource_of = |batch: i64| RESOURCES[(batch % 2) as usize];
+    let rows_of = |batch: i64| batch * ROWS_PER_BATCH..(batch + 1) * ROWS_PER_BATCH;
     let rejected = Arc::new(AtomicUsize::new(0));
     let mut workers = Vec::new();
     for worker in 0..6 {
@@ -360,8 +351,8 @@ async fn the_byte_budget_bounds_memory_and_answers_429_instead_of_buffering() {
         let rejected = Arc::clone(&rejected);
         workers.push(tokio::spawn(async move {
             for batch in (worker..BATCHES).step_by(6) {
-                let body = ipc_stream(&[ids(batch * ROWS_PER_BATCH..(batch + 1) * ROWS_PER_BATCH)]);
-                post_until_accepted(&gw, batch, body, &rejected).await;
+                let body = ipc_stream(&[ids(rows_of(batch))]);
+                post_until_accepted(&gw, resource_of(batch), batch, body, &rejected).await;
             }
         }));
     }
@@ -369,15 +360,19 @@ async fn the_byte_budget_bounds_memory_and_answers_429_instead_of_buffering() {
         worker.await.unwrap();
     }
     assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
-    stop_sampling.cancel();
-    let max_seen = sampler.await.unwrap();
-    assert!(max_seen > 0, "the sampler saw the budget in use");
-    assert!(max_seen <= BUDGET, "budget gauge {max_seen} exceeded {BUDGET}");
+    let unacknowledged = fake.with(|s| s.max_bytes_in_flight);
+    assert!(
+        unacknowledged <= BUDGET,
+        "BigQuery held {unacknowledged} bytes unacknowledged at once, more than the {BUDGET}-byte budget"
+    );
+    assert!(unacknowledged >= BUDGET / 4, "the uploads used the budget: at most {unacknowledged} bytes in flight");
     assert!(rejected.load(Ordering::Relaxed) > 0, "a full budget answers 429");
-    let stream = fake.stream_for("_filament_stg_t_");
-    let mut sorted = stream.ids.clone();
-    sorted.sort_unstable();
-    assert_eq!(sorted, (0..BATCHES * ROWS_PER_BATCH).collect::<Vec<_>>(), "every row exactly once");
+    for (index, resource) in RESOURCES.iter().enumerate() {
+        let mut staged = fake.stream_for(&format!("_filament_stg_{resource}_")).ids;
+        staged.sort_unstable();
+        let sent: Vec<i64> = (index as i64..BATCHES).step_by(2).flat_map(rows_of).collect();
+        assert_eq!(staged, sent, "every row of {resource} exactly once");
+    }
 }
 
 /// Thirty-two resources with one small batch each, four times what the budget holds: each lane
@@ -430,14 +425,14 @@ async fn connections_cut_mid_stream_to_the_emulator_still_load_every_row_once() 
         .await;
     TestRun::new("run", "e").batching(json!({"max_rows": 5000})).full_append(&["t"]).open(&gw).await;
     for batch in 0..40 {
-        post_ok(&gw, "t", batch * 5000..(batch + 1) * 5000).await;
+        post_ids(&gw, "t", batch * 5000..(batch + 1) * 5000).await;
     }
     let committed = gw.commit_and_wait("run", "e").await;
     assert_eq!(committed["state"], "committed", "{committed}\n{}", gw.logs());
     assert!(proxy.cuts() >= 2, "the proxy cut {} connections", proxy.cuts());
     let counts =
         gw.query(&format!("SELECT COUNT(*), COUNT(DISTINCT id), MIN(id), MAX(id) FROM {}.t", gw.dataset)).await;
-    let counts: Vec<i64> = counts[0].iter().map(|v| v.as_str().unwrap().parse().unwrap()).collect();
+    let counts: Vec<i64> = counts[0].iter().map(int).collect();
     assert_eq!(counts, [200_000, 200_000, 0, 199_999]);
 }
 
@@ -447,7 +442,7 @@ async fn a_lost_commit_response_is_resolved_by_asking_bigquery() {
     fake.with(|s| s.lose_commit_response = true);
     let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
     TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
-    post_ok(&gw, "t", 0..50).await;
+    post_ids(&gw, "t", 0..50).await;
     let committed = gw.commit_and_wait("run", "e").await;
     assert_eq!(committed["state"], "committed", "{committed}");
     assert_eq!(fake.with(|s| s.get_write_stream_calls), 1, "the commit was checked, not redone");
@@ -464,13 +459,12 @@ async fn commit_refuses_pending_streams_older_than_the_limit() {
         .spawn()
         .await;
     TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
-    post_ok(&gw, "t", 0..5).await;
-    // Wait until the stream exists (and is thus older than 0 s).
-    eventually(Duration::from_secs(10), "the lane to create its write stream", || async {
-        (!fake.with(|s| s.streams.is_empty())).then_some(())
+    post_ids(&gw, "t", 0..5).await;
+    // Once the store records the stream's creation, the stream is older than 0 s.
+    eventually(Duration::from_secs(10), "the store to record the lane's write stream", || async {
+        (recorded_streams(&gw).await > 0).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
     let (status, body) = gw.json(Method::POST, "/v1/runs/run/executions/e/commit", None).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert_eq!(body["code"], "pending_stream_expired");
@@ -478,4 +472,14 @@ async fn commit_refuses_pending_streams_older_than_the_limit() {
     assert_eq!(execution["state"], "failed");
     assert_eq!(execution["error"]["code"], "pending_stream_expired");
     assert!(!fake.stream_for("_filament_stg_t_").committed);
+}
+
+/// Write streams the gateway's store records as created.
+async fn recorded_streams(gw: &Gateway) -> i64 {
+    use sqlx::Connection as _;
+    let mut db = sqlx::PgConnection::connect(&gw.database_url).await.unwrap();
+    sqlx::query_scalar("SELECT COUNT(*) FROM staging_streams WHERE stream_created_at IS NOT NULL")
+        .fetch_one(&mut db)
+        .await
+        .unwrap()
 }

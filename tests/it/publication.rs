@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use crate::support::arrow::{batch, ids, ipc_stream};
 use crate::support::fake_write::FakeWrite;
 use crate::support::rest_proxy::{JobMode, RestProxy};
+use crate::support::rows::count_rows;
 use crate::support::{Gateway, GatewayOptions, TestRun, eventually, required_env};
 
 /// Run `r`, execution `e`: twelve `full_append` resources (tables `t00` to `t11` of one
@@ -113,7 +114,7 @@ async fn an_existing_job_id_is_reused_and_never_run_twice() {
     assert!(!proxy.requests("GET", &format!("/jobs/{job_id}")).is_empty(), "the existing job was fetched");
     proxy.set_jobs(JobMode::Forward);
     // The statement was not run a second time: the staged rows never reached the table.
-    assert_eq!(gw.query(&format!("SELECT COUNT(*) FROM {}.t", gw.dataset)).await[0][0], "0");
+    assert_eq!(count_rows(&gw, "t").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -143,16 +144,22 @@ async fn a_failed_job_is_surfaced_on_redelivery_without_a_new_job() {
     assert_eq!(proxy.queries().len(), 1, "no second job for a recorded failure");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn new_columns_are_added_with_tables_patch_and_staging_tables_expire_in_seven_days() {
-    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
-    let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
+/// A gateway whose REST calls `proxy` records, with run `r` whose resource `t` (full_append)
+/// execution `e1` loaded five rows into.
+async fn one_committed_execution(proxy: &RestProxy) -> Gateway {
+    let gw = GatewayOptions::new().rest_proxy(proxy).spawn().await;
     gw.create_run("r").await;
     gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
     gw.open_new_execution("r", "e1").await;
     gw.post_accepted("r", "e1", "t", None, ipc_stream(&[ids(0..5)])).await;
     assert_eq!(gw.commit_and_wait("r", "e1").await["state"], "committed");
+    gw
+}
 
+#[tokio::test(flavor = "multi_thread")]
+async fn staging_tables_are_created_to_expire_in_seven_days() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    let _gw = one_committed_execution(&proxy).await;
     let staging_inserts: Vec<Value> = proxy
         .requests("POST", "/tables")
         .into_iter()
@@ -164,7 +171,12 @@ async fn new_columns_are_added_with_tables_patch_and_staging_tables_expire_in_se
     let seven_days_ms = 7 * 24 * 3600 * 1000;
     let from_now = expires_ms - chrono::Utc::now().timestamp_millis();
     assert!((seven_days_ms - 3_600_000..=seven_days_ms).contains(&from_now), "expires in {from_now} ms");
+}
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_column_is_added_with_tables_patch_as_nullable_at_the_end() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    let gw = one_committed_execution(&proxy).await;
     // The next execution sends one more column: the table gains it (NULLABLE, at the end).
     let wider = batch(
         vec![
@@ -224,7 +236,7 @@ async fn an_incompatible_existing_type_fails_naming_the_column_and_both_types() 
     assert_eq!(failed["error"]["code"], "incompatible_schema", "{failed}");
     let detail = failed["error"]["detail"].as_str().unwrap();
     assert!(detail.contains("v is INT") && detail.contains("STRING"), "{detail}");
-    assert_eq!(gw.query(&format!("SELECT COUNT(*) FROM {}.t", gw.dataset)).await[0][0], "5", "unchanged");
+    assert_eq!(count_rows(&gw, "t").await, 5, "unchanged");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -322,9 +334,8 @@ async fn a_failure_during_publication_reports_each_destination() {
     };
     assert_eq!(state_of("good"), "done");
     assert_eq!(state_of("bad"), "failed");
-    let ds = &gw.dataset;
-    assert_eq!(gw.query(&format!("SELECT COUNT(*) FROM {ds}.good")).await[0][0], "7");
-    assert_eq!(gw.query(&format!("SELECT COUNT(*) FROM {ds}.bad")).await[0][0], "0");
+    assert_eq!(count_rows(&gw, "good").await, 7);
+    assert_eq!(count_rows(&gw, "bad").await, 0);
     let (_, run) = gw.json(Method::GET, "/v1/runs/r", None).await;
     assert_eq!(run["durable_checkpoint"], Value::Null, "{run}");
     // Both staging tables are gone: one published, the other's job failed for good.

@@ -10,17 +10,8 @@ use serde_json::{Value, json};
 
 use crate::support::arrow::{batch, ids, ipc_stream};
 use crate::support::rest_proxy::{JobMode, RestProxy};
+use crate::support::rows::{count_rows, count_rows_if_created};
 use crate::support::{Gateway, GatewayOptions, eventually, required_env};
-
-fn count(rows: &[Vec<Value>]) -> i64 {
-    rows[0][0].as_str().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("not a count: {rows:?}"))
-}
-
-/// Rows of a table; a table that was never created (the emulator answers no rows) holds none.
-async fn rows_in(gw: &Gateway, table: &str) -> i64 {
-    let rows = gw.query(&format!("SELECT COUNT(*) FROM {}.{table}", gw.dataset)).await;
-    if rows.is_empty() { 0 } else { count(&rows) }
-}
 
 async fn id_list(gw: &Gateway, table: &str) -> Vec<i64> {
     gw.query(&format!("SELECT id FROM {}.{table} ORDER BY id", gw.dataset))
@@ -100,7 +91,7 @@ async fn an_abort_either_wins_before_publication_or_is_refused_and_the_commit_co
         tokio::time::sleep(Duration::from_millis(delay_ms)).await;
         let (abort_status, abort) = gw.json(Method::POST, &format!("/v1/runs/{run}/executions/e/abort"), None).await;
         let ended = terminal(&gw, &run, "e", Duration::from_secs(60)).await;
-        let rows = rows_in(&gw, &table).await;
+        let rows = count_rows_if_created(&gw, &table).await.unwrap_or(0);
         match abort_status {
             StatusCode::OK => {
                 assert_eq!(ended["state"], "aborted", "delay {delay_ms}: {ended}");
@@ -137,7 +128,7 @@ async fn an_idle_full_replace_resource_truncates_in_the_first_segment_only() {
     gw.declare("r", "never_loaded", json!({"write_mode": "full_replace"})).await;
     gw.open_new_execution("r", "e1").await;
     assert_eq!(gw.commit_and_wait("r", "e1").await["state"], "committed");
-    assert_eq!(rows_in(&gw, "t").await, 0, "the empty replacement truncated the table");
+    assert_eq!(count_rows_if_created(&gw, "t").await.unwrap_or(0), 0, "the empty replacement truncated the table");
 
     // A later segment appends; an idle later segment leaves the table alone.
     gw.open_new_execution("r", "e2").await;
@@ -173,13 +164,13 @@ async fn a_corrected_attempt_after_a_failed_execution_replaces_again() {
     proxy.set_jobs(JobMode::Fail { query_contains: "`tb`".into(), message: "Query error: boom".into() });
     let failed = load("e1").await;
     assert_eq!(failed["state"], "failed", "{failed}");
-    assert_eq!(rows_in(&gw, "ta").await, 10, "the failed attempt replaced ta");
+    assert_eq!(count_rows(&gw, "ta").await, 10, "the failed attempt replaced ta");
 
     proxy.set_jobs(JobMode::Forward);
     let committed = load("e2").await;
     assert_eq!(committed["state"], "committed", "{committed}");
     assert_eq!(id_list(&gw, "ta").await, (0..10).collect::<Vec<_>>(), "replaced again, not appended");
-    assert_eq!(rows_in(&gw, "tb").await, 3);
+    assert_eq!(count_rows(&gw, "tb").await, 3);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -199,7 +190,7 @@ async fn transient_job_failures_are_retried_under_attempt_ids() {
         proxy.set_jobs(JobMode::FailFirstAttempt { reason: reason.into(), message: message.into() });
         let committed = gw.commit_and_wait(&run, "e").await;
         assert_eq!(committed["state"], "committed", "{reason}: {committed}");
-        assert_eq!(rows_in(&gw, &table).await, 10, "{reason}: published once");
+        assert_eq!(count_rows(&gw, &table).await, 10, "{reason}: published once");
         let job_ids: Vec<String> = proxy
             .requests("POST", "/jobs")
             .iter()

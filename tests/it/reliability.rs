@@ -12,9 +12,10 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::support::arrow::{batch, ids, ipc_stream};
-use crate::support::fake_write::{AppendFault, FakeStream, FakeWrite};
+use crate::support::fake_write::{AppendFault, FakeWrite, assert_exact_stream};
 use crate::support::proxy::CuttingProxy;
-use crate::support::{Gateway, GatewayOptions};
+use crate::support::rows::post_ok;
+use crate::support::{Gateway, GatewayOptions, eventually};
 
 fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
     pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
@@ -39,21 +40,6 @@ async fn prepare_run(gw: &Gateway, destination: Value, batching: Value, resource
         gw.declare("run", resource, json!({"write_mode": "full_append"})).await;
     }
     assert_eq!(gw.open_execution("run", "e").await.0, StatusCode::CREATED);
-}
-
-async fn post_ok(gw: &Gateway, resource: &str, body: Vec<u8>) {
-    let (status, response) = gw.post_batch("run", "e", resource, None, body).await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{response}");
-}
-
-fn assert_exact_stream(stream: &FakeStream, expected: std::ops::Range<i64>) {
-    assert_eq!(stream.ids, expected.collect::<Vec<_>>(), "rows in offset order, each exactly once");
-    let mut next = 0;
-    for (offset, rows) in &stream.appends {
-        assert_eq!(*offset, next, "appends are contiguous: {:?}", stream.appends);
-        next += *rows as i64;
-    }
-    assert!(stream.committed);
 }
 
 fn retry_lines(logs: &str, code: &str) -> Vec<String> {
@@ -197,15 +183,11 @@ async fn a_dataset_in_another_location_fails_the_execution_before_any_row_is_upl
     prepare_run(&gw, json!({"location": "us"}), json!({}), &["t"]).await;
     post_ok(&gw, "t", ipc_stream(&[ids(0..10)])).await;
     // The lane fails the execution while preparing, without waiting for a commit.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let execution = loop {
+    let execution = eventually(Duration::from_secs(30), "the execution to fail while preparing", || async {
         let (_, execution) = gw.json(Method::GET, "/v1/runs/run/executions/e", None).await;
-        if execution["state"] == "failed" {
-            break execution;
-        }
-        assert!(Instant::now() < deadline, "the execution did not fail within 30 s: {execution}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+        (execution["state"] == "failed").then_some(execution)
+    })
+    .await;
     assert_eq!(execution["error"]["code"], "dataset_location_mismatch", "{execution}");
     assert!(execution["error"]["detail"].as_str().unwrap().contains("EU"), "{execution}");
     assert!(execution["error"]["hint"].as_str().unwrap().contains("location"), "{execution}");
@@ -236,8 +218,12 @@ async fn queue_timing_counts_every_wait_that_can_end_in_429() {
         let gw = Arc::clone(&gw);
         async move { gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(49_152..98_304)])).await }
     });
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(!second.is_finished(), "the second request waits for the share");
+    // The wait under test: the fake answers nothing for `HELD`, so for that long the second
+    // request waits for room in the share (this sleep is the duration measured, not a wait for
+    // something to happen).
+    const HELD: Duration = Duration::from_millis(1500);
+    tokio::time::sleep(HELD).await;
+    assert!(!second.is_finished(), "the second request still waits for the share after {HELD:?}");
     fake.with(|s| s.hold_responses = false);
     let (status, body) = tokio::time::timeout(Duration::from_secs(30), second).await.unwrap().unwrap();
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
@@ -255,6 +241,7 @@ async fn queue_timing_counts_every_wait_that_can_end_in_429() {
         .collect();
     assert_eq!(queue.len(), 2, "{queue:?}");
     let (duration_ms, backpressure_ms) = queue[1];
-    assert!(backpressure_ms >= 1400, "the wait for the share counts as backpressure: {queue:?}");
+    let held_ms = HELD.as_millis() as u64 - 100;
+    assert!(backpressure_ms >= held_ms, "the wait for the share counts as backpressure: {queue:?}");
     assert!(duration_ms >= backpressure_ms, "{queue:?}");
 }

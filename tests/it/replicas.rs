@@ -10,8 +10,10 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::support::arrow::{ids, ipc_stream};
+use crate::support::arrow::{gzip, ids, ipc_stream};
+use crate::support::lease::outlive_current_leases;
 use crate::support::rest_proxy::RestProxy;
+use crate::support::rows::count_rows_and_ids;
 use crate::support::{Gateway, GatewayOptions, TestRun, assert_problem, eventually, required_env, send};
 
 const LEASE_SECS: &str = "2";
@@ -38,10 +40,6 @@ async fn first_replica() -> Gateway {
     GatewayOptions::new().env("FILAMENT_REPLICA_LEASE_SECS", LEASE_SECS).spawn().await
 }
 
-async fn count(gw: &Gateway, table: &str) -> Vec<serde_json::Value> {
-    gw.query(&format!("SELECT COUNT(*), COUNT(DISTINCT id) FROM {}.{table}", gw.dataset)).await[0].clone()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_replica_forwards_an_executions_requests_to_its_owner() {
     let a = first_replica().await;
@@ -62,7 +60,7 @@ async fn a_replica_forwards_an_executions_requests_to_its_owner() {
     let (status, _) = b.json(Method::POST, "/v1/runs/r/executions/e/checkpoints", Some(json!({"checkpoint": 7}))).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(b.commit_and_wait("r", "e").await["state"], "committed");
-    assert_eq!(count(&a, "t").await, vec![json!("30"), json!("30")]);
+    assert_eq!(count_rows_and_ids(&a, "t").await, (30, 30));
     let metrics = b.metrics().await;
     assert!(metrics.contains("filament_requests_forwarded_total 4"), "{metrics}");
     let (_, run) = b.json(Method::GET, "/v1/runs/r", None).await;
@@ -94,7 +92,7 @@ async fn a_replica_that_cannot_reach_the_owner_refuses_and_changes_nothing() {
 
     a.post_accepted("r", "e", "t", Some(0), ipc_stream(&[ids(0..10)])).await;
     assert_eq!(a.commit_and_wait("r", "e").await["state"], "committed");
-    assert_eq!(count(&a, "t").await, vec![json!("10"), json!("10")]);
+    assert_eq!(count_rows_and_ids(&a, "t").await, (10, 10));
     // Once committed, any replica reports it.
     let (status, committed) = b.json(Method::POST, "/v1/runs/r/executions/e/commit?wait=true", None).await;
     assert_eq!((status, committed["state"].as_str()), (StatusCode::OK, Some("committed")), "{committed}");
@@ -118,8 +116,8 @@ async fn a_replica_stopped_with_sigterm_hands_its_execution_over() {
     b.post_accepted("r", "e", "t1", Some(1), ipc_stream(&[ids(40..60)])).await;
     assert_eq!(b.commit_and_wait("r", "e").await["state"], "committed");
     assert!(b.logs().contains("replica.adopted"), "{}", b.logs());
-    assert_eq!(count(&b, "t1").await, vec![json!("60"), json!("60")]);
-    assert_eq!(count(&b, "t2").await, vec![json!("25"), json!("25")]);
+    assert_eq!(count_rows_and_ids(&b, "t1").await, (60, 60));
+    assert_eq!(count_rows_and_ids(&b, "t2").await, (25, 25));
     let committed = streams_of(&b, "e").await;
     let names = |streams: &[(String, String, i64)]| streams.iter().map(|s| s.1.clone()).collect::<Vec<_>>();
     assert_eq!(names(&committed), names(&handed_over), "the same streams went on, no new one");
@@ -142,7 +140,7 @@ async fn two_replicas_receiving_the_same_commit_publish_once() {
     assert_eq!(committed["state"], "committed");
     let publications: Vec<String> = proxy.queries().into_iter().filter(|q| q.contains("INSERT")).collect();
     assert_eq!(publications.len(), 1, "one publication job: {publications:?}");
-    assert_eq!(count(&a, "t").await, vec![json!("50"), json!("50")]);
+    assert_eq!(count_rows_and_ids(&a, "t").await, (50, 50));
 }
 
 /// Each resource's stream name and acknowledged rows in the execution's current delivery.
@@ -160,25 +158,19 @@ async fn streams_of(gw: &Gateway, execution: &str) -> Vec<(String, String, i64)>
     .unwrap()
 }
 
-fn gzip(bytes: &[u8]) -> Vec<u8> {
-    use std::io::Write as _;
-    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    encoder.write_all(bytes).unwrap();
-    encoder.finish().unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_starting_replica_fails_no_execution_of_a_live_one() {
     let a = first_replica().await;
     TestRun::new("r", "e").full_append(&["t"]).open(&a).await;
     a.post_accepted("r", "e", "t", Some(0), ipc_stream(&[ids(0..50)])).await;
     let c = replica_of(&a).await;
-    // Longer than the lease: the live owner renews it, so no sweep fails the execution.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // `c` sweeps after the lease the execution held when `c` started has run out: the live
+    // owner renewed it, so no sweep fails the execution.
+    outlive_current_leases(&a.database_url, Duration::from_secs(LEASE_SECS.parse().unwrap())).await;
     let (_, seen) = c.json(Method::GET, "/v1/runs/r/executions/e", None).await;
     assert_eq!(seen["state"], "extracting", "{seen}");
     assert_eq!(a.commit_and_wait("r", "e").await["state"], "committed");
-    assert_eq!(count(&a, "t").await, vec![json!("50"), json!("50")]);
+    assert_eq!(count_rows_and_ids(&a, "t").await, (50, 50));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -200,7 +192,7 @@ async fn a_crashed_replicas_execution_fails_after_its_lease_and_is_redelivered_e
     assert_eq!((status, redelivered["delivery"].as_i64()), (StatusCode::OK, Some(2)), "{redelivered}");
     b.post_accepted("r", "e", "t", Some(0), ipc_stream(&[ids(0..100)])).await;
     assert_eq!(b.commit_and_wait("r", "e").await["state"], "committed");
-    assert_eq!(count(&b, "t").await, vec![json!("100"), json!("100")], "every row once");
+    assert_eq!(count_rows_and_ids(&b, "t").await, (100, 100), "every row once");
     assert_eq!(b.commit_and_wait("r2", "other").await["state"], "committed", "the live replica's work went on");
 }
 
@@ -250,7 +242,7 @@ async fn ended_deliveries_lose_their_receipts_and_a_late_redelivery_is_still_rec
     }
     assert_eq!(a.commit_and_wait("r", "e1").await["state"], "committed");
     assert!(a.logs().contains("reusing its publication"), "the redelivery was recognised");
-    assert_eq!(count(&a, "t").await, vec![json!("20"), json!("20")], "published once");
+    assert_eq!(count_rows_and_ids(&a, "t").await, (20, 20), "published once");
 }
 
 /// A transition of an execution that already ended registers nothing on the replica that
@@ -274,6 +266,6 @@ async fn transitions_of_an_ended_execution_leave_no_uploads_behind() {
     assert_eq!(b.open_execution("r", "e").await.0, StatusCode::OK);
     a.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..10)])).await;
     assert_eq!(a.commit_and_wait("r", "e").await["state"], "committed");
-    assert_eq!(count(&a, "t").await, vec![json!("10"), json!("10")]);
+    assert_eq!(count_rows_and_ids(&a, "t").await, (10, 10));
     assert!(a.metrics().await.contains("filament_requests_forwarded_total 2"), "the batch and the commit");
 }

@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 
 use crate::support::arrow::{BASE_MICROS, batch, ids, ipc_stream};
 use crate::support::rest_proxy::RestProxy;
+use crate::support::rows::count_rows;
 use crate::support::{Gateway, GatewayOptions, TestRun, assert_problem, required_env};
 
 const HOUR_MICROS: i64 = 3_600_000_000;
@@ -93,8 +94,7 @@ async fn a_created_table_has_the_declared_partitioning_clustering_descriptions_a
     assert_eq!(field(&table, "id")["description"], "Event key");
     assert_eq!(field(&table, "region")["description"], "Where it happened");
     assert!(field(&table, "score").get("description").is_none_or(Value::is_null), "{table}");
-    let rows = gw.query(&format!("SELECT COUNT(*) FROM {}.events", gw.dataset)).await;
-    assert_eq!(rows[0][0], "50");
+    assert_eq!(count_rows(&gw, "events").await, 50);
 
     let view = resource_view(&gw, "r").await;
     assert_eq!(view["table_options"], declared_layout(), "{view}");
@@ -148,8 +148,7 @@ async fn an_existing_table_with_another_layout_is_left_alone_and_reported() {
     let table = table_metadata(&gw, "events").await;
     assert!(table.get("timePartitioning").is_none_or(Value::is_null), "not re-laid out: {table}");
     assert!(table.get("clustering").is_none_or(Value::is_null), "not re-laid out: {table}");
-    let rows = gw.query(&format!("SELECT COUNT(*) FROM {}.events", gw.dataset)).await;
-    assert_eq!(rows[0][0], "30");
+    assert_eq!(count_rows(&gw, "events").await, 30);
     let view = resource_view(&gw, "r").await;
     assert_eq!(
         view["layout_mismatch"],

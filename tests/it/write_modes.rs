@@ -12,10 +12,7 @@ use serde_json::{Value, json};
 
 use crate::support::Gateway;
 use crate::support::arrow::{batch, ids, ipc_stream};
-
-fn int(v: &Value) -> i64 {
-    v.as_str().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("not an integer: {v}"))
-}
+use crate::support::rows::{count_rows, int};
 
 /// One change row of the `accounts` resource.
 #[derive(Clone, Copy)]
@@ -242,7 +239,7 @@ async fn full_replace_replaces_once_per_run_and_an_empty_replacement_truncates()
     post(&gw, "r2", "e1", "t", None, &ids(0..0)).await;
     let committed = commit(&gw, "r2", "e1").await;
     assert_eq!(committed["resources"][0]["publication"]["state"], "done", "{committed}");
-    assert_eq!(gw.query(&format!("SELECT COUNT(*) FROM {}.t", gw.dataset)).await[0][0], "0");
+    assert_eq!(count_rows(&gw, "t").await, 0);
 }
 
 /// BIGNUMERIC is left to the unit tests and the SQL snapshots: the emulator cannot create a

@@ -36,6 +36,14 @@ pub fn ipc_stream_compressed(batches: &[RecordBatch], compression: CompressionTy
     out
 }
 
+/// `bytes` gzip-compressed, as a body sent with `Content-Encoding: gzip`.
+pub fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(bytes).unwrap();
+    encoder.finish().unwrap()
+}
+
 pub fn batch(fields: Vec<Field>, columns: Vec<ArrayRef>) -> RecordBatch {
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
 }

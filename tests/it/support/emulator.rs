@@ -19,7 +19,10 @@ fn free_port() -> u16 {
 impl PrivateEmulator {
     pub async fn start() -> Self {
         let (rest_port, grpc_port) = (free_port(), free_port());
-        let child = Command::new(required_env("FILAMENT_BQEMULATOR_BIN"))
+        // Through the launcher `make test` starts the shared emulator with (its thread pool
+        // holds one thread per open AppendRows connection).
+        let child = Command::new(required_env("FILAMENT_BQEMULATOR_PYTHON"))
+            .arg(required_env("FILAMENT_BQEMULATOR_LAUNCH"))
             .args(["start", "--rest-port", &rest_port.to_string(), "--grpc-port", &grpc_port.to_string()])
             .args(["--project", "filament-demo", "--log-level", "warning"])
             .env("HOME", required_env("FILAMENT_BQEMULATOR_HOME"))

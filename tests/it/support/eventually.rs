@@ -12,7 +12,20 @@ const POLL_INTERVAL: Duration = Duration::from_millis(20);
 ///
 /// The probe is a closure returning a future (`|| async { .. }`) rather than an async closure:
 /// the futures of async closures are not known to be `Send` inside `tokio::spawn`.
-pub async fn eventually<T, F, P>(timeout: Duration, what: &str, mut probe: P) -> T
+pub async fn eventually<T, F, P>(timeout: Duration, what: &str, probe: P) -> T
+where
+    P: FnMut() -> F,
+    F: Future<Output = Option<T>>,
+{
+    within(timeout, POLL_INTERVAL, probe)
+        .await
+        .unwrap_or_else(|| panic!("gave up after {timeout:?} waiting for {what}"))
+}
+
+/// Calls `probe` every `interval` until it answers `Some` and returns that value, or `None` once
+/// `timeout` has passed (a try that outlives it included): for callers that say themselves what
+/// they gave up on, or that try at a pace of their own (a client retrying after a pause).
+pub async fn within<T, F, P>(timeout: Duration, interval: Duration, mut probe: P) -> Option<T>
 where
     P: FnMut() -> F,
     F: Future<Output = Option<T>>,
@@ -20,9 +33,9 @@ where
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         match tokio::time::timeout_at(deadline, probe()).await {
-            Ok(Some(value)) => return value,
-            Ok(None) if tokio::time::Instant::now() < deadline => tokio::time::sleep(POLL_INTERVAL).await,
-            Ok(None) | Err(_) => panic!("gave up after {timeout:?} waiting for {what}"),
+            Ok(Some(value)) => return Some(value),
+            Ok(None) if tokio::time::Instant::now() < deadline => tokio::time::sleep(interval).await,
+            Ok(None) | Err(_) => return None,
         }
     }
 }
@@ -57,5 +70,19 @@ mod tests {
         })
         .await;
         assert_eq!(answer, 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn within_tries_at_its_interval_and_answers_none_after_the_deadline() {
+        let started = tokio::time::Instant::now();
+        let mut tries = 0;
+        let answer = within(Duration::from_secs(1), Duration::from_millis(300), || {
+            tries += 1;
+            std::future::ready(None::<()>)
+        })
+        .await;
+        assert_eq!(answer, None);
+        assert!((4..=5).contains(&tries), "tries at 0, 0.3, 0.6 and 0.9 s (and one at the deadline): {tries}");
+        assert!(started.elapsed() >= Duration::from_secs(1));
     }
 }

@@ -58,6 +58,18 @@ pub struct FakeStream {
     pub committed: bool,
 }
 
+/// Asserts that `stream` holds the ids `expected` in offset order, each exactly once, appended
+/// in contiguous requests, and was committed.
+pub fn assert_exact_stream(stream: &FakeStream, expected: std::ops::Range<i64>) {
+    assert_eq!(stream.ids, expected.collect::<Vec<_>>(), "rows in offset order, each exactly once");
+    let mut next = 0;
+    for (offset, rows) in &stream.appends {
+        assert_eq!(*offset, next, "appends are contiguous: {:?}", stream.appends);
+        next += *rows as i64;
+    }
+    assert!(stream.committed);
+}
+
 #[derive(Debug, Default)]
 pub struct FakeState {
     pub streams: HashMap<String, FakeStream>,
@@ -92,6 +104,10 @@ pub struct FakeState {
     pub stall_reading_connections: usize,
     /// The `x-goog-request-params` header of every call, by method (`AppendRows`, ...).
     pub routing_headers: Vec<(String, String)>,
+    /// Bytes of Arrow record batches (`serialized_record_batch`, what the gateway's upload
+    /// budget counts) received on any stream and not yet answered, and the most seen at once.
+    pub bytes_in_flight: usize,
+    pub max_bytes_in_flight: usize,
 }
 
 /// Handle to a running fake.
@@ -186,58 +202,15 @@ impl tower::Service<http::Request<tonic::body::Body>> for WriteService {
                     grpc::<AppendRowsRequest, AppendRowsResponse>().streaming(svc, request).await
                 }
                 "FinalizeWriteStream" => {
-                    let svc = tower::service_fn(move |r: Request<FinalizeWriteStreamRequest>| {
-                        let state = Arc::clone(&state);
-                        async move {
-                            let mut s = state.lock().unwrap();
-                            let stream =
-                                s.streams.get_mut(&r.get_ref().name).ok_or_else(|| Status::not_found("no stream"))?;
-                            stream.finalized = true;
-                            Ok::<_, Status>(Response::new(FinalizeWriteStreamResponse { row_count: stream.rows }))
-                        }
-                    });
+                    let svc = tower::service_fn(move |r| finalize(Arc::clone(&state), r));
                     grpc::<FinalizeWriteStreamRequest, FinalizeWriteStreamResponse>().unary(svc, request).await
                 }
                 "BatchCommitWriteStreams" => {
-                    let svc = tower::service_fn(move |r: Request<BatchCommitWriteStreamsRequest>| {
-                        let state = Arc::clone(&state);
-                        async move {
-                            let mut s = state.lock().unwrap();
-                            for name in &r.get_ref().write_streams {
-                                let stream = s.streams.get_mut(name).ok_or_else(|| Status::not_found("no stream"))?;
-                                if !stream.finalized {
-                                    return Err(Status::failed_precondition("not finalized"));
-                                }
-                                stream.committed = true;
-                            }
-                            if s.lose_commit_response {
-                                return Err(Status::unavailable("fake: commit response lost"));
-                            }
-                            Ok(Response::new(BatchCommitWriteStreamsResponse {
-                                commit_time: Some(prost_types::Timestamp { seconds: 1, nanos: 0 }),
-                                stream_errors: vec![],
-                            }))
-                        }
-                    });
+                    let svc = tower::service_fn(move |r| batch_commit(Arc::clone(&state), r));
                     grpc::<BatchCommitWriteStreamsRequest, BatchCommitWriteStreamsResponse>().unary(svc, request).await
                 }
                 "GetWriteStream" => {
-                    let svc = tower::service_fn(move |r: Request<GetWriteStreamRequest>| {
-                        let state = Arc::clone(&state);
-                        async move {
-                            let mut s = state.lock().unwrap();
-                            s.get_write_stream_calls += 1;
-                            let stream =
-                                s.streams.get(&r.get_ref().name).ok_or_else(|| Status::not_found("no stream"))?;
-                            Ok(Response::new(WriteStream {
-                                name: r.get_ref().name.clone(),
-                                commit_time: stream
-                                    .committed
-                                    .then_some(prost_types::Timestamp { seconds: 1, nanos: 0 }),
-                                ..Default::default()
-                            }))
-                        }
-                    });
+                    let svc = tower::service_fn(move |r| get_write_stream(Arc::clone(&state), r));
                     grpc::<GetWriteStreamRequest, WriteStream>().unary(svc, request).await
                 }
                 _ => Status::unimplemented(path).into_http(),
@@ -269,6 +242,53 @@ async fn create(
     Ok(Response::new(WriteStream { name, r#type: 2, ..Default::default() }))
 }
 
+async fn finalize(
+    state: Arc<Mutex<FakeState>>,
+    request: Request<FinalizeWriteStreamRequest>,
+) -> Result<Response<FinalizeWriteStreamResponse>, Status> {
+    let mut s = state.lock().unwrap();
+    let stream = s.streams.get_mut(&request.get_ref().name).ok_or_else(|| Status::not_found("no stream"))?;
+    stream.finalized = true;
+    Ok(Response::new(FinalizeWriteStreamResponse { row_count: stream.rows }))
+}
+
+/// Commits finalized streams; with `lose_commit_response`, commits them and then answers
+/// UNAVAILABLE.
+async fn batch_commit(
+    state: Arc<Mutex<FakeState>>,
+    request: Request<BatchCommitWriteStreamsRequest>,
+) -> Result<Response<BatchCommitWriteStreamsResponse>, Status> {
+    let mut s = state.lock().unwrap();
+    for name in &request.get_ref().write_streams {
+        let stream = s.streams.get_mut(name).ok_or_else(|| Status::not_found("no stream"))?;
+        if !stream.finalized {
+            return Err(Status::failed_precondition("not finalized"));
+        }
+        stream.committed = true;
+    }
+    if s.lose_commit_response {
+        return Err(Status::unavailable("fake: commit response lost"));
+    }
+    Ok(Response::new(BatchCommitWriteStreamsResponse {
+        commit_time: Some(prost_types::Timestamp { seconds: 1, nanos: 0 }),
+        stream_errors: vec![],
+    }))
+}
+
+async fn get_write_stream(
+    state: Arc<Mutex<FakeState>>,
+    request: Request<GetWriteStreamRequest>,
+) -> Result<Response<WriteStream>, Status> {
+    let mut s = state.lock().unwrap();
+    s.get_write_stream_calls += 1;
+    let stream = s.streams.get(&request.get_ref().name).ok_or_else(|| Status::not_found("no stream"))?;
+    Ok(Response::new(WriteStream {
+        name: request.get_ref().name.clone(),
+        commit_time: stream.committed.then_some(prost_types::Timestamp { seconds: 1, nanos: 0 }),
+        ..Default::default()
+    }))
+}
+
 fn in_response(code: i32, message: &str) -> AppendRowsResponse {
     AppendRowsResponse {
         response: Some(append_rows_response::Response::Error(RpcStatus {
@@ -294,164 +314,244 @@ fn decode_ids(schema: &Bytes, batch: &Bytes) -> Vec<i64> {
 }
 
 type AppendStream = tokio_stream::wrappers::UnboundedReceiverStream<Result<AppendRowsResponse, Status>>;
+type Responses = mpsc::UnboundedSender<Result<AppendRowsResponse, Status>>;
 
+/// One AppendRows connection: a reader takes requests as they arrive (so outstanding requests
+/// are observable) and queues them for a responder that answers them one at a time, in order.
 async fn append_rows(
     state: Arc<Mutex<FakeState>>,
     request: Request<tonic::Streaming<AppendRowsRequest>>,
 ) -> Result<Response<AppendStream>, Status> {
-    let mut incoming = request.into_inner();
     let (responses, responses_rx) = mpsc::unbounded_channel();
-    let (queued, mut queue) = mpsc::unbounded_channel::<AppendRowsRequest>();
-    let stalls = {
-        let mut s = state.lock().unwrap();
-        s.connections += 1;
-        let stalls = s.stall_reading_connections > 0;
-        s.stall_reading_connections = s.stall_reading_connections.saturating_sub(1);
-        stalls
-    };
-    // Reader: takes requests as they arrive, so outstanding requests are observable.
-    let reader_state = Arc::clone(&state);
-    tokio::spawn(async move {
-        // Clients may name the stream only on a connection's first request (BigQuery's rule).
-        let mut connection_stream = String::new();
-        let mut read = 0;
-        while let Some(Ok(mut request)) = incoming.next().await {
-            read += 1;
-            if stalls && read > 1 {
-                // Holds the request unread: nothing more of the call's body is taken.
-                tokio::time::sleep(Duration::from_secs(60)).await;
-                break;
-            }
-            if request.write_stream.is_empty() {
-                request.write_stream.clone_from(&connection_stream);
-            } else {
-                connection_stream.clone_from(&request.write_stream);
-            }
-            let mut s = reader_state.lock().unwrap();
-            let outstanding = s.outstanding_per_stream.entry(request.write_stream.clone()).or_default();
-            let before = *outstanding;
-            *outstanding += 1;
-            let now = *outstanding;
-            s.outstanding_at_arrival.push((request.write_stream.clone(), before));
-            s.max_outstanding_per_stream = s.max_outstanding_per_stream.max(now);
-            s.outstanding_total += 1;
-            s.max_outstanding_total = s.max_outstanding_total.max(s.outstanding_total);
-            s.append_requests += 1;
-            drop(s);
-            if queued.send(request).is_err() {
-                break;
-            }
-        }
-    });
-    // Responder: one request at a time, in order.
-    tokio::spawn(async move {
-        let mut schema: Option<Bytes> = None;
-        while let Some(request) = queue.recv().await {
-            while state.lock().unwrap().hold_responses {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            let stream_name = request.write_stream.clone();
-            let Some(append_rows_request::Rows::ArrowRows(arrow)) = request.rows else {
-                let _ = responses.send(Err(Status::invalid_argument("fake: only Arrow rows")));
-                break;
-            };
-            if let Some(writer_schema) = arrow.writer_schema {
-                schema = Some(writer_schema.serialized_schema);
-            }
-            let (fault, delay) = {
-                let mut s = state.lock().unwrap();
-                let fault = s.script.pop_front();
-                let table = s.streams.get(&stream_name).map(|st| st.table.clone()).unwrap_or_default();
-                let delay = s.table_delays.iter().find(|(key, _)| table.contains(key.as_str())).map(|(_, d)| *d);
-                (fault, delay)
-            };
-            if let Some(delay) = delay {
-                tokio::time::sleep(delay).await;
-            }
-            let finish = |state: &Arc<Mutex<FakeState>>| {
-                let mut s = state.lock().unwrap();
-                if let Some(n) = s.outstanding_per_stream.get_mut(&stream_name) {
-                    *n = n.saturating_sub(1);
-                }
-                s.outstanding_total = s.outstanding_total.saturating_sub(1);
-            };
-            let exhausted =
-                state.lock().unwrap().exhausted_until.is_some_and(|until| std::time::Instant::now() < until);
-            if exhausted {
-                finish(&state);
-                let _ = responses
-                    .send(Err(Status::resource_exhausted("fake: Exceeds 'AppendRows throughput' quota in region us")));
-                return;
-            }
-            match &fault {
-                Some(AppendFault::Delay(d)) => tokio::time::sleep(*d).await,
-                Some(AppendFault::CloseBeforeApply) => {
-                    finish(&state);
-                    let _ = responses.send(Err(Status::unavailable("fake: connection closed")));
-                    return;
-                }
-                Some(AppendFault::Status(code)) => {
-                    finish(&state);
-                    let _ = responses.send(Err(Status::new(*code, "fake: scripted status")));
-                    return;
-                }
-                Some(AppendFault::InResponseError(code)) => {
-                    finish(&state);
-                    let _ = responses.send(Ok(in_response(*code, "fake: scripted error")));
-                    continue;
-                }
-                _ => {}
-            }
-            let Some(schema) = schema.as_ref() else {
-                let _ = responses.send(Err(Status::invalid_argument("fake: no writer schema on this connection")));
-                return;
-            };
-            let ids = decode_ids(schema, &arrow.rows.map(|r| r.serialized_record_batch).unwrap_or_default());
-            let null_sink = state.lock().unwrap().null_sink;
-            let offset = request.offset.unwrap_or(-1);
-            let response = {
-                let mut s = state.lock().unwrap();
-                let Some(stream) = s.streams.get_mut(&stream_name) else {
-                    drop(s);
-                    finish(&state);
-                    let _ = responses.send(Ok(in_response(5, "fake: stream not found")));
-                    continue;
-                };
-                let end = stream.rows;
-                if stream.finalized {
-                    in_response(9, "fake: stream finalized")
-                } else if offset < end {
-                    in_response(6, "fake: offset already written")
-                } else if offset > end {
-                    in_response(11, "fake: offset beyond the end")
-                } else {
-                    stream.rows += ids.len() as i64;
-                    if !null_sink {
-                        stream.appends.push((offset, ids.len()));
-                        stream.ids.extend(ids);
-                    }
-                    AppendRowsResponse {
-                        response: Some(append_rows_response::Response::AppendResult(
-                            append_rows_response::AppendResult { offset: Some(offset) },
-                        )),
-                        write_stream: stream_name.clone(),
-                        ..Default::default()
-                    }
-                }
-            };
-            finish(&state);
-            if matches!(fault, Some(AppendFault::DropResponseAfterApply)) {
-                let _ = responses.send(Err(Status::unavailable("fake: response lost")));
-                return;
-            }
-            if matches!(fault, Some(AppendFault::HangAfterApply)) {
-                responses.closed().await;
-                return;
-            }
-            if responses.send(Ok(response)).is_err() {
-                return;
-            }
-        }
-    });
+    let (queued, queue) = mpsc::unbounded_channel::<AppendRowsRequest>();
+    let stalls = state.lock().unwrap().open_connection();
+    tokio::spawn(read_requests(Arc::clone(&state), request.into_inner(), stalls, queued));
+    tokio::spawn(answer_requests(state, queue, responses));
     Ok(Response::new(tokio_stream::wrappers::UnboundedReceiverStream::new(responses_rx)))
+}
+
+/// Bytes of the Arrow record batch an append carries (what the gateway's upload budget counts).
+fn payload_bytes(request: &AppendRowsRequest) -> usize {
+    match &request.rows {
+        Some(append_rows_request::Rows::ArrowRows(arrow)) => {
+            arrow.rows.as_ref().map_or(0, |rows| rows.serialized_record_batch.len())
+        }
+        _ => 0,
+    }
+}
+
+impl FakeState {
+    /// Counts a new AppendRows connection; whether it is one that stops reading after its
+    /// first request.
+    fn open_connection(&mut self) -> bool {
+        self.connections += 1;
+        let stalls = self.stall_reading_connections > 0;
+        self.stall_reading_connections = self.stall_reading_connections.saturating_sub(1);
+        stalls
+    }
+
+    /// Counts a request received on `stream` and not yet answered.
+    fn received(&mut self, stream: &str, bytes: usize) {
+        let outstanding = self.outstanding_per_stream.entry(stream.to_string()).or_default();
+        let before = *outstanding;
+        *outstanding += 1;
+        let now = *outstanding;
+        self.outstanding_at_arrival.push((stream.to_string(), before));
+        self.max_outstanding_per_stream = self.max_outstanding_per_stream.max(now);
+        self.outstanding_total += 1;
+        self.max_outstanding_total = self.max_outstanding_total.max(self.outstanding_total);
+        self.bytes_in_flight += bytes;
+        self.max_bytes_in_flight = self.max_bytes_in_flight.max(self.bytes_in_flight);
+        self.append_requests += 1;
+    }
+
+    /// Counts a request of `stream` as answered (whatever the answer).
+    fn answered(&mut self, stream: &str, bytes: usize) {
+        if let Some(n) = self.outstanding_per_stream.get_mut(stream) {
+            *n = n.saturating_sub(1);
+        }
+        self.outstanding_total = self.outstanding_total.saturating_sub(1);
+        self.bytes_in_flight = self.bytes_in_flight.saturating_sub(bytes);
+    }
+
+    /// What the script says of the next request, and the delay of its stream's table.
+    fn next_fault(&mut self, stream: &str) -> (Option<AppendFault>, Option<Duration>) {
+        let fault = self.script.pop_front();
+        let table = self.streams.get(stream).map(|st| st.table.clone()).unwrap_or_default();
+        let delay = self.table_delays.iter().find(|(key, _)| table.contains(key.as_str())).map(|(_, d)| *d);
+        (fault, delay)
+    }
+
+    fn quota_exhausted(&self) -> bool {
+        self.exhausted_until.is_some_and(|until| std::time::Instant::now() < until)
+    }
+
+    /// Applies `ids` at `offset` with BigQuery's offset semantics: the answer (an error inside
+    /// the response unless the rows were appended); `None` when there is no such stream.
+    fn apply(&mut self, stream_name: &str, offset: i64, ids: Vec<i64>) -> Option<AppendRowsResponse> {
+        let null_sink = self.null_sink;
+        let stream = self.streams.get_mut(stream_name)?;
+        let end = stream.rows;
+        if stream.finalized {
+            return Some(in_response(9, "fake: stream finalized"));
+        }
+        if offset < end {
+            return Some(in_response(6, "fake: offset already written"));
+        }
+        if offset > end {
+            return Some(in_response(11, "fake: offset beyond the end"));
+        }
+        stream.rows += ids.len() as i64;
+        if !null_sink {
+            stream.appends.push((offset, ids.len()));
+            stream.ids.extend(ids);
+        }
+        Some(AppendRowsResponse {
+            response: Some(append_rows_response::Response::AppendResult(append_rows_response::AppendResult {
+                offset: Some(offset),
+            })),
+            write_stream: stream_name.to_string(),
+            ..Default::default()
+        })
+    }
+}
+
+/// The reader of a connection: names each request's stream (clients may name it only on a
+/// connection's first request, BigQuery's rule), counts it as outstanding and queues it.
+async fn read_requests(
+    state: Arc<Mutex<FakeState>>,
+    mut incoming: tonic::Streaming<AppendRowsRequest>,
+    stalls: bool,
+    queued: mpsc::UnboundedSender<AppendRowsRequest>,
+) {
+    let mut connection_stream = String::new();
+    let mut read = 0;
+    while let Some(Ok(mut request)) = incoming.next().await {
+        read += 1;
+        if stalls && read > 1 {
+            // Holds the request unread: nothing more of the call's body is taken.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            break;
+        }
+        if request.write_stream.is_empty() {
+            request.write_stream.clone_from(&connection_stream);
+        } else {
+            connection_stream.clone_from(&request.write_stream);
+        }
+        state.lock().unwrap().received(&request.write_stream, payload_bytes(&request));
+        if queued.send(request).is_err() {
+            break;
+        }
+    }
+}
+
+/// What the responder does after one request.
+enum Then {
+    NextRequest,
+    EndCall,
+}
+
+/// The responder of a connection: answers its requests one at a time, in order, until one
+/// ends the call.
+async fn answer_requests(
+    state: Arc<Mutex<FakeState>>,
+    mut queue: mpsc::UnboundedReceiver<AppendRowsRequest>,
+    responses: Responses,
+) {
+    let mut schema: Option<Bytes> = None;
+    while let Some(request) = queue.recv().await {
+        if let Then::EndCall = answer(&state, request, &mut schema, &responses).await {
+            return;
+        }
+    }
+}
+
+/// Answers one request: the scripted fault or quota answer, else the rows applied at the
+/// request's offset.
+async fn answer(
+    state: &Mutex<FakeState>,
+    request: AppendRowsRequest,
+    schema: &mut Option<Bytes>,
+    responses: &Responses,
+) -> Then {
+    while state.lock().unwrap().hold_responses {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (stream_name, bytes) = (request.write_stream.clone(), payload_bytes(&request));
+    let Some(append_rows_request::Rows::ArrowRows(arrow)) = request.rows else {
+        let _ = responses.send(Err(Status::invalid_argument("fake: only Arrow rows")));
+        return Then::EndCall;
+    };
+    if let Some(writer_schema) = arrow.writer_schema {
+        *schema = Some(writer_schema.serialized_schema);
+    }
+    let (fault, delay) = state.lock().unwrap().next_fault(&stream_name);
+    if let Some(delay) = delay {
+        tokio::time::sleep(delay).await;
+    }
+    let answered = || state.lock().unwrap().answered(&stream_name, bytes);
+    if let Some(then) = fail_before_applying(state, fault.as_ref(), responses, answered).await {
+        return then;
+    }
+    let Some(schema) = schema.as_ref() else {
+        let _ = responses.send(Err(Status::invalid_argument("fake: no writer schema on this connection")));
+        return Then::EndCall;
+    };
+    let ids = decode_ids(schema, &arrow.rows.map(|r| r.serialized_record_batch).unwrap_or_default());
+    let applied = state.lock().unwrap().apply(&stream_name, request.offset.unwrap_or(-1), ids);
+    answered();
+    let Some(response) = applied else {
+        let _ = responses.send(Ok(in_response(5, "fake: stream not found")));
+        return Then::NextRequest;
+    };
+    match fault {
+        Some(AppendFault::DropResponseAfterApply) => {
+            let _ = responses.send(Err(Status::unavailable("fake: response lost")));
+            Then::EndCall
+        }
+        Some(AppendFault::HangAfterApply) => {
+            responses.closed().await;
+            Then::EndCall
+        }
+        _ if responses.send(Ok(response)).is_err() => Then::EndCall,
+        _ => Then::NextRequest,
+    }
+}
+
+/// The answers given before the rows are applied: an exhausted quota, or the scripted fault
+/// (after its delay, for [`AppendFault::Delay`]). `None`: go on and apply the rows.
+async fn fail_before_applying(
+    state: &Mutex<FakeState>,
+    fault: Option<&AppendFault>,
+    responses: &Responses,
+    answered: impl Fn(),
+) -> Option<Then> {
+    if state.lock().unwrap().quota_exhausted() {
+        answered();
+        let _ =
+            responses.send(Err(Status::resource_exhausted("fake: Exceeds 'AppendRows throughput' quota in region us")));
+        return Some(Then::EndCall);
+    }
+    match fault? {
+        AppendFault::Delay(d) => {
+            tokio::time::sleep(*d).await;
+            None
+        }
+        AppendFault::CloseBeforeApply => {
+            answered();
+            let _ = responses.send(Err(Status::unavailable("fake: connection closed")));
+            Some(Then::EndCall)
+        }
+        AppendFault::Status(code) => {
+            answered();
+            let _ = responses.send(Err(Status::new(*code, "fake: scripted status")));
+            Some(Then::EndCall)
+        }
+        AppendFault::InResponseError(code) => {
+            answered();
+            let _ = responses.send(Ok(in_response(*code, "fake: scripted error")));
+            Some(Then::NextRequest)
+        }
+        AppendFault::DropResponseAfterApply | AppendFault::HangAfterApply => None,
+    }
 }

@@ -6,15 +6,18 @@
 //! only replay a receipt, never add rows.
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::sync::Mutex;
+use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use super::{Gateway, GatewayOptions, eventually, random_suffix};
+use super::{Gateway, GatewayOptions, eventually, random_suffix, within};
 
 /// How long an extractor keeps retrying one request.
 const RETRY_DEADLINE: Duration = Duration::from_secs(90);
+/// An extractor's pause between two tries of a request.
+const RETRY_INTERVAL: Duration = Duration::from_millis(300);
 
 pub struct Fleet {
     pub replicas: Vec<Gateway>,
@@ -25,6 +28,8 @@ pub struct Fleet {
     pub dataset: String,
     haproxy: Child,
     pub lb_url: String,
+    /// haproxy's statistics page (what its health checks made of each replica).
+    stats_url: String,
     config_path: std::path::PathBuf,
 }
 
@@ -44,9 +49,9 @@ impl Fleet {
         for port in &ports[1..] {
             replicas.push(spawn_replica(&env, &token, *port, Some((&database_url, &dataset))).await);
         }
-        let lb_port = free_port();
+        let (lb_port, stats_port) = (free_port(), free_port());
         let config_path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("haproxy-{lb_port}.cfg"));
-        std::fs::write(&config_path, haproxy_config(lb_port, &ports)).unwrap();
+        std::fs::write(&config_path, haproxy_config(lb_port, stats_port, &ports)).unwrap();
         let haproxy = Command::new(haproxy_binary())
             .args(["-db", "-f"])
             .arg(&config_path)
@@ -63,6 +68,7 @@ impl Fleet {
             dataset,
             haproxy,
             lb_url: format!("http://127.0.0.1:{lb_port}"),
+            stats_url: format!("http://127.0.0.1:{stats_port}/stats;csv"),
             config_path,
         };
         fleet.wait_until_balanced().await;
@@ -117,8 +123,8 @@ impl Fleet {
         self.ports.iter().position(|p| *p == port)
     }
 
-    /// Every replica answers `/readyz` through haproxy's view: each is checked directly, then
-    /// haproxy has had two check intervals to mark it up.
+    /// Every replica answers `/readyz`, checked directly, and haproxy's health checks have
+    /// marked every one of them up.
     async fn wait_until_balanced(&self) {
         let http = reqwest::Client::new();
         for replica in &self.replicas {
@@ -129,8 +135,30 @@ impl Fleet {
             })
             .await;
         }
-        tokio::time::sleep(Duration::from_millis(1200)).await;
+        eventually(Duration::from_secs(30), "haproxy to mark every replica up", || async {
+            let csv = http.get(&self.stats_url).send().await.ok()?.text().await.ok()?;
+            let statuses = server_statuses(&csv);
+            (statuses.len() == self.replicas.len() && statuses.iter().all(|status| status == "UP")).then_some(())
+        })
+        .await;
     }
+}
+
+/// The status haproxy's statistics (CSV) give each server of the `replicas` backend.
+fn server_statuses(csv: &str) -> Vec<String> {
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap_or_default().trim_start_matches("# ").split(',').collect();
+    let column = |name: &str| header.iter().position(|h| *h == name);
+    let (Some(proxy), Some(server), Some(status)) = (column("pxname"), column("svname"), column("status")) else {
+        return Vec::new();
+    };
+    lines
+        .map(|line| line.split(',').collect::<Vec<_>>())
+        .filter(|fields| {
+            fields.get(proxy) == Some(&"replicas") && fields.get(server).is_some_and(|s| s.starts_with('g'))
+        })
+        .filter_map(|fields| fields.get(status).map(|s| s.to_string()))
+        .collect()
 }
 
 impl Drop for Fleet {
@@ -149,14 +177,16 @@ fn haproxy_binary() -> String {
 }
 
 /// Round-robin over the replicas, no affinity; a replica leaves the rotation when `/readyz`
-/// fails (it does from SIGTERM on) and a refused connection is retried on another one.
-fn haproxy_config(lb_port: u16, ports: &[u16]) -> String {
+/// fails (it does from SIGTERM on) and a refused connection is retried on another one. The
+/// statistics page on `stats_port` shows what the health checks found.
+fn haproxy_config(lb_port: u16, stats_port: u16, ports: &[u16]) -> String {
     let servers: String =
         ports.iter().enumerate().map(|(i, port)| format!("    server g{i} 127.0.0.1:{port} check\n")).collect();
     format!(
         "global\n    maxconn 2048\n\
          defaults\n    mode http\n    timeout connect 2s\n    timeout client 120s\n    timeout server 120s\n\
          \x20   retries 3\n    option redispatch\n    retry-on conn-failure empty-response\n\
+         listen stats\n    bind 127.0.0.1:{stats_port}\n    stats enable\n    stats uri /stats\n\
          frontend gateway\n    bind 127.0.0.1:{lb_port}\n    default_backend replicas\n\
          backend replicas\n    balance roundrobin\n    option httpchk GET /readyz\n    http-check expect status 200\n\
          \x20   default-server inter 400ms fall 1 rise 1\n{servers}"
@@ -203,36 +233,40 @@ fn retryable(answer: Option<&(StatusCode, Value)>) -> bool {
 }
 
 impl Extractor {
-    /// Sends until an answer that is not retryable, within [`RETRY_DEADLINE`].
+    /// Sends until an answer that is not retryable, every [`RETRY_INTERVAL`] within
+    /// [`RETRY_DEADLINE`].
     pub async fn send(&self, method: Method, path: &str, body: Option<RequestBody>) -> (StatusCode, Value) {
-        let started = Instant::now();
-        loop {
-            let mut request =
-                self.http.request(method.clone(), format!("{}{path}", self.base_url)).bearer_auth(&self.token);
-            request = match &body {
-                Some(RequestBody::Json(json)) => request.json(json),
-                Some(RequestBody::Arrow(bytes)) => {
-                    request.header("content-type", "application/vnd.apache.arrow.stream").body(bytes.clone())
-                }
-                None => request,
-            };
-            let answer = match request.send().await {
-                Ok(response) => {
-                    let status = response.status();
-                    let text = response.text().await.unwrap_or_default();
-                    Some((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
-                }
-                Err(_) => None,
-            };
-            if !retryable(answer.as_ref()) {
-                return answer.unwrap();
+        let last_retried = Mutex::new(None);
+        let answer = within(RETRY_DEADLINE, RETRY_INTERVAL, || async {
+            let answer = self.try_once(&method, path, body.as_ref()).await;
+            if retryable(answer.as_ref()) {
+                *last_retried.lock().unwrap() = Some(answer);
+                return None;
             }
-            assert!(
-                started.elapsed() < RETRY_DEADLINE,
-                "{method} {path} still failing after {RETRY_DEADLINE:?}: {answer:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
+            answer
+        })
+        .await;
+        answer.unwrap_or_else(|| {
+            let last = last_retried.lock().unwrap().take();
+            panic!("{method} {path} still failing after {RETRY_DEADLINE:?}: {last:?}")
+        })
+    }
+
+    /// One try of a request: its answer, or `None` when none came whole.
+    async fn try_once(&self, method: &Method, path: &str, body: Option<&RequestBody>) -> Option<(StatusCode, Value)> {
+        let mut request =
+            self.http.request(method.clone(), format!("{}{path}", self.base_url)).bearer_auth(&self.token);
+        request = match body {
+            Some(RequestBody::Json(json)) => request.json(json),
+            Some(RequestBody::Arrow(bytes)) => {
+                request.header("content-type", "application/vnd.apache.arrow.stream").body(bytes.clone())
+            }
+            None => request,
+        };
+        let response = request.send().await.ok()?;
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        Some((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
     }
 
     pub async fn json(&self, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {

@@ -13,12 +13,14 @@ pub mod fake_rest;
 pub mod fake_write;
 pub mod fleet;
 mod grpc_inflate;
+pub mod lease;
 pub mod proxy;
 pub mod rest_proxy;
+pub mod rows;
 mod test_run;
 pub mod zetasql;
 
-pub use eventually::eventually;
+pub use eventually::{eventually, within};
 // `benches/ingest.rs` includes this module too and sets up its runs by hand.
 #[allow(unused_imports)]
 pub use test_run::TestRun;
