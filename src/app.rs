@@ -9,6 +9,12 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use sha2::{Digest as _, Sha256};
+
+use crate::api::auth::Authenticator;
+use crate::api::tls::{ReloadingCertificate, TlsFiles};
+use crate::principals::Principals;
+use crate::principals::id_token::{IdTokenSettings, IdTokenVerifier};
+use crate::principals::watch::{self, PrincipalSources};
 use tokio_util::task::TaskTracker;
 
 use crate::api::server::{self, ConnectionLimits, http1_read_buffer_bytes};
@@ -81,6 +87,26 @@ fn pipeline_limits(config: &ServeConfig) -> anyhow::Result<PipelineLimits> {
     })
 }
 
+/// The Google ID-token verifier, when an audience is configured.
+fn id_token_verifier(config: &ServeConfig) -> Option<IdTokenVerifier> {
+    let audience = config.google_id_token_audience.as_deref()?.trim().to_string();
+    let settings = IdTokenSettings { audience, jwks_url: config.google_jwks_url.clone() };
+    Some(IdTokenVerifier::new(settings, reqwest::Client::new()))
+}
+
+/// `token new --principal NAME`: a new random token (256 bits, prefixed `fbq_` so scanners and
+/// people recognise it) and the line that admits it, for the principals file.
+pub fn new_token(principal: &str) -> Result<String, String> {
+    let name = crate::principals::PrincipalName::parse(principal)?;
+    let token = format!("fbq_{}", hex::encode(rand::random::<[u8; 32]>()));
+    let digest = hex::encode(Sha256::digest(token.as_bytes()));
+    Ok(format!(
+        "{token}\n# Give the token above to principal {name}'s extractor; it is not stored anywhere.\n\
+         # Add this line to the [[principal]] entry with name = \"{name}\" (or its digest to the existing list):\n\
+         token_sha256 = [\"{digest}\"]\n"
+    ))
+}
+
 fn api_settings(config: &ServeConfig) -> ApiSettings {
     ApiSettings {
         max_batch_body_bytes: config.max_batch_body_bytes,
@@ -102,16 +128,17 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let limits = pipeline_limits(&config).context("invalid configuration")?;
     let store = Store::connect(&store_settings(&config.database)).await.context("connecting to Postgres")?;
     store.migrate().await.context("applying migrations")?;
-    // Only executions whose replica stopped renewing its lease fail: live replicas keep theirs.
     let listener =
         tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
     let address = listener.local_addr()?;
-    let advertise_url = advertised_url(config.advertise_url.as_deref(), address);
+    let tls = tls_certificate(&config)?;
+    let scheme = tls.as_ref().map_or("http", |_| "https");
+    let advertise_url = advertised_url(config.advertise_url.as_deref(), address, scheme);
     let replica = Replica::new(store.clone(), Duration::from_secs(config.replica_lease_secs), advertise_url);
+    // Only executions whose replica stopped renewing its lease fail: live replicas keep theirs.
     replica.sweep().await;
     tracing::info!(replica = %replica.lease.owner, lease_secs = config.replica_lease_secs,
         advertise_url = replica.lease.url.as_deref().unwrap_or("none (no forwarding to this replica)"), "gateway replica");
-
     let endpoints =
         Endpoints::new(config.bigquery_emulator_host.as_deref(), config.bigquery_storage_emulator_host.as_deref());
     let bigquery =
@@ -122,15 +149,9 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         tracing::error!(detail = %problem.detail, hint = problem.hint.as_deref().unwrap_or(""), "credentials probe failed");
     }
 
-    let mut tokens =
-        config.api_tokens.iter().map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect::<Vec<_>>();
-    let generated_token = if tokens.is_empty() && config.dev_generate_token {
-        let token = format!("dev-{}", hex::encode(rand::random::<[u8; 16]>()));
-        tokens.push(token.clone());
-        Some(token)
-    } else {
-        None
-    };
+    let (sources, principals, generated_token) = initial_principals(&config)?;
+    let stop_watching = tokio_util::sync::CancellationToken::new();
+    let watcher = tokio::spawn(watch::keep_current(sources, principals.clone(), stop_watching.clone()));
 
     let pipeline = Pipeline::new(bigquery.clone(), store.clone(), limits);
     let publisher = Publisher {
@@ -147,35 +168,72 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         pipeline,
         publisher,
         settings: api_settings(&config),
-        token_digests: tokens.iter().map(|t| Sha256::digest(t.as_bytes()).into()).collect(),
+        auth: Authenticator::new(principals.clone(), id_token_verifier(&config)),
         metrics: telemetry::metrics_handle(),
         commits: commits.clone(),
         request_slots: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_requests as usize)),
         replica: replica.clone(),
-        forwarder: crate::api::forward::Forwarder::default(),
+        forwarder: forwarder(&config)?,
     });
     let stop_heartbeat = tokio_util::sync::CancellationToken::new();
     let heartbeat = replica.spawn_heartbeat(config.retention_days, stop_heartbeat.clone());
 
     tracing::info!(%address, emulator = endpoints.emulator, rest = %endpoints.rest, grpc = %endpoints.grpc, "gateway listening");
     // Standard output carries exactly these lines, for scripts and the test harness.
-    println!("filament-bigquery listening on http://{address}");
+    println!("filament-bigquery listening on {scheme}://{address}");
     if let Some(token) = &generated_token {
         println!("development token (pass as Authorization: Bearer <token>): {token}");
     }
 
     let drained =
         hand_over_on_signal(replica.clone(), state.pipeline.clone(), Duration::from_secs(config.shutdown_delay_secs));
-    server::serve(listener, router(state), connection_limits(&config), drained).await;
+    let acceptor = tls.as_ref().map(|certificate| {
+        tokio::spawn(Arc::clone(certificate).keep_current(stop_watching.clone()));
+        tokio_rustls::TlsAcceptor::from(certificate.server_config())
+    });
+    server::serve(listener, router(state), connection_limits(&config), acceptor, drained).await;
     commits.close();
     if tokio::time::timeout(SHUTDOWN_GRACE, commits.wait()).await.is_err() {
         tracing::warn!("shutdown: commits still running after the grace period; they fail");
     }
     stop_heartbeat.cancel();
+    stop_watching.cancel();
     let _ = heartbeat.await;
+    let _ = watcher.await;
     replica.release().await;
     tracing::info!("gateway stopped");
     Ok(())
+}
+
+/// The client forwarding requests to the replica serving an execution (HTTPS trusting
+/// `FILAMENT_FORWARD_CA_FILE` too, when set).
+fn forwarder(config: &ServeConfig) -> anyhow::Result<crate::api::forward::Forwarder> {
+    let tls = crate::api::tls::forwarding_client_config(config.forward_ca_file.as_deref())
+        .map_err(anyhow::Error::msg)
+        .context("FILAMENT_FORWARD_CA_FILE")?;
+    Ok(crate::api::forward::Forwarder::new(tls))
+}
+
+/// Where principals come from: the file, and `FILAMENT_API_TOKENS` as principal `default`.
+fn principal_sources(config: &ServeConfig) -> PrincipalSources {
+    let api_tokens = config.api_tokens.iter().map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect();
+    PrincipalSources { file: config.principals_file.clone(), api_tokens }
+}
+
+/// The principals in force at start, their sources (for reloads), and the development token
+/// generated (printed once) when nothing else is configured and `--dev-generate-token` was
+/// passed: a reload keeps it.
+fn initial_principals(config: &ServeConfig) -> anyhow::Result<(PrincipalSources, Principals, Option<String>)> {
+    let mut sources = principal_sources(config);
+    let generated_token = if sources.api_tokens.is_empty() && config.dev_generate_token {
+        let token = format!("dev-{}", hex::encode(rand::random::<[u8; 16]>()));
+        sources.api_tokens.push(token.clone());
+        Some(token)
+    } else {
+        None
+    };
+    let principals = Principals::new(sources.load().context("loading the principals")?);
+    Ok((sources, principals, generated_token))
 }
 
 /// Descriptors kept for everything but client connections: the Postgres pool, BigQuery's
@@ -221,12 +279,19 @@ async fn hand_over_on_signal(replica: Replica, pipeline: Pipeline, delay: Durati
 
 /// Where other replicas forward to this one: the configured URL, else the listen address when
 /// it names a host (not `0.0.0.0` / `::`).
-fn advertised_url(configured: Option<&str>, listening: std::net::SocketAddr) -> Option<String> {
+fn advertised_url(configured: Option<&str>, listening: std::net::SocketAddr, scheme: &str) -> Option<String> {
     match configured.map(str::trim).filter(|url| !url.is_empty()) {
         Some(url) => Some(url.trim_end_matches('/').to_string()),
         None if listening.ip().is_unspecified() => None,
-        None => Some(format!("http://{listening}")),
+        None => Some(format!("{scheme}://{listening}")),
     }
+}
+
+/// The certificate to serve HTTPS with, when configured.
+fn tls_certificate(config: &ServeConfig) -> anyhow::Result<Option<Arc<ReloadingCertificate>>> {
+    let (Some(cert), Some(key)) = (&config.tls_cert_file, &config.tls_key_file) else { return Ok(None) };
+    let files = TlsFiles { cert: cert.clone(), key: key.clone() };
+    Ok(Some(ReloadingCertificate::load(files).map_err(anyhow::Error::msg).context("loading the TLS certificate")?))
 }
 
 async fn shutdown_signal() {

@@ -24,6 +24,19 @@ pub enum Command {
     Migrate(DatabaseConfig),
     /// Print the OpenAPI document (the checked-in `openapi/openapi.json`) and exit.
     Openapi,
+    /// Bearer tokens for the principals file.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Print a new random token and the `token_sha256` line to add to the principal's entry.
+    New {
+        /// The principal the token is for (printed with the line, to paste in the right place).
+        #[arg(long)]
+        principal: String,
+    },
 }
 
 #[derive(Debug, Clone, Args)]
@@ -50,6 +63,34 @@ pub struct ServeConfig {
     /// Bearer tokens accepted on `/v1`, comma-separated.
     #[arg(long = "api-tokens", env = "FILAMENT_API_TOKENS", value_delimiter = ',', hide_env_values = true)]
     pub api_tokens: Vec<String>,
+
+    /// A TOML file of principals (`[[principal]]` tables: name, token_sha256, destinations,
+    /// actions, shares; see docs/security.md), reloaded when it changes and on SIGHUP.
+    #[arg(long, env = "FILAMENT_PRINCIPALS_FILE")]
+    pub principals_file: Option<std::path::PathBuf>,
+
+    /// With it, a bearer JWT is verified as a Google-signed ID token for exactly this audience
+    /// (Workload Identity); its `email` selects the principal (`google_service_accounts`).
+    #[arg(long, env = "FILAMENT_GOOGLE_ID_TOKEN_AUDIENCE")]
+    pub google_id_token_audience: Option<String>,
+
+    /// Where Google's ID-token signing keys are fetched (JWKS).
+    #[arg(long, env = "FILAMENT_GOOGLE_JWKS_URL", default_value = "https://www.googleapis.com/oauth2/v3/certs")]
+    pub google_jwks_url: String,
+
+    /// Serve HTTPS with this PEM certificate chain (with `FILAMENT_TLS_KEY_FILE`); a replaced
+    /// file is picked up for new connections.
+    #[arg(long, env = "FILAMENT_TLS_CERT_FILE")]
+    pub tls_cert_file: Option<std::path::PathBuf>,
+
+    /// The PEM private key of `FILAMENT_TLS_CERT_FILE`.
+    #[arg(long, env = "FILAMENT_TLS_KEY_FILE")]
+    pub tls_key_file: Option<std::path::PathBuf>,
+
+    /// PEM certificates trusted when forwarding to another replica over HTTPS (default: the
+    /// public web roots).
+    #[arg(long, env = "FILAMENT_FORWARD_CA_FILE")]
+    pub forward_ca_file: Option<std::path::PathBuf>,
 
     /// Development only: when no token is configured, generate one and print it at start-up
     /// instead of refusing to start.
@@ -269,11 +310,16 @@ impl ServeConfig {
         if self.api_tokens.iter().any(|t| t.trim().len() < 16) {
             return Err("every API token must be at least 16 characters long".into());
         }
-        if self.api_tokens.is_empty() && !self.dev_generate_token {
-            return Err(
-                "no API token configured: set FILAMENT_API_TOKENS (or pass --dev-generate-token for local development)"
-                    .into(),
-            );
+        if self.api_tokens.is_empty() && self.principals_file.is_none() && !self.dev_generate_token {
+            return Err("no API token configured: set FILAMENT_API_TOKENS or FILAMENT_PRINCIPALS_FILE (or pass \
+                 --dev-generate-token for local development)"
+                .into());
+        }
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            return Err("set both FILAMENT_TLS_CERT_FILE and FILAMENT_TLS_KEY_FILE, or neither".into());
+        }
+        if self.google_id_token_audience.as_deref().is_some_and(|audience| audience.trim().is_empty()) {
+            return Err("FILAMENT_GOOGLE_ID_TOKEN_AUDIENCE is empty".into());
         }
         Ok(())
     }

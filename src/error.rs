@@ -39,6 +39,10 @@ macro_rules! error_codes {
 error_codes! {
     Unauthorized => "unauthorized", UNAUTHORIZED, "Missing or invalid bearer token";
     NotFound => "not_found", NOT_FOUND, "Not found";
+    RunNotFound => "run_not_found", NOT_FOUND, "No such run";
+    ActionNotPermitted => "action_not_permitted", FORBIDDEN, "Action not permitted to the principal";
+    DestinationNotPermitted => "destination_not_permitted", FORBIDDEN, "Destination not permitted to the principal";
+    RunIdNotPermitted => "run_id_not_permitted", FORBIDDEN, "Run id not permitted to the principal";
     MethodNotAllowed => "method_not_allowed", METHOD_NOT_ALLOWED, "Method not allowed";
     InvalidIdentifier => "invalid_identifier", UNPROCESSABLE_ENTITY, "Invalid identifier";
     InvalidDatasetId => "invalid_dataset_id", UNPROCESSABLE_ENTITY, "Invalid dataset ID";
@@ -70,6 +74,7 @@ error_codes! {
     ResourceConflict => "resource_conflict", CONFLICT, "Resource conflicts with its declaration";
     BatchConflict => "batch_conflict", CONFLICT, "Batch sequence number reused with other content";
     Backpressure => "backpressure", TOO_MANY_REQUESTS, "Upload budget full";
+    PrincipalLimit => "principal_limit", TOO_MANY_REQUESTS, "The principal's share is in use";
     ReplayMismatch => "replay_mismatch", CONFLICT, "Redelivered execution differs from its publication";
     PublicationFailed => "publication_failed", BAD_GATEWAY, "Publication failed";
     PublicationTooExpensive => "publication_too_expensive", BAD_GATEWAY, "Publication would bill more than allowed";
@@ -100,7 +105,9 @@ impl ErrorCode {
     /// text of the OpenAPI document's problem responses (`api::problems`).
     pub fn advice(self) -> Option<&'static str> {
         Some(match self {
-            ErrorCode::Backpressure | ErrorCode::Overloaded => "retry after `Retry-After` seconds",
+            ErrorCode::Backpressure | ErrorCode::Overloaded | ErrorCode::PrincipalLimit => {
+                "retry after `Retry-After` seconds"
+            }
             ErrorCode::ExecutionOwnedElsewhere => {
                 "another gateway replica serves the execution and could not be reached; retry after `Retry-After`"
             }

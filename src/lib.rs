@@ -31,6 +31,7 @@
 
 pub mod api;
 pub mod app;
+pub(crate) mod audit;
 pub(crate) mod bigquery;
 pub mod config;
 pub mod conformance;
@@ -39,6 +40,7 @@ pub mod ingest;
 pub(crate) mod intake;
 pub mod model;
 pub(crate) mod pipeline;
+pub(crate) mod principals;
 pub(crate) mod publish;
 pub(crate) mod replica;
 pub(crate) mod store;

@@ -38,5 +38,9 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", filament_bigquery::api::openapi_json());
             Ok(())
         }
+        Command::Token(filament_bigquery::config::TokenCommand::New { principal }) => {
+            print!("{}", filament_bigquery::app::new_token(&principal).map_err(anyhow::Error::msg)?);
+            Ok(())
+        }
     }
 }

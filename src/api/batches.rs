@@ -15,6 +15,7 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::SharedState;
+use super::auth::Caller;
 use super::body_deadline::BodyTimedOut;
 use super::error::{ApiPath, ApiQuery};
 use super::executions::load_execution;
@@ -24,6 +25,7 @@ use crate::error::{ErrorCode, Problem};
 use crate::ingest::prepare::BatchLimits;
 use crate::intake::{Accepted, BatchRequest, BatchTarget, Intake};
 use crate::model::ResourceName;
+use crate::principals::Action;
 
 pub(crate) const ARROW_STREAM_CONTENT_TYPE: &str = "application/vnd.apache.arrow.stream";
 
@@ -47,7 +49,7 @@ type Answer = (StatusCode, axum::Json<Receipt>);
 /// Send one Arrow IPC stream of rows for a resource.
 #[utoipa::path(
     post, path = "/v1/runs/{run_id}/executions/{execution_id}/resources/{resource}/batches", tag = "executions",
-    security(("bearer" = [])),
+    security(("bearer" = []), ("google_id_token" = [])),
     params(
         ("run_id" = String, Path, description = "Run id"),
         ("execution_id" = String, Path, description = "Execution id"),
@@ -64,13 +66,15 @@ type Answer = (StatusCode, axum::Json<Receipt>);
 )]
 pub(crate) async fn post_batch(
     State(state): State<SharedState>,
+    caller: Caller,
     ApiPath((run_id, execution_id, resource)): ApiPath<(String, String, String)>,
     ApiQuery(params): ApiQuery<BatchParams>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Answer, Problem> {
+    caller.require(Action::Write)?;
     let resource = check_request(&resource, params.seq, &headers)?;
-    let target = load_target(&state, &run_id, &execution_id, resource).await?;
+    let target = load_target(&state, &caller, &run_id, &execution_id, resource).await?;
     let declared_length = declared_length(&headers, state.settings.max_batch_body_bytes)?;
     let intake = Intake {
         store: &state.store,
@@ -82,7 +86,13 @@ pub(crate) async fn post_batch(
         },
     };
     let body = body.into_data_stream().map(|chunk| chunk.map_err(body_read_error));
-    let request = BatchRequest { target, seq: params.seq, declared_length, body };
+    let request = BatchRequest {
+        target,
+        principal: std::sync::Arc::clone(&caller.principal),
+        seq: params.seq,
+        declared_length,
+        body,
+    };
     Ok(match intake.accept(request).await? {
         Accepted::Queued(receipt) => (StatusCode::ACCEPTED, axum::Json(receipt.into())),
         Accepted::Replayed(receipt) => (StatusCode::OK, axum::Json(receipt.into())),
@@ -114,11 +124,12 @@ fn check_request(resource: &str, seq: Option<i64>, headers: &HeaderMap) -> Resul
 /// Step 2: the run, the execution (which this replica must serve) and the declared resource.
 async fn load_target(
     state: &SharedState,
+    caller: &Caller,
     run_id: &str,
     execution_id: &str,
     resource: ResourceName,
 ) -> Result<BatchTarget, Problem> {
-    let (run, execution) = load_execution(state, run_id, execution_id).await?;
+    let (run, execution) = load_execution(state, caller, run_id, execution_id).await?;
     let execution = state.replica.claim(execution).await?;
     let declared = state.store.get_resource(&run.run_id, &resource).await?.ok_or_else(|| {
         Problem::not_found(format!("resource {resource} of run {} (declare it with PUT first)", run.run_id))

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::SharedState;
+use super::auth::Caller;
 use super::error::ApiJson;
 use super::problems;
 use crate::bigquery::error::Stage;
@@ -14,6 +15,7 @@ use crate::bigquery::jobs::QueryJob;
 use crate::bigquery::{BigQueryError, CONNECTION_TEST_DEADLINE, CREDENTIALS_DEADLINE, within};
 use crate::error::Problem;
 use crate::model::ids::{validate_location, validate_project_id};
+use crate::principals::Action;
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -30,7 +32,7 @@ pub(crate) struct ConnectionTestResponse {
 
 /// Check credentials and access: runs `SELECT 1` as a query job in the project and location.
 #[utoipa::path(
-    post, path = "/v1/connections/test", tag = "connections", security(("bearer" = [])),
+    post, path = "/v1/connections/test", tag = "connections", security(("bearer" = []), ("google_id_token" = [])),
     request_body = ConnectionTestRequest,
     responses(
         (status = 200, description = "BigQuery answered", body = ConnectionTestResponse),
@@ -39,9 +41,12 @@ pub(crate) struct ConnectionTestResponse {
 )]
 pub(crate) async fn test_connection(
     State(state): State<SharedState>,
+    caller: Caller,
     ApiJson(request): ApiJson<ConnectionTestRequest>,
 ) -> Result<axum::Json<ConnectionTestResponse>, Problem> {
+    caller.require(Action::Write)?;
     validate_project_id(&request.project)?;
+    caller.require_project(&request.project)?;
     let location = request.location.as_deref().filter(|l| !l.is_empty());
     if let Some(location) = location {
         validate_location(location)?;

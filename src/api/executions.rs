@@ -8,13 +8,16 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::SharedState;
+use super::auth::Caller;
 use super::error::{ApiJson, ApiPath, ApiQuery};
 use super::problems;
 use super::runs::load_run;
 use super::views::{ExecutionView, execution_view};
+use crate::audit;
 use crate::error::{ErrorCode, Problem};
 use crate::model::{ExecutionId, ExecutionKey, ExecutionState};
 use crate::pipeline::{Pipeline, Transitioning};
+use crate::principals::Action;
 use crate::publish::{AbortOutcome, CommitStart};
 use crate::replica::{Owned, Ownership};
 use crate::store::{ExecutionRecord, OpenExecution, RunRecord};
@@ -57,10 +60,11 @@ pub(crate) struct CommitParams {
 /// The run and the execution, or `invalid_identifier` / `not_found` (the run's first).
 pub(super) async fn load_execution(
     state: &SharedState,
+    caller: &Caller,
     run_id: &str,
     execution_id: &str,
 ) -> Result<(RunRecord, ExecutionRecord), Problem> {
-    let run = load_run(state, run_id).await?;
+    let run = load_run(state, caller, run_id).await?;
     let key = ExecutionKey { run_id: run.run_id.clone(), execution_id: ExecutionId::parse(execution_id)? };
     let execution = state.store.get_execution(&key).await?.ok_or_else(|| Problem::not_found(&key))?;
     Ok((run, execution))
@@ -74,10 +78,11 @@ pub(super) async fn load_execution(
 /// else a detached gate: a late transition of an ended execution leaves nothing behind.
 async fn begin_transition(
     state: &SharedState,
+    caller: &Caller,
     run_id: &str,
     execution_id: &str,
 ) -> Result<(Transitioning, RunRecord, Owned<ExecutionRecord>), Problem> {
-    let (_, execution) = load_execution(state, run_id, execution_id).await?;
+    let (_, execution) = load_execution(state, caller, run_id, execution_id).await?;
     let execution = state.replica.claim(execution).await?;
     let (key, delivery) = (execution.key(), execution.delivery);
     let lanes = if ExecutionState::BEFORE_COMMIT.contains(&execution.state) {
@@ -86,7 +91,7 @@ async fn begin_transition(
         state.pipeline.delivery(&key, delivery).unwrap_or_else(|| Pipeline::detached(delivery))
     };
     let transitioning = lanes.begin_transition().await;
-    let (run, current) = load_execution(state, run_id, execution_id).await?;
+    let (run, current) = load_execution(state, caller, run_id, execution_id).await?;
     let current = state.replica.claim(current).await?;
     Ok((transitioning, run, current))
 }
@@ -102,7 +107,7 @@ fn not_extracting(execution: &ExecutionRecord, action: &str) -> Problem {
 
 /// Open an execution, or start a new delivery of an existing one.
 #[utoipa::path(
-    post, path = "/v1/runs/{run_id}/executions", tag = "executions", security(("bearer" = [])),
+    post, path = "/v1/runs/{run_id}/executions", tag = "executions", security(("bearer" = []), ("google_id_token" = [])),
     params(("run_id" = String, Path, description = "Run id")),
     request_body(content = OpenExecutionRequest, description = "Optional; `{}` generates an id"),
     responses(
@@ -113,10 +118,12 @@ fn not_extracting(execution: &ExecutionRecord, action: &str) -> Problem {
 )]
 pub(crate) async fn open_execution(
     State(state): State<SharedState>,
+    caller: Caller,
     ApiPath(run_id): ApiPath<String>,
     ApiJson(request): ApiJson<OpenExecutionRequest>,
 ) -> Result<(StatusCode, axum::Json<ExecutionView>), Problem> {
-    let run = load_run(&state, &run_id).await?;
+    caller.require(Action::Write)?;
+    let run = load_run(&state, &caller, &run_id).await?;
     // A replica shutting down takes no execution it would have to hand over.
     state.replica.refuse_new_work()?;
     let execution_id = match request.execution_id {
@@ -159,7 +166,7 @@ pub(crate) async fn open_execution(
 
 /// An execution with per-resource progress and publications.
 #[utoipa::path(
-    get, path = "/v1/runs/{run_id}/executions/{execution_id}", tag = "executions", security(("bearer" = [])),
+    get, path = "/v1/runs/{run_id}/executions/{execution_id}", tag = "executions", security(("bearer" = []), ("google_id_token" = [])),
     params(("run_id" = String, Path, description = "Run id"), ("execution_id" = String, Path, description = "Execution id")),
     responses(
         (status = 200, description = "The execution", body = ExecutionView),
@@ -168,15 +175,17 @@ pub(crate) async fn open_execution(
 )]
 pub(crate) async fn get_execution(
     State(state): State<SharedState>,
+    caller: Caller,
     ApiPath((run_id, execution_id)): ApiPath<(String, String)>,
 ) -> Result<axum::Json<ExecutionView>, Problem> {
-    let (_, execution) = load_execution(&state, &run_id, &execution_id).await?;
+    caller.require_read()?;
+    let (_, execution) = load_execution(&state, &caller, &run_id, &execution_id).await?;
     Ok(axum::Json(execution_view(&state.store, execution).await?))
 }
 
 /// Record a checkpoint after every resource's buffered rows were queued for upload.
 #[utoipa::path(
-    post, path = "/v1/runs/{run_id}/executions/{execution_id}/checkpoints", tag = "executions", security(("bearer" = [])),
+    post, path = "/v1/runs/{run_id}/executions/{execution_id}/checkpoints", tag = "executions", security(("bearer" = []), ("google_id_token" = [])),
     params(("run_id" = String, Path, description = "Run id"), ("execution_id" = String, Path, description = "Execution id")),
     request_body = CheckpointRequest,
     responses(
@@ -186,10 +195,12 @@ pub(crate) async fn get_execution(
 )]
 pub(crate) async fn post_checkpoint(
     State(state): State<SharedState>,
+    caller: Caller,
     ApiPath((run_id, execution_id)): ApiPath<(String, String)>,
     ApiJson(request): ApiJson<CheckpointRequest>,
 ) -> Result<axum::Json<CheckpointResponse>, Problem> {
-    let (transitioning, _, execution) = begin_transition(&state, &run_id, &execution_id).await?;
+    caller.require(Action::Write)?;
+    let (transitioning, _, execution) = begin_transition(&state, &caller, &run_id, &execution_id).await?;
     if !ExecutionState::BEFORE_COMMIT.contains(&execution.state) || execution.delivery != transitioning.delivery() {
         return Err(not_extracting(&execution, "checkpoint"));
     }
@@ -203,7 +214,7 @@ pub(crate) async fn post_checkpoint(
 
 /// Stop accepting batches; accepted uploads keep running so commit can drain them.
 #[utoipa::path(
-    post, path = "/v1/runs/{run_id}/executions/{execution_id}/pause", tag = "executions", security(("bearer" = [])),
+    post, path = "/v1/runs/{run_id}/executions/{execution_id}/pause", tag = "executions", security(("bearer" = []), ("google_id_token" = [])),
     params(("run_id" = String, Path, description = "Run id"), ("execution_id" = String, Path, description = "Execution id")),
     responses(
         (status = 200, description = "Execution paused", body = ExecutionView),
@@ -212,21 +223,23 @@ pub(crate) async fn post_checkpoint(
 )]
 pub(crate) async fn pause_execution(
     State(state): State<SharedState>,
+    caller: Caller,
     ApiPath((run_id, execution_id)): ApiPath<(String, String)>,
 ) -> Result<axum::Json<ExecutionView>, Problem> {
-    let (transitioning, _, execution) = begin_transition(&state, &run_id, &execution_id).await?;
+    caller.require(Action::Write)?;
+    let (transitioning, _, execution) = begin_transition(&state, &caller, &run_id, &execution_id).await?;
     let delivery = execution.key().delivery(transitioning.delivery());
     let paused =
         state.store.transition_execution(&delivery, ExecutionState::BEFORE_COMMIT, ExecutionState::Paused).await?;
     match paused {
         Some(record) => Ok(axum::Json(execution_view(&state.store, record).await?)),
-        None => Err(not_extracting(&load_execution(&state, &run_id, &execution_id).await?.1, "pause")),
+        None => Err(not_extracting(&load_execution(&state, &caller, &run_id, &execution_id).await?.1, "pause")),
     }
 }
 
 /// Finish extraction and publish: drain uploads, commit streams, run one query job per table.
 #[utoipa::path(
-    post, path = "/v1/runs/{run_id}/executions/{execution_id}/commit", tag = "executions", security(("bearer" = [])),
+    post, path = "/v1/runs/{run_id}/executions/{execution_id}/commit", tag = "executions", security(("bearer" = []), ("google_id_token" = [])),
     params(("run_id" = String, Path, description = "Run id"), ("execution_id" = String, Path, description = "Execution id"), CommitParams),
     responses(
         (status = 202, description = "Committing (poll the execution)", body = ExecutionView),
@@ -236,15 +249,18 @@ pub(crate) async fn pause_execution(
 )]
 pub(crate) async fn commit_execution(
     State(state): State<SharedState>,
+    caller: Caller,
     ApiPath((run_id, execution_id)): ApiPath<(String, String)>,
     ApiQuery(params): ApiQuery<CommitParams>,
 ) -> Result<(StatusCode, axum::Json<ExecutionView>), Problem> {
-    let (transitioning, run, execution) = begin_transition(&state, &run_id, &execution_id).await?;
+    caller.require(Action::Commit)?;
+    let (transitioning, run, execution) = begin_transition(&state, &caller, &run_id, &execution_id).await?;
     let max_age = state.settings.pending_stream_max_age;
     let committing = match state.publisher.begin_commit(transitioning, run, execution, max_age).await? {
         CommitStart::Started(committing) => committing,
         CommitStart::Current(current) => return already_committing(&state, *current, params.wait).await,
     };
+    audit::execution_committed(caller.name(), &run_id, &execution_id);
     let publisher = state.publisher.clone();
     let started = committing.execution.clone();
     let task = state.commits.spawn(async move { publisher.commit(*committing).await });
@@ -295,7 +311,7 @@ async fn wait_for_terminal(state: &SharedState, key: &ExecutionKey) -> Result<Ex
 /// the destinations already submitted) and the commit runs to its end (`committed` or
 /// `failed`). Staging tables are deleted (a committing execution's by its commit).
 #[utoipa::path(
-    post, path = "/v1/runs/{run_id}/executions/{execution_id}/abort", tag = "executions", security(("bearer" = [])),
+    post, path = "/v1/runs/{run_id}/executions/{execution_id}/abort", tag = "executions", security(("bearer" = []), ("google_id_token" = [])),
     params(("run_id" = String, Path, description = "Run id"), ("execution_id" = String, Path, description = "Execution id")),
     responses(
         (status = 200, description = "Execution aborted", body = ExecutionView),
@@ -304,11 +320,16 @@ async fn wait_for_terminal(state: &SharedState, key: &ExecutionKey) -> Result<Ex
 )]
 pub(crate) async fn abort_execution(
     State(state): State<SharedState>,
+    caller: Caller,
     ApiPath((run_id, execution_id)): ApiPath<(String, String)>,
 ) -> Result<axum::Json<ExecutionView>, Problem> {
-    let (transitioning, run, execution) = begin_transition(&state, &run_id, &execution_id).await?;
+    caller.require(Action::Abort)?;
+    let (transitioning, run, execution) = begin_transition(&state, &caller, &run_id, &execution_id).await?;
     match state.publisher.abort(transitioning, run, execution, &state.commits).await? {
-        AbortOutcome::Aborted(record) => Ok(axum::Json(execution_view(&state.store, record).await?)),
+        AbortOutcome::Aborted(record) => {
+            audit::execution_aborted(caller.name(), &run_id, &execution_id);
+            Ok(axum::Json(execution_view(&state.store, record).await?))
+        }
         AbortOutcome::Refused(current)
             if current.state == ExecutionState::Committing && current.publishing_at.is_some() =>
         {

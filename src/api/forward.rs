@@ -17,6 +17,7 @@ use axum::http::{HeaderName, HeaderValue, Method, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse as _, Response};
 use http_body_util::BodyExt as _;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -35,17 +36,24 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// bodies are passed on to the handler unread (it refuses them).
 const MAX_OPEN_BODY_BYTES: usize = 64 * 1024;
 
-/// The HTTP/1 client replicas forward with (pooled connections).
+/// The HTTP/1 client replicas forward with (pooled connections): plain HTTP, or HTTPS to a
+/// replica advertising an `https://` URL (verified against `tls`).
 #[derive(Debug, Clone)]
 pub(crate) struct Forwarder {
-    client: Client<HttpConnector, Body>,
+    client: Client<HttpsConnector<HttpConnector>, Body>,
 }
 
-impl Default for Forwarder {
-    fn default() -> Self {
+impl Forwarder {
+    pub(crate) fn new(tls: rustls::ClientConfig) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
         connector.set_nodelay(true);
+        connector.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         Self { client: Client::builder(TokioExecutor::new()).build(connector) }
     }
 }
@@ -79,8 +87,10 @@ fn addressed(method: &Method, uri: &Uri) -> Addressed {
 /// Middleware: forwards the request to the owner of its execution when another live replica
 /// serves it; otherwise hands it to the handlers.
 pub(crate) async fn forward_to_owner(State(state): State<SharedState>, request: Request, next: Next) -> Response {
-    // Unauthenticated requests are refused by the handlers' guard, without a lookup here.
-    if request.headers().contains_key(&FORWARDED_BY) || !super::bearer_token_accepted(&state, request.headers()) {
+    // Unauthenticated requests are refused by the handlers' guard, without a lookup here. The
+    // owner authenticates a forwarded request again from its own credential (sent unchanged):
+    // it is never trusted more than a direct one.
+    if request.headers().contains_key(&FORWARDED_BY) || state.auth.authenticate(request.headers()).await.is_err() {
         return next.run(request).await;
     }
     let (key, request) = match addressed(request.method(), request.uri()) {

@@ -3,6 +3,7 @@
 //! is a problem+json rendered by [`error`]. Handlers call into [`crate::ingest`],
 //! [`crate::pipeline`], [`crate::publish`] and [`crate::store`].
 
+pub(crate) mod auth;
 pub(crate) mod batches;
 pub(crate) mod body_deadline;
 pub(crate) mod connections;
@@ -15,6 +16,7 @@ mod problems;
 pub(crate) mod runs;
 mod schema_bounds;
 pub(crate) mod server;
+pub(crate) mod tls;
 pub(crate) mod views;
 
 use std::sync::Arc;
@@ -25,8 +27,6 @@ use axum::http::header;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::PrometheusHandle;
-use sha2::{Digest as _, Sha256};
-use subtle::ConstantTimeEq as _;
 use tokio_util::task::TaskTracker;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
@@ -61,9 +61,8 @@ pub(crate) struct ApiState {
     pub(crate) pipeline: Pipeline,
     pub(crate) publisher: Publisher,
     pub(crate) settings: ApiSettings,
-    /// SHA-256 digests of the accepted tokens: comparing fixed-size digests in constant time
-    /// leaks neither content nor length.
-    pub(crate) token_digests: Vec<[u8; 32]>,
+    /// Credentials to principals (`api::auth`).
+    pub(crate) auth: auth::Authenticator,
     pub(crate) metrics: PrometheusHandle,
     /// Commits run as tracked tasks, so shutdown can wait for them.
     pub(crate) commits: TaskTracker,
@@ -103,7 +102,24 @@ impl utoipa::Modify for BearerAuth {
         let components = openapi.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
             "bearer",
-            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("A principal's opaque token (`fbq_...`; the principals file lists its SHA-256)"))
+                    .build(),
+            ),
+        );
+        components.add_security_scheme(
+            "google_id_token",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("JWT")
+                    .description(Some(
+                        "A Google-signed ID token for FILAMENT_GOOGLE_ID_TOKEN_AUDIENCE (Workload Identity); its email selects the principal",
+                    ))
+                    .build(),
+            ),
         );
     }
 }
@@ -149,7 +165,7 @@ pub fn openapi_json() -> String {
 
 /// The complete router with its middleware.
 pub(crate) fn router(state: SharedState) -> axum::Router {
-    let v1 = v1_routes().route_layer(middleware::from_fn_with_state(Arc::clone(&state), require_bearer_token));
+    let v1 = v1_routes().route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth::require_principal));
     let (router, _) =
         OpenApiRouter::with_openapi(ApiDoc::openapi()).merge(v1).merge(operations_routes()).split_for_parts();
     router
@@ -218,33 +234,6 @@ fn check_request_head(settings: &ApiSettings, request: &Request) -> Result<(), P
         ));
     }
     Ok(())
-}
-
-/// Whether the request carries one of the configured bearer tokens.
-pub(crate) fn bearer_token_accepted(state: &ApiState, headers: &header::HeaderMap) -> bool {
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-        .map(|token| Sha256::digest(token.trim().as_bytes()));
-    presented.is_some_and(|digest| {
-        // Compare against every token so timing does not reveal which one matched.
-        state.token_digests.iter().fold(false, |ok, known| ok | bool::from(known.as_slice().ct_eq(digest.as_slice())))
-    })
-}
-
-async fn require_bearer_token(State(state): State<SharedState>, request: Request, next: Next) -> Response {
-    if request.headers().get_all(header::AUTHORIZATION).iter().count() > 1 {
-        return Problem::invalid_request("send one Authorization header; this request has several").into_response();
-    }
-    if !bearer_token_accepted(&state, request.headers()) {
-        let mut response =
-            Problem::new(ErrorCode::Unauthorized, "send Authorization: Bearer <token> with a configured token")
-                .into_response();
-        response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
-        return response;
-    }
-    next.run(request).await
 }
 
 async fn record_request(request: Request, next: Next) -> Response {

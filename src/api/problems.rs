@@ -14,14 +14,15 @@ const PROBLEM_JSON: &str = "application/problem+json";
 
 /// Every `/v1` route: authentication, request limits applied before the handler, and the
 /// gateway's own failure.
-const EVERY_ROUTE: &[ErrorCode] = &[Unauthorized, HeadersTooLarge, UriTooLong, Overloaded, InternalError];
+const EVERY_ROUTE: &[ErrorCode] =
+    &[Unauthorized, ActionNotPermitted, HeadersTooLarge, UriTooLong, PrincipalLimit, Overloaded, InternalError];
 /// Routes with a JSON body (`api::error::ApiJson`).
 const JSON_BODY: &[ErrorCode] = &[InvalidRequest, UnsupportedMediaType, PayloadTooLarge, BodyTimeout, InvalidText];
-/// Routes naming a run.
-const RUN_ROUTE: &[ErrorCode] = &[NotFound, InvalidIdentifier];
+/// Routes naming a run (one of another principal's is answered as a missing one).
+const RUN_ROUTE: &[ErrorCode] = &[RunNotFound, InvalidIdentifier];
 /// Routes naming an execution, which one replica of the fleet serves.
 const EXECUTION_ROUTE: &[ErrorCode] =
-    &[NotFound, InvalidIdentifier, ExecutionOwnedElsewhere, ReplicaDraining, GatewayRestarted];
+    &[RunNotFound, NotFound, InvalidIdentifier, ExecutionOwnedElsewhere, ReplicaDraining, GatewayRestarted];
 /// What BigQuery's answers become (`bigquery::error`).
 const BIGQUERY_ANSWERS: &[ErrorCode] = &[
     ServiceDisabled,
@@ -78,7 +79,11 @@ macro_rules! problems {
 
 problems! {
     /// `POST /v1/runs`.
-    CreateRunProblems = [EVERY_ROUTE, JSON_BODY, &[InvalidIdentifier, InvalidDatasetId, RunConflict]];
+    CreateRunProblems = [
+        EVERY_ROUTE,
+        JSON_BODY,
+        &[InvalidIdentifier, InvalidDatasetId, DestinationNotPermitted, RunIdNotPermitted, RunConflict],
+    ];
     /// `GET /v1/runs/{run_id}`.
     GetRunProblems = [EVERY_ROUTE, RUN_ROUTE];
     /// `PUT /v1/runs/{run_id}/resources/{resource}`.
@@ -141,7 +146,7 @@ problems! {
         ],
     ];
     /// `POST /v1/connections/test`.
-    ConnectionTestProblems = [EVERY_ROUTE, JSON_BODY, &[InvalidIdentifier], BIGQUERY_ANSWERS];
+    ConnectionTestProblems = [EVERY_ROUTE, JSON_BODY, &[InvalidIdentifier, DestinationNotPermitted], BIGQUERY_ANSWERS];
     /// `GET /openapi.json`.
     OpenApiDocumentProblems = [&[InternalError]];
 }

@@ -9,14 +9,17 @@ use sha2::{Digest as _, Sha256};
 use utoipa::ToSchema;
 
 use super::SharedState;
+use super::auth::Caller;
 use super::error::{ApiJson, ApiPath};
 use super::problems;
 use super::views::{ResourceView, RunView, run_view};
+use crate::audit;
 use crate::error::{ErrorCode, Problem};
 use crate::model::columns::MAX_KEY_COLUMNS;
 use crate::model::ids::{default_table_name, validate_column_name, validate_project_id, validate_table_name};
 use crate::model::table_options::{TableOptions, TableOptionsDeclaration};
 use crate::model::{Batching, Destination, ResourceName, RunId, WriteMode};
+use crate::principals::Action;
 use crate::store::{NewRun, ResourceRecord, ResourceUpsert, RunRecord};
 
 /// Body of `POST /v1/runs`.
@@ -50,15 +53,19 @@ pub(crate) struct PutResourceRequest {
     pub(crate) table_options: Option<TableOptionsDeclaration>,
 }
 
-/// The run, or `invalid_identifier` / `not_found`.
-pub(super) async fn load_run(state: &SharedState, run_id: &str) -> Result<RunRecord, Problem> {
+/// The run, if the caller may see it (its own, or any with `read_all`); otherwise the same
+/// 404 `run_not_found` as for a run that does not exist, so no run's existence leaks.
+pub(super) async fn load_run(state: &SharedState, caller: &Caller, run_id: &str) -> Result<RunRecord, Problem> {
     let run_id = RunId::parse(run_id)?;
-    state.store.get_run(&run_id).await?.ok_or_else(|| Problem::not_found(format!("run {run_id}")))
+    match state.store.get_run(&run_id).await? {
+        Some(run) if caller.sees(&run) => Ok(run),
+        _ => Err(Problem::new(ErrorCode::RunNotFound, format!("no run {run_id}"))),
+    }
 }
 
 /// Create a run (idempotent for the same definition).
 #[utoipa::path(
-    post, path = "/v1/runs", tag = "runs", security(("bearer" = [])),
+    post, path = "/v1/runs", tag = "runs", security(("bearer" = []), ("google_id_token" = [])),
     request_body = CreateRunRequest,
     responses(
         (status = 201, description = "Run created", body = RunView),
@@ -68,19 +75,24 @@ pub(super) async fn load_run(state: &SharedState, run_id: &str) -> Result<RunRec
 )]
 pub(crate) async fn create_run(
     State(state): State<SharedState>,
+    caller: Caller,
     ApiJson(request): ApiJson<CreateRunRequest>,
 ) -> Result<(StatusCode, axum::Json<RunView>), Problem> {
+    caller.require(Action::Write)?;
     let run_id = match request.run_id {
         Some(id) => RunId::parse(id)?,
-        None => RunId::generate(),
+        None => caller.generated_run_id(),
     };
+    caller.require_run_id(&run_id)?;
     request.destination.validate()?;
+    caller.require_destination(&request.destination.project, &request.destination.dataset)?;
     let batching = request.batching.unwrap_or_default();
     batching.validate()?;
     let destination =
         Destination { location: request.destination.location().map(str::to_string), ..request.destination };
     if let Some(project) = &request.job_project {
         validate_project_id(project)?;
+        caller.require_project(project)?;
     }
     let billed = crate::model::request_bounds::MAXIMUM_BYTES_BILLED;
     if request.maximum_bytes_billed.is_some_and(|bytes| !billed.contains(bytes)) {
@@ -104,13 +116,21 @@ pub(crate) async fn create_run(
             job_project: request.job_project,
             maximum_bytes_billed: request.maximum_bytes_billed,
             definition_sha256: definition_sha256.clone(),
+            principal: caller.name().to_string(),
         })
         .await?;
+    if !created && run.principal != caller.name() {
+        // The id is taken by another principal's run: say no more than that.
+        return Err(Problem::new(ErrorCode::RunConflict, format!("run id {run_id} is taken; choose another")));
+    }
     if !created && run.definition_sha256 != definition_sha256 {
         return Err(Problem::new(
             ErrorCode::RunConflict,
             format!("run {run_id} already exists with another destination, batching or job settings"),
         ));
+    }
+    if created {
+        audit::run_created(caller.name(), &run.run_id, &run.destination.project, &run.destination.dataset);
     }
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, axum::Json(run_view(&state.store, run).await?)))
@@ -118,7 +138,7 @@ pub(crate) async fn create_run(
 
 /// A run with its resources, executions and durable checkpoint.
 #[utoipa::path(
-    get, path = "/v1/runs/{run_id}", tag = "runs", security(("bearer" = [])),
+    get, path = "/v1/runs/{run_id}", tag = "runs", security(("bearer" = []), ("google_id_token" = [])),
     params(("run_id" = String, Path, description = "Run id")),
     responses(
         (status = 200, description = "The run", body = RunView),
@@ -127,9 +147,11 @@ pub(crate) async fn create_run(
 )]
 pub(crate) async fn get_run(
     State(state): State<SharedState>,
+    caller: Caller,
     ApiPath(run_id): ApiPath<String>,
 ) -> Result<axum::Json<RunView>, Problem> {
-    let run = load_run(&state, &run_id).await?;
+    caller.require_read()?;
+    let run = load_run(&state, &caller, &run_id).await?;
     Ok(axum::Json(run_view(&state.store, run).await?))
 }
 
@@ -158,7 +180,7 @@ fn validate_primary_key(write_mode: WriteMode, primary_key: &[String]) -> Result
 
 /// Declare a resource (idempotent; its mode, key and table are fixed once it has batches).
 #[utoipa::path(
-    put, path = "/v1/runs/{run_id}/resources/{resource}", tag = "runs", security(("bearer" = [])),
+    put, path = "/v1/runs/{run_id}/resources/{resource}", tag = "runs", security(("bearer" = []), ("google_id_token" = [])),
     params(("run_id" = String, Path, description = "Run id"), ("resource" = String, Path, description = "Resource name")),
     request_body = PutResourceRequest,
     responses(
@@ -168,9 +190,11 @@ fn validate_primary_key(write_mode: WriteMode, primary_key: &[String]) -> Result
 )]
 pub(crate) async fn put_resource(
     State(state): State<SharedState>,
+    caller: Caller,
     ApiPath((run_id, resource)): ApiPath<(String, String)>,
     ApiJson(request): ApiJson<PutResourceRequest>,
 ) -> Result<axum::Json<ResourceView>, Problem> {
+    caller.require(Action::Write)?;
     RunId::parse(run_id.as_str())?;
     let resource = ResourceName::parse(resource)?;
     let table_name = request.table.unwrap_or_else(|| default_table_name(&resource));
@@ -182,7 +206,7 @@ pub(crate) async fn put_resource(
         .as_ref()
         .map(|declared| TableOptions::parse(declared, request.write_mode, &primary_key))
         .transpose()?;
-    let run = load_run(&state, &run_id).await?;
+    let run = load_run(&state, &caller, &run_id).await?;
     let declared = ResourceRecord {
         resource: resource.clone(),
         table_name,

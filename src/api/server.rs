@@ -21,6 +21,7 @@
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
@@ -36,9 +37,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -77,6 +79,7 @@ pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     limits: ConnectionLimits,
+    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) {
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -93,9 +96,9 @@ pub(crate) async fn serve(
             slot = Arc::clone(&slots).acquire_owned() => slot.expect("the connection limiter is never closed"),
             () = &mut shutdown => break,
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => stream,
+                Ok(accepted) => accepted,
                 Err(error) => {
                     // Out of file descriptors and the like: wait a little rather than spin.
                     tracing::warn!(%error, "http.accept_failed");
@@ -105,9 +108,21 @@ pub(crate) async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let (builder, router, stopping) = (Arc::clone(&builder), router.clone(), stopping.clone());
+        let (builder, router, stopping, tls) = (Arc::clone(&builder), router.clone(), stopping.clone(), tls.clone());
         connections.spawn(async move {
-            serve_connection(&builder, stream, router, limits, stopping).await;
+            if let Err(error) = stream.set_nodelay(true) {
+                tracing::debug!(%error, "http.nodelay_failed");
+            }
+            match tls {
+                None => serve_connection(&builder, stream, peer, router, limits, stopping).await,
+                // The handshake gets the time a request head gets.
+                Some(acceptor) => match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await
+                {
+                    Ok(Ok(stream)) => serve_connection(&builder, stream, peer, router, limits, stopping).await,
+                    Ok(Err(error)) => tracing::debug!(%error, "http.tls_handshake_failed"),
+                    Err(_) => tracing::debug!("http.tls_handshake_timed_out"),
+                },
+            }
             drop(slot);
         });
     }
@@ -118,19 +133,19 @@ pub(crate) async fn serve(
 }
 
 /// Serves one connection until it ends, times out (head or idle), or the server stops.
-async fn serve_connection(
+async fn serve_connection<S>(
     builder: &auto::Builder<TokioExecutor>,
-    stream: TcpStream,
+    stream: S,
+    peer: SocketAddr,
     router: Router,
     limits: ConnectionLimits,
     stopping: CancellationToken,
-) {
-    if let Err(error) = stream.set_nodelay(true) {
-        tracing::debug!(%error, "http.nodelay_failed");
-    }
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let activity = Arc::new(Activity::new());
     let io = TokioIo::new(TrackedStream { inner: stream, activity: Arc::clone(&activity) });
-    let service = TowerToHyperService::new(TrackedRouter { router, activity: Arc::clone(&activity) });
+    let service = TowerToHyperService::new(TrackedRouter { router, activity: Arc::clone(&activity), peer });
     let connection = builder.serve_connection_with_upgrades(io, service);
     let mut connection = std::pin::pin!(connection);
     let reason = loop {
@@ -268,12 +283,12 @@ impl Activity {
 
 /// The TCP stream, telling [`Activity`] what it reads.
 #[derive(Debug)]
-struct TrackedStream {
-    inner: TcpStream,
+struct TrackedStream<S> {
+    inner: S,
     activity: Arc<Activity>,
 }
 
-impl AsyncRead for TrackedStream {
+impl<S: AsyncRead + Unpin> AsyncRead for TrackedStream<S> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
@@ -284,7 +299,7 @@ impl AsyncRead for TrackedStream {
     }
 }
 
-impl AsyncWrite for TrackedStream {
+impl<S: AsyncWrite + Unpin> AsyncWrite for TrackedStream<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
@@ -316,6 +331,8 @@ impl AsyncWrite for TrackedStream {
 struct TrackedRouter {
     router: Router,
     activity: Arc<Activity>,
+    /// The client's address, for the handlers (`ConnectInfo`) and the audit trail.
+    peer: SocketAddr,
 }
 
 impl tower::Service<Request<hyper::body::Incoming>> for TrackedRouter {
@@ -327,8 +344,9 @@ impl tower::Service<Request<hyper::body::Incoming>> for TrackedRouter {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: Request<hyper::body::Incoming>) -> Self::Future {
+    fn call(&mut self, mut request: Request<hyper::body::Incoming>) -> Self::Future {
         let open = OpenRequest::new(Arc::clone(&self.activity));
+        request.extensions_mut().insert(axum::extract::ConnectInfo(self.peer));
         let mut router = self.router.clone();
         Box::pin(async move {
             let response = tower::Service::call(&mut router, request.map(Body::new)).await?;

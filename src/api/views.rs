@@ -62,6 +62,9 @@ pub(crate) struct RunView {
     /// Most bytes one publication job may bill, when limited.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) maximum_bytes_billed: Option<i64>,
+    /// The principal that created the run.
+    #[schema(example = "acme-orders")]
+    pub(crate) principal: String,
     pub(crate) resources: Vec<ResourceView>,
     pub(crate) executions: Vec<ExecutionSummary>,
     /// The last checkpoint of the last execution that committed, or null.
@@ -174,6 +177,7 @@ pub(crate) async fn run_view(store: &Store, run: RunRecord) -> Result<RunView, P
         batching: run.batching,
         job_project: run.job_project,
         maximum_bytes_billed: run.maximum_bytes_billed,
+        principal: run.principal,
         resources: resources.into_iter().map(ResourceView::from).collect(),
         executions: executions
             .into_iter()

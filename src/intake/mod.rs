@@ -24,6 +24,7 @@ use crate::model::bounds::KeyRange;
 use crate::model::staging::staging_table_name;
 use crate::model::{ExecutionState, ResourceRef};
 use crate::pipeline::{Admission, DeliveryLanes, LaneTarget, Pipeline, ReservedBatch};
+use crate::principals::Principal;
 use crate::replica::{Owned, Replica};
 use crate::store::{ExecutionRecord, InsertBatch, NewBatch, ReceiptRecord, ResourceRecord, RunRecord, Store};
 use crate::telemetry;
@@ -41,6 +42,8 @@ pub(crate) struct BatchTarget {
 /// request declares it, and the body's bytes (read errors already answered as problems).
 pub(crate) struct BatchRequest<B> {
     pub(crate) target: BatchTarget,
+    /// Who sends it: its share of the gateway bounds what the request may hold.
+    pub(crate) principal: Arc<Principal>,
     pub(crate) seq: Option<i64>,
     pub(crate) declared_length: Option<usize>,
     pub(crate) body: B,
@@ -76,9 +79,11 @@ impl Intake<'_> {
     where
         B: Stream<Item = Result<Bytes, Problem>> + Unpin,
     {
-        let BatchRequest { target, seq, declared_length, body } = request;
+        let BatchRequest { target, principal, seq, declared_length, body } = request;
         let loaded = self.load(target)?;
-        let mut admission = self.pipeline.admit(&loaded.lanes, &loaded.resource.resource, declared_length).await?;
+        let share = self.pipeline.principal_share(principal.name.as_str(), principal.max_buffered_bytes);
+        let mut admission =
+            self.pipeline.admit(&loaded.lanes, &loaded.resource.resource, declared_length, share).await?;
         let body = self.receive_body(body, &mut admission).await?;
         let prepared = match self.prepare_body(&loaded, seq, body).await? {
             Prepared::Replay(receipt) => return Ok(Accepted::Replayed(receipt)),

@@ -24,9 +24,12 @@ fn invalid(kind: &str, value: &str, rule: &str) -> Problem {
     Problem::new(ErrorCode::InvalidIdentifier, format!("{kind} {shown:?} is invalid: {rule}"))
 }
 
+/// The longest run or execution id.
+pub(crate) const MAX_ID_CHARS: usize = 64;
+
 /// `[A-Za-z0-9_-]{1,64}`: run and execution ids.
 fn is_id(value: &str) -> bool {
-    (1..=64).contains(&value.len()) && all_chars(value, |c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    (1..=MAX_ID_CHARS).contains(&value.len()) && all_chars(value, |c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 /// A string newtype whose value passed `$valid`; `$kind` names it in problems.

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::budget::{BudgetPermit, ByteBudget, ResourceShare};
+use super::budget::{BudgetPermit, ByteBudget, PrincipalShare, ResourceShare};
 use crate::error::{ErrorCode, Problem};
 use crate::ingest::encode::{AppendPayload, stamp_seq};
 use crate::ingest::prepare::EncodedBody;
@@ -47,6 +47,9 @@ pub(crate) struct Admission {
     pub(super) waited: Duration,
     /// Bytes of the body received and decoded, held in the receive budget.
     pub(super) received: BudgetPermit,
+    /// The principal's share, when it has one, and what the request holds of it.
+    pub(super) principal: Option<PrincipalShare>,
+    pub(super) principal_held: Option<OwnedSemaphorePermit>,
 }
 
 /// An admitted request converting its body: a conversion slot, and what conversion allocates
@@ -57,6 +60,7 @@ pub(crate) struct Converting {
     permit: BudgetPermit,
     admitted_at: Instant,
     waited: Duration,
+    principal_held: Option<OwnedSemaphorePermit>,
     _received: BudgetPermit,
     _conversion_slot: OwnedSemaphorePermit,
 }
@@ -88,13 +92,19 @@ impl Admission {
         self.received.bytes()
     }
 
-    /// Holds `bytes` more of the body (received, or to be decompressed) in the receive budget,
-    /// waiting out the rest of the deadline (then 429 `backpressure`).
+    /// Holds `bytes` more of the body (received, or to be decompressed) in the principal's
+    /// share (first: a principal over it holds nothing else while it waits, then 429
+    /// `principal_limit`) and in the receive budget, waiting out the rest of the deadline (then
+    /// 429 `backpressure`).
     pub(crate) async fn hold_received(&mut self, bytes: usize) -> Result<(), Problem> {
         if bytes == 0 {
             return Ok(());
         }
         let started = Instant::now();
+        if let Some(share) = &self.principal {
+            let remaining = self.remaining_wait();
+            share.hold_more(&mut self.principal_held, bytes, remaining).await?;
+        }
         let more = self.receiving.acquire(bytes, None, self.remaining_wait()).await?;
         self.waited += started.elapsed();
         self.received.merge(more);
@@ -124,6 +134,7 @@ impl Admission {
             permit,
             admitted_at: self.admitted_at,
             waited: self.waited + started.elapsed(),
+            principal_held: self.principal_held,
             _received: self.received,
             _conversion_slot: conversion_slot,
         })
@@ -135,8 +146,11 @@ impl Converting {
     /// size, and ends the request's hold on received bytes and its slot.
     pub(crate) fn settle(self, encoded: EncodedBody) -> ReservedBatch {
         let encoded_bytes: usize = encoded.payloads.iter().map(|p| p.serialized_record_batch.len()).sum();
-        let Converting { resource, permit, admitted_at, waited, .. } = self;
-        let kept = permit.keep(encoded_bytes);
+        let Converting { resource, permit, admitted_at, waited, principal_held, .. } = self;
+        let mut kept = permit.keep(encoded_bytes);
+        if let Some(principal) = principal_held {
+            kept = kept.with_principal(principal);
+        }
         QueueTiming { resource: &resource, rows: encoded.rows, duration: admitted_at.elapsed(), backpressure: waited }
             .emit();
         ReservedBatch { payloads: encoded.payloads, stages_seq: encoded.stages_seq, permit: kept }

@@ -69,6 +69,8 @@ impl Drop for WaitingRequest {
 pub(crate) struct BudgetPermit {
     permit: Option<OwnedSemaphorePermit>,
     share: Option<OwnedSemaphorePermit>,
+    /// The principal's share held by these bytes (`PrincipalShare`), when it has one.
+    principal: Option<OwnedSemaphorePermit>,
     units: usize,
     /// Units of the share held: `units`, or fewer for a batch larger than the whole share.
     share_units: usize,
@@ -116,6 +118,63 @@ impl ResourceShare {
                 format!("the resource's share of the upload budget ({} bytes)", self.capacity_units * UNIT_BYTES),
                 max_wait,
             )),
+        }
+    }
+}
+
+/// One principal's part of the gateway (`max_buffered_bytes`): what its batch requests hold,
+/// from admission (their bodies as they arrive) until BigQuery acknowledges their rows. A
+/// principal over it waits, holding nothing else, then gets 429 `principal_limit`; the others
+/// are served as before.
+#[derive(Debug, Clone)]
+pub(crate) struct PrincipalShare {
+    principal: String,
+    semaphore: Arc<Semaphore>,
+    capacity_units: usize,
+}
+
+impl PrincipalShare {
+    pub(crate) fn new(principal: &str, capacity_bytes: usize) -> Self {
+        let capacity_units = units_for(capacity_bytes);
+        Self { principal: principal.to_string(), semaphore: Arc::new(Semaphore::new(capacity_units)), capacity_units }
+    }
+
+    pub(crate) fn capacity_bytes(&self) -> usize {
+        self.capacity_units * UNIT_BYTES
+    }
+
+    /// Adds `bytes` to what `held` holds, within `max_wait` (else 429 `principal_limit`). A
+    /// request holds at most the whole share, so one larger than the share still goes, alone.
+    pub(crate) async fn hold_more(
+        &self,
+        held: &mut Option<OwnedSemaphorePermit>,
+        bytes: usize,
+        max_wait: Duration,
+    ) -> Result<(), Problem> {
+        let holding = held.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
+        let units = (holding + units_for(bytes)).min(self.capacity_units).saturating_sub(holding);
+        if units == 0 {
+            return Ok(());
+        }
+        match tokio::time::timeout(max_wait, Arc::clone(&self.semaphore).acquire_many_owned(units as u32)).await {
+            Ok(Ok(more)) => {
+                match held {
+                    Some(held) => held.merge(more),
+                    None => *held = Some(more),
+                }
+                Ok(())
+            }
+            _ => Err(Problem::new(
+                ErrorCode::PrincipalLimit,
+                format!(
+                    "principal {} has its share of the gateway ({} bytes) in use for {} ms",
+                    self.principal,
+                    self.capacity_bytes(),
+                    max_wait.as_millis()
+                ),
+            )
+            .with_hint("retry after Retry-After; the share frees as BigQuery acknowledges the principal's rows")
+            .with_retry_after(2)),
         }
     }
 }
@@ -193,7 +252,7 @@ impl ByteBudget {
             Ok(Ok((permit, share))) => {
                 self.record_gauge();
                 let share_units = share.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
-                Ok(BudgetPermit { permit: Some(permit), share, units, share_units })
+                Ok(BudgetPermit { permit: Some(permit), share, principal: None, units, share_units })
             }
             _ => Err(backpressure(format!("{} ({} bytes)", self.name, self.capacity_bytes()), max_wait)),
         }
@@ -215,7 +274,7 @@ fn backpressure(what: String, waited: Duration) -> Problem {
 impl BudgetPermit {
     /// A permit holding nothing (payloads created outside the budget, e.g. in tests).
     pub(crate) fn empty() -> Self {
-        Self { permit: None, share: None, units: 0, share_units: 0 }
+        Self { permit: None, share: None, principal: None, units: 0, share_units: 0 }
     }
 
     /// Divides the permit among pieces of `piece_bytes` each, in order: every piece but the
@@ -245,7 +304,21 @@ impl BudgetPermit {
         let share = self.share.as_mut().and_then(|s| s.split(share_units));
         let share_units = if share.is_some() { share_units } else { 0 };
         self.share_units -= share_units;
-        BudgetPermit { permit: Some(split), share, units, share_units }
+        let principal_units = units.min(self.principal.as_ref().map_or(0, OwnedSemaphorePermit::num_permits));
+        let principal = self.principal.as_mut().and_then(|p| p.split(principal_units));
+        BudgetPermit { permit: Some(split), share, principal, units, share_units }
+    }
+
+    /// Makes the permit hold `principal`'s share too, as much of it as the permit's bytes
+    /// (the rest is given back).
+    pub(crate) fn with_principal(mut self, mut principal: OwnedSemaphorePermit) -> BudgetPermit {
+        if principal.num_permits() > self.units
+            && let Some(kept) = principal.split(self.units)
+        {
+            principal = kept;
+        }
+        self.principal = Some(principal);
+        self
     }
 
     /// The bytes this permit holds (whole KiB).
@@ -273,6 +346,7 @@ impl BudgetPermit {
         }
         join(&mut self.permit, other.permit.take());
         join(&mut self.share, other.share.take());
+        join(&mut self.principal, other.principal.take());
         self.units += other.units;
         self.share_units += other.share_units;
     }

@@ -42,7 +42,7 @@ use crate::error::Problem;
 use crate::model::{ExecutionKey, ResourceName};
 use crate::store::Store;
 use accumulator::LanePressure;
-use budget::{ByteBudget, ResourceShare};
+use budget::{ByteBudget, PrincipalShare, ResourceShare};
 use gate::{Lane, lock};
 use lane::LaneCommand;
 use retry::RetryPolicy;
@@ -76,6 +76,9 @@ pub(crate) struct Pipeline {
     limits: PipelineLimits,
     conversions: Arc<Semaphore>,
     executions: Arc<Mutex<HashMap<ExecutionKey, Arc<DeliveryLanes>>>>,
+    /// Each principal's share with its capacity (`max_buffered_bytes`), replaced when a reload
+    /// changes it.
+    principal_shares: Arc<Mutex<HashMap<String, (usize, PrincipalShare)>>>,
 }
 
 impl Pipeline {
@@ -102,7 +105,21 @@ impl Pipeline {
             conversions: Arc::new(Semaphore::new(limits.max_concurrent_batch_decodes)),
             limits,
             executions: Arc::default(),
+            principal_shares: Arc::default(),
         }
+    }
+
+    /// The share of principal `name` holding at most `capacity_bytes` (`None`: no share).
+    pub(crate) fn principal_share(&self, name: &str, capacity_bytes: Option<usize>) -> Option<PrincipalShare> {
+        let capacity_bytes = capacity_bytes?;
+        let mut shares = lock(&self.principal_shares);
+        let entry = shares
+            .entry(name.to_string())
+            .or_insert_with(|| (capacity_bytes, PrincipalShare::new(name, capacity_bytes)));
+        if entry.0 != capacity_bytes {
+            *entry = (capacity_bytes, PrincipalShare::new(name, capacity_bytes));
+        }
+        Some(entry.1.clone())
     }
 
     /// The lanes of the execution's `delivery`, which this replica serves: created on first
@@ -151,6 +168,7 @@ impl Pipeline {
         lanes: &DeliveryLanes,
         resource: &ResourceName,
         expected_body_bytes: Option<usize>,
+        principal: Option<PrincipalShare>,
     ) -> Result<Admission, Problem> {
         let admitted_at = Instant::now();
         let deadline = admitted_at + self.limits.backpressure_wait;
@@ -166,6 +184,8 @@ impl Pipeline {
             admitted_at,
             waited: admitted_at.elapsed(),
             received: budget::BudgetPermit::empty(),
+            principal,
+            principal_held: None,
         };
         if let Some(bytes) = expected_body_bytes {
             admission.hold_received(bytes).await?;

@@ -19,6 +19,9 @@ pub(crate) struct RunRecord {
     pub(crate) job_project: Option<String>,
     pub(crate) maximum_bytes_billed: Option<i64>,
     pub(crate) definition_sha256: String,
+    /// The principal that created the run (`principals`); it alone sees it, with `read_all`
+    /// principals.
+    pub(crate) principal: String,
     /// As the extractor sent it (a `json` column: verbatim text).
     #[sqlx(json(nullable))]
     pub(crate) durable_checkpoint: Option<Box<serde_json::value::RawValue>>,
@@ -35,6 +38,7 @@ pub(crate) struct NewRun {
     pub(crate) job_project: Option<String>,
     pub(crate) maximum_bytes_billed: Option<i64>,
     pub(crate) definition_sha256: String,
+    pub(crate) principal: String,
 }
 
 /// A declared resource.
@@ -76,8 +80,8 @@ impl Store {
     pub(crate) async fn create_run(&self, run: &NewRun) -> StoreResult<(RunRecord, bool)> {
         let batching = serde_json::to_value(&run.batching).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let inserted = sqlx::query_as::<_, RunRecord>(
-            "INSERT INTO runs (run_id, project, dataset, location, batching, definition_sha256, job_project, maximum_bytes_billed)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+            "INSERT INTO runs (run_id, project, dataset, location, batching, definition_sha256, job_project, maximum_bytes_billed, principal)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
              ON CONFLICT (run_id) DO NOTHING
              RETURNING *",
         )
@@ -89,6 +93,7 @@ impl Store {
         .bind(&run.definition_sha256)
         .bind(&run.job_project)
         .bind(run.maximum_bytes_billed)
+        .bind(&run.principal)
         .fetch_optional(&self.pool)
         .await?;
         match inserted {

@@ -52,7 +52,13 @@ async fn missing_or_wrong_tokens_are_unauthorized() {
 #[tokio::test(flavor = "multi_thread")]
 async fn unknown_ids_are_not_found() {
     let gw = ready_gateway(GatewayOptions::new()).await;
-    rejected_without_trace!(gw, StatusCode::NOT_FOUND, "not_found", gw.json(Method::GET, "/v1/runs/nope", None).await);
+    // A run that does not exist answers as one the caller may not see: `run_not_found`.
+    rejected_without_trace!(
+        gw,
+        StatusCode::NOT_FOUND,
+        "run_not_found",
+        gw.json(Method::GET, "/v1/runs/nope", None).await
+    );
     rejected_without_trace!(
         gw,
         StatusCode::NOT_FOUND,
@@ -74,7 +80,7 @@ async fn unknown_ids_are_not_found() {
     rejected_without_trace!(
         gw,
         StatusCode::NOT_FOUND,
-        "not_found",
+        "run_not_found",
         gw.json(Method::PUT, "/v1/runs/nope/resources/t", Some(json!({"write_mode": "full_append"}))).await
     );
 }
@@ -377,14 +383,7 @@ async fn protective_limits_answer_with_their_documented_errors() {
         send(gw.request(Method::GET, "/v1/runs/run").header("x-padding", "p".repeat(20_000))).await
     );
     // Hold the only request slot with a batch whose body trickles in, then ask for more.
-    let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
-    let slow = gw
-        .request(Method::POST, "/v1/runs/run/executions/e/resources/t/batches")
-        .header("content-type", "application/vnd.apache.arrow.stream")
-        .body(reqwest::Body::wrap_stream(tokio_stream::wrappers::ReceiverStream::new(receiver)))
-        .send();
-    let slow = tokio::spawn(slow);
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let (sender, slow) = hold_the_only_slot(&gw).await;
     let before = gw.db_snapshot().await;
     let (status, body) = gw.json(Method::GET, "/v1/runs/run", None).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
@@ -403,18 +402,30 @@ type HeldRequest = (
     tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
 );
 
+/// Starts a batch request whose body never ends (until the returned sender sends its rows, or
+/// is dropped): while the gateway reads it, it holds a request slot.
+fn start_held_batch(gw: &Gateway) -> HeldRequest {
+    let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    let held = gw
+        .request(Method::POST, "/v1/runs/run/executions/e/resources/t/batches")
+        .header("content-type", "application/vnd.apache.arrow.stream")
+        .body(reqwest::Body::wrap_stream(tokio_stream::wrappers::ReceiverStream::new(receiver)))
+        .send();
+    (sender, tokio::spawn(held))
+}
+
 /// Holds the gateway's only request slot with a batch whose body never ends (until the returned
-/// sender is dropped). An attempt that raced the probe for the slot and was shed is retried.
+/// sender is dropped): once a probe request is shed while the batch is still being read.
+///
+/// The probe must come after the batch has reached the gateway: a batch that the probe sheds is
+/// answered only once its body ends (the gateway reads and discards it), so it looks just like
+/// one holding the slot, and the probes after it are served. So each attempt gives its batch a
+/// moment to arrive before probing, and an attempt whose probe was served is made again.
 async fn hold_the_only_slot(gw: &Gateway) -> HeldRequest {
+    const ARRIVAL: Duration = Duration::from_millis(200);
     crate::support::eventually(Duration::from_secs(20), "a request holding the only slot", || async {
-        let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
-        let held = gw
-            .request(Method::POST, "/v1/runs/run/executions/e/resources/t/batches")
-            .header("content-type", "application/vnd.apache.arrow.stream")
-            .body(reqwest::Body::wrap_stream(tokio_stream::wrappers::ReceiverStream::new(receiver)))
-            .send();
-        let held = tokio::spawn(held);
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (sender, held) = start_held_batch(gw);
+        tokio::time::sleep(ARRIVAL).await;
         let shed = gw.json(Method::GET, "/v1/runs/run", None).await.0 == StatusCode::SERVICE_UNAVAILABLE;
         (shed && !held.is_finished()).then_some((sender, held))
     })

@@ -13,7 +13,9 @@ pub mod fake_rest;
 pub mod fake_write;
 pub mod fleet;
 mod grpc_inflate;
+pub mod jwks;
 pub mod lease;
+pub mod principals;
 pub mod proxy;
 pub mod rest_proxy;
 pub mod rows;
@@ -54,6 +56,15 @@ fn database_url_for(admin_url: &str, database: &str) -> String {
         Some(query) => format!("{server}/{database}?{query}"),
         None => format!("{server}/{database}"),
     }
+}
+
+/// The harness's HTTP client: plain, or trusting `ca_pem` for a gateway serving HTTPS.
+fn http_client(ca_pem: Option<&str>) -> reqwest::Client {
+    let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(120));
+    if let Some(pem) = ca_pem {
+        builder = builder.add_root_certificate(reqwest::Certificate::from_pem(pem.as_bytes()).expect("CA PEM"));
+    }
+    builder.build().expect("http client")
 }
 
 /// Creates `database` on the cluster `admin_url` points at; its URL.
@@ -115,6 +126,8 @@ pub struct GatewayOptions {
     /// Real BigQuery in this project, with Application Default Credentials (`make
     /// test-bigquery`), instead of the emulator.
     pub live_bigquery_project: Option<String>,
+    /// The CA (PEM) the test's HTTP client trusts, for a gateway serving HTTPS.
+    pub trusted_ca_pem: Option<String>,
 }
 
 impl GatewayOptions {
@@ -166,6 +179,12 @@ impl GatewayOptions {
     }
 
     /// Reuses the database at `url` (a restart) instead of creating a fresh one.
+    /// The harness's client trusts `ca_pem` (a gateway given `FILAMENT_TLS_CERT_FILE`).
+    pub fn trusting_ca(mut self, ca_pem: &str) -> Self {
+        self.trusted_ca_pem = Some(ca_pem.to_string());
+        self
+    }
+
     pub fn database_url(mut self, url: &str) -> Self {
         self.database_url = Some(url.to_string());
         self
@@ -232,7 +251,7 @@ impl Gateway {
             stderr_path,
             emulator_rest,
             rest_conformance,
-            http: reqwest::Client::builder().timeout(Duration::from_secs(120)).build().expect("http client"),
+            http: http_client(options.trusted_ca_pem.as_deref()),
         }
     }
 

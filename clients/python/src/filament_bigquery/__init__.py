@@ -11,7 +11,7 @@
 """
 
 from ._bodies import ArrowData, Body, bodies
-from ._client import ARROW_STREAM, Client, Execution, RetryPolicy, Run, Stats, WriteResult
+from ._client import ARROW_STREAM, Client, Execution, IdTokenCredential, RetryPolicy, Run, Stats, WriteResult
 from ._errors import (
     Backpressure,
     Conflict,
@@ -40,6 +40,7 @@ from ._types import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "IdTokenCredential",
     "ARROW_STREAM",
     "ArrowData",
     "Backpressure",

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import base64
+import json as jsonlib
 import logging
 import random
 import threading
@@ -100,11 +102,60 @@ def _segment(value: str) -> str:
     return quote(value, safe="")
 
 
+class IdTokenCredential:
+    """A Google ID token for `audience`, fetched with `fetch` (by default
+    `google.oauth2.id_token.fetch_id_token`: the metadata server on GKE with Workload Identity,
+    or the service-account key of `GOOGLE_APPLICATION_CREDENTIALS`), and fetched again
+    `refresh_margin` seconds before it expires."""
+
+    def __init__(
+        self,
+        audience: str,
+        fetch: Optional[Callable[[str], str]] = None,
+        refresh_margin: float = 300.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.audience = audience
+        self._fetch = fetch if fetch is not None else _fetch_google_id_token
+        self._refresh_margin = refresh_margin
+        self._clock = clock
+        self._token: Optional[str] = None
+        self._expires_at = 0.0
+        self._lock = threading.Lock()
+
+    def token(self) -> str:
+        with self._lock:
+            if self._token is None or self._clock() >= self._expires_at - self._refresh_margin:
+                self._token = self._fetch(self.audience)
+                self._expires_at = _jwt_expiry(self._token)
+            return self._token
+
+
+def _fetch_google_id_token(audience: str) -> str:
+    try:
+        import google.auth.transport.requests
+        import google.oauth2.id_token
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise RuntimeError("ID tokens need google-auth: pip install 'filament-bigquery[gcp]'") from exc
+    token: str = google.oauth2.id_token.fetch_id_token(google.auth.transport.requests.Request(), audience)
+    return token
+
+
+def _jwt_expiry(token: str) -> float:
+    """The `exp` claim of a JWT (read, not verified: the gateway verifies it)."""
+    try:
+        payload = token.split(".")[1]
+        claims = jsonlib.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        return float(claims["exp"])
+    except (IndexError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError("the ID token is not a JWT with an exp claim") from exc
+
+
 class _Transport:
     def __init__(
         self,
         base_url: str,
-        token: str,
+        token: "str | IdTokenCredential",
         timeout: float,
         retry: RetryPolicy,
         session: Optional[requests.Session],
@@ -119,7 +170,8 @@ class _Transport:
         if session is None:
             self.session.mount("http://", adapter)
             self.session.mount("https://", adapter)
-        self.headers = {"Authorization": f"Bearer {token}", "User-Agent": "filament-bigquery-python/0.1.0"}
+        self.credential = token
+        self.headers = {"User-Agent": "filament-bigquery-python/0.1.0"}
 
     def request(
         self,
@@ -135,6 +187,8 @@ class _Transport:
     ) -> requests.Response:
         url = self.base_url + path
         all_headers = dict(self.headers)
+        bearer = self.credential if isinstance(self.credential, str) else self.credential.token()
+        all_headers["Authorization"] = f"Bearer {bearer}"
         if headers:
             all_headers.update(headers)
         started = time.monotonic()
@@ -189,7 +243,9 @@ class _Transport:
 
 
 class Client:
-    """The gateway at `base_url`, authenticated with `token` (one of `FILAMENT_API_TOKENS`).
+    """The gateway at `base_url`, authenticated with `token` (a principal's bearer token), or,
+    with `id_token_audience`, with Google ID tokens for that audience (Workload Identity; see
+    docs/security.md), refreshed before they expire.
 
     Defaults for the executions it opens: `max_body_bytes` of Arrow IPC per batch request,
     `compression` of the bodies (`zstd`, `gzip` or `none`), `max_in_flight` concurrent writes
@@ -199,8 +255,10 @@ class Client:
     def __init__(
         self,
         base_url: str,
-        token: str,
+        token: Optional[str] = None,
         *,
+        id_token_audience: Optional[str] = None,
+        id_token_fetch: Optional[Callable[[str], str]] = None,
         timeout: float = 300.0,
         retry: Optional[RetryPolicy] = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -213,8 +271,17 @@ class Client:
             raise ValueError(f"compression must be one of {COMPRESSIONS}")
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
+        credential: "str | IdTokenCredential"
+        if id_token_audience is not None:
+            if token is not None:
+                raise ValueError("pass token or id_token_audience, not both")
+            credential = IdTokenCredential(id_token_audience, id_token_fetch)
+        elif token is not None:
+            credential = token
+        else:
+            raise ValueError("pass a token or an id_token_audience")
         self.stats = Stats()
-        self._transport = _Transport(base_url, token, timeout, retry or RetryPolicy(), session, self.stats)
+        self._transport = _Transport(base_url, credential, timeout, retry or RetryPolicy(), session, self.stats)
         self.max_body_bytes = max_body_bytes
         self.compression = compression
         self.max_in_flight = max_in_flight

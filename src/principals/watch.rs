@@ -1,0 +1,137 @@
+//! Loads the principals in force and keeps them current: the file is read at start (a broken
+//! file stops the start), then re-read when its modification time or size changes (checked
+//! every [`CHECK_INTERVAL`]) and on SIGHUP. A file that does not parse or validate is refused
+//! whole: an ERROR names the line, `filament_principals_reload_errors_total` counts it, and the
+//! previous principals stay in force.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use tokio_util::sync::CancellationToken;
+
+use super::file::{self, FileRefused};
+use super::{Principal, PrincipalSet, Principals};
+
+/// How often the file's modification is checked.
+pub(crate) const CHECK_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Refused reloads of the principals file.
+pub(crate) const RELOAD_ERRORS: &str = "filament_principals_reload_errors_total";
+
+/// Where the principals come from: the file, and the simple mode's tokens.
+#[derive(Debug, Clone)]
+pub(crate) struct PrincipalSources {
+    pub(crate) file: Option<PathBuf>,
+    /// `FILAMENT_API_TOKENS`: the `default` principal's, when set.
+    pub(crate) api_tokens: Vec<String>,
+}
+
+/// Why the principals could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LoadError {
+    #[error("cannot read the principals file {path}: {error}")]
+    Read { path: String, error: std::io::Error },
+    #[error("the principals file {path} was refused: {refused}")]
+    Refused { path: String, refused: FileRefused },
+}
+
+impl PrincipalSources {
+    /// The principals the sources declare now.
+    pub(crate) fn load(&self) -> Result<PrincipalSet, LoadError> {
+        let mut principals: Vec<Principal> = Vec::new();
+        if !self.api_tokens.is_empty() {
+            principals.push(Principal::default_with_tokens(&self.api_tokens));
+        }
+        if let Some(path) = &self.file {
+            let shown = path.display().to_string();
+            let text = std::fs::read_to_string(path).map_err(|error| LoadError::Read { path: shown.clone(), error })?;
+            let declared = file::parse(&text, !self.api_tokens.is_empty())
+                .map_err(|refused| LoadError::Refused { path: shown, refused })?;
+            // A digest in both FILAMENT_API_TOKENS and the file would select two principals.
+            if let Some(default) = principals.first()
+                && declared.iter().any(|p| p.token_sha256.iter().any(|d| default.token_sha256.contains(d)))
+            {
+                return Err(LoadError::Refused {
+                    path: path.display().to_string(),
+                    refused: FileRefused {
+                        line: 1,
+                        message: "a token_sha256 is also a FILAMENT_API_TOKENS token".to_string(),
+                    },
+                });
+            }
+            principals.extend(declared);
+        }
+        Ok(PrincipalSet::new(principals))
+    }
+}
+
+/// Reloads the principals when the file changes or on SIGHUP, until `stop`.
+pub(crate) async fn keep_current(sources: PrincipalSources, principals: Principals, stop: CancellationToken) {
+    let Some(path) = sources.file.clone() else { return };
+    let mut last_seen = modification(&path);
+    let mut hangups = hangup_signals();
+    let mut interval = tokio::time::interval(CHECK_INTERVAL);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let forced = tokio::select! {
+            () = stop.cancelled() => return,
+            _ = interval.tick() => false,
+            Some(()) = recv_hangup(&mut hangups) => true,
+        };
+        let seen = modification(&path);
+        if !forced && seen == last_seen {
+            continue;
+        }
+        last_seen = seen;
+        reload(&sources, &principals);
+    }
+}
+
+/// Loads the sources and puts them in force, or keeps the principals in force.
+pub(crate) fn reload(sources: &PrincipalSources, principals: &Principals) {
+    match sources.load() {
+        Ok(set) => {
+            crate::audit::principals_reloaded(set.len(), set.token_count(), set.service_account_count());
+            principals.replace(set);
+        }
+        Err(error) => {
+            metrics::counter!(RELOAD_ERRORS).increment(1);
+            tracing::error!(%error, "principals.reload_refused: the previous principals stay in force");
+        }
+    }
+}
+
+/// The file's modification time and size (a rewrite within the same second changes the size
+/// or, on every file system the gateway runs on, the nanoseconds).
+fn modification(path: &Path) -> Option<(SystemTime, u64)> {
+    let metadata = std::fs::metadata(path).ok()?;
+    Some((metadata.modified().ok()?, metadata.len()))
+}
+
+#[cfg(unix)]
+type Hangups = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+type Hangups = Option<()>;
+
+#[cfg(unix)]
+fn hangup_signals() -> Hangups {
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok()
+}
+
+#[cfg(not(unix))]
+fn hangup_signals() -> Hangups {
+    None
+}
+
+#[cfg(unix)]
+async fn recv_hangup(hangups: &mut Hangups) -> Option<()> {
+    match hangups {
+        Some(signal) => signal.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(not(unix))]
+async fn recv_hangup(_: &mut Hangups) -> Option<()> {
+    std::future::pending().await
+}
