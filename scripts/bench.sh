@@ -24,3 +24,4 @@ fi
 export FILAMENT_TOOLS_PYTHON="$PWD/$PEER_VENV/bin/python"
 
 cargo bench --locked --bench ingest
+cargo bench --locked --bench fairness
