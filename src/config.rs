@@ -1,7 +1,8 @@
 //! Command-line and environment configuration (clap derive; every flag has an env var).
 //!
 //! `serve` runs the gateway (and applies migrations first); `migrate` only applies migrations;
-//! `openapi` prints the OpenAPI document. A leaf: it depends on no other module; `app` maps
+//! `openapi` prints the OpenAPI document; `token new` prints a token; `runs ...` is the
+//! operator's view over HTTP (`cli`). A leaf: it depends on no other module; `app` maps
 //! these values onto each part's own settings at start-up.
 
 use std::net::SocketAddr;
@@ -27,6 +28,61 @@ pub enum Command {
     /// Bearer tokens for the principals file.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Look at runs through the HTTP API of any replica: list, show, watch an execution.
+    #[command(subcommand)]
+    Runs(RunsCommand),
+}
+
+/// Where the operator CLI finds the gateway and who it is.
+#[derive(Debug, Clone, Args)]
+pub struct GatewayConnection {
+    /// Base URL of the gateway (any replica, or the load balancer in front of them).
+    #[arg(long, env = "FILAMENT_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// Bearer token (a principal's, or a Google ID token) sent with each request.
+    #[arg(long, env = "FILAMENT_TOKEN", hide_env_values = true)]
+    pub token: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RunsCommand {
+    /// The runs the token may read, newest first (`GET /v1/runs`; every page).
+    List {
+        #[command(flatten)]
+        gateway: GatewayConnection,
+        /// Only runs whose latest execution is in this state.
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        dataset: Option<String>,
+        #[arg(long)]
+        principal: Option<String>,
+        /// At most this many runs.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Print the API's JSON (one array of runs) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One run: its resources and executions (`GET /v1/runs/{run}`).
+    Show {
+        #[command(flatten)]
+        gateway: GatewayConnection,
+        run: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// An execution's progress per resource until it ends: exit 0 when committed, 1 when
+    /// failed or aborted (its code and hint printed).
+    Watch {
+        #[command(flatten)]
+        gateway: GatewayConnection,
+        run: String,
+        execution: String,
+        /// Seconds between two looks.
+        #[arg(long, default_value_t = 2)]
+        interval_secs: u64,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -47,6 +47,7 @@ error_codes! {
     InvalidIdentifier => "invalid_identifier", UNPROCESSABLE_ENTITY, "Invalid identifier";
     InvalidDatasetId => "invalid_dataset_id", UNPROCESSABLE_ENTITY, "Invalid dataset ID";
     InvalidRequest => "invalid_request", BAD_REQUEST, "Invalid request";
+    InvalidPageToken => "invalid_page_token", BAD_REQUEST, "Invalid page token";
     UnsupportedMediaType => "unsupported_media_type", UNSUPPORTED_MEDIA_TYPE, "Unsupported media type";
     InvalidArrowIpc => "invalid_arrow_ipc", BAD_REQUEST, "Invalid Arrow IPC stream";
     SchemaMismatch => "schema_mismatch", UNPROCESSABLE_ENTITY, "Schema changed within the resource";

@@ -33,6 +33,7 @@ pub mod api;
 pub mod app;
 pub(crate) mod audit;
 pub(crate) mod bigquery;
+pub mod cli;
 pub mod config;
 pub mod conformance;
 pub mod error;

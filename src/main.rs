@@ -9,7 +9,7 @@ use filament_bigquery::config::{Cli, Command, LogFormat};
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<std::process::ExitCode> {
     let cli = Cli::parse();
     // rustls is compiled with two crypto providers (through dependencies); pick one for the
     // process so TLS to Google never depends on which crate asks first.
@@ -26,21 +26,30 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(config) => {
             filament_bigquery::telemetry::init_logging(config.log_format);
             config.validate().map_err(anyhow::Error::msg).context("invalid configuration")?;
-            filament_bigquery::app::serve(*config).await
+            filament_bigquery::app::serve(*config).await?;
+            Ok(std::process::ExitCode::SUCCESS)
         }
         Command::Migrate(database) => {
             filament_bigquery::telemetry::init_logging(LogFormat::Text);
             filament_bigquery::app::migrate(database).await?;
             tracing::info!("migrations applied");
-            Ok(())
+            Ok(std::process::ExitCode::SUCCESS)
         }
         Command::Openapi => {
             println!("{}", filament_bigquery::api::openapi_json());
-            Ok(())
+            Ok(std::process::ExitCode::SUCCESS)
         }
         Command::Token(filament_bigquery::config::TokenCommand::New { principal }) => {
             print!("{}", filament_bigquery::app::new_token(&principal).map_err(anyhow::Error::msg)?);
-            Ok(())
+            Ok(std::process::ExitCode::SUCCESS)
         }
+        Command::Runs(command) => match filament_bigquery::cli::run(command).await {
+            Ok(filament_bigquery::cli::Outcome::Succeeded) => Ok(std::process::ExitCode::SUCCESS),
+            Ok(filament_bigquery::cli::Outcome::Failed) => Ok(std::process::ExitCode::from(1)),
+            Err(error) => {
+                eprintln!("error: {error}");
+                Ok(std::process::ExitCode::from(2))
+            }
+        },
     }
 }

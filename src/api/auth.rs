@@ -150,6 +150,11 @@ impl Caller {
         if self.principal.may(Action::ReadAll) { Ok(()) } else { self.require(Action::Read) }
     }
 
+    /// Whether the caller sees every principal's runs (`read_all`), not only its own.
+    pub(crate) fn reads_all(&self) -> bool {
+        self.principal.may(Action::ReadAll)
+    }
+
     /// Whether the caller may see `run`: its own, or every run with `read_all`. A run it may
     /// not see is answered as one that does not exist.
     pub(crate) fn sees(&self, run: &RunRecord) -> bool {

@@ -13,6 +13,7 @@ pub(crate) mod executions;
 pub(crate) mod forward;
 pub(crate) mod health;
 mod problems;
+pub(crate) mod run_list;
 pub(crate) mod runs;
 mod schema_bounds;
 pub(crate) mod server;
@@ -126,7 +127,7 @@ impl utoipa::Modify for BearerAuth {
 
 fn v1_routes() -> OpenApiRouter<SharedState> {
     OpenApiRouter::new()
-        .routes(routes!(runs::create_run))
+        .routes(routes!(runs::create_run, run_list::list_runs))
         .routes(routes!(runs::get_run))
         .routes(routes!(runs::put_resource))
         .routes(routes!(executions::open_execution))

@@ -84,6 +84,8 @@ problems! {
         JSON_BODY,
         &[InvalidIdentifier, InvalidDatasetId, DestinationNotPermitted, RunIdNotPermitted, RunConflict],
     ];
+    /// `GET /v1/runs`.
+    ListRunsProblems = [EVERY_ROUTE, &[InvalidRequest, InvalidPageToken]];
     /// `GET /v1/runs/{run_id}`.
     GetRunProblems = [EVERY_ROUTE, RUN_ROUTE];
     /// `PUT /v1/runs/{run_id}/resources/{resource}`.

@@ -11,11 +11,13 @@
 mod batches;
 mod executions;
 mod publications;
+mod run_list;
 mod runs;
 
 pub(crate) use batches::{HandedOverStream, InsertBatch, NewBatch, ReceiptRecord};
 pub(crate) use executions::{ExecutionRecord, Lease, OpenExecution, ResourceProgress};
 pub(crate) use publications::{NewPublication, PublicationEnd, PublicationRecord};
+pub(crate) use run_list::{RunListCursor, RunListQuery, RunListRow};
 pub(crate) use runs::{NewRun, ResourceRecord, ResourceUpsert, RunRecord};
 
 use std::time::Duration;

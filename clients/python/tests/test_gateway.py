@@ -298,3 +298,22 @@ def test_an_unknown_outcome_stops_the_resource(gateway: Gateway, dataset: str) -
             ex.abort()
     finally:
         proxy.close()
+
+
+def test_list_runs_pages_through_the_runs_newest_first(client: Client, dataset: str) -> None:
+    prefix = f"ls_{uuid.uuid4().hex[:6]}"
+    for n in range(5):
+        client.create_run(project=PROJECT, dataset=dataset, run_id=f"{prefix}_{n}")
+    run = client.run(f"{prefix}_4")
+    run.declare("t", write_mode="full_append")
+    ex = run.execution()
+    ex.write("t", users(0, 3))
+    ex.commit()
+    listed = [item["run_id"] for item in client.list_runs(dataset=dataset, page_size=2)]
+    assert listed == [f"{prefix}_{n}" for n in reversed(range(5))], "every run once, newest first, over three pages"
+    committed = list(client.list_runs(dataset=dataset, state="committed"))
+    assert [item["run_id"] for item in committed] == [f"{prefix}_4"]
+    latest = committed[0]["latest_execution"]
+    assert latest is not None and latest["rows_acknowledged"] == 3
+    with pytest.raises(InvalidInput):
+        list(client.list_runs(state="sleeping"))

@@ -13,7 +13,7 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Callable, Mapping, Optional, Sequence, cast
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, cast
 from urllib.parse import quote
 
 import requests
@@ -33,6 +33,7 @@ from ._types import (
     ExecutionView,
     Receipt,
     ResourceView,
+    RunListItem,
     RunView,
     WriteMode,
 )
@@ -326,6 +327,38 @@ class Client:
 
     def get_run(self, run_id: str) -> RunView:
         return cast(RunView, self._transport.json("GET", f"/v1/runs/{_segment(run_id)}"))
+
+    def list_runs(
+        self,
+        *,
+        state: Optional[str] = None,
+        dataset: Optional[str] = None,
+        principal: Optional[str] = None,
+        created_after: Optional[str] = None,
+        created_before: Optional[str] = None,
+        page_size: int = 50,
+    ) -> Iterator[RunListItem]:
+        """`GET /v1/runs`: the runs this principal may read, newest first, page after page.
+
+        `state` is the latest execution's; `created_after`/`created_before` are RFC 3339.
+        Pages are fetched as the iteration reaches them (`page_size` runs each, at most 500).
+        """
+        filters = {
+            "state": state,
+            "dataset": dataset,
+            "principal": principal,
+            "created_after": created_after,
+            "created_before": created_before,
+        }
+        params = {name: value for name, value in filters.items() if value is not None}
+        params["limit"] = str(page_size)
+        while True:
+            page = self._transport.json("GET", "/v1/runs", params=params)
+            yield from cast(list[RunListItem], page["runs"])
+            token = page.get("next_page_token")
+            if token is None:
+                return
+            params["page_token"] = token
 
     def test_connection(self, project: str, location: Optional[str] = None) -> dict[str, Any]:
         """`POST /v1/connections/test`: can the gateway reach BigQuery for `project`?"""

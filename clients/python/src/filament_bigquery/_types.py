@@ -83,6 +83,27 @@ class RunView(TypedDict):
     durable_checkpoint_execution_id: NotRequired[Optional[str]]
 
 
+class LatestExecution(TypedDict):
+    execution_id: str
+    state: ExecutionState
+    created_at: str
+    rows_received: int
+    rows_acknowledged: int
+    bytes_received: int
+    error: NotRequired[dict[str, str]]
+
+
+class RunListItem(TypedDict):
+    """One run of `GET /v1/runs`."""
+
+    run_id: str
+    destination: dict[str, str]
+    principal: str
+    created_at: str
+    updated_at: str
+    latest_execution: Optional[LatestExecution]
+
+
 class CheckpointResponse(TypedDict):
     checkpoint_seq: int
     flushed_rows: int

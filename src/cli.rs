@@ -1,0 +1,261 @@
+//! The operator's CLI (`filament-bigquery runs list|show|watch`): a client of the HTTP API, so
+//! it works against any replica or the load balancer, with the same scopes as any caller.
+//! Human output is aligned text tables; `--json` prints the API's JSON unchanged.
+//!
+//! Tables are padded by hand (a dozen lines) rather than with a table crate: the columns are
+//! plain ASCII-width text and nothing else here needs one.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::config::{GatewayConnection, RunsCommand};
+
+/// How the command ended: `Failed` (exit 1) is an execution that failed or was aborted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Succeeded,
+    Failed,
+}
+
+/// Why a command could not answer (exit 2 from `main`'s error).
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("cannot reach the gateway at {url}: {source}")]
+    Unreachable { url: String, source: reqwest::Error },
+    #[error("the gateway answered {status}: {code}: {detail}")]
+    Refused { status: u16, code: String, detail: String },
+    #[error("the gateway's answer is not JSON: {0}")]
+    NotJson(reqwest::Error),
+}
+
+struct Api {
+    http: reqwest::Client,
+    connection: GatewayConnection,
+}
+
+impl Api {
+    fn new(connection: GatewayConnection) -> Self {
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap_or_default();
+        Self { http, connection }
+    }
+
+    async fn get(&self, path: &str, query: &[(&str, String)]) -> Result<Value, CliError> {
+        let url = format!("{}{path}", self.connection.url.trim_end_matches('/'));
+        let response = self
+            .http
+            .get(&url)
+            .bearer_auth(&self.connection.token)
+            .query(query)
+            .send()
+            .await
+            .map_err(|source| CliError::Unreachable { url: url.clone(), source })?;
+        let status = response.status();
+        let body: Value = response.json().await.map_err(CliError::NotJson)?;
+        if !status.is_success() {
+            let text = |field: &str| body[field].as_str().unwrap_or_default().to_string();
+            return Err(CliError::Refused { status: status.as_u16(), code: text("code"), detail: text("detail") });
+        }
+        Ok(body)
+    }
+}
+
+/// Runs one `runs` subcommand, printing to standard output.
+pub async fn run(command: RunsCommand) -> Result<Outcome, CliError> {
+    match command {
+        RunsCommand::List { gateway, state, dataset, principal, limit, json } => {
+            let runs = list_runs(
+                &Api::new(gateway),
+                [("state", state), ("dataset", dataset), ("principal", principal)],
+                limit,
+            )
+            .await?;
+            print!("{}", if json { pretty(&Value::Array(runs)) } else { runs_table(&runs) });
+            Ok(Outcome::Succeeded)
+        }
+        RunsCommand::Show { gateway, run, json } => {
+            let view = Api::new(gateway).get(&format!("/v1/runs/{}", segment(&run)), &[]).await?;
+            print!("{}", if json { pretty(&view) } else { run_text(&view) });
+            Ok(Outcome::Succeeded)
+        }
+        RunsCommand::Watch { gateway, run, execution, interval_secs } => {
+            watch(&Api::new(gateway), &run, &execution, Duration::from_secs(interval_secs.max(1))).await
+        }
+    }
+}
+
+/// Every page of `GET /v1/runs` up to `limit` runs.
+async fn list_runs(api: &Api, filters: [(&str, Option<String>); 3], limit: usize) -> Result<Vec<Value>, CliError> {
+    let mut query: Vec<(&str, String)> =
+        filters.into_iter().filter_map(|(name, value)| value.map(|value| (name, value))).collect();
+    query.push(("limit", limit.clamp(1, 500).to_string()));
+    let mut runs = Vec::new();
+    loop {
+        let page = api.get("/v1/runs", &query).await?;
+        runs.extend(page["runs"].as_array().cloned().unwrap_or_default());
+        match page["next_page_token"].as_str() {
+            Some(token) if runs.len() < limit => {
+                query.retain(|(name, _)| *name != "page_token");
+                query.push(("page_token", token.to_string()));
+            }
+            _ => break,
+        }
+    }
+    runs.truncate(limit);
+    Ok(runs)
+}
+
+/// Polls the execution until it ends, printing each resource's progress at every look.
+async fn watch(api: &Api, run: &str, execution: &str, interval: Duration) -> Result<Outcome, CliError> {
+    let path = format!("/v1/runs/{}/executions/{}", segment(run), segment(execution));
+    loop {
+        let view = api.get(&path, &[]).await?;
+        let state = view["state"].as_str().unwrap_or("unknown");
+        print!("{}", progress_text(&view));
+        match state {
+            "committed" => return Ok(Outcome::Succeeded),
+            "failed" | "aborted" => {
+                let error = &view["error"];
+                if let Some(code) = error["code"].as_str() {
+                    println!("error: {code}: {}", error["detail"].as_str().unwrap_or_default());
+                }
+                if let Some(hint) = error["hint"].as_str() {
+                    println!("hint: {hint}");
+                }
+                return Ok(Outcome::Failed);
+            }
+            _ => tokio::time::sleep(interval).await,
+        }
+    }
+}
+
+fn segment(id: &str) -> String {
+    id.replace('%', "%25").replace('/', "%2F").replace('?', "%3F").replace('#', "%23")
+}
+
+fn pretty(value: &Value) -> String {
+    format!("{}\n", serde_json::to_string_pretty(value).unwrap_or_default())
+}
+
+fn text(value: &Value) -> String {
+    match value {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Rows under a header, each column as wide as its widest cell, two spaces apart.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    for row in std::iter::once(&header).chain(rows) {
+        let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
+        let _ = writeln!(out, "{}", cells.join("  ").trim_end());
+    }
+    out
+}
+
+fn runs_table(runs: &[Value]) -> String {
+    let rows: Vec<Vec<String>> = runs
+        .iter()
+        .map(|run| {
+            let latest = &run["latest_execution"];
+            vec![
+                text(&run["run_id"]),
+                text(&run["principal"]),
+                format!("{}.{}", text(&run["destination"]["project"]), text(&run["destination"]["dataset"])),
+                text(&run["created_at"]),
+                text(&latest["execution_id"]),
+                text(&latest["state"]),
+                format!("{}/{}", text(&latest["rows_acknowledged"]), text(&latest["rows_received"])),
+                text(&latest["error"]["code"]),
+            ]
+        })
+        .collect();
+    let header = ["RUN", "PRINCIPAL", "DESTINATION", "CREATED", "EXECUTION", "STATE", "ROWS ACKED/RECEIVED", "ERROR"];
+    table(&header, &rows)
+}
+
+fn run_text(run: &Value) -> String {
+    let mut out = format!(
+        "run {} (principal {}) -> {}.{}, created {}\n\n",
+        text(&run["run_id"]),
+        text(&run["principal"]),
+        text(&run["destination"]["project"]),
+        text(&run["destination"]["dataset"]),
+        text(&run["created_at"])
+    );
+    let resources: Vec<Vec<String>> = run["resources"]
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .map(|r| vec![text(&r["resource"]), text(&r["table"]), text(&r["write_mode"]), text(&r["primary_key"])])
+                .collect()
+        })
+        .unwrap_or_default();
+    out.push_str(&table(&["RESOURCE", "TABLE", "WRITE MODE", "PRIMARY KEY"], &resources));
+    let executions: Vec<Vec<String>> = run["executions"]
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .map(|e| {
+                    vec![text(&e["execution_id"]), text(&e["state"]), text(&e["delivery"]), text(&e["created_at"])]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.push('\n');
+    out.push_str(&table(&["EXECUTION", "STATE", "DELIVERY", "CREATED"], &executions));
+    out
+}
+
+/// One line per resource: a bar of acknowledged over received rows, then the counts.
+fn progress_text(execution: &Value) -> String {
+    const BAR_WIDTH: usize = 20;
+    let mut out = format!("{} {}\n", text(&execution["execution_id"]), text(&execution["state"]));
+    for resource in execution["resources"].as_array().into_iter().flatten() {
+        let received = resource["rows_received"].as_u64().unwrap_or(0);
+        let acknowledged = resource["rows_acknowledged"].as_u64().unwrap_or(0);
+        let filled = (acknowledged * BAR_WIDTH as u64).checked_div(received).unwrap_or(0) as usize;
+        let _ = writeln!(
+            out,
+            "  {:<24} [{}{}] {acknowledged}/{received} rows, {} bytes, publication {}",
+            text(&resource["resource"]),
+            "#".repeat(filled.min(BAR_WIDTH)),
+            ".".repeat(BAR_WIDTH - filled.min(BAR_WIDTH)),
+            text(&resource["bytes_received"]),
+            text(&resource["publication"]["state"]),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn tables_align_every_column_to_its_widest_cell() {
+        let rows = vec![vec!["a-long-run".to_string(), "x".to_string()], vec!["r".to_string(), "yy".to_string()]];
+        assert_eq!(table(&["RUN", "S"], &rows), "RUN         S\na-long-run  x\nr           yy\n");
+    }
+
+    #[test]
+    fn progress_shows_acknowledged_over_received_rows() {
+        let view = json!({"execution_id": "e", "state": "extracting", "resources": [
+            {"resource": "t", "rows_received": 100, "rows_acknowledged": 50, "bytes_received": 800, "publication": null}
+        ]});
+        let text = progress_text(&view);
+        assert!(text.contains("[##########..........] 50/100 rows, 800 bytes"), "{text}");
+    }
+}
