@@ -5,6 +5,7 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 use utoipa::{IntoParams, ToSchema};
 
 use super::SharedState;
@@ -20,7 +21,7 @@ use crate::pipeline::{Pipeline, Transitioning};
 use crate::principals::Action;
 use crate::publish::{AbortOutcome, CommitStart};
 use crate::replica::{Owned, Ownership};
-use crate::store::{ExecutionRecord, OpenExecution, RunRecord};
+use crate::store::{EventKind, ExecutionRecord, OpenExecution, RunRecord};
 
 /// Body of `POST /v1/runs/{run_id}/executions`.
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -161,6 +162,8 @@ pub(crate) async fn open_execution(
         }
         OpenExecution::Committing(record) => return Err(not_extracting(&record, "redeliver while committing")),
     };
+    let started = json!({"delivery": record.delivery, "replica": state.replica.lease.owner});
+    state.store.record_event(&record.delivery_ref(), EventKind::DeliveryStarted, None, started).await;
     Ok((status, axum::Json(execution_view(&state.store, record).await?)))
 }
 
@@ -232,7 +235,10 @@ pub(crate) async fn pause_execution(
     let paused =
         state.store.transition_execution(&delivery, ExecutionState::BEFORE_COMMIT, ExecutionState::Paused).await?;
     match paused {
-        Some(record) => Ok(axum::Json(execution_view(&state.store, record).await?)),
+        Some(record) => {
+            state.store.record_event(&delivery, EventKind::Paused, None, json!({})).await;
+            Ok(axum::Json(execution_view(&state.store, record).await?))
+        }
         None => Err(not_extracting(&load_execution(&state, &caller, &run_id, &execution_id).await?.1, "pause")),
     }
 }

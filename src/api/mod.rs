@@ -9,6 +9,7 @@ pub(crate) mod body_deadline;
 pub(crate) mod connections;
 mod early_answer;
 pub(crate) mod error;
+mod events;
 pub(crate) mod executions;
 pub(crate) mod forward;
 pub(crate) mod health;
@@ -132,6 +133,7 @@ fn v1_routes() -> OpenApiRouter<SharedState> {
         .routes(routes!(runs::put_resource))
         .routes(routes!(executions::open_execution))
         .routes(routes!(executions::get_execution))
+        .routes(routes!(events::execution_events))
         .routes(routes!(batches::post_batch))
         .routes(routes!(executions::post_checkpoint))
         .routes(routes!(executions::pause_execution))

@@ -108,6 +108,8 @@ problems! {
         [EVERY_ROUTE, JSON_BODY, RUN_ROUTE, &[ExecutionOwnedElsewhere, ReplicaDraining, ExecutionNotExtracting]];
     /// `GET /v1/runs/{run_id}/executions/{execution_id}`.
     GetExecutionProblems = [EVERY_ROUTE, RUN_ROUTE];
+    /// `GET .../events`.
+    EventsProblems = [EVERY_ROUTE, RUN_ROUTE, &[InvalidRequest]];
     /// `POST .../checkpoints`.
     CheckpointProblems = [EVERY_ROUTE, JSON_BODY, EXECUTION_ROUTE, &[ExecutionNotExtracting]];
     /// `POST .../pause`.

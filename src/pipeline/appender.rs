@@ -26,6 +26,7 @@ use crate::bigquery::error::Stage;
 use crate::bigquery::retry::{Retried, RetryClass};
 use crate::bigquery::write::{AppendAck, AppendConnection, append_request, judge_append_response};
 use crate::error::Problem;
+use crate::store::EventKind;
 use crate::telemetry::{self, AppendAcknowledged};
 
 /// A request sent and not yet acknowledged; it keeps its payload for replay.
@@ -232,6 +233,13 @@ impl<'a> Appender<'a> {
             error: &error,
         }
         .emit();
+        let retried =
+            serde_json::json!({"code": error.code_name(), "attempt": attempt, "retryable": action.delay().is_some()});
+        let resource = &self.target.resource;
+        self.context
+            .store
+            .record_event(&resource.delivery, EventKind::AppendRetried, Some(&resource.resource), retried)
+            .await;
         let RetryAction::RetryAfter(backoff) = action else {
             return Err(error.problem(Stage::Upload));
         };

@@ -18,6 +18,7 @@ use crate::bigquery::retry::{Retried, RetryClass};
 use crate::bigquery::{BigQuery, BigQueryError, table_path};
 use crate::error::{ErrorCode, Problem};
 use crate::model::staging::STAGING_TABLE_TTL;
+use crate::store::EventKind;
 use crate::telemetry::{LayoutMismatch, PhaseTiming};
 
 /// Prepares the lane's tables and stream (at most `max_concurrent_prepares` at once
@@ -47,7 +48,13 @@ pub(super) async fn prepare(context: &LaneContext, target: &LaneTarget) -> Resul
         .await
         .map_err(|e| e.problem(Stage::Upload))?;
     context.store.set_stream_name(resource, &stream_name).await?;
-    PhaseTiming { resource: &resource.resource, phase: "prepare", duration: started.elapsed() }.emit();
+    let duration = started.elapsed();
+    PhaseTiming { resource: &resource.resource, phase: "prepare", duration }.emit();
+    let prepared = serde_json::json!({"duration_ms": duration.as_millis() as u64, "table": target.destination_table});
+    context
+        .store
+        .record_event(&resource.delivery, EventKind::PrepareFinished, Some(&resource.resource), prepared)
+        .await;
     Ok(stream_name)
 }
 

@@ -20,7 +20,7 @@ use crate::model::bounds::{KeyRange, KeyValue, covering_ranges};
 use crate::model::columns::{BigQueryType, Collation, Column};
 use crate::model::{DeliveryRef, ResourceName, WriteMode};
 use crate::pipeline::LaneReport;
-use crate::store::{NewPublication, PublicationEnd, ResourceRecord, RunRecord};
+use crate::store::{EventKind, NewPublication, PublicationEnd, ResourceRecord, RunRecord};
 use crate::telemetry::{self, PublishTiming};
 
 /// Attempts of one publication (the first included) when its jobs fail in passing.
@@ -298,6 +298,7 @@ impl Publisher {
                 fingerprint: &job.fingerprint,
             };
             self.store.begin_publication(&record).await?;
+            let started = Instant::now();
             let outcome = self.submit(job, &job_id).await;
             match outcome {
                 Err(e) if reruns(&e) && attempt < MAX_PUBLICATION_ATTEMPTS => {
@@ -316,7 +317,7 @@ impl Publisher {
                     tokio::time::sleep(delay).await;
                     attempt += 1;
                 }
-                outcome => return self.record_outcome(job, &job_id, outcome).await,
+                outcome => return self.record_outcome(job, &job_id, outcome, started.elapsed()).await,
             }
         }
     }
@@ -358,10 +359,15 @@ impl Publisher {
         job: &PublicationJob<'_>,
         job_id: &str,
         outcome: Result<JobOutcome, BigQueryError>,
+        duration: Duration,
     ) -> Result<PublishOutcome, Problem> {
         let (execution, name) = (&job.delivery.execution, &job.resource.resource);
+        let duration_ms = duration.as_millis() as u64;
         match outcome {
             Ok(outcome) => {
+                let finished = serde_json::json!({"job_id": job_id, "duration_ms": duration_ms,
+                    "rows_affected": outcome.rows_affected, "bytes_billed": outcome.cost.bytes_billed});
+                self.store.record_event(job.delivery, EventKind::PublicationFinished, Some(name), finished).await;
                 self.store.record_publication_cost(execution, name, &outcome.cost).await?;
                 let rows = outcome.rows_affected;
                 self.store.finish_publication(execution, name, PublicationEnd::Done { rows_affected: rows }).await?;
@@ -376,6 +382,9 @@ impl Publisher {
             }
             Err(e) => {
                 let problem = e.problem(Stage::Publication);
+                let failed = serde_json::json!({"job_id": job_id, "duration_ms": duration_ms,
+                    "code": problem.code, "hint": problem.hint});
+                self.store.record_event(job.delivery, EventKind::PublicationFailed, Some(name), failed).await;
                 self.store.finish_publication(execution, name, PublicationEnd::Failed(&problem)).await?;
                 metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "failed").increment(1);
                 Err(problem)

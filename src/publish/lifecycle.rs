@@ -12,7 +12,7 @@ use crate::error::{ErrorCode, Problem};
 use crate::model::ExecutionState;
 use crate::pipeline::Transitioning;
 use crate::replica::Owned;
-use crate::store::{ExecutionRecord, RunRecord};
+use crate::store::{EventKind, ExecutionRecord, RunRecord};
 
 /// A delivery this request moved to `committing`: the commit task publishes it.
 #[derive(Debug, Clone)]
@@ -59,7 +59,10 @@ impl Publisher {
             .await?;
         drop(transitioning);
         match moved {
-            Some(execution) => Ok(CommitStart::Started(Box::new(Committing { run, execution }))),
+            Some(execution) => {
+                self.store.record_event(&delivery, EventKind::CommitStarted, None, serde_json::json!({})).await;
+                Ok(CommitStart::Started(Box::new(Committing { run, execution })))
+            }
             None => {
                 let current = self.store.get_execution(&delivery.execution).await?;
                 Ok(CommitStart::Current(Box::new(current.ok_or_else(|| Problem::not_found(&delivery.execution))?)))
@@ -109,6 +112,8 @@ impl Publisher {
             return Ok(AbortOutcome::Refused(current.ok_or_else(|| Problem::not_found(&delivery.execution))?));
         };
         drop(transitioning);
+        let ended = serde_json::json!({"state": ExecutionState::Aborted});
+        self.store.record_event(&delivery, EventKind::Ended, None, ended).await;
         self.pipeline.cancel(&aborted.key());
         if execution.state != ExecutionState::Committing {
             let publisher = self.clone();

@@ -28,7 +28,7 @@ use crate::bigquery::{BigQuery, BigQueryError, table_path};
 use crate::error::{ErrorCode, Problem};
 use crate::model::{DeliveryRef, ExecutionState, ResourceName};
 use crate::pipeline::{LaneReport, Pipeline};
-use crate::store::{ExecutionRecord, RunRecord, Store};
+use crate::store::{EventKind, ExecutionRecord, RunRecord, Store};
 use crate::telemetry::{self, PhaseTiming};
 use destination::{PublishOutcome, Published};
 pub(crate) use lifecycle::{AbortOutcome, CommitStart, Committing};
@@ -83,6 +83,12 @@ impl Publisher {
                 .ok_or_else(|| Problem::not_found(&delivery.execution))?,
         };
         metrics::counter!(telemetry::EXECUTIONS_FINISHED, "state" => record.state.as_str()).increment(1);
+        let mut ended = serde_json::json!({"state": record.state});
+        if let Some(error) = &record.error {
+            ended["code"] = serde_json::json!(error.code);
+            ended["hint"] = serde_json::json!(error.hint);
+        }
+        self.store.record_event(&delivery, EventKind::Ended, None, ended).await;
         Ok(record)
     }
 
@@ -231,6 +237,8 @@ impl Publisher {
             Err(e) => return Err(upload_failed(e)),
         }
         self.store.set_stream_committed(&resource).await?;
+        let committed = serde_json::json!({"rows": row_count, "stream": report.stream_name});
+        self.store.record_event(delivery, EventKind::StreamCommitted, Some(&report.resource), committed).await;
         Ok(())
     }
 }

@@ -200,6 +200,15 @@ impl Store {
         .bind(f64::from(retention_days))
         .execute(&mut *tx)
         .await?;
+        // The timelines of executions that ended as long ago go with their receipts.
+        sqlx::query(
+            "DELETE FROM execution_events ev USING executions e
+             WHERE e.run_id = ev.run_id AND e.execution_id = ev.execution_id
+               AND e.finished_at < now() - $1 * interval '1 day'",
+        )
+        .bind(f64::from(retention_days))
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(Some(pruned.rows_affected()))
     }

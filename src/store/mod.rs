@@ -9,12 +9,14 @@
 //! back through `sqlx::FromRow`.
 
 mod batches;
+mod events;
 mod executions;
 mod publications;
 mod run_list;
 mod runs;
 
 pub(crate) use batches::{HandedOverStream, InsertBatch, NewBatch, ReceiptRecord};
+pub(crate) use events::{EventKind, EventRecord};
 pub(crate) use executions::{ExecutionRecord, Lease, OpenExecution, ResourceProgress};
 pub(crate) use publications::{NewPublication, PublicationEnd, PublicationRecord};
 pub(crate) use run_list::{RunListCursor, RunListQuery, RunListRow};

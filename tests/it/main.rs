@@ -28,6 +28,7 @@ mod replicas;
 mod rest_conformance;
 mod run_list;
 mod table_layout;
+mod timeline;
 mod tls;
 mod troubleshooting;
 mod unreachable;

@@ -122,6 +122,12 @@ async fn a_replica_stopped_with_sigterm_hands_its_execution_over() {
     let names = |streams: &[(String, String, i64)]| streams.iter().map(|s| s.1.clone()).collect::<Vec<_>>();
     assert_eq!(names(&committed), names(&handed_over), "the same streams went on, no new one");
     assert_eq!(committed.iter().map(|s| s.2).collect::<Vec<_>>(), vec![60, 25]);
+    // The timeline, from Postgres, tells the hand-over between the two replicas' events.
+    let (_, timeline) = b.json(Method::GET, "/v1/runs/r/executions/e/events", None).await;
+    let kinds: Vec<&str> = timeline["events"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    let at = |kind: &str| kinds.iter().position(|k| *k == kind).unwrap_or_else(|| panic!("{kind} in {kinds:?}"));
+    assert!(at("delivery_started") < at("handed_over") && at("handed_over") < at("commit_started"), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"ended"), "{kinds:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -317,3 +317,7 @@ def test_list_runs_pages_through_the_runs_newest_first(client: Client, dataset: 
     assert latest is not None and latest["rows_acknowledged"] == 3
     with pytest.raises(InvalidInput):
         list(client.list_runs(state="sleeping"))
+    timeline, cursor = client.events(f"{prefix}_4", ex.execution_id)
+    assert [event["kind"] for event in timeline][-1] == "ended"
+    assert timeline[-1]["detail"]["state"] == "committed"
+    assert client.events(f"{prefix}_4", ex.execution_id, after=cursor) == ([], cursor)

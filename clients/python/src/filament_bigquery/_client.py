@@ -360,6 +360,15 @@ class Client:
                 return
             params["page_token"] = token
 
+    def events(self, run_id: str, execution_id: str, after: int = 0) -> tuple[list[dict[str, Any]], int]:
+        """`GET .../events`: the execution's timeline after event `after`, oldest first.
+
+        Returns the events and the cursor to pass as `after` next time (poll for new events).
+        """
+        path = f"/v1/runs/{_segment(run_id)}/executions/{_segment(execution_id)}/events"
+        page = self._transport.json("GET", path, params={"after": str(after), "limit": "1000"})
+        return cast(list[dict[str, Any]], page["events"]), int(page["next_after"])
+
     def test_connection(self, project: str, location: Optional[str] = None) -> dict[str, Any]:
         """`POST /v1/connections/test`: can the gateway reach BigQuery for `project`?"""
         body: dict[str, Any] = {"project": project}

@@ -1,0 +1,138 @@
+//! The timeline of a delivery: events recorded as the gateway acts (delivery started, tables
+//! prepared, append retries, pause, commit started, streams committed, publication jobs, hand-
+//! overs, the end state) and read back in order by `GET .../events`. Recording is best effort:
+//! a timeline row that cannot be written is logged and the operation it describes goes on.
+//! None of these is per batch, so batches cost no extra Postgres round trip.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+use super::{BindKey as _, Store, StoreResult};
+use crate::model::{DeliveryRef, ExecutionKey};
+
+/// Rows a delivery's timeline holds at most; the end state is recorded even beyond it.
+pub(crate) const MAX_EVENTS_PER_DELIVERY: i64 = 1000;
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+pub(crate) enum EventKind {
+    /// A delivery of the execution began (`delivery`).
+    DeliveryStarted,
+    /// A resource's tables and pending stream are ready (`duration_ms`, `table`).
+    PrepareFinished,
+    /// An AppendRows attempt failed (`code`, `attempt`, `retryable`); repeats of one resource
+    /// with the same code are one event whose `count` grows.
+    AppendRetried,
+    Paused,
+    CommitStarted,
+    /// A resource's stream was finalized and committed into its staging table (`rows`).
+    StreamCommitted,
+    /// A destination's publication job ended (`job_id`, `duration_ms`, `rows_affected`,
+    /// `bytes_billed`), or failed (`job_id`, `code`, `hint`).
+    PublicationFinished,
+    PublicationFailed,
+    /// Another replica adopted the execution (`replica`).
+    HandedOver,
+    /// The delivery's end state (`state`, and `code`, `hint` when it failed).
+    Ended,
+}
+
+impl EventKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            EventKind::DeliveryStarted => "delivery_started",
+            EventKind::PrepareFinished => "prepare_finished",
+            EventKind::AppendRetried => "append_retried",
+            EventKind::Paused => "paused",
+            EventKind::CommitStarted => "commit_started",
+            EventKind::StreamCommitted => "stream_committed",
+            EventKind::PublicationFinished => "publication_finished",
+            EventKind::PublicationFailed => "publication_failed",
+            EventKind::HandedOver => "handed_over",
+            EventKind::Ended => "ended",
+        }
+    }
+}
+
+/// One event as stored and answered.
+#[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
+pub(crate) struct EventRecord {
+    /// Increasing: pass the last one seen as `after` to get only newer events.
+    pub(crate) event_id: i64,
+    pub(crate) delivery: i32,
+    /// When it happened (the last time, for a coalesced event).
+    pub(crate) at: DateTime<Utc>,
+    pub(crate) kind: EventKind,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) resource: Option<String>,
+    /// How many times it happened (coalesced retries); 1 otherwise.
+    pub(crate) count: i32,
+    #[schema(value_type = Object)]
+    pub(crate) detail: Value,
+}
+
+/// Coalesces into the resource's latest event when that is the same kind with the same
+/// `code`; otherwise inserts, within the bound (the end state always).
+const RECORD_EVENT: &str = "WITH latest AS (
+     SELECT event_id FROM execution_events
+     WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND resource IS NOT DISTINCT FROM $5
+     ORDER BY event_id DESC LIMIT 1
+ ), coalesced AS (
+     UPDATE execution_events ev SET count = ev.count + 1, at = now(), detail = $6
+     FROM latest
+     WHERE ev.event_id = latest.event_id AND $7 AND ev.kind = $4 AND ev.detail->>'code' = $6::jsonb->>'code'
+     RETURNING 1
+ )
+ INSERT INTO execution_events (run_id, execution_id, delivery, kind, resource, detail)
+ SELECT $1, $2, $3, $4, $5, $6
+ WHERE NOT EXISTS (SELECT 1 FROM coalesced)
+   AND ($4 = 'ended' OR (SELECT COUNT(*) FROM execution_events
+                         WHERE run_id = $1 AND execution_id = $2 AND delivery = $3) < $8)";
+
+impl Store {
+    /// Records `kind` for `delivery` (and `resource`); logs and goes on when it cannot.
+    pub(crate) async fn record_event(
+        &self,
+        delivery: &DeliveryRef,
+        kind: EventKind,
+        resource: Option<&str>,
+        detail: Value,
+    ) {
+        let recorded = sqlx::query(RECORD_EVENT)
+            .bind_delivery(delivery)
+            .bind(kind.as_str())
+            .bind(resource)
+            .bind(&detail)
+            .bind(kind == EventKind::AppendRetried)
+            .bind(MAX_EVENTS_PER_DELIVERY)
+            .execute(&self.pool)
+            .await;
+        if let Err(error) = recorded {
+            tracing::warn!(run_id = %delivery.run_id(), execution_id = %delivery.execution_id(), kind = kind.as_str(),
+                %error, "store.event_not_recorded");
+        }
+    }
+
+    /// The execution's events after `after` (every delivery), oldest first, at most `limit`.
+    pub(crate) async fn events_after(
+        &self,
+        key: &ExecutionKey,
+        after: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<EventRecord>> {
+        Ok(sqlx::query_as(
+            "SELECT event_id, delivery, at, kind, resource, count, detail FROM execution_events
+             WHERE run_id = $1 AND execution_id = $2 AND event_id > $3
+             ORDER BY event_id LIMIT $4",
+        )
+        .bind_execution(key)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+}

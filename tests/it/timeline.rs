@@ -1,0 +1,131 @@
+//! The execution timeline (`GET .../events`, issue 24, item 2) against the real gateway and
+//! Postgres: an injected append retry (coalesced into one event with its count), the commit's
+//! streams and publication job, the end state, in order; a failed publication job with its
+//! code; polling with `after` returns only what is new.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::support::arrow::{ids, ipc_stream};
+use crate::support::fake_write::{AppendFault, FakeWrite};
+use crate::support::rest_proxy::{JobMode, RestProxy};
+use crate::support::{Gateway, GatewayOptions, assert_problem, eventually, required_env};
+
+async fn events(gw: &Gateway, after: i64) -> Value {
+    let (status, page) = gw.json(Method::GET, &format!("/v1/runs/r/executions/e/events?after={after}"), None).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    page
+}
+
+/// Waits until BigQuery acknowledged `rows` rows of resource `t`.
+async fn acknowledged(gw: &Gateway, rows: i64) {
+    eventually(Duration::from_secs(30), "the rows to be acknowledged", || async {
+        let (_, execution) = gw.json(Method::GET, "/v1/runs/r/executions/e", None).await;
+        (execution["resources"][0]["rows_acknowledged"] == rows).then_some(())
+    })
+    .await;
+}
+
+fn kinds(page: &Value) -> Vec<String> {
+    page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|event| match event["resource"].as_str() {
+            Some(resource) => format!("{}:{resource}", event["kind"].as_str().unwrap()),
+            None => event["kind"].as_str().unwrap().to_string(),
+        })
+        .collect()
+}
+
+fn event<'a>(page: &'a Value, kind: &str) -> &'a Value {
+    page["events"].as_array().unwrap().iter().find(|e| e["kind"] == kind).unwrap_or_else(|| panic!("{kind} in {page}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_timeline_shows_a_coalesced_retry_the_commit_and_the_end_in_order() {
+    let fake = FakeWrite::start().await;
+    fake.script([AppendFault::Status(tonic::Code::Unavailable), AppendFault::Status(tonic::Code::Unavailable)]);
+    let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(Duration::from_millis(20)).spawn().await;
+    gw.create_run("r").await;
+    gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
+    gw.open_new_execution("r", "e").await;
+    gw.post_accepted("r", "e", "t", Some(0), ipc_stream(&[ids(0..10)])).await;
+    acknowledged(&gw, 10).await;
+    let before_commit = events(&gw, 0).await;
+    assert_eq!(kinds(&before_commit), ["delivery_started", "prepare_finished:t", "append_retried:t"]);
+    let retried = event(&before_commit, "append_retried");
+    assert_eq!(
+        (retried["count"].as_i64(), retried["detail"]["code"].as_str()),
+        (Some(2), Some("UNAVAILABLE")),
+        "{retried}"
+    );
+    assert_eq!(retried["detail"]["retryable"], true);
+    assert!(event(&before_commit, "prepare_finished")["detail"]["duration_ms"].is_u64());
+
+    let cursor = before_commit["next_after"].as_i64().unwrap();
+    assert_eq!(gw.commit_and_wait("r", "e").await["state"], "committed");
+    let after_commit = events(&gw, cursor).await;
+    assert_eq!(
+        kinds(&after_commit),
+        ["commit_started", "stream_committed:t", "publication_finished:t", "ended"],
+        "only what is new since the cursor, in order"
+    );
+    assert_eq!(event(&after_commit, "stream_committed")["detail"]["rows"], 10);
+    let published = event(&after_commit, "publication_finished");
+    assert!(published["detail"]["job_id"].as_str().is_some_and(|id| id.starts_with("filament_")), "{published}");
+    assert_eq!(event(&after_commit, "ended")["detail"]["state"], "committed");
+    let ids: Vec<i64> =
+        after_commit["events"].as_array().unwrap().iter().map(|e| e["event_id"].as_i64().unwrap()).collect();
+    assert!(ids.windows(2).all(|pair| pair[0] < pair[1]) && ids[0] > cursor, "{ids:?}");
+    let nothing_new = events(&gw, after_commit["next_after"].as_i64().unwrap()).await;
+    assert_eq!(kinds(&nothing_new), Vec::<String>::new());
+    assert_eq!(nothing_new["next_after"], after_commit["next_after"], "the cursor stays where it was");
+    assert_problem(
+        gw.json(Method::GET, "/v1/runs/r/executions/e/events?after=-1", None).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    );
+    assert_problem(
+        gw.json(Method::GET, "/v1/runs/nope/executions/e/events", None).await,
+        StatusCode::NOT_FOUND,
+        "run_not_found",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_publication_job_and_the_failed_end_carry_their_code() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    let fake = FakeWrite::start().await;
+    let gw = GatewayOptions::new().rest_proxy(&proxy).fake_write(&fake).spawn().await;
+    gw.create_run("r").await;
+    gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
+    gw.open_new_execution("r", "e").await;
+    gw.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..5)])).await;
+    // The commit may begin while the lane still prepares; waiting makes the order one.
+    acknowledged(&gw, 5).await;
+    proxy.set_jobs(JobMode::Fail { query_contains: String::new(), message: "Query error: boom".into() });
+    assert_eq!(gw.commit_and_wait("r", "e").await["state"], "failed");
+    let timeline = events(&gw, 0).await;
+    assert_eq!(
+        kinds(&timeline),
+        [
+            "delivery_started",
+            "prepare_finished:t",
+            "commit_started",
+            "stream_committed:t",
+            "publication_failed:t",
+            "ended"
+        ]
+    );
+    let failed = event(&timeline, "publication_failed");
+    assert_eq!(failed["detail"]["code"], "publication_failed", "{failed}");
+    assert!(failed["detail"]["job_id"].is_string(), "{failed}");
+    let ended = event(&timeline, "ended");
+    assert_eq!(
+        (ended["detail"]["state"].as_str(), ended["detail"]["code"].as_str()),
+        (Some("failed"), Some("publication_failed"))
+    );
+}
