@@ -1,4 +1,4 @@
-//! The operator's CLI (`filament-bigquery runs list|show|watch`): a client of the HTTP API, so
+//! The operator's CLI (`filament-bigquery runs list|show|events|watch`): a client of the HTTP API, so
 //! it works against any replica or the load balancer, with the same scopes as any caller.
 //! Human output is aligned text tables; `--json` prints the API's JSON unchanged.
 //!
@@ -79,6 +79,10 @@ pub async fn run(command: RunsCommand) -> Result<Outcome, CliError> {
             print!("{}", if json { pretty(&view) } else { run_text(&view) });
             Ok(Outcome::Succeeded)
         }
+        RunsCommand::Events { gateway, run, execution, follow, json } => {
+            events(&Api::new(gateway), &run, &execution, follow, json).await?;
+            Ok(Outcome::Succeeded)
+        }
         RunsCommand::Watch { gateway, run, execution, interval_secs } => {
             watch(&Api::new(gateway), &run, &execution, Duration::from_secs(interval_secs.max(1))).await
         }
@@ -128,6 +132,46 @@ async fn watch(api: &Api, run: &str, execution: &str, interval: Duration) -> Res
             _ => tokio::time::sleep(interval).await,
         }
     }
+}
+
+/// Prints the execution's events; with `follow`, polls for new ones until it has ended.
+async fn events(api: &Api, run: &str, execution: &str, follow: bool, json: bool) -> Result<(), CliError> {
+    let path = format!("/v1/runs/{}/executions/{}/events", segment(run), segment(execution));
+    let mut after = 0;
+    loop {
+        let page = api.get(&path, &[("after", after.to_string())]).await?;
+        let events = page["events"].as_array().cloned().unwrap_or_default();
+        for event in &events {
+            if json {
+                println!("{event}");
+            } else {
+                println!("{}", event_line(event));
+            }
+        }
+        after = page["next_after"].as_i64().unwrap_or(after);
+        let ended = events.iter().any(|event| event["kind"] == "ended");
+        if !follow || ended {
+            return Ok(());
+        }
+        if events.is_empty() {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+}
+
+/// `time  kind  resource  count  detail` for one event.
+fn event_line(event: &Value) -> String {
+    let count = match event["count"].as_i64() {
+        Some(count) if count > 1 => format!(" x{count}"),
+        _ => String::new(),
+    };
+    format!(
+        "{}  {:<20} {:<16}{count}  {}",
+        text(&event["at"]),
+        text(&event["kind"]),
+        event["resource"].as_str().unwrap_or(""),
+        event["detail"]
+    )
 }
 
 fn segment(id: &str) -> String {

@@ -72,6 +72,19 @@ pub enum RunsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// An execution's timeline (`GET .../events`); with `--follow`, new events as they come
+    /// until the execution ends.
+    Events {
+        #[command(flatten)]
+        gateway: GatewayConnection,
+        run: String,
+        execution: String,
+        #[arg(long)]
+        follow: bool,
+        /// Print each event as the API's JSON, one per line.
+        #[arg(long)]
+        json: bool,
+    },
     /// An execution's progress per resource until it ends: exit 0 when committed, 1 when
     /// failed or aborted (its code and hint printed).
     Watch {

@@ -1,5 +1,5 @@
 //! The operator's CLI (issue 24, item 5) against the real gateway: `runs list` (table and
-//! `--json`, every page), `runs show`, and `runs watch` exiting 0 on a committed execution and
+//! `--json`, every page), `runs show`, `runs events [--follow]`, and `runs watch` exiting 0 on a committed execution and
 //! 1 on a failed one with its code (and hint, when it has one); a wrong token: exit 2.
 
 use serde_json::{Value, json};
@@ -55,6 +55,16 @@ async fn runs_list_show_and_watch_a_committed_execution() {
     let (code, watched, stderr) = runs(&gw, &gw.token, &["watch", "cli-2", "e", "--interval-secs", "1"]);
     assert_eq!(code, 0, "{watched}{stderr}");
     assert!(watched.contains("e committed") && watched.contains("7/7 rows"), "{watched}");
+
+    let (code, timeline, _) = runs(&gw, &gw.token, &["events", "cli-2", "e", "--follow"]);
+    assert_eq!(code, 0, "--follow ends with the execution");
+    let kinds: Vec<&str> = timeline.lines().filter_map(|line| line.split_whitespace().nth(1)).collect();
+    assert_eq!(kinds.first(), Some(&"delivery_started"), "{timeline}");
+    assert_eq!(kinds.last(), Some(&"ended"), "{timeline}");
+    assert!(kinds.contains(&"publication_finished"), "{timeline}");
+    let (_, as_json, _) = runs(&gw, &gw.token, &["events", "cli-2", "e", "--json"]);
+    let last: Value = serde_json::from_str(as_json.lines().last().unwrap()).unwrap();
+    assert_eq!(last["detail"]["state"], "committed", "{as_json}");
 
     let (code, _, stderr) = runs(&gw, "wrong-token-0123456789", &["list"]);
     assert_eq!(code, 2);
