@@ -134,11 +134,16 @@ async fn watch(api: &Api, run: &str, execution: &str, interval: Duration) -> Res
     }
 }
 
-/// Prints the execution's events; with `follow`, polls for new ones until it has ended.
+/// Prints the execution's events; with `follow`, polls for new ones until its current
+/// delivery has ended (its `ended` event, or a final state with nothing more to print: not
+/// every failure outside a commit records an `ended` event).
 async fn events(api: &Api, run: &str, execution: &str, follow: bool, json: bool) -> Result<(), CliError> {
-    let path = format!("/v1/runs/{}/executions/{}/events", segment(run), segment(execution));
+    let execution_path = format!("/v1/runs/{}/executions/{}", segment(run), segment(execution));
+    let path = format!("{execution_path}/events");
     let mut after = 0;
     loop {
+        let current = api.get(&execution_path, &[]).await?;
+        let final_state = matches!(current["state"].as_str(), Some("committed" | "failed" | "aborted"));
         let page = api.get(&path, &[("after", after.to_string())]).await?;
         let events = page["events"].as_array().cloned().unwrap_or_default();
         for event in &events {
@@ -149,8 +154,8 @@ async fn events(api: &Api, run: &str, execution: &str, follow: bool, json: bool)
             }
         }
         after = page["next_after"].as_i64().unwrap_or(after);
-        let ended = events.iter().any(|event| event["kind"] == "ended");
-        if !follow || ended {
+        let ended = events.iter().any(|event| event["kind"] == "ended" && event["delivery"] == current["delivery"]);
+        if !follow || ended || (final_state && events.is_empty()) {
             return Ok(());
         }
         if events.is_empty() {

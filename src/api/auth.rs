@@ -122,6 +122,13 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
     }
 }
 
+/// What a request does to a run: reads it, or changes it (only its own principal may).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunAccess {
+    Read,
+    Change,
+}
+
 impl Caller {
     pub(crate) fn name(&self) -> &str {
         self.principal.name.as_str()
@@ -163,6 +170,30 @@ impl Caller {
             self.denied("run_of_another_principal");
         }
         sees
+    }
+
+    /// `run` as `access` needs it: any run the caller sees for reading; only its own for a
+    /// change (resources, executions, batches, checkpoints, pause, commit, abort), whatever
+    /// `read_all` lets it read. 404 `run_not_found` for a run it does not see, 403
+    /// `action_not_permitted` for another's run it only reads.
+    pub(crate) fn require_access(&self, run: RunRecord, access: RunAccess) -> Result<RunRecord, Problem> {
+        if !self.sees(&run) {
+            return Err(Problem::new(ErrorCode::RunNotFound, format!("no run {}", run.run_id)));
+        }
+        if access == RunAccess::Change && run.principal != self.name() {
+            self.denied("change_of_another_principals_run");
+            return Err(Problem::new(
+                ErrorCode::ActionNotPermitted,
+                format!(
+                    "principal {} may read run {} of principal {} but not change it",
+                    self.name(),
+                    run.run_id,
+                    run.principal
+                ),
+            )
+            .with_hint("only the principal that created a run writes to, commits or aborts it"));
+        }
+        Ok(run)
     }
 
     /// 403 `destination_not_permitted` unless a `destinations` pattern matches.

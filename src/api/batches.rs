@@ -15,7 +15,7 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::SharedState;
-use super::auth::Caller;
+use super::auth::{Caller, RunAccess};
 use super::body_deadline::BodyTimedOut;
 use super::error::{ApiPath, ApiQuery};
 use super::executions::load_execution;
@@ -129,7 +129,7 @@ async fn load_target(
     execution_id: &str,
     resource: ResourceName,
 ) -> Result<BatchTarget, Problem> {
-    let (run, execution) = load_execution(state, caller, run_id, execution_id).await?;
+    let (run, execution) = load_execution(state, caller, run_id, execution_id, RunAccess::Change).await?;
     let execution = state.replica.claim(execution).await?;
     let declared = state.store.get_resource(&run.run_id, &resource).await?.ok_or_else(|| {
         Problem::not_found(format!("resource {resource} of run {} (declare it with PUT first)", run.run_id))

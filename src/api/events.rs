@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::SharedState;
-use super::auth::Caller;
+use super::auth::{Caller, RunAccess};
 use super::error::{ApiPath, ApiQuery};
 use super::executions::load_execution;
 use super::problems;
@@ -65,7 +65,7 @@ pub(crate) async fn execution_events(
     if after < 0 {
         return Err(Problem::new(ErrorCode::InvalidRequest, "after is negative"));
     }
-    let (_, execution) = load_execution(&state, &caller, &run_id, &execution_id).await?;
+    let (_, execution) = load_execution(&state, &caller, &run_id, &execution_id, RunAccess::Read).await?;
     let events = state.store.events_after(&execution.key(), after, i64::from(limit)).await?;
     let next_after = events.last().map_or(after, |event| event.event_id);
     Ok(axum::Json(ExecutionEvents { events, next_after }))

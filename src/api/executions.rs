@@ -9,7 +9,7 @@ use serde_json::json;
 use utoipa::{IntoParams, ToSchema};
 
 use super::SharedState;
-use super::auth::Caller;
+use super::auth::{Caller, RunAccess};
 use super::error::{ApiJson, ApiPath, ApiQuery};
 use super::problems;
 use super::runs::load_run;
@@ -64,8 +64,9 @@ pub(super) async fn load_execution(
     caller: &Caller,
     run_id: &str,
     execution_id: &str,
+    access: RunAccess,
 ) -> Result<(RunRecord, ExecutionRecord), Problem> {
-    let run = load_run(state, caller, run_id).await?;
+    let run = load_run(state, caller, run_id, access).await?;
     let key = ExecutionKey { run_id: run.run_id.clone(), execution_id: ExecutionId::parse(execution_id)? };
     let execution = state.store.get_execution(&key).await?.ok_or_else(|| Problem::not_found(&key))?;
     Ok((run, execution))
@@ -83,7 +84,7 @@ async fn begin_transition(
     run_id: &str,
     execution_id: &str,
 ) -> Result<(Transitioning, RunRecord, Owned<ExecutionRecord>), Problem> {
-    let (_, execution) = load_execution(state, caller, run_id, execution_id).await?;
+    let (_, execution) = load_execution(state, caller, run_id, execution_id, RunAccess::Change).await?;
     let execution = state.replica.claim(execution).await?;
     let (key, delivery) = (execution.key(), execution.delivery);
     let lanes = if ExecutionState::BEFORE_COMMIT.contains(&execution.state) {
@@ -92,7 +93,7 @@ async fn begin_transition(
         state.pipeline.delivery(&key, delivery).unwrap_or_else(|| Pipeline::detached(delivery))
     };
     let transitioning = lanes.begin_transition().await;
-    let (run, current) = load_execution(state, caller, run_id, execution_id).await?;
+    let (run, current) = load_execution(state, caller, run_id, execution_id, RunAccess::Change).await?;
     let current = state.replica.claim(current).await?;
     Ok((transitioning, run, current))
 }
@@ -124,7 +125,7 @@ pub(crate) async fn open_execution(
     ApiJson(request): ApiJson<OpenExecutionRequest>,
 ) -> Result<(StatusCode, axum::Json<ExecutionView>), Problem> {
     caller.require(Action::Write)?;
-    let run = load_run(&state, &caller, &run_id).await?;
+    let run = load_run(&state, &caller, &run_id, RunAccess::Change).await?;
     // A replica shutting down takes no execution it would have to hand over.
     state.replica.refuse_new_work()?;
     let execution_id = match request.execution_id {
@@ -182,7 +183,7 @@ pub(crate) async fn get_execution(
     ApiPath((run_id, execution_id)): ApiPath<(String, String)>,
 ) -> Result<axum::Json<ExecutionView>, Problem> {
     caller.require_read()?;
-    let (_, execution) = load_execution(&state, &caller, &run_id, &execution_id).await?;
+    let (_, execution) = load_execution(&state, &caller, &run_id, &execution_id, RunAccess::Read).await?;
     Ok(axum::Json(execution_view(&state.store, execution).await?))
 }
 
@@ -239,7 +240,10 @@ pub(crate) async fn pause_execution(
             state.store.record_event(&delivery, EventKind::Paused, None, json!({})).await;
             Ok(axum::Json(execution_view(&state.store, record).await?))
         }
-        None => Err(not_extracting(&load_execution(&state, &caller, &run_id, &execution_id).await?.1, "pause")),
+        None => Err(not_extracting(
+            &load_execution(&state, &caller, &run_id, &execution_id, RunAccess::Change).await?.1,
+            "pause",
+        )),
     }
 }
 

@@ -9,7 +9,7 @@ use sha2::{Digest as _, Sha256};
 use utoipa::ToSchema;
 
 use super::SharedState;
-use super::auth::Caller;
+use super::auth::{Caller, RunAccess};
 use super::error::{ApiJson, ApiPath};
 use super::problems;
 use super::views::{ResourceView, RunView, run_view};
@@ -55,11 +55,16 @@ pub(crate) struct PutResourceRequest {
 
 /// The run, if the caller may see it (its own, or any with `read_all`); otherwise the same
 /// 404 `run_not_found` as for a run that does not exist, so no run's existence leaks.
-pub(super) async fn load_run(state: &SharedState, caller: &Caller, run_id: &str) -> Result<RunRecord, Problem> {
+pub(super) async fn load_run(
+    state: &SharedState,
+    caller: &Caller,
+    run_id: &str,
+    access: RunAccess,
+) -> Result<RunRecord, Problem> {
     let run_id = RunId::parse(run_id)?;
     match state.store.get_run(&run_id).await? {
-        Some(run) if caller.sees(&run) => Ok(run),
-        _ => Err(Problem::new(ErrorCode::RunNotFound, format!("no run {run_id}"))),
+        Some(run) => caller.require_access(run, access),
+        None => Err(Problem::new(ErrorCode::RunNotFound, format!("no run {run_id}"))),
     }
 }
 
@@ -151,7 +156,7 @@ pub(crate) async fn get_run(
     ApiPath(run_id): ApiPath<String>,
 ) -> Result<axum::Json<RunView>, Problem> {
     caller.require_read()?;
-    let run = load_run(&state, &caller, &run_id).await?;
+    let run = load_run(&state, &caller, &run_id, RunAccess::Read).await?;
     Ok(axum::Json(run_view(&state.store, run).await?))
 }
 
@@ -206,7 +211,7 @@ pub(crate) async fn put_resource(
         .as_ref()
         .map(|declared| TableOptions::parse(declared, request.write_mode, &primary_key))
         .transpose()?;
-    let run = load_run(&state, &caller, &run_id).await?;
+    let run = load_run(&state, &caller, &run_id, RunAccess::Change).await?;
     let declared = ResourceRecord {
         resource: resource.clone(),
         table_name,

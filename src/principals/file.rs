@@ -20,6 +20,9 @@ use serde::Deserialize;
 
 use super::{Action, Actions, DEFAULT_PRINCIPAL, DestinationPattern, Principal, PrincipalName};
 
+/// A run id is at most 64 characters; a generated one is the prefix, `run_` and 24 hex digits.
+const MAX_RUN_ID_PREFIX_CHARS: usize = 36;
+
 /// Why a principals file was refused: the line (1-based) and what is wrong there.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("line {line}: {message}")]
@@ -100,9 +103,13 @@ fn check(entry: PrincipalEntry, reserved_default: bool) -> Result<Principal, Str
         .map(|d| DestinationPattern::parse(d).map_err(|e| within(&e)))
         .collect::<Result<_, _>>()?;
     if let Some(prefix) = &entry.run_id_prefix
-        && (prefix.is_empty() || !prefix.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+        && (prefix.is_empty()
+            || prefix.len() > MAX_RUN_ID_PREFIX_CHARS
+            || !prefix.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
     {
-        return Err(within("run_id_prefix must be letters, digits, `-` or `_` (a run id starts with it)"));
+        return Err(within(&format!(
+            "run_id_prefix must be 1 to {MAX_RUN_ID_PREFIX_CHARS} letters, digits, `-` or `_` (a run id starts with it, and generated ids need room after it)"
+        )));
     }
     let actions = match &entry.actions {
         None => Actions::default_for_principal(),
@@ -195,6 +202,11 @@ mod tests {
         assert_eq!(principals[0].name.as_str(), "acme");
         assert!(principals[0].may(Action::Commit) && !principals[0].may(Action::ReadAll));
         assert!(principals[0].may_name_run("acme-1") && !principals[0].may_name_run("other-1"));
+        let longest = format!("run_id_prefix = \"{}\"", "p".repeat(MAX_RUN_ID_PREFIX_CHARS));
+        assert!(parse(&entry("acme", &longest), true).is_ok());
+        let too_long = format!("run_id_prefix = \"{}\"", "p".repeat(MAX_RUN_ID_PREFIX_CHARS + 1));
+        let refused = parse(&entry("acme", &too_long), true).unwrap_err();
+        assert!(refused.message.contains("run_id_prefix must be 1 to 36"), "{refused}");
     }
 
     #[test]

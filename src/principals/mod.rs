@@ -156,7 +156,8 @@ pub(crate) struct DestinationPattern {
 
 impl DestinationPattern {
     pub(crate) fn parse(value: &str) -> Result<Self, String> {
-        let Some((project, dataset)) = value.split_once('.') else {
+        // A dataset has no dot; a domain-scoped project (`example.com:proj`) may.
+        let Some((project, dataset)) = value.rsplit_once('.') else {
             return Err(format!("destination {value:?} must be `project.dataset` (`*` matches within a part)"));
         };
         let part_ok = |part: &str, extra: &[char]| {
@@ -325,6 +326,8 @@ mod tests {
         assert!(!pattern.matches("other", "scratch"));
         assert!(DestinationPattern::parse("*.*").unwrap().matches("any-project", "any_dataset"));
         assert!(DestinationPattern::parse("no-dot").is_err());
+        let domain_scoped = DestinationPattern::parse("example.com:acme-prod.raw_*").unwrap();
+        assert!(domain_scoped.matches("example.com:acme-prod", "raw_orders"));
         assert!(DestinationPattern::parse("p.d-with-dash").is_err());
         assert!(glob_matches(b"a*b*c", b"aXXbYYc") && !glob_matches(b"a*b*c", b"aXXbYY"));
     }

@@ -63,6 +63,8 @@ impl Publisher {
         let delivery = execution.delivery_ref();
         let result = self.commit_inner(run, &delivery).await;
         self.pipeline.forget(&delivery.execution, delivery.delivery);
+        // An abort before publishing recorded the end itself.
+        let ends_here = !matches!(result, Ok(CommitEnd::AbortedBeforePublishing));
         let record = match result {
             Ok(CommitEnd::Published) => self.store.mark_committed(&delivery).await?,
             // The abort's own record stands: it changed nothing.
@@ -88,7 +90,9 @@ impl Publisher {
             ended["code"] = serde_json::json!(error.code);
             ended["hint"] = serde_json::json!(error.hint);
         }
-        self.store.record_event(&delivery, EventKind::Ended, None, ended).await;
+        if ends_here {
+            self.store.record_event(&delivery, EventKind::Ended, None, ended).await;
+        }
         Ok(record)
     }
 

@@ -412,3 +412,36 @@ async fn token_new_prints_a_token_and_the_line_that_admits_it() {
     assert_eq!(status, StatusCode::CREATED, "{created}");
     assert_eq!(created["principal"], "acme");
 }
+
+/// `read_all` is for reading: a principal with it and every write action still changes only
+/// its own runs. On every changing route of another's run it gets 403 `action_not_permitted`
+/// (it may read the run, so no 404), and nothing changes; reading works.
+#[tokio::test(flavor = "multi_thread")]
+async fn read_all_reads_every_run_but_changes_only_its_own() {
+    let tokens = Tokens::new();
+    let (gw, file, run, _) = gateway_with_acme_run(&tokens).await;
+    let orchestrator = new_token();
+    let mut entries = tokens.entries();
+    let actions = "destinations = [\"filament-demo.*\"]\nactions = [\"write\", \"commit\", \"abort\", \"read_all\"]";
+    entries.push(entry("orchestrator", &[&orchestrator], actions));
+    file.write(&entries);
+    let run_path = format!("/v1/runs/{run}");
+    eventually(Duration::from_secs(15), "the reloaded file to admit the orchestrator", || async {
+        (as_principal(&gw, &orchestrator, Method::GET, &run_path, None).await.0 == StatusCode::OK).then_some(())
+    })
+    .await;
+    let before = gw.db_snapshot().await;
+    for (method, path, body) in run_routes(&run).into_iter().filter(|(method, _, _)| *method != Method::GET) {
+        let refused = as_principal(&gw, &orchestrator, method.clone(), &path, body).await;
+        let problem = assert_problem(refused, StatusCode::FORBIDDEN, "action_not_permitted");
+        assert!(problem["detail"].as_str().unwrap().contains("not change it"), "{method} {path}: {problem}");
+    }
+    let batch = format!("/v1/runs/{run}/executions/e/resources/t/batches?seq=1");
+    let refused = post_batch_as(&gw, &orchestrator, &batch, ipc_stream(&[ids(10..20)])).await;
+    assert_problem(refused, StatusCode::FORBIDDEN, "action_not_permitted");
+    assert_eq!(gw.db_snapshot().await, before, "refusals changed nothing");
+    let events = format!("/v1/runs/{run}/executions/e/events");
+    for path in [run_path.clone(), format!("{run_path}/executions/e"), events] {
+        assert_eq!(as_principal(&gw, &orchestrator, Method::GET, &path, None).await.0, StatusCode::OK, "{path}");
+    }
+}
