@@ -63,8 +63,9 @@ impl Publisher {
         let delivery = execution.delivery_ref();
         let result = self.commit_inner(run, &delivery).await;
         self.pipeline.forget(&delivery.execution, delivery.delivery);
-        // An abort before publishing recorded the end itself.
-        let ends_here = !matches!(result, Ok(CommitEnd::AbortedBeforePublishing));
+        // A failure records its end with the state (`Store::fail_execution`), an abort before
+        // publishing with the abort: only a publication ends here.
+        let ends_here = matches!(result, Ok(CommitEnd::Published));
         let record = match result {
             Ok(CommitEnd::Published) => self.store.mark_committed(&delivery).await?,
             // The abort's own record stands: it changed nothing.
@@ -85,12 +86,8 @@ impl Publisher {
                 .ok_or_else(|| Problem::not_found(&delivery.execution))?,
         };
         metrics::counter!(telemetry::EXECUTIONS_FINISHED, "state" => record.state.as_str()).increment(1);
-        let mut ended = serde_json::json!({"state": record.state});
-        if let Some(error) = &record.error {
-            ended["code"] = serde_json::json!(error.code);
-            ended["hint"] = serde_json::json!(error.hint);
-        }
-        if ends_here {
+        if ends_here && record.state == ExecutionState::Committed {
+            let ended = serde_json::json!({"state": record.state});
             self.store.record_event(&delivery, EventKind::Ended, None, ended).await;
         }
         Ok(record)

@@ -8,6 +8,13 @@ use crate::model::{
     DeliveryOutcome, DeliveryRef, ExecutionId, ExecutionKey, ExecutionState, PublicationState, ResourceName, RunId,
 };
 
+/// The timeline's `ended` event of each delivery the enclosing statement's `failed` CTE failed,
+/// written by the same statement (`store::events`).
+const RECORD_FAILED_END: &str = "INSERT INTO execution_events (run_id, execution_id, delivery, kind, detail)
+     SELECT run_id, execution_id, delivery, 'ended',
+            jsonb_strip_nulls(jsonb_build_object('state', state, 'code', error->>'code', 'hint', error->>'hint'))
+     FROM failed";
+
 /// An execution as stored; `delivery` is the current delivery.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub(crate) struct ExecutionRecord {
@@ -241,9 +248,12 @@ impl Store {
         problem: &Problem,
     ) -> StoreResult<Option<ExecutionRecord>> {
         Ok(sqlx::query_as(&format!(
-            "UPDATE executions SET state = $6, error = $4, updated_at = now(), finished_at = now()
-             WHERE {DELIVERY_KEY} AND state = ANY($5)
-             RETURNING *"
+            "WITH failed AS (
+                 UPDATE executions SET state = $6, error = $4, updated_at = now(), finished_at = now()
+                 WHERE {DELIVERY_KEY} AND state = ANY($5)
+                 RETURNING *
+             ), ended AS ({RECORD_FAILED_END})
+             SELECT * FROM failed"
         ))
         .bind_delivery(delivery)
         .bind(problem_json(problem)?)
@@ -358,13 +368,17 @@ impl Store {
     /// a process from before leases): their uploads were in its memory. With `owner`, fails
     /// that replica's open executions at once instead (it is shutting down).
     pub(crate) async fn fail_orphaned_executions(&self, owner: Option<&str>, problem: &Problem) -> StoreResult<u64> {
-        let failed = sqlx::query(
-            "UPDATE executions SET state = $4, error = $1, updated_at = now(), finished_at = now()
-             WHERE state = ANY($2)
-               AND (CASE WHEN $3::text IS NULL
-                         THEN NOT handed_over AND (lease_expires_at IS NULL OR lease_expires_at < now())
-                         ELSE owner = $3 END)",
-        )
+        let failed = sqlx::query(&format!(
+            "WITH failed AS (
+                 UPDATE executions SET state = $4, error = $1, updated_at = now(), finished_at = now()
+                 WHERE state = ANY($2)
+                   AND (CASE WHEN $3::text IS NULL
+                             THEN NOT handed_over AND (lease_expires_at IS NULL OR lease_expires_at < now())
+                             ELSE owner = $3 END)
+                 RETURNING *
+             )
+             {RECORD_FAILED_END}"
+        ))
         .bind(problem_json(problem)?)
         .bind(state_names(ExecutionState::OPEN))
         .bind(owner)
@@ -382,10 +396,13 @@ impl Store {
         problem: &Problem,
     ) -> StoreResult<Option<ExecutionRecord>> {
         Ok(sqlx::query_as(&format!(
-            "UPDATE executions SET state = $6, error = $4, updated_at = now(), finished_at = now()
-             WHERE {DELIVERY_KEY} AND state = ANY($5)
-               AND NOT handed_over AND (lease_expires_at IS NULL OR lease_expires_at < now())
-             RETURNING *"
+            "WITH failed AS (
+                 UPDATE executions SET state = $6, error = $4, updated_at = now(), finished_at = now()
+                 WHERE {DELIVERY_KEY} AND state = ANY($5)
+                   AND NOT handed_over AND (lease_expires_at IS NULL OR lease_expires_at < now())
+                 RETURNING *
+             ), ended AS ({RECORD_FAILED_END})
+             SELECT * FROM failed"
         ))
         .bind_delivery(delivery)
         .bind(problem_json(problem)?)

@@ -129,3 +129,30 @@ async fn a_failed_publication_job_and_the_failed_end_carry_their_code() {
         (Some("failed"), Some("publication_failed"))
     );
 }
+
+/// A failure outside a commit (an append BigQuery refuses for good, while extracting) ends the
+/// timeline too, with its code, written by the same statement that fails the execution.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upload_failure_while_extracting_ends_the_timeline_with_its_code() {
+    let fake = FakeWrite::start().await;
+    fake.script([AppendFault::InResponseError(3)]);
+    let gw = GatewayOptions::new().fake_write(&fake).spawn().await;
+    gw.create_run("r").await;
+    gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
+    gw.open_new_execution("r", "e").await;
+    gw.post_accepted("r", "e", "t", Some(0), ipc_stream(&[ids(0..10)])).await;
+    eventually(Duration::from_secs(30), "the execution to fail", || async {
+        let (_, execution) = gw.json(Method::GET, "/v1/runs/r/executions/e", None).await;
+        (execution["state"] == "failed").then_some(())
+    })
+    .await;
+    let timeline = events(&gw, 0).await;
+    let kinds = kinds(&timeline);
+    assert_eq!(kinds.last().map(String::as_str), Some("ended"), "{timeline}");
+    assert_eq!(kinds.iter().filter(|kind| *kind == "ended").count(), 1, "{timeline}");
+    let ended = event(&timeline, "ended");
+    assert_eq!(
+        (ended["detail"]["state"].as_str(), ended["detail"]["code"].as_str()),
+        (Some("failed"), Some("upload_failed"))
+    );
+}
