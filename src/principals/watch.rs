@@ -67,9 +67,20 @@ impl PrincipalSources {
 
 /// Reloads the principals when the file changes or on SIGHUP, until `stop`.
 pub(crate) async fn keep_current(sources: PrincipalSources, principals: Principals, stop: CancellationToken) {
-    let Some(path) = sources.file.clone() else { return };
-    let mut last_seen = modification(&path);
+    // Taken before anything else: without a handler, SIGHUP would end the process.
     let mut hangups = hangup_signals();
+    let Some(path) = sources.file.clone() else {
+        // Nothing to reload (FILAMENT_API_TOKENS only): a SIGHUP is noted and changes nothing.
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                Some(()) = recv_hangup(&mut hangups) => {
+                    tracing::info!("principals.reload_skipped: no FILAMENT_PRINCIPALS_FILE to reload");
+                }
+            }
+        }
+    };
+    let mut last_seen = modification(&path);
     let mut interval = tokio::time::interval(CHECK_INTERVAL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -445,3 +445,18 @@ async fn read_all_reads_every_run_but_changes_only_its_own() {
         assert_eq!(as_principal(&gw, &orchestrator, Method::GET, &path, None).await.0, StatusCode::OK, "{path}");
     }
 }
+
+/// In the simple mode (`FILAMENT_API_TOKENS`, no principals file) a SIGHUP, the reload signal,
+/// reloads nothing and leaves the gateway serving (without a handler it would end the process).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sighup_without_a_principals_file_keeps_the_gateway_serving() {
+    let gw = Gateway::spawn().await;
+    let hangup = std::process::Command::new("kill").args(["-HUP", &gw.pid().to_string()]).status().unwrap();
+    assert!(hangup.success());
+    eventually(Duration::from_secs(10), "the SIGHUP to be noted", || async {
+        gw.logs().contains("principals.reload_skipped").then_some(())
+    })
+    .await;
+    let (status, page) = gw.json(Method::GET, "/v1/runs", None).await;
+    assert_eq!(status, StatusCode::OK, "still serving after SIGHUP: {page}");
+}
