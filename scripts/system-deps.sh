@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The Debian packages the build and the tests need beyond a Rust toolchain, installed when
 # missing (the README's `make run` / `make test` call this first; the Dockerfile installs the
-# same): libisal-dev (ISA-L, the gzip of the Storage Write requests) and haproxy (the load
-# balancer the fleet tests put in front of several gateways). Postgres, psql, promtool and a
+# same): libisal-dev (ISA-L, the gzip of the Storage Write requests), haproxy (the load
+# balancer the fleet tests put in front of several gateways), and chromium with
+# chromium-driver (the headless browser the console's tests drive over WebDriver). Postgres, psql, promtool and a
 # Java runtime are installed by the scripts that use them.
 set -euo pipefail
 
@@ -15,6 +16,8 @@ need_package() { # package probe-command...
 
 need_package libisal-dev test -e /usr/include/isa-l.h
 need_package haproxy command -v haproxy
+need_package chromium command -v chromium
+need_package chromium-driver command -v chromedriver
 
 if [ "${#missing[@]}" -eq 0 ]; then exit 0; fi
 echo "[system-deps] installing Debian packages: ${missing[*]}" >&2

@@ -17,6 +17,7 @@ use crate::principals::id_token::{IdTokenSettings, IdTokenVerifier};
 use crate::principals::watch::{self, PrincipalSources};
 use tokio_util::task::TaskTracker;
 
+use crate::api::console::session::{ConsoleSessions, MIN_KEY_FILE_BYTES};
 use crate::api::server::{self, ConnectionLimits, http1_read_buffer_bytes};
 use crate::api::{ApiSettings, ApiState, router};
 use crate::bigquery::retry::Backoff;
@@ -107,6 +108,26 @@ pub fn new_token(principal: &str) -> Result<String, String> {
     ))
 }
 
+/// The console's sessions, signed with the key file's key (or a random one of this process),
+/// `Secure` when the gateway serves HTTPS.
+fn console_sessions(config: &ServeConfig, serves_tls: bool) -> anyhow::Result<ConsoleSessions> {
+    let lifetime = Duration::from_secs(config.console_session_secs);
+    let Some(path) = &config.console_session_key_file else {
+        return Ok(ConsoleSessions::new(None, lifetime, serves_tls));
+    };
+    let material =
+        std::fs::read(path).with_context(|| format!("reading FILAMENT_CONSOLE_SESSION_KEY_FILE {}", path.display()))?;
+    if material.len() < MIN_KEY_FILE_BYTES {
+        anyhow::bail!(
+            "FILAMENT_CONSOLE_SESSION_KEY_FILE {} holds {} bytes; it needs at least {MIN_KEY_FILE_BYTES} secret bytes \
+             (for example `head -c 64 /dev/urandom > console-session.key`)",
+            path.display(),
+            material.len()
+        );
+    }
+    Ok(ConsoleSessions::new(Some(&material), lifetime, serves_tls))
+}
+
 fn api_settings(config: &ServeConfig) -> ApiSettings {
     ApiSettings {
         max_batch_body_bytes: config.max_batch_body_bytes,
@@ -141,13 +162,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         advertise_url = replica.lease.url.as_deref().unwrap_or("none (no forwarding to this replica)"), "gateway replica");
     let endpoints =
         Endpoints::new(config.bigquery_emulator_host.as_deref(), config.bigquery_storage_emulator_host.as_deref());
-    let bigquery =
-        BigQuery::connect(endpoints.clone(), config.append_gzip_level).await.context("building BigQuery clients")?;
-    if let Err(e) = bigquery.probe_credentials(crate::bigquery::CREDENTIALS_DEADLINE).await {
-        // Not fatal: /readyz reports it, and the fix may be applied without a restart.
-        let problem = e.problem(crate::bigquery::error::Stage::Credentials);
-        tracing::error!(detail = %problem.detail, hint = problem.hint.as_deref().unwrap_or(""), "credentials probe failed");
-    }
+    let bigquery = connect_bigquery(&endpoints, config.append_gzip_level).await?;
 
     let (sources, principals, generated_token) = initial_principals(&config)?;
     let stop_watching = tokio_util::sync::CancellationToken::new();
@@ -174,6 +189,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         request_slots: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_requests as usize)),
         replica: replica.clone(),
         forwarder: forwarder(&config)?,
+        console: console_sessions(&config, tls.is_some())?,
     });
     let stop_heartbeat = tokio_util::sync::CancellationToken::new();
     let heartbeat = replica.spawn_heartbeat(config.retention_days, stop_heartbeat.clone());
@@ -203,6 +219,18 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     replica.release().await;
     tracing::info!("gateway stopped");
     Ok(())
+}
+
+/// The BigQuery clients, their credentials probed once (a failure is logged, not fatal:
+/// `/readyz` reports it, and the fix may be applied without a restart).
+async fn connect_bigquery(endpoints: &Endpoints, append_gzip_level: u32) -> anyhow::Result<BigQuery> {
+    let bigquery =
+        BigQuery::connect(endpoints.clone(), append_gzip_level).await.context("building BigQuery clients")?;
+    if let Err(e) = bigquery.probe_credentials(crate::bigquery::CREDENTIALS_DEADLINE).await {
+        let problem = e.problem(crate::bigquery::error::Stage::Credentials);
+        tracing::error!(detail = %problem.detail, hint = problem.hint.as_deref().unwrap_or(""), "credentials probe failed");
+    }
+    Ok(bigquery)
 }
 
 /// The client forwarding requests to the replica serving an execution (HTTPS trusting

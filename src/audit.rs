@@ -1,6 +1,7 @@
 //! The audit trail: one structured event per security decision and per state change, at
 //! INFO under the `audit` target (`audit.denied`, `audit.run_created`,
-//! `audit.execution_committed`, `audit.execution_aborted`, `audit.principals_reloaded`). An
+//! `audit.execution_committed`, `audit.execution_aborted`, `audit.principals_reloaded`,
+//! `audit.console_signed_in`, `audit.console_signed_out`). An
 //! event names principals, routes, runs and reason codes; never a token, a digest, a claim
 //! beyond the principal's name, or a payload.
 
@@ -51,4 +52,15 @@ pub(crate) fn execution_aborted(principal: &str, run_id: &str, execution_id: &st
 /// `audit.principals_reloaded`: counts only.
 pub(crate) fn principals_reloaded(principals: usize, tokens: usize, service_accounts: usize) {
     tracing::info!(target: "audit", principals, tokens, service_accounts, "audit.principals_reloaded");
+}
+
+/// `audit.console_signed_in`: a console session was opened for the principal.
+pub(crate) fn console_signed_in(principal: &str, client: Option<SocketAddr>) {
+    let client = client.map(|address| address.to_string());
+    tracing::info!(target: "audit", principal, client = client.as_deref(), "audit.console_signed_in");
+}
+
+/// `audit.console_signed_out`.
+pub(crate) fn console_signed_out(principal: &str) {
+    tracing::info!(target: "audit", principal, "audit.console_signed_out");
 }

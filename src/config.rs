@@ -161,6 +161,17 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_FORWARD_CA_FILE")]
     pub forward_ca_file: Option<std::path::PathBuf>,
 
+    /// A file of at least 32 secret bytes the console's session cookies are signed with (by a
+    /// key derived from it). Replicas behind one address share it, so a session opened on one
+    /// is honoured by all; without it each process signs with a random key of its own.
+    #[arg(long, env = "FILAMENT_CONSOLE_SESSION_KEY_FILE")]
+    pub console_session_key_file: Option<std::path::PathBuf>,
+
+    /// How long a console session lasts after sign-in.
+    #[arg(long, env = "FILAMENT_CONSOLE_SESSION_SECS", default_value_t = 28_800,
+        value_parser = clap::value_parser!(u64).range(60..=2_592_000))]
+    pub console_session_secs: u64,
+
     /// Development only: when no token is configured, generate one and print it at start-up
     /// instead of refusing to start.
     #[arg(long, env = "FILAMENT_DEV_GENERATE_TOKEN", default_value_t = false)]

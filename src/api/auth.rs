@@ -42,7 +42,7 @@ pub(crate) enum NoPrincipal {
 }
 
 impl NoPrincipal {
-    fn reason(self) -> &'static str {
+    pub(crate) fn reason(self) -> &'static str {
         match self {
             NoPrincipal::NoCredentials => "no_credentials",
             NoPrincipal::UnknownToken => "unknown_token",
@@ -66,6 +66,16 @@ impl Authenticator {
             .map(str::trim)
             .filter(|token| !token.is_empty())
             .ok_or(NoPrincipal::NoCredentials)?;
+        self.authenticate_bearer(bearer).await
+    }
+
+    /// The principal a bearer credential (an opaque token or a Google ID token) selects: the
+    /// `Authorization` header's, or the token pasted into the console's sign-in form.
+    pub(crate) async fn authenticate_bearer(&self, bearer: &str) -> Result<Arc<Principal>, NoPrincipal> {
+        let bearer = bearer.trim();
+        if bearer.is_empty() {
+            return Err(NoPrincipal::NoCredentials);
+        }
         let set = self.principals.current();
         match &self.id_tokens {
             Some(verifier) if looks_like_jwt(bearer) => {
@@ -84,6 +94,14 @@ struct RequestShares(Arc<Mutex<HashMap<String, RequestShare>>>);
 
 /// A principal's limit and the semaphore enforcing it.
 type RequestShare = (usize, Arc<Semaphore>);
+
+impl Authenticator {
+    /// A slot for one more request of `principal` (`max_concurrent_requests`); `Err` when it
+    /// has its share in flight.
+    pub(crate) fn request_slot(&self, principal: &Principal) -> Result<Option<OwnedSemaphorePermit>, ()> {
+        self.requests.try_acquire(principal)
+    }
+}
 
 impl RequestShares {
     /// A slot for one more request of `principal`, or `None` when it has its share in flight.
@@ -130,6 +148,12 @@ pub(crate) enum RunAccess {
 }
 
 impl Caller {
+    /// The caller of a request authenticated elsewhere than `require_principal` (the console's
+    /// session cookie).
+    pub(crate) fn new(principal: Arc<Principal>, method: String, route: String, client: Option<SocketAddr>) -> Self {
+        Self { principal, method, route, client }
+    }
+
     pub(crate) fn name(&self) -> &str {
         self.principal.name.as_str()
     }
@@ -282,7 +306,7 @@ pub(crate) async fn require_principal(State(state): State<SharedState>, mut requ
             return response;
         }
     };
-    let Ok(_slot) = state.auth.requests.try_acquire(&principal) else {
+    let Ok(_slot) = state.auth.request_slot(&principal) else {
         return Problem::new(
             ErrorCode::PrincipalLimit,
             format!("principal {} has as many requests in flight as its share allows", principal.name),

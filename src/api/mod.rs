@@ -7,6 +7,7 @@ pub(crate) mod auth;
 pub(crate) mod batches;
 pub(crate) mod body_deadline;
 pub(crate) mod connections;
+pub(crate) mod console;
 mod early_answer;
 pub(crate) mod error;
 mod events;
@@ -74,6 +75,8 @@ pub(crate) struct ApiState {
     pub(crate) replica: crate::replica::Replica,
     /// Streams requests to the replica serving their execution.
     pub(crate) forwarder: forward::Forwarder,
+    /// The web console's sign-in sessions.
+    pub(crate) console: console::session::ConsoleSessions,
 }
 
 pub(crate) type SharedState = Arc<ApiState>;
@@ -172,6 +175,7 @@ pub(crate) fn router(state: SharedState) -> axum::Router {
     let (router, _) =
         OpenApiRouter::with_openapi(ApiDoc::openapi()).merge(v1).merge(operations_routes()).split_for_parts();
     router
+        .merge(console::routes())
         // Route layers run after routing, so requests are counted by their route template.
         .route_layer(middleware::from_fn(record_request))
         .fallback(|| async { Problem::new(ErrorCode::NotFound, "no such route") })

@@ -85,7 +85,7 @@ problems! {
         &[InvalidIdentifier, InvalidDatasetId, DestinationNotPermitted, RunIdNotPermitted, RunConflict],
     ];
     /// `GET /v1/runs`.
-    ListRunsProblems = [EVERY_ROUTE, &[InvalidRequest, InvalidPageToken]];
+    ListRunsProblems = [EVERY_ROUTE, &[InvalidRequest, InvalidPageToken, InvalidDatasetId]];
     /// `GET /v1/runs/{run_id}`.
     GetRunProblems = [EVERY_ROUTE, RUN_ROUTE];
     /// `PUT /v1/runs/{run_id}/resources/{resource}`.

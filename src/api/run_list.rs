@@ -16,7 +16,7 @@ use super::error::ApiQuery;
 use super::problems;
 use crate::error::{ErrorCode, Problem};
 use crate::model::ExecutionState;
-use crate::store::{RunListCursor, RunListQuery, RunListRow};
+use crate::store::{RunListCursor, RunListQuery, RunListRow, Store};
 
 /// Runs per page without `limit`, and at most.
 pub(crate) const DEFAULT_RUNS_PER_PAGE: u32 = 50;
@@ -28,71 +28,71 @@ pub(crate) const MAX_RUNS_PER_PAGE: u32 = 500;
 #[serde(deny_unknown_fields)]
 pub(crate) struct ListRunsParams {
     /// The state of the run's latest execution (runs without an execution are left out).
-    state: Option<ExecutionState>,
+    pub(crate) state: Option<ExecutionState>,
     /// The destination dataset.
-    dataset: Option<String>,
+    pub(crate) dataset: Option<String>,
     /// The principal that created the run (a caller without `read_all` sees only its own).
-    principal: Option<String>,
+    pub(crate) principal: Option<String>,
     /// Runs created after this instant (RFC 3339).
-    created_after: Option<DateTime<Utc>>,
+    pub(crate) created_after: Option<DateTime<Utc>>,
     /// Runs created before this instant (RFC 3339).
-    created_before: Option<DateTime<Utc>>,
+    pub(crate) created_before: Option<DateTime<Utc>>,
     /// Runs per page: 50 by default, at most 500.
     #[param(minimum = 1, maximum = 500)]
-    limit: Option<u32>,
+    pub(crate) limit: Option<u32>,
     /// `next_page_token` of the previous page, with the same filters.
-    page_token: Option<String>,
+    pub(crate) page_token: Option<String>,
 }
 
 /// The error of a failed latest execution.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct RunListError {
-    code: String,
+    pub(crate) code: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    hint: Option<String>,
+    pub(crate) hint: Option<String>,
 }
 
 /// The latest execution of a listed run: its state and its current delivery's progress.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct LatestExecution {
-    execution_id: String,
-    state: ExecutionState,
-    created_at: DateTime<Utc>,
-    rows_received: i64,
-    rows_acknowledged: i64,
-    bytes_received: i64,
+    pub(crate) execution_id: String,
+    pub(crate) state: ExecutionState,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) rows_received: i64,
+    pub(crate) rows_acknowledged: i64,
+    pub(crate) bytes_received: i64,
     /// Set when the execution failed.
     #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<RunListError>,
+    pub(crate) error: Option<RunListError>,
 }
 
 /// Where a listed run loads to.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct RunListDestination {
-    project: String,
-    dataset: String,
+    pub(crate) project: String,
+    pub(crate) dataset: String,
 }
 
 /// One run of the list.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct RunListItem {
-    run_id: String,
-    destination: RunListDestination,
-    principal: String,
-    created_at: DateTime<Utc>,
+    pub(crate) run_id: String,
+    pub(crate) destination: RunListDestination,
+    pub(crate) principal: String,
+    pub(crate) created_at: DateTime<Utc>,
     /// The later of the run's and its latest execution's last change.
-    updated_at: DateTime<Utc>,
+    pub(crate) updated_at: DateTime<Utc>,
     /// Absent until the run's first execution is opened.
-    latest_execution: Option<LatestExecution>,
+    pub(crate) latest_execution: Option<LatestExecution>,
 }
 
 /// One page of runs, newest first.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct RunList {
-    runs: Vec<RunListItem>,
+    pub(crate) runs: Vec<RunListItem>,
     /// Pass as `page_token` for the next page; absent on the last page.
     #[serde(skip_serializing_if = "Option::is_none")]
-    next_page_token: Option<String>,
+    pub(crate) next_page_token: Option<String>,
 }
 
 /// The page token's content (base64url of this JSON: opaque to clients).
@@ -128,6 +128,13 @@ impl ListRunsParams {
                 ErrorCode::InvalidRequest,
                 format!("limit {limit} is outside 1 to {MAX_RUNS_PER_PAGE}"),
             ));
+        }
+        if let Some(dataset) = &self.dataset {
+            crate::model::ids::validate_dataset_id(dataset)?;
+        }
+        if let Some(principal) = &self.principal {
+            crate::principals::PrincipalName::parse(principal)
+                .map_err(|rule| Problem::invalid_request(format!("principal filter: {rule}")))?;
         }
         let principal = match self.principal {
             _ if caller.reads_all() => self.principal,
@@ -184,17 +191,22 @@ pub(crate) async fn list_runs(
     caller: Caller,
     ApiQuery(params): ApiQuery<ListRunsParams>,
 ) -> Result<axum::Json<RunList>, Problem> {
+    Ok(axum::Json(runs_page(&state.store, &caller, params).await?))
+}
+
+/// One page of the runs `caller` may read (the API's and the console's).
+pub(crate) async fn runs_page(store: &Store, caller: &Caller, params: ListRunsParams) -> Result<RunList, Problem> {
     caller.require_read()?;
-    let Some(query) = params.into_query(&caller)? else {
-        return Ok(axum::Json(RunList { runs: Vec::new(), next_page_token: None }));
+    let Some(query) = params.into_query(caller)? else {
+        return Ok(RunList { runs: Vec::new(), next_page_token: None });
     };
-    let rows = state.store.list_runs(&query).await?;
+    let rows = store.list_runs(&query).await?;
     let full_page = rows.len() == query.limit as usize;
     let next_page_token = rows
         .last()
         .filter(|_| full_page)
         .map(|last| encode_page_token(&RunListCursor { created_at: last.created_at, run_id: last.run_id.to_string() }));
-    Ok(axum::Json(RunList { runs: rows.into_iter().map(list_item).collect(), next_page_token }))
+    Ok(RunList { runs: rows.into_iter().map(list_item).collect(), next_page_token })
 }
 
 #[cfg(test)]

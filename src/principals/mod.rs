@@ -276,6 +276,11 @@ impl PrincipalSet {
         self.by_email.get(email).map(|&index| Arc::clone(&self.principals[index]))
     }
 
+    /// The principal named `name` (a console session names its principal).
+    pub(crate) fn by_name(&self, name: &str) -> Option<Arc<Principal>> {
+        self.principals.iter().find(|p| p.name.as_str() == name).cloned()
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.principals.len()
     }

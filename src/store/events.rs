@@ -42,7 +42,7 @@ pub(crate) enum EventKind {
 }
 
 impl EventKind {
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             EventKind::DeliveryStarted => "delivery_started",
             EventKind::PrepareFinished => "prepare_finished",

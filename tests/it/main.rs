@@ -7,6 +7,7 @@
 mod support;
 
 mod append_e2e;
+mod console;
 mod errors;
 mod fidelity;
 mod fleet;

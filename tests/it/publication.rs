@@ -126,7 +126,11 @@ async fn a_failed_job_is_surfaced_on_redelivery_without_a_new_job() {
     gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
     gw.open_new_execution("r", "e").await;
     gw.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..5)])).await;
-    proxy.set_jobs(JobMode::Fail { query_contains: String::new(), message: "Query error: boom".into() });
+    proxy.set_jobs(JobMode::Fail {
+        query_contains: String::new(),
+        reason: "invalidQuery".into(),
+        message: "Query error: boom".into(),
+    });
     let failed = gw.commit_and_wait("r", "e").await;
     assert_eq!(failed["state"], "failed", "{failed}");
     assert_eq!(failed["error"]["code"], "publication_failed", "{failed}");
@@ -321,7 +325,11 @@ async fn a_failure_during_publication_reports_each_destination() {
     gw.open_new_execution("r", "e").await;
     gw.post_accepted("r", "e", "good", None, ipc_stream(&[ids(0..7)])).await;
     gw.post_accepted("r", "e", "bad", None, ipc_stream(&[ids(0..3)])).await;
-    proxy.set_jobs(JobMode::Fail { query_contains: "`bad`".into(), message: "Query error: quota".into() });
+    proxy.set_jobs(JobMode::Fail {
+        query_contains: "`bad`".into(),
+        reason: "invalidQuery".into(),
+        message: "Query error: quota".into(),
+    });
     let failed = gw.commit_and_wait("r", "e").await;
     assert_eq!(failed["state"], "failed", "{failed}");
     assert_eq!(failed["error"]["code"], "publication_failed", "{failed}");

@@ -94,8 +94,15 @@ async fn pages_stay_stable_while_new_runs_arrive_and_bad_parameters_are_refused(
         ("?state=sleeping", "invalid_request"),
         ("?created_after=yesterday", "invalid_request"),
         ("?colour=blue", "invalid_request"),
+        // Found by schemathesis: a NUL byte reached Postgres, which refused it (500).
+        ("?principal=%00", "invalid_request"),
+        ("?principal=a%20b", "invalid_request"),
     ] {
         assert_problem(gw.json(Method::GET, &format!("/v1/runs{query}"), None).await, StatusCode::BAD_REQUEST, code);
+    }
+    for dataset in ["%C3%AC", "%00", "raw-data"] {
+        let answer = gw.json(Method::GET, &format!("/v1/runs?dataset={dataset}"), None).await;
+        assert_problem(answer, StatusCode::UNPROCESSABLE_ENTITY, "invalid_dataset_id");
     }
     assert_eq!(gw.db_snapshot().await, before, "a refused list changes nothing");
 }

@@ -106,7 +106,11 @@ async fn a_failed_publication_job_and_the_failed_end_carry_their_code() {
     gw.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..5)])).await;
     // The commit may begin while the lane still prepares; waiting makes the order one.
     acknowledged(&gw, 5).await;
-    proxy.set_jobs(JobMode::Fail { query_contains: String::new(), message: "Query error: boom".into() });
+    proxy.set_jobs(JobMode::Fail {
+        query_contains: String::new(),
+        reason: "invalidQuery".into(),
+        message: "Query error: boom".into(),
+    });
     assert_eq!(gw.commit_and_wait("r", "e").await["state"], "failed");
     let timeline = events(&gw, 0).await;
     assert_eq!(

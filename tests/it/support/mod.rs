@@ -6,6 +6,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod arrow;
+pub mod browser;
 pub mod discovery;
 pub mod emulator;
 mod eventually;

@@ -39,8 +39,9 @@ pub enum JobMode {
     /// an earlier attempt had submitted it).
     AlreadyExists,
     /// Answer `jobs.insert` of queries containing `query_contains` with a DONE job that failed
-    /// with `message`; forward the others.
-    Fail { query_contains: String, message: String },
+    /// with `reason` (`invalidQuery`, `bytesBilledLimitExceeded`, ...) and `message`; forward
+    /// the others.
+    Fail { query_contains: String, reason: String, message: String },
     /// Answer the first attempt of every publication (a job id without an `-aN` suffix) with a
     /// DONE job that failed with `reason` and `message`; forward the retries.
     FailFirstAttempt { reason: String, message: String },
@@ -297,12 +298,12 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
                     .into_response();
             }
             JobMode::AlreadyExists => return axum::Json(job(&id, "DONE", None)).into_response(),
-            JobMode::Fail { query_contains, message } => {
+            JobMode::Fail { query_contains, reason, message } => {
                 let query = json_body["configuration"]["query"]["query"].as_str().unwrap_or("");
                 let failed = shared.state.lock().unwrap().failed_jobs.contains(&id);
                 if (is_insert && query.contains(&query_contains)) || failed {
                     shared.state.lock().unwrap().failed_jobs.push(id.clone());
-                    return axum::Json(job(&id, "DONE", Some(("invalidQuery", &message)))).into_response();
+                    return axum::Json(job(&id, "DONE", Some((reason.as_str(), &message)))).into_response();
                 }
             }
             JobMode::FailFirstAttempt { reason, message } => {
