@@ -12,6 +12,7 @@
 mod problems;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt as _};
@@ -26,7 +27,10 @@ use crate::model::{ExecutionState, ResourceRef};
 use crate::pipeline::{Admission, DeliveryLanes, LaneTarget, Pipeline, ReservedBatch};
 use crate::principals::Principal;
 use crate::replica::{Owned, Replica};
-use crate::store::{ExecutionRecord, InsertBatch, NewBatch, ReceiptRecord, ResourceRecord, RunRecord, Store};
+use crate::store::{
+    BACKPRESSURE_EVENT_MIN_MS, EventKind, ExecutionRecord, InsertBatch, NewBatch, ReceiptRecord, ResourceRecord,
+    RunRecord, Store,
+};
 use crate::telemetry;
 use problems::{redeclared, replayed, schema_mismatch};
 
@@ -82,18 +86,44 @@ impl Intake<'_> {
         let BatchRequest { target, principal, seq, declared_length, body } = request;
         let loaded = self.load(target)?;
         let share = self.pipeline.principal_share(principal.name.as_str(), principal.max_buffered_bytes);
-        let mut admission =
-            self.pipeline.admit(&loaded.lanes, &loaded.resource.resource, declared_length, share).await?;
-        let body = self.receive_body(body, &mut admission).await?;
-        let prepared = match self.prepare_body(&loaded, seq, body).await? {
-            Prepared::Replay(receipt) => return Ok(Accepted::Replayed(receipt)),
-            Prepared::New(prepared) => prepared,
+        let admitted_at = Instant::now();
+        let admitted = async {
+            let mut admission =
+                self.pipeline.admit(&loaded.lanes, &loaded.resource.resource, declared_length, share).await?;
+            let body = self.receive_body(body, &mut admission).await?;
+            match self.prepare_body(&loaded, seq, body).await? {
+                Prepared::Replay(receipt) => Ok::<_, Problem>(Err(receipt)),
+                Prepared::New(prepared) => Ok(Ok((admission.reserve(prepared.staged_bytes()).await?, prepared))),
+            }
         };
-        let converting = admission.reserve(prepared.staged_bytes()).await?;
+        let (converting, prepared) = match admitted.await {
+            Ok(Ok(admitted)) => admitted,
+            Ok(Err(receipt)) => return Ok(Accepted::Replayed(receipt)),
+            Err(problem) => {
+                if problem.code == ErrorCode::Backpressure {
+                    self.record_backpressure(&loaded.resource, admitted_at.elapsed(), ErrorCode::Backpressure.as_str())
+                        .await;
+                }
+                return Err(problem);
+            }
+        };
+        self.record_backpressure(&loaded.resource, converting.waited(), "accepted").await;
         let (mut encoded, summary) = prepared.encode()?;
         let key_ranges = encoded.key_ranges.take();
         let reserved = converting.settle(encoded);
         self.record_and_enqueue(&loaded, seq, summary, key_ranges, reserved).await
+    }
+
+    /// A wait for room in the upload budget on the timeline, when it lasted long enough to
+    /// matter (`code`: `accepted`, or `backpressure` when the request was refused).
+    async fn record_backpressure(&self, resource: &ResourceRef, waited: Duration, code: &str) {
+        let waited_ms = waited.as_millis() as u64;
+        if waited_ms < BACKPRESSURE_EVENT_MIN_MS {
+            return;
+        }
+        let detail = serde_json::json!({"code": code, "waited_ms": waited_ms, "total_ms": waited_ms});
+        let name: &str = &resource.resource;
+        self.store.record_event(&resource.delivery, EventKind::BackpressureWaited, Some(name), detail).await;
     }
 
     /// The execution must accept batches; its delivery's lanes are opened for them.

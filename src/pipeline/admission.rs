@@ -142,6 +142,12 @@ impl Admission {
 }
 
 impl Converting {
+    /// How long the request waited for room (its resource's share, the receive and upload
+    /// budgets, a conversion slot).
+    pub(crate) fn waited(&self) -> std::time::Duration {
+        self.waited
+    }
+
     /// Keeps the encoded bytes of `encoded` in the budget, gives back the rest of the staged
     /// size, and ends the request's hold on received bytes and its slot.
     pub(crate) fn settle(self, encoded: EncodedBody) -> ReservedBatch {

@@ -2,7 +2,8 @@
 //! prepared, append retries, pause, commit started, streams committed, publication jobs, hand-
 //! overs, the end state) and read back in order by `GET .../events`. Recording is best effort:
 //! a timeline row that cannot be written is logged and the operation it describes goes on.
-//! None of these is per batch, so batches cost no extra Postgres round trip.
+//! None of these is per batch (a backpressure wait is recorded only by a batch that waited
+//! [`BACKPRESSURE_EVENT_MIN_MS`] or more), so batches cost no extra Postgres round trip.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -14,6 +15,10 @@ use crate::model::{DeliveryRef, ExecutionKey};
 
 /// Rows a delivery's timeline holds at most; the end state is recorded even beyond it.
 pub(crate) const MAX_EVENTS_PER_DELIVERY: i64 = 1000;
+
+/// The shortest backpressure wait a batch request records (shorter ones are in the metrics
+/// only), so a batch that did not wait costs no Postgres round trip.
+pub(crate) const BACKPRESSURE_EVENT_MIN_MS: u64 = 100;
 
 /// What happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
@@ -27,6 +32,11 @@ pub(crate) enum EventKind {
     /// An AppendRows attempt failed (`code`, `attempt`, `retryable`); repeats of one resource
     /// with the same code are one event whose `count` grows.
     AppendRetried,
+    /// Batch requests of a resource waited for room in the upload budget for at least
+    /// [`BACKPRESSURE_EVENT_MIN_MS`]: `code` `accepted` (they went on) or `backpressure` (they
+    /// were refused with 429), `waited_ms` (the latest), `total_ms` (summed); repeats with the
+    /// same code are one event whose `count` grows.
+    BackpressureWaited,
     Paused,
     CommitStarted,
     /// A resource's stream was finalized and committed into its staging table (`rows`).
@@ -47,6 +57,7 @@ impl EventKind {
             EventKind::DeliveryStarted => "delivery_started",
             EventKind::PrepareFinished => "prepare_finished",
             EventKind::AppendRetried => "append_retried",
+            EventKind::BackpressureWaited => "backpressure_waited",
             EventKind::Paused => "paused",
             EventKind::CommitStarted => "commit_started",
             EventKind::StreamCommitted => "stream_committed",
@@ -76,13 +87,18 @@ pub(crate) struct EventRecord {
 }
 
 /// Coalesces into the resource's latest event when that is the same kind with the same
-/// `code`; otherwise inserts, within the bound (the end state always).
+/// `code` (the detail becomes the latest one's, its `total_ms` the sum); otherwise inserts,
+/// within the bound (the end state always).
 const RECORD_EVENT: &str = "WITH latest AS (
      SELECT event_id FROM execution_events
      WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND resource IS NOT DISTINCT FROM $5
      ORDER BY event_id DESC LIMIT 1
  ), coalesced AS (
-     UPDATE execution_events ev SET count = ev.count + 1, at = now(), detail = $6
+     UPDATE execution_events ev SET count = ev.count + 1, at = now(),
+         detail = CASE WHEN $6::jsonb ? 'total_ms'
+             THEN jsonb_set($6, '{total_ms}', to_jsonb(COALESCE((ev.detail->>'total_ms')::bigint, 0)
+                                                        + ($6::jsonb->>'total_ms')::bigint))
+             ELSE $6 END
      FROM latest
      WHERE ev.event_id = latest.event_id AND $7 AND ev.kind = $4 AND ev.detail->>'code' = $6::jsonb->>'code'
      RETURNING 1
@@ -107,7 +123,7 @@ impl Store {
             .bind(kind.as_str())
             .bind(resource)
             .bind(&detail)
-            .bind(kind == EventKind::AppendRetried)
+            .bind(matches!(kind, EventKind::AppendRetried | EventKind::BackpressureWaited))
             .bind(MAX_EVENTS_PER_DELIVERY)
             .execute(&self.pool)
             .await;

@@ -160,3 +160,82 @@ async fn an_upload_failure_while_extracting_ends_the_timeline_with_its_code() {
         (Some("failed"), Some("upload_failed"))
     );
 }
+
+/// A gateway whose upload budget (1 MiB) fills from a dozen 128 KiB batches while the fake
+/// acknowledges each append only after `ack_delay`, batch requests waiting at most `wait`.
+async fn gateway_with_a_small_budget(ack_delay: Duration, wait: Duration) -> (FakeWrite, Gateway) {
+    const BUDGET: &str = "1048576";
+    let fake = FakeWrite::start().await;
+    fake.with(|s| s.table_delays.push((String::new(), ack_delay)));
+    let gw = GatewayOptions::new()
+        .fake_write(&fake)
+        .env("FILAMENT_MAX_BUFFERED_BYTES", BUDGET)
+        .env("FILAMENT_MAX_BUFFERED_BYTES_PER_RESOURCE", BUDGET)
+        .env("FILAMENT_BACKPRESSURE_WAIT_MS", &wait.as_millis().to_string())
+        .spawn()
+        .await;
+    gw.create_run("r").await;
+    gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
+    gw.open_new_execution("r", "e").await;
+    (fake, gw)
+}
+
+const ROWS_PER_BATCH: i64 = 8192;
+
+/// The backpressure events of the timeline, by their code.
+fn backpressure_events(page: &Value) -> Vec<Value> {
+    page["events"].as_array().unwrap().iter().filter(|e| e["kind"] == "backpressure_waited").cloned().collect()
+}
+
+/// Batches that wait for room in the budget and then go on are one coalesced event, its
+/// `count` the waits and `total_ms` their sum; a batch that waited no more than 100 ms records
+/// nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn batches_that_waited_for_the_budget_are_one_event_with_their_total_wait() {
+    let (_fake, gw) = gateway_with_a_small_budget(Duration::from_millis(1500), Duration::from_secs(20)).await;
+    let mut waits_over_100_ms = 0;
+    for batch in 0..14 {
+        let started = std::time::Instant::now();
+        let rows = batch * ROWS_PER_BATCH..(batch + 1) * ROWS_PER_BATCH;
+        gw.post_accepted("r", "e", "t", Some(batch), ipc_stream(&[ids(rows)])).await;
+        // The request's own time includes reading and converting; 200 ms is well past that.
+        waits_over_100_ms += usize::from(started.elapsed() >= Duration::from_millis(200));
+    }
+    assert!(waits_over_100_ms > 0, "14 batches of 128 KiB filled a 1 MiB budget");
+    let events = backpressure_events(&events(&gw, 0).await);
+    assert!(!events.is_empty(), "the waits are on the timeline");
+    let waits: i64 = events.iter().map(|e| e["count"].as_i64().unwrap()).sum();
+    assert!(waits >= waits_over_100_ms as i64, "{waits_over_100_ms} requests waited: {events:?}");
+    // Consecutive waits of the resource are one event (another event of it in between, such
+    // as its tables being prepared, starts a new one).
+    assert!(events.len() < waits as usize, "waits are coalesced: {events:?}");
+    for waited in &events {
+        assert_eq!(waited["detail"]["code"], "accepted", "{waited}");
+        let (total_ms, latest_ms) =
+            (waited["detail"]["total_ms"].as_i64().unwrap(), waited["detail"]["waited_ms"].as_i64().unwrap());
+        assert!(total_ms >= 100 * waited["count"].as_i64().unwrap() && total_ms >= latest_ms, "{waited}");
+    }
+}
+
+/// A batch refused with 429 after waiting out the backpressure wait is an event too, with the
+/// refusal's code.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_refused_for_backpressure_is_on_the_timeline_with_its_wait() {
+    let (_fake, gw) = gateway_with_a_small_budget(Duration::from_secs(20), Duration::from_millis(300)).await;
+    let mut refused = None;
+    for batch in 0..14 {
+        let rows = batch * ROWS_PER_BATCH..(batch + 1) * ROWS_PER_BATCH;
+        let (status, answer) = gw.post_batch("r", "e", "t", Some(batch), ipc_stream(&[ids(rows)])).await;
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            refused = Some(answer);
+            break;
+        }
+        assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    }
+    let refused = refused.expect("14 batches of 128 KiB filled a 1 MiB budget acknowledged after 20 s");
+    assert_eq!(refused["code"], "backpressure", "{refused}");
+    let events = backpressure_events(&events(&gw, 0).await);
+    let waited = events.iter().find(|e| e["detail"]["code"] == "backpressure").unwrap_or_else(|| panic!("{events:?}"));
+    assert_eq!(waited["resource"], "t");
+    assert!(waited["detail"]["waited_ms"].as_i64().unwrap() >= 300, "{waited}");
+}
