@@ -118,3 +118,24 @@ async fn two_hundred_concurrent_valid_tokens_during_a_key_rotation_all_succeed()
     }
     assert!(jwks.fetches() <= 3, "{} fetches", jwks.fetches());
 }
+
+/// The console's sign-in form takes an ID token as well: its e-mail's principal gets the
+/// session, and an expired one is refused with the reason.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_id_token_signs_in_to_the_console_as_its_principal() {
+    let jwks = JwksServer::start().await;
+    let (gw, _file) = gateway(&jwks).await;
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let sign_in = |token: String| http.post(gw.url("/ui/sign-in")).form(&[("token", token)]).send();
+    let answer = sign_in(jwks.sign_rs256(&valid())).await.unwrap();
+    assert_eq!(answer.status(), StatusCode::SEE_OTHER);
+    let cookie = answer.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_string();
+    assert!(cookie.ends_with(".loader"), "the session names the principal: {cookie}");
+    let page = http.get(gw.url("/ui/")).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    assert!(page.text().await.unwrap().contains("signed in as"));
+    let expired = jwks.sign_rs256(&IdTokenClaims { exp_offset_secs: -120, iat_offset_secs: -3720, ..valid() });
+    let refused = sign_in(expired).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    assert!(refused.text().await.unwrap().contains("id_token_expired"));
+}
