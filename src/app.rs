@@ -113,6 +113,10 @@ pub fn new_token(principal: &str) -> Result<String, String> {
 fn console_sessions(config: &ServeConfig, serves_tls: bool) -> anyhow::Result<ConsoleSessions> {
     let lifetime = Duration::from_secs(config.console_session_secs);
     let Some(path) = &config.console_session_key_file else {
+        tracing::warn!(
+            "console sessions are signed with a random key of this process (FILAMENT_CONSOLE_SESSION_KEY_FILE \
+             unset): another replica, or this one after a restart, asks to sign in again"
+        );
         return Ok(ConsoleSessions::new(None, lifetime, serves_tls));
     };
     let material =

@@ -28,6 +28,8 @@ pub enum CliError {
     Refused { status: u16, code: String, detail: String },
     #[error("the gateway's answer is not JSON: {0}")]
     NotJson(reqwest::Error),
+    #[error("the gateway URL {0:?} is not an http(s) URL")]
+    InvalidUrl(String),
 }
 
 struct Api {
@@ -41,16 +43,24 @@ impl Api {
         Self { http, connection }
     }
 
-    async fn get(&self, path: &str, query: &[(&str, String)]) -> Result<Value, CliError> {
-        let url = format!("{}{path}", self.connection.url.trim_end_matches('/'));
+    /// The URL of the API path made of `segments` (each percent-encoded as one segment).
+    fn url(&self, segments: &[&str]) -> Result<reqwest::Url, CliError> {
+        let invalid = || CliError::InvalidUrl(self.connection.url.clone());
+        let mut url = reqwest::Url::parse(&self.connection.url).map_err(|_| invalid())?;
+        url.path_segments_mut().map_err(|()| invalid())?.pop_if_empty().extend(segments);
+        Ok(url)
+    }
+
+    async fn get(&self, segments: &[&str], query: &[(&str, String)]) -> Result<Value, CliError> {
+        let url = self.url(segments)?;
         let response = self
             .http
-            .get(&url)
+            .get(url.clone())
             .bearer_auth(&self.connection.token)
             .query(query)
             .send()
             .await
-            .map_err(|source| CliError::Unreachable { url: url.clone(), source })?;
+            .map_err(|source| CliError::Unreachable { url: url.to_string(), source })?;
         let status = response.status();
         let body: Value = response.json().await.map_err(CliError::NotJson)?;
         if !status.is_success() {
@@ -75,7 +85,7 @@ pub async fn run(command: RunsCommand) -> Result<Outcome, CliError> {
             Ok(Outcome::Succeeded)
         }
         RunsCommand::Show { gateway, run, json } => {
-            let view = Api::new(gateway).get(&format!("/v1/runs/{}", segment(&run)), &[]).await?;
+            let view = Api::new(gateway).get(&["v1", "runs", &run], &[]).await?;
             print!("{}", if json { pretty(&view) } else { run_text(&view) });
             Ok(Outcome::Succeeded)
         }
@@ -96,7 +106,7 @@ async fn list_runs(api: &Api, filters: [(&str, Option<String>); 3], limit: usize
     query.push(("limit", limit.clamp(1, 500).to_string()));
     let mut runs = Vec::new();
     loop {
-        let page = api.get("/v1/runs", &query).await?;
+        let page = api.get(&["v1", "runs"], &query).await?;
         runs.extend(page["runs"].as_array().cloned().unwrap_or_default());
         match page["next_page_token"].as_str() {
             Some(token) if runs.len() < limit => {
@@ -112,7 +122,7 @@ async fn list_runs(api: &Api, filters: [(&str, Option<String>); 3], limit: usize
 
 /// Polls the execution until it ends, printing each resource's progress at every look.
 async fn watch(api: &Api, run: &str, execution: &str, interval: Duration) -> Result<Outcome, CliError> {
-    let path = format!("/v1/runs/{}/executions/{}", segment(run), segment(execution));
+    let path = ["v1", "runs", run, "executions", execution];
     loop {
         let view = api.get(&path, &[]).await?;
         let state = view["state"].as_str().unwrap_or("unknown");
@@ -138,8 +148,8 @@ async fn watch(api: &Api, run: &str, execution: &str, interval: Duration) -> Res
 /// delivery has ended (its `ended` event, or a final state with nothing more to print: not
 /// every failure outside a commit records an `ended` event).
 async fn events(api: &Api, run: &str, execution: &str, follow: bool, json: bool) -> Result<(), CliError> {
-    let execution_path = format!("/v1/runs/{}/executions/{}", segment(run), segment(execution));
-    let path = format!("{execution_path}/events");
+    let execution_path = ["v1", "runs", run, "executions", execution];
+    let path = ["v1", "runs", run, "executions", execution, "events"];
     let mut after = 0;
     loop {
         let current = api.get(&execution_path, &[]).await?;
@@ -177,10 +187,6 @@ fn event_line(event: &Value) -> String {
         event["resource"].as_str().unwrap_or(""),
         event["detail"]
     )
-}
-
-fn segment(id: &str) -> String {
-    id.replace('%', "%25").replace('/', "%2F").replace('?', "%3F").replace('#', "%23")
 }
 
 fn pretty(value: &Value) -> String {

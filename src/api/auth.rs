@@ -273,6 +273,16 @@ impl Caller {
     }
 }
 
+/// 429 `principal_limit`: the principal has its share of concurrent requests in flight.
+pub(crate) fn principal_limit(principal: &Principal) -> Problem {
+    Problem::new(
+        ErrorCode::PrincipalLimit,
+        format!("principal {} has as many requests in flight as its share allows", principal.name),
+    )
+    .with_hint("retry after Retry-After, or send fewer requests at once (max_concurrent_requests)")
+    .with_retry_after(1)
+}
+
 fn unauthorized(detail: &str) -> Problem {
     Problem::new(
         ErrorCode::Unauthorized,
@@ -307,13 +317,7 @@ pub(crate) async fn require_principal(State(state): State<SharedState>, mut requ
         }
     };
     let Ok(_slot) = state.auth.request_slot(&principal) else {
-        return Problem::new(
-            ErrorCode::PrincipalLimit,
-            format!("principal {} has as many requests in flight as its share allows", principal.name),
-        )
-        .with_hint("retry after Retry-After, or send fewer requests at once (max_concurrent_requests)")
-        .with_retry_after(1)
-        .into_response();
+        return principal_limit(&principal).into_response();
     };
     request.extensions_mut().insert(Caller { principal, method, route, client });
     next.run(request).await

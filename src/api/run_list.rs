@@ -115,7 +115,16 @@ fn decode_page_token(token: &str) -> Result<RunListCursor, Problem> {
     };
     let bytes = URL_SAFE_NO_PAD.decode(token).map_err(|_| invalid())?;
     let token: PageToken = serde_json::from_slice(&bytes).map_err(|_| invalid())?;
+    if crate::model::RunId::parse(token.run_id.as_str()).is_err() || !within_postgres_range(token.created_at) {
+        return Err(invalid());
+    }
     Ok(RunListCursor { created_at: token.created_at, run_id: token.run_id })
+}
+
+/// Instants Postgres' `timestamptz` holds and people mean: years 1 to 9999 (chrono parses
+/// signed, five-digit years too).
+fn within_postgres_range(at: DateTime<Utc>) -> bool {
+    (1..=9999).contains(&chrono::Datelike::year(&at))
 }
 
 impl ListRunsParams {
@@ -128,6 +137,11 @@ impl ListRunsParams {
                 ErrorCode::InvalidRequest,
                 format!("limit {limit} is outside 1 to {MAX_RUNS_PER_PAGE}"),
             ));
+        }
+        for (name, at) in [("created_after", self.created_after), ("created_before", self.created_before)] {
+            if at.is_some_and(|at| !within_postgres_range(at)) {
+                return Err(Problem::invalid_request(format!("{name} is outside the years 1 to 9999")));
+            }
         }
         if let Some(dataset) = &self.dataset {
             crate::model::ids::validate_dataset_id(dataset)?;
@@ -218,7 +232,11 @@ mod tests {
         let created_at = DateTime::parse_from_rfc3339("2026-12-01T10:11:12.123456Z").unwrap().with_timezone(&Utc);
         let cursor = RunListCursor { created_at, run_id: "run-7".into() };
         assert_eq!(decode_page_token(&encode_page_token(&cursor)).unwrap(), cursor);
-        for bad in ["", "not base64!", "e30", &URL_SAFE_NO_PAD.encode(b"{\"run_id\":1}")] {
+        let forged = |created_at: &str, run_id: &str| {
+            URL_SAFE_NO_PAD.encode(format!("{{\"created_at\":\"{created_at}\",\"run_id\":\"{run_id}\"}}"))
+        };
+        let (nul, far) = (forged("2026-12-01T00:00:00Z", "r\\u0000"), forged("-10000-01-01T00:00:00Z", "r"));
+        for bad in ["", "not base64!", "e30", &URL_SAFE_NO_PAD.encode(b"{\"run_id\":1}"), &nul, &far] {
             assert_eq!(decode_page_token(bad).unwrap_err().code, ErrorCode::InvalidPageToken, "{bad}");
         }
     }

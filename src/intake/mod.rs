@@ -24,7 +24,7 @@ use crate::ingest::prepare::{BatchLimits, BodySummary, Declaration, PreparedBatc
 use crate::model::bounds::KeyRange;
 use crate::model::staging::staging_table_name;
 use crate::model::{ExecutionState, ResourceRef};
-use crate::pipeline::{Admission, DeliveryLanes, LaneTarget, Pipeline, ReservedBatch};
+use crate::pipeline::{Admission, Converting, DeliveryLanes, LaneTarget, Pipeline, ReservedBatch};
 use crate::principals::Principal;
 use crate::replica::{Owned, Replica};
 use crate::store::{
@@ -70,6 +70,13 @@ pub(crate) struct Intake<'a> {
     pub(crate) limits: BatchLimits,
 }
 
+/// A request past admission: a `seq` accepted before, or a new batch converting under the
+/// upload budget.
+enum Admitted {
+    Replay(ReceiptRecord),
+    New(Converting, Box<PreparedBatch>),
+}
+
 /// The request's place in its execution, fixed once loaded.
 struct Loaded {
     target: BatchTarget,
@@ -91,23 +98,24 @@ impl Intake<'_> {
             let mut admission =
                 self.pipeline.admit(&loaded.lanes, &loaded.resource.resource, declared_length, share).await?;
             let body = self.receive_body(body, &mut admission).await?;
-            match self.prepare_body(&loaded, seq, body).await? {
-                Prepared::Replay(receipt) => Ok::<_, Problem>(Err(receipt)),
-                Prepared::New(prepared) => Ok(Ok((admission.reserve(prepared.staged_bytes()).await?, prepared))),
-            }
+            Ok::<_, Problem>(match self.prepare_body(&loaded, seq, body).await? {
+                Prepared::Replay(receipt) => Admitted::Replay(receipt),
+                Prepared::New(prepared) => Admitted::New(admission.reserve(prepared.staged_bytes()).await?, prepared),
+            })
         };
         let (converting, prepared) = match admitted.await {
-            Ok(Ok(admitted)) => admitted,
-            Ok(Err(receipt)) => return Ok(Accepted::Replayed(receipt)),
+            Ok(Admitted::New(converting, prepared)) => (converting, prepared),
+            Ok(Admitted::Replay(receipt)) => return Ok(Accepted::Replayed(receipt)),
             Err(problem) => {
                 if problem.code == ErrorCode::Backpressure {
-                    self.record_backpressure(&loaded.resource, admitted_at.elapsed(), ErrorCode::Backpressure.as_str())
-                        .await;
+                    // It waited out what was left of the backpressure wait, at most all of it.
+                    let waited = admitted_at.elapsed().min(self.pipeline.backpressure_wait());
+                    self.record_backpressure(&loaded.resource, waited, true);
                 }
                 return Err(problem);
             }
         };
-        self.record_backpressure(&loaded.resource, converting.waited(), "accepted").await;
+        self.record_backpressure(&loaded.resource, converting.waited(), false);
         let (mut encoded, summary) = prepared.encode()?;
         let key_ranges = encoded.key_ranges.take();
         let reserved = converting.settle(encoded);
@@ -115,15 +123,20 @@ impl Intake<'_> {
     }
 
     /// A wait for room in the upload budget on the timeline, when it lasted long enough to
-    /// matter (`code`: `accepted`, or `backpressure` when the request was refused).
-    async fn record_backpressure(&self, resource: &ResourceRef, waited: Duration, code: &str) {
-        let waited_ms = waited.as_millis() as u64;
+    /// matter; recorded by a task of its own, so the request does not hold what it was
+    /// admitted to (its budget, its conversion slot) through another round trip.
+    fn record_backpressure(&self, resource: &ResourceRef, waited: Duration, refused: bool) {
+        let waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
         if waited_ms < BACKPRESSURE_EVENT_MIN_MS {
             return;
         }
-        let detail = serde_json::json!({"code": code, "waited_ms": waited_ms, "total_ms": waited_ms});
-        let name: &str = &resource.resource;
-        self.store.record_event(&resource.delivery, EventKind::BackpressureWaited, Some(name), detail).await;
+        let detail = serde_json::json!({"code": "backpressure", "waited_ms": waited_ms, "total_ms": waited_ms,
+            "refused": u8::from(refused)});
+        let (store, resource) = (self.store.clone(), resource.clone());
+        tokio::spawn(async move {
+            let name: &str = &resource.resource;
+            store.record_event(&resource.delivery, EventKind::BackpressureWaited, Some(name), detail).await;
+        });
     }
 
     /// The execution must accept batches; its delivery's lanes are opened for them.

@@ -27,7 +27,7 @@ pub(crate) mod lane;
 mod prepare;
 pub(crate) mod retry;
 
-pub(crate) use admission::{Admission, QueuedRows, ReservedBatch};
+pub(crate) use admission::{Admission, Converting, QueuedRows, ReservedBatch};
 pub(crate) use gate::{Accepting, DeliveryLanes, Transitioning};
 pub(crate) use lane::{LaneContext, LaneReport, LaneTarget};
 
@@ -157,6 +157,11 @@ impl Pipeline {
     /// the handlers check the lease).
     pub(crate) fn holds(&self, key: &ExecutionKey) -> bool {
         lock(&self.executions).contains_key(key)
+    }
+
+    /// How long a batch request waits for room before 429 `backpressure`.
+    pub(crate) fn backpressure_wait(&self) -> std::time::Duration {
+        self.limits.backpressure_wait
     }
 
     /// Lets a batch request of `resource` in (step 1 of [`admission`]): waits for room in the

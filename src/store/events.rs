@@ -2,8 +2,9 @@
 //! prepared, append retries, pause, commit started, streams committed, publication jobs, hand-
 //! overs, the end state) and read back in order by `GET .../events`. Recording is best effort:
 //! a timeline row that cannot be written is logged and the operation it describes goes on.
-//! None of these is per batch (a backpressure wait is recorded only by a batch that waited
-//! [`BACKPRESSURE_EVENT_MIN_MS`] or more), so batches cost no extra Postgres round trip.
+//! None of these is per batch, so a batch costs no extra Postgres round trip, except one that
+//! waited [`BACKPRESSURE_EVENT_MIN_MS`] or more for the upload budget: its wait is recorded
+//! by a task of its own, after the request let go of what it held.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -33,9 +34,9 @@ pub(crate) enum EventKind {
     /// with the same code are one event whose `count` grows.
     AppendRetried,
     /// Batch requests of a resource waited for room in the upload budget for at least
-    /// [`BACKPRESSURE_EVENT_MIN_MS`]: `code` `accepted` (they went on) or `backpressure` (they
-    /// were refused with 429), `waited_ms` (the latest), `total_ms` (summed); repeats with the
-    /// same code are one event whose `count` grows.
+    /// [`BACKPRESSURE_EVENT_MIN_MS`] (`code` `backpressure`, `waited_ms` of the latest,
+    /// `total_ms` summed, `refused` how many were then answered 429); repeats are one event
+    /// whose `count` grows.
     BackpressureWaited,
     Paused,
     CommitStarted,
@@ -87,17 +88,17 @@ pub(crate) struct EventRecord {
 }
 
 /// Coalesces into the resource's latest event when that is the same kind with the same
-/// `code` (the detail becomes the latest one's, its `total_ms` the sum); otherwise inserts,
-/// within the bound (the end state always).
+/// `code` (the detail becomes the latest one's; a backpressure event's `total_ms` and
+/// `refused` are summed); otherwise inserts, within the bound (the end state always).
 const RECORD_EVENT: &str = "WITH latest AS (
      SELECT event_id FROM execution_events
      WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND resource IS NOT DISTINCT FROM $5
      ORDER BY event_id DESC LIMIT 1
  ), coalesced AS (
      UPDATE execution_events ev SET count = ev.count + 1, at = now(),
-         detail = CASE WHEN $6::jsonb ? 'total_ms'
-             THEN jsonb_set($6, '{total_ms}', to_jsonb(COALESCE((ev.detail->>'total_ms')::bigint, 0)
-                                                        + ($6::jsonb->>'total_ms')::bigint))
+         detail = CASE WHEN $6::jsonb ? 'total_ms' THEN $6::jsonb || jsonb_build_object(
+                 'total_ms', COALESCE((ev.detail->>'total_ms')::bigint, 0) + ($6::jsonb->>'total_ms')::bigint,
+                 'refused', COALESCE((ev.detail->>'refused')::bigint, 0) + COALESCE(($6::jsonb->>'refused')::bigint, 0))
              ELSE $6 END
      FROM latest
      WHERE ev.event_id = latest.event_id AND $7 AND ev.kind = $4 AND ev.detail->>'code' = $6::jsonb->>'code'
@@ -131,6 +132,20 @@ impl Store {
             tracing::warn!(run_id = %delivery.run_id(), execution_id = %delivery.execution_id(), kind = kind.as_str(),
                 %error, "store.event_not_recorded");
         }
+    }
+
+    /// The execution's newest `limit` events (every delivery), oldest first.
+    pub(crate) async fn latest_events(&self, key: &ExecutionKey, limit: i64) -> StoreResult<Vec<EventRecord>> {
+        let mut events: Vec<EventRecord> = sqlx::query_as(
+            "SELECT event_id, delivery, at, kind, resource, count, detail FROM execution_events
+             WHERE run_id = $1 AND execution_id = $2 ORDER BY event_id DESC LIMIT $3",
+        )
+        .bind_execution(key)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        events.reverse();
+        Ok(events)
     }
 
     /// The execution's events after `after` (every delivery), oldest first, at most `limit`.

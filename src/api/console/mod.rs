@@ -24,7 +24,7 @@ use serde::Deserialize;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::SharedState;
-use super::auth::{Caller, RunAccess};
+use super::auth::{Caller, RunAccess, principal_limit};
 use super::executions::load_execution;
 use super::run_list::{ListRunsParams, runs_page};
 use super::runs::load_run;
@@ -41,7 +41,7 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; img
 /// The largest sign-in form accepted (an ID token is a few KiB).
 const MAX_FORM_BYTES: usize = 16 * 1024;
 
-/// Events an execution page shows: the per-delivery bound of the timeline.
+/// Events an execution page shows at most (the newest): one delivery's bound.
 const MAX_TIMELINE_EVENTS: i64 = 1000;
 
 const STYLESHEET: &str = include_str!("console.css");
@@ -66,17 +66,41 @@ async fn security_headers(mut response: Response) -> Response {
     headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if !headers.contains_key(header::CACHE_CONTROL) {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
     response
 }
 
+/// The stylesheet, cached for a few minutes (pages are not cached at all).
 async fn stylesheet() -> Response {
-    ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLESHEET).into_response()
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8"), (header::CACHE_CONTROL, "max-age=300")], STYLESHEET)
+        .into_response()
+}
+
+/// Whether a browser says the request came from another site (`Sec-Fetch-Site`): such a form
+/// may not open or close a session here (login CSRF). Clients that send no such header (curl,
+/// scripts) are not browsers tricked by a page.
+fn sent_from_another_site(headers: &HeaderMap) -> bool {
+    headers
+        .get("sec-fetch-site")
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|site| !matches!(site, "same-origin" | "none"))
+}
+
+fn cross_site_refusal() -> Response {
+    let problem = Problem::new(ErrorCode::ActionNotPermitted, "a page of another site may not sign in or out here")
+        .with_hint("open the console's own sign-in page");
+    problem_page(None, &problem)
 }
 
 /// A page answering a problem, with its status.
 fn problem_page(principal: Option<&str>, problem: &Problem) -> Response {
-    (problem.code.status(), pages::problem(principal, problem)).into_response()
+    let mut response = (problem.code.status(), pages::problem(principal, problem)).into_response();
+    if let Some(secs) = problem.retry_after_secs {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    response
 }
 
 /// Where a request was made from, for `audit.denied`.
@@ -138,12 +162,7 @@ impl FromRequestParts<SharedState> for SignedIn {
         let caller = Caller::new(principal, origin.method.clone(), origin.route.clone(), origin.client);
         caller.require_read().map_err(|problem| problem_page(Some(caller.name()), &problem))?;
         let Ok(slot) = state.auth.request_slot(&caller.principal) else {
-            let problem = Problem::new(
-                ErrorCode::PrincipalLimit,
-                format!("principal {} has as many requests in flight as its share allows", caller.name()),
-            )
-            .with_hint("reload the page in a moment");
-            return Err(problem_page(Some(caller.name()), &problem));
+            return Err(problem_page(Some(caller.name()), &principal_limit(&caller.principal)));
         };
         Ok(SignedIn { caller, _slot: slot })
     }
@@ -265,7 +284,7 @@ async fn execution_page(
     let page = async {
         let Path((run_id, execution_id)) = ids.map_err(|rejection| Problem::invalid_request(rejection.body_text()))?;
         let (run, execution) = load_execution(&state, &signed.caller, &run_id, &execution_id, RunAccess::Read).await?;
-        let events = state.store.events_after(&execution.key(), 0, MAX_TIMELINE_EVENTS).await?;
+        let events = state.store.latest_events(&execution.key(), MAX_TIMELINE_EVENTS).await?;
         let view = execution_view(&state.store, execution).await?;
         let project = run.job_project.unwrap_or(run.destination.project);
         let location = run.destination.location.filter(|l| !l.is_empty()).unwrap_or_else(|| "US".to_string());
@@ -297,7 +316,8 @@ struct SignInQuery {
 
 /// Where to go after signing in: a console page, else the runs list.
 fn console_path(next: Option<&str>) -> &str {
-    next.filter(|path| path.starts_with("/ui/") && !path.chars().any(|c| c.is_control() || c == '\\')).unwrap_or("/ui/")
+    next.filter(|path| path.starts_with("/ui/") && path.chars().all(|c| c.is_ascii_graphic() && c != '\\'))
+        .unwrap_or("/ui/")
 }
 
 async fn sign_in_form(query: Result<Query<SignInQuery>, QueryRejection>) -> Response {
@@ -314,11 +334,12 @@ struct SignInForm {
 async fn sign_in(
     State(state): State<SharedState>,
     ClientAddress(client): ClientAddress,
+    request_headers: HeaderMap,
     form: Result<Form<SignInForm>, FormRejection>,
 ) -> Response {
-    let denied = |principal: &str, reason: &str| {
-        audit::Denied { principal, method: "POST", route: "/ui/sign-in", reason, client }.emit();
-    };
+    if sent_from_another_site(&request_headers) {
+        return cross_site_refusal();
+    }
     let Ok(Form(form)) = form else {
         return (StatusCode::BAD_REQUEST, pages::sign_in("/ui/", Some("Paste a token to sign in."))).into_response();
     };
@@ -326,17 +347,18 @@ async fn sign_in(
     let principal = match state.auth.authenticate_bearer(&form.token).await {
         Ok(principal) => principal,
         Err(refusal) => {
-            denied(audit::ANONYMOUS, refusal.reason());
+            let reason = refusal.reason();
+            audit::Denied { principal: audit::ANONYMOUS, method: "POST", route: "/ui/sign-in", reason, client }.emit();
             let message = format!("The gateway does not accept this token ({}).", refusal.reason());
             return (StatusCode::UNAUTHORIZED, pages::sign_in(&next, Some(&message))).into_response();
         }
     };
-    let name = principal.name.as_str();
-    if !principal.may(crate::principals::Action::Read) && !principal.may(crate::principals::Action::ReadAll) {
-        denied(name, ErrorCode::ActionNotPermitted.as_str());
-        let message = format!("Principal {name} may not read runs (it needs the read or read_all action).");
-        return (StatusCode::FORBIDDEN, pages::sign_in(&next, Some(&message))).into_response();
+    let caller = Caller::new(principal, "POST".into(), "/ui/sign-in".into(), client);
+    if let Err(problem) = caller.require_read() {
+        // require_read recorded the refusal.
+        return (StatusCode::FORBIDDEN, pages::sign_in(&next, Some(&problem.detail))).into_response();
     }
+    let name = caller.name();
     audit::console_signed_in(name, client);
     let mut headers = HeaderMap::new();
     headers.insert(header::SET_COOKIE, state.console.open(name, Utc::now()));
@@ -344,6 +366,9 @@ async fn sign_in(
 }
 
 async fn sign_out(State(state): State<SharedState>, request_headers: HeaderMap) -> Response {
+    if sent_from_another_site(&request_headers) {
+        return cross_site_refusal();
+    }
     if let Ok(name) = state.console.principal_of(&request_headers, Utc::now()) {
         audit::console_signed_out(&name);
     }
@@ -359,9 +384,15 @@ mod tests {
     #[test]
     fn only_console_paths_are_followed_after_sign_in() {
         assert_eq!(console_path(Some("/ui/runs/r?x=1")), "/ui/runs/r?x=1");
-        for elsewhere in
-            ["https://evil.example/", "//evil.example/ui/", "/v1/runs", "/ui/\\evil", "/ui/\r\nSet-Cookie: x"]
-        {
+        for elsewhere in [
+            "https://evil.example/",
+            "//evil.example/ui/",
+            "/v1/runs",
+            "/ui/\\evil",
+            "/ui/\r\nSet-Cookie: x",
+            "/ui/é",
+            "/ui/ x",
+        ] {
             assert_eq!(console_path(Some(elsewhere)), "/ui/", "{elsewhere:?}");
         }
         assert_eq!(console_path(None), "/ui/");

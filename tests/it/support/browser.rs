@@ -17,8 +17,19 @@ pub const PAGE_DEADLINE: Duration = Duration::from_secs(30);
 /// One headless Chromium and its chromedriver; both end on drop.
 pub struct Browser {
     pub client: Client,
-    driver: Child,
+    _driver: Driver,
     _profile: tempfile::TempDir,
+}
+
+/// chromedriver in a process group of its own, ended with every browser it started when
+/// dropped (also when a test panics before its session exists).
+struct Driver(Child);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-TERM", "--", &format!("-{}", self.0.id())]).status();
+        let _ = self.0.wait();
+    }
 }
 
 fn free_port() -> u16 {
@@ -30,7 +41,7 @@ impl Browser {
         let chromedriver = std::env::var("FILAMENT_CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
         let chromium = std::env::var("FILAMENT_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
         let port = free_port();
-        let mut driver = Command::new(&chromedriver)
+        let driver = Command::new(&chromedriver)
             .arg(format!("--port={port}"))
             // Its own process group, so the browsers it starts end with it (on drop).
             .process_group(0)
@@ -40,6 +51,7 @@ impl Browser {
             .unwrap_or_else(|e| {
                 panic!("starting {chromedriver} (scripts/system-deps.sh installs chromium-driver): {e}")
             });
+        let mut driver = Driver(driver);
         let profile = tempfile::tempdir().expect("a browser profile directory");
         let capabilities = json!({"goog:chromeOptions": {
             "binary": chromium,
@@ -57,7 +69,7 @@ impl Browser {
             match builder.capabilities(capabilities.clone()).connect(&url).await {
                 Ok(client) => break client,
                 Err(e) if tokio::time::Instant::now() < deadline => {
-                    if let Ok(Some(status)) = driver.try_wait() {
+                    if let Ok(Some(status)) = driver.0.try_wait() {
                         panic!("chromedriver exited with {status}: {e}");
                     }
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -65,7 +77,7 @@ impl Browser {
                 Err(e) => panic!("no WebDriver session from {chromedriver} within {PAGE_DEADLINE:?}: {e}"),
             }
         };
-        Self { client, driver, _profile: profile }
+        Self { client, _driver: driver, _profile: profile }
     }
 
     pub async fn goto(&self, url: &str) {
@@ -124,13 +136,5 @@ impl Browser {
     /// Ends the WebDriver session (Chromium quits); chromedriver ends on drop.
     pub async fn close(self) {
         let _ = self.client.clone().close().await;
-    }
-}
-
-impl Drop for Browser {
-    fn drop(&mut self) {
-        // The whole group: chromedriver and any Chromium still running (a test that panicked).
-        let _ = Command::new("kill").args(["-TERM", "--", &format!("-{}", self.driver.id())]).status();
-        let _ = self.driver.wait();
     }
 }
