@@ -328,6 +328,8 @@ impl Publisher {
         let staged_rows = job.statement.staged.map_or(0, |report| report.rows_acknowledged);
         tracing::info!(run_id = %job.delivery.run_id(), execution_id = %job.delivery.execution_id(), resource = %name,
             %job_id, staged_rows, "bigquery.write.publish.started");
+        let started = serde_json::json!({"job_id": job_id});
+        self.store.record_event(job.delivery, EventKind::PublicationStarted, Some(name), started).await;
         let labels = job_id::publication_labels(job.delivery, name);
         let query = QueryJob {
             project: run.job_project.as_deref().unwrap_or(&run.destination.project),

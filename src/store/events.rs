@@ -42,6 +42,8 @@ pub(crate) enum EventKind {
     CommitStarted,
     /// A resource's stream was finalized and committed into its staging table (`rows`).
     StreamCommitted,
+    /// A destination's publication job (one attempt) was submitted (`job_id`).
+    PublicationStarted,
     /// A destination's publication job ended (`job_id`, `duration_ms`, `rows_affected`,
     /// `bytes_billed`), or failed (`job_id`, `code`, `hint`).
     PublicationFinished,
@@ -62,6 +64,7 @@ impl EventKind {
             EventKind::Paused => "paused",
             EventKind::CommitStarted => "commit_started",
             EventKind::StreamCommitted => "stream_committed",
+            EventKind::PublicationStarted => "publication_started",
             EventKind::PublicationFinished => "publication_finished",
             EventKind::PublicationFailed => "publication_failed",
             EventKind::HandedOver => "handed_over",

@@ -70,12 +70,13 @@ async fn the_timeline_shows_a_coalesced_retry_the_commit_and_the_end_in_order() 
     let after_commit = events(&gw, cursor).await;
     assert_eq!(
         kinds(&after_commit),
-        ["commit_started", "stream_committed:t", "publication_finished:t", "ended"],
+        ["commit_started", "stream_committed:t", "publication_started:t", "publication_finished:t", "ended"],
         "only what is new since the cursor, in order"
     );
     assert_eq!(event(&after_commit, "stream_committed")["detail"]["rows"], 10);
     let published = event(&after_commit, "publication_finished");
     assert!(published["detail"]["job_id"].as_str().is_some_and(|id| id.starts_with("filament_")), "{published}");
+    assert_eq!(event(&after_commit, "publication_started")["detail"]["job_id"], published["detail"]["job_id"]);
     assert_eq!(event(&after_commit, "ended")["detail"]["state"], "committed");
     let ids: Vec<i64> =
         after_commit["events"].as_array().unwrap().iter().map(|e| e["event_id"].as_i64().unwrap()).collect();
@@ -120,6 +121,7 @@ async fn a_failed_publication_job_and_the_failed_end_carry_their_code() {
             "prepare_finished:t",
             "commit_started",
             "stream_committed:t",
+            "publication_started:t",
             "publication_failed:t",
             "ended"
         ]
