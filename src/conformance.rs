@@ -17,6 +17,7 @@ use crate::ingest::schema::{LoadSpec, map_schema};
 use crate::model::WriteMode;
 use crate::model::bounds::KeyRange;
 use crate::model::table_layout::TableLayout;
+use crate::model::write_options::{DeclaredWriteOptions, Deletes, MetadataColumn, OrderByDeclaration, WriteOptions};
 use crate::publish::destination::{KeysAsCompared, string_key_columns};
 use crate::publish::sql;
 
@@ -31,7 +32,21 @@ pub struct Case {
     pub collated_keys: Vec<String>,
     /// The key ranges its batches recorded (only the ordered key types get one).
     pub key_ranges: Vec<KeyRange>,
+    /// Its `order_by` columns (keyed modes; columns of `schema` of an orderable type).
+    pub order_by: Vec<String>,
+    /// The load metadata columns it declares (distinct).
+    pub metadata_columns: Vec<MetadataColumn>,
+    /// What its deletes do (`soft`: keyed modes only).
+    pub deletes: Deletes,
+    /// `full_upsert` only: the run is a snapshot whose completing publication deletes the keys
+    /// it did not send.
+    pub delete_missing: bool,
 }
+
+/// The run and execution ids the statements of every case set as load metadata (quoted
+/// literals; the real ids are validated to `[A-Za-z0-9_-]`).
+pub const RUN_ID: &str = "run-2026_conformance";
+pub const EXECUTION_ID: &str = "exec-1";
 
 /// A table as the gateway creates it: where, and its `tables.insert` body (wire JSON).
 #[derive(Debug, Clone)]
@@ -45,7 +60,8 @@ pub struct TableBody {
 /// One statement the gateway would submit as a query job.
 #[derive(Debug, Clone)]
 pub struct Statement {
-    /// Which path of the generator made it (`merge`, `insert`, `replace`, `truncate`).
+    /// Which path of the generator made it (`merge`, `insert`, `replace`, `truncate`, and for
+    /// `delete_missing` `snapshot_completion` and `delete_missing`).
     pub shape: &'static str,
     pub sql: String,
     /// A script of several statements (`full_replace`'s transaction).
@@ -70,38 +86,62 @@ fn staging_table_of(table: &str) -> String {
 /// The tables and statements of `case` publishing into `project.dataset.table`, or the
 /// problem a batch of its schema would be refused with.
 pub fn shape(case: &Case, project: &str, dataset: &str, table: &str) -> Result<Shaped, Problem> {
-    let spec = LoadSpec { write_mode: case.write_mode, primary_key: &case.primary_key };
+    let spec = LoadSpec { write_mode: case.write_mode, primary_key: &case.primary_key, order_by: &case.order_by };
     let mapped = map_schema(&case.schema, spec)?;
     let columns = &mapped.destination_columns;
     let layout = TableLayout::resolve(None, case.write_mode, &case.primary_key, columns, mapped.incoming.fields())?;
-    let mut destination = destination_table_body(table_reference(project, dataset, table), columns, &layout, 0);
+    let order_by = OrderByDeclaration::Columns(case.order_by.clone());
+    let declared = DeclaredWriteOptions {
+        order_by: (!case.order_by.is_empty()).then_some(&order_by),
+        metadata_columns: Some(&case.metadata_columns),
+        deletes: Some(case.deletes),
+        delete_missing: Some(case.delete_missing),
+    };
+    let options = WriteOptions::parse(case.write_mode, declared)?;
+    let table_columns: Vec<_> = columns.iter().cloned().chain(options.publication_columns()).collect();
+    let mut destination = destination_table_body(table_reference(project, dataset, table), &table_columns, &layout, 0);
     collate(&mut destination, &case.collated_keys);
     let staging_table = staging_table_of(table);
     let staging_body =
         staging_table_body(table_reference(project, dataset, &staging_table), &mapped.staging_columns, Some(0));
     let key = sql::key_as_named(&case.primary_key, columns);
+    let order_by = sql::key_as_named(&options.order_by, columns);
     let compared = KeysAsCompared::in_table(&destination, &string_key_columns(columns, &key), &case.key_ranges);
     let destination_ref = sql::TableRef { project, dataset, table };
-    let publication = |replace| {
+    let publication = |replace, scope| {
         sql::publication_statement(&sql::Publication {
             destination: destination_ref.clone(),
             staging: sql::TableRef { project, dataset, table: &staging_table },
             write_mode: case.write_mode,
             columns,
             key: &key,
-            key_ranges: &compared.ranges,
+            order_by: &order_by,
+            scope,
             key_collations: &compared.collations,
             replace,
+            metadata: sql::LoadMetadata {
+                columns: &options.metadata_columns,
+                run_id: RUN_ID,
+                execution_id: EXECUTION_ID,
+            },
+            deletes: options.deletes,
         })
     };
+    let staged = sql::MergeScope::StagedKeys(&compared.ranges);
+    let statement = |shape, sql| Statement { shape, sql, script: false };
     let statements = match case.write_mode {
         WriteMode::FullReplace => vec![
-            Statement { shape: "replace", sql: publication(true), script: true },
-            Statement { shape: "insert", sql: publication(false), script: false },
-            Statement { shape: "truncate", sql: sql::truncate_statement(&destination_ref), script: false },
+            Statement { shape: "replace", sql: publication(true, staged), script: true },
+            statement("insert", publication(false, staged)),
+            statement("truncate", sql::truncate_statement(&destination_ref)),
         ],
-        mode if mode.is_merge() => vec![Statement { shape: "merge", sql: publication(false), script: false }],
-        _ => vec![Statement { shape: "insert", sql: publication(false), script: false }],
+        _ if options.delete_missing => vec![
+            statement("merge", publication(false, sql::MergeScope::SnapshotSegment(&compared.ranges))),
+            statement("snapshot_completion", publication(false, sql::MergeScope::SnapshotCompletion)),
+            statement("delete_missing", sql::delete_missing_statement(&destination_ref, RUN_ID, options.deletes)),
+        ],
+        mode if mode.is_merge() => vec![statement("merge", publication(false, staged))],
+        _ => vec![statement("insert", publication(false, staged))],
     };
     Ok(Shaped {
         destination: table_body(project, dataset, table, &destination),

@@ -58,6 +58,9 @@ error_codes! {
     NullPrimaryKey => "null_primary_key", UNPROCESSABLE_ENTITY, "Null primary key value";
     PrimaryKeyRequired => "primary_key_required", UNPROCESSABLE_ENTITY, "Primary key required";
     InvalidPrimaryKey => "invalid_primary_key", UNPROCESSABLE_ENTITY, "Invalid primary key";
+    InvalidOrderBy => "invalid_order_by", UNPROCESSABLE_ENTITY, "Invalid order_by";
+    InvalidDeletes => "invalid_deletes", UNPROCESSABLE_ENTITY, "Deletes option not available to the write mode";
+    InvalidDeleteMissing => "invalid_delete_missing", UNPROCESSABLE_ENTITY, "delete_missing not available to the write mode";
     InvalidPartitioning => "invalid_partitioning", UNPROCESSABLE_ENTITY, "Invalid table partitioning";
     InvalidClustering => "invalid_clustering", UNPROCESSABLE_ENTITY, "Invalid table clustering";
     InvalidTableLabels => "invalid_table_labels", UNPROCESSABLE_ENTITY, "Invalid table labels";

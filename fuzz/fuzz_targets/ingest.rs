@@ -49,6 +49,6 @@ fuzz_target!(
     // The chunk hint also picks the write mode; keyed modes key on the first column.
     let write_mode = MODES[usize::from(chunk_hint) % MODES.len()];
     let primary_key: Vec<String> = decoded.schema.fields().iter().take(1).map(|f| f.name().clone()).collect();
-    let Ok(mapped) = map_schema(&decoded.schema, LoadSpec { write_mode, primary_key: &primary_key }) else { return };
+    let Ok(mapped) = map_schema(&decoded.schema, LoadSpec { write_mode, primary_key: &primary_key, order_by: &[] }) else { return };
     let _ = encode_payloads(&decoded, &mapped, MAX_PAYLOAD_BYTES);
 });

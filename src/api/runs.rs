@@ -18,6 +18,7 @@ use crate::error::{ErrorCode, Problem};
 use crate::model::columns::MAX_KEY_COLUMNS;
 use crate::model::ids::{default_table_name, validate_column_name, validate_project_id, validate_table_name};
 use crate::model::table_options::{TableOptions, TableOptionsDeclaration};
+use crate::model::write_options::{DeclaredWriteOptions, Deletes, MetadataColumn, OrderByDeclaration, WriteOptions};
 use crate::model::{Batching, Destination, ResourceName, RunId, WriteMode};
 use crate::principals::Action;
 use crate::store::{NewRun, ResourceRecord, ResourceUpsert, RunRecord};
@@ -51,6 +52,27 @@ pub(crate) struct PutResourceRequest {
     /// Layout of the destination table, applied when the gateway creates it (an existing table
     /// is never re-laid out; a different layout is reported as `layout_mismatch`).
     pub(crate) table_options: Option<TableOptionsDeclaration>,
+    /// Load metadata columns the publication sets on every row it writes, in every write mode:
+    /// `loaded_at` (`_filament_loaded_at` TIMESTAMP, the publication's time), `run_id`
+    /// (`_filament_run_id` STRING), `execution_id` (`_filament_execution_id` STRING). Added to
+    /// the destination like any new column (NULLABLE); each listed at most once.
+    pub(crate) metadata_columns: Option<Vec<MetadataColumn>>,
+    /// Keyed modes: a column, or a list compared in order, that orders the changes: the largest
+    /// value wins when a key changes more than once (ties: arrival order), and a staged row
+    /// changes a destination row only when its value is at least the row's, so a replayed or
+    /// late change never rolls a row back. INT64, NUMERIC, BIGNUMERIC, DATE, DATETIME,
+    /// TIMESTAMP or STRING columns of the batches, never NULL.
+    pub(crate) order_by: Option<OrderByDeclaration>,
+    /// Keyed modes: `hard` (default) removes a deleted row; `soft` keeps it with its last
+    /// values and sets `_filament_deleted_at` (TIMESTAMP, the publication's time), which a later
+    /// insert, update or upsert of the key clears (declare the upsert resources of a table
+    /// whose deletes are soft `soft` too, so their upserts clear it).
+    pub(crate) deletes: Option<Deletes>,
+    /// `full_upsert`: the run is a snapshot of the source. The publication that completes it
+    /// (of the first execution committed without being paused) deletes, or soft-deletes, every
+    /// key of the destination the run did not send; earlier (paused) segments delete nothing.
+    /// Adds the `run_id` metadata column, which records the run that last sent each key.
+    pub(crate) delete_missing: Option<bool>,
 }
 
 /// The run, if the caller may see it (its own, or any with `read_all`); otherwise the same
@@ -211,6 +233,13 @@ pub(crate) async fn put_resource(
         .as_ref()
         .map(|declared| TableOptions::parse(declared, request.write_mode, &primary_key))
         .transpose()?;
+    let declared_options = DeclaredWriteOptions {
+        order_by: request.order_by.as_ref(),
+        metadata_columns: request.metadata_columns.as_deref(),
+        deletes: request.deletes,
+        delete_missing: request.delete_missing,
+    };
+    let write_options = WriteOptions::parse(request.write_mode, declared_options)?;
     let run = load_run(&state, &caller, &run_id, RunAccess::Change).await?;
     let declared = ResourceRecord {
         resource: resource.clone(),
@@ -218,6 +247,7 @@ pub(crate) async fn put_resource(
         write_mode: request.write_mode,
         primary_key,
         table_options,
+        write_options,
         layout_mismatch: None,
     };
     match state.store.upsert_resource(&run.run_id, &declared).await? {
@@ -226,7 +256,7 @@ pub(crate) async fn put_resource(
             ErrorCode::ResourceConflict,
             format!(
                 "resource {resource} already has batches as {} into {} (key {:?}); its declaration (mode, key, \
-                 table, table_options) cannot change",
+                 table, table_options, order_by, metadata_columns, deletes, delete_missing) cannot change",
                 current.write_mode, current.table_name, current.primary_key
             ),
         )),

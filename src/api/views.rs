@@ -8,6 +8,7 @@ use utoipa::ToSchema;
 use crate::error::Problem;
 use crate::model::table_layout::LayoutDifference;
 use crate::model::table_options::TableOptionsDeclaration;
+use crate::model::write_options::{Deletes, MetadataColumn};
 use crate::model::{Batching, Destination, ExecutionState, PublicationState, WriteMode};
 use crate::store::{
     ExecutionRecord, PublicationRecord, ReceiptRecord, ResourceProgress, ResourceRecord, RunRecord, Store,
@@ -24,6 +25,19 @@ pub(crate) struct ResourceView {
     /// The declared table layout, when one was declared.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) table_options: Option<TableOptionsDeclaration>,
+    /// The columns ordering its changes, when declared (keyed modes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) order_by: Vec<String>,
+    /// The load metadata columns its publications set, when any were declared.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) metadata_columns: Vec<MetadataColumn>,
+    /// What a delete does, when soft (absent: hard).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) deletes: Option<Deletes>,
+    /// Whether the run is a snapshot whose completing publication deletes the keys it did not
+    /// send (absent: false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) delete_missing: bool,
     /// How the existing destination table's layout differs from `table_options`, as the last
     /// upload found (the table is left as it is and loading goes on); absent when it does not.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -38,6 +52,10 @@ impl From<ResourceRecord> for ResourceView {
             write_mode: r.write_mode,
             primary_key: r.primary_key,
             table_options: r.table_options.map(TableOptionsDeclaration::from),
+            order_by: r.write_options.order_by,
+            metadata_columns: r.write_options.metadata_columns,
+            deletes: (r.write_options.deletes == Deletes::Soft).then_some(Deletes::Soft),
+            delete_missing: r.write_options.delete_missing,
             layout_mismatch: r.layout_mismatch,
         }
     }

@@ -130,8 +130,11 @@ mod tests {
         let (a, schema) = payload(vec![7, -2, 40], vec!["m", "b", "z"]);
         let (b, _) = payload(vec![3], vec!["a"]);
         let key = ["id".to_string(), "name".to_string()];
-        let mapped =
-            map_schema(&schema, LoadSpec { write_mode: WriteMode::IncrementalUpsert, primary_key: &key }).unwrap();
+        let mapped = map_schema(
+            &schema,
+            LoadSpec { write_mode: WriteMode::IncrementalUpsert, primary_key: &key, order_by: &[] },
+        )
+        .unwrap();
         let ranges = key_ranges(&[a.clone(), b], &mapped);
         assert_eq!(
             ranges,
@@ -144,7 +147,9 @@ mod tests {
                 },
             ]
         );
-        let append = map_schema(&schema, LoadSpec { write_mode: WriteMode::FullAppend, primary_key: &[] }).unwrap();
+        let append =
+            map_schema(&schema, LoadSpec { write_mode: WriteMode::FullAppend, primary_key: &[], order_by: &[] })
+                .unwrap();
         assert!(key_ranges(&[a], &append).is_empty(), "no key, no range");
     }
 
@@ -155,8 +160,11 @@ mod tests {
         let decimals = arrow_array::Decimal128Array::from(vec![105, 90]).with_precision_and_scale(10, 1).unwrap();
         let incoming = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(decimals)]).unwrap();
         let key = ["amount".to_string()];
-        let mapped =
-            map_schema(&schema, LoadSpec { write_mode: WriteMode::IncrementalUpsert, primary_key: &key }).unwrap();
+        let mapped = map_schema(
+            &schema,
+            LoadSpec { write_mode: WriteMode::IncrementalUpsert, primary_key: &key, order_by: &[] },
+        )
+        .unwrap();
         let staged = crate::ingest::convert::to_staging(&incoming, &mapped, 0).unwrap();
         let payload = AppendPayload {
             rows: 2,

@@ -48,6 +48,14 @@ pub(crate) fn to_staging(
             return Err(IngestError::NullPrimaryKey { column: name.clone(), row: first_row + row });
         }
     }
+    for (name, index) in &mapped.order_columns {
+        let array = batch.column(*index);
+        if array.null_count() > 0
+            && let Some(row) = (0..array.len()).find(|&i| array.is_null(i))
+        {
+            return Err(IngestError::NullOrderBy { column: name.clone(), row: first_row + row });
+        }
+    }
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(mapped.staging_columns.len());
     for (column, index) in mapped.data_columns.iter().zip(&mapped.data_indices) {
         columns.push(stage(batch.column(*index), column, &column.name, &top_level)?);
@@ -341,6 +349,7 @@ mod tests {
     use arrow_schema::Schema;
 
     use super::*;
+    use crate::error::Problem;
     use crate::ingest::schema::{LoadSpec, map_schema};
     use crate::model::WriteMode;
     use crate::model::staging::SEQ_COLUMN;
@@ -350,7 +359,7 @@ mod tests {
     }
 
     fn append() -> LoadSpec<'static> {
-        LoadSpec { write_mode: WriteMode::FullAppend, primary_key: &[] }
+        LoadSpec { write_mode: WriteMode::FullAppend, primary_key: &[], order_by: &[] }
     }
 
     fn staged(input: &RecordBatch, spec: LoadSpec<'_>) -> Result<RecordBatch, IngestError> {
@@ -528,7 +537,7 @@ mod tests {
     #[test]
     fn keyed_modes_check_keys_and_operations_and_stage_the_row_order() {
         let key = ["id".to_string()];
-        let spec = LoadSpec { write_mode: WriteMode::CdcMerge, primary_key: &key };
+        let spec = LoadSpec { write_mode: WriteMode::CdcMerge, primary_key: &key, order_by: &[] };
         let fields = vec![Field::new("id", DataType::Int64, true), Field::new("_filament_op", DataType::Utf8, true)];
         let input = batch(
             fields.clone(),
@@ -548,6 +557,21 @@ mod tests {
             ],
         );
         assert_eq!(staged(&null_key, spec).unwrap_err(), IngestError::NullPrimaryKey { column: "id".into(), row: 1 });
+        let order_by = ["LSN".to_string()];
+        let ordered = LoadSpec { order_by: &order_by, ..spec };
+        let with_lsn = vec![fields[0].clone(), Field::new("lsn", DataType::Int64, true), fields[1].clone()];
+        let null_order = batch(
+            with_lsn,
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2])),
+                Arc::new(Int64Array::from(vec![Some(7), None])),
+                Arc::new(StringArray::from(vec!["insert", "delete"])),
+            ],
+        );
+        let mapped = map_schema(&null_order.schema(), ordered).unwrap();
+        let refused = to_staging(&null_order, &mapped, 4).unwrap_err();
+        assert_eq!(refused, IngestError::NullOrderBy { column: "lsn".into(), row: 5 }, "a delete needs its order too");
+        assert_eq!(Problem::from(refused).code, crate::error::ErrorCode::InvalidOrderBy);
         for ops in [vec![Some("insert"), Some("merge")], vec![None, Some("insert")]] {
             let bad_op =
                 batch(fields.clone(), vec![Arc::new(Int64Array::from(vec![1, 2])), Arc::new(StringArray::from(ops))]);

@@ -90,6 +90,10 @@ pub enum IngestError {
     InvalidPrimaryKey(String),
     #[error("key column {column:?} is null in row {row}")]
     NullPrimaryKey { column: String, row: usize },
+    #[error("{0}")]
+    InvalidOrderBy(String),
+    #[error("order_by column {column:?} is null in row {row}")]
+    NullOrderBy { column: String, row: usize },
     #[error("the body holds {rows} rows; one request takes fewer than 2^32")]
     TooManyRows { rows: usize },
     #[error("row {row} encodes to {row_bytes} bytes, above the {limit_bytes}-byte request budget")]
@@ -110,6 +114,7 @@ impl IngestError {
             IngestError::InvalidOperation(_) => ErrorCode::InvalidOperation,
             IngestError::InvalidPrimaryKey(_) => ErrorCode::InvalidPrimaryKey,
             IngestError::NullPrimaryKey { .. } => ErrorCode::NullPrimaryKey,
+            IngestError::InvalidOrderBy(_) | IngestError::NullOrderBy { .. } => ErrorCode::InvalidOrderBy,
             IngestError::TooManyRows { .. } => ErrorCode::PayloadTooLarge,
             IngestError::RowTooLarge { .. } => ErrorCode::RowTooLarge,
             IngestError::Arrow(_) => ErrorCode::InvalidArrowIpc,
@@ -125,6 +130,9 @@ impl From<IngestError> for Problem {
             }
             IngestError::NullPrimaryKey { .. } => {
                 Some("keyed write modes need every key value; drop or repair rows with null keys at the source")
+            }
+            IngestError::NullOrderBy { .. } => {
+                Some("every change of a resource with order_by needs its order value: the largest one wins")
             }
             IngestError::RowTooLarge { .. } => {
                 Some("BigQuery accepts at most 10 MB per append request; shrink or split the row's large values")

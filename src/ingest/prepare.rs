@@ -31,6 +31,7 @@ use crate::model::table_options::TableOptions;
 pub(crate) struct Declaration<'a> {
     pub(crate) write_mode: WriteMode,
     pub(crate) primary_key: &'a [String],
+    pub(crate) order_by: &'a [String],
     pub(crate) table_options: Option<&'a TableOptions>,
 }
 
@@ -89,7 +90,8 @@ pub(crate) fn prepare(
     seq: Option<i64>,
     limits: &BatchLimits,
 ) -> Result<PreparedBatch, Problem> {
-    let spec = LoadSpec { write_mode: declared.write_mode, primary_key: declared.primary_key };
+    let spec =
+        LoadSpec { write_mode: declared.write_mode, primary_key: declared.primary_key, order_by: declared.order_by };
     let mapped = map_schema(&body.schema, spec)?;
     let destination_layout = TableLayout::resolve(
         declared.table_options,

@@ -33,11 +33,13 @@ const EXTENSION_NAME_KEY: &str = "ARROW:extension:name";
 const JSON_EXTENSION: &str = "arrow.json";
 const BIGQUERY_TYPE_KEY: &str = "bigquery_type";
 
-/// What a resource declares that shapes its staging: the write mode and the primary key.
+/// What a resource declares that shapes its staging: the write mode, the primary key and the
+/// columns ordering its changes (`order_by`, keyed modes; empty: arrival order).
 #[derive(Debug, Clone, Copy)]
 pub struct LoadSpec<'a> {
     pub write_mode: WriteMode,
     pub primary_key: &'a [String],
+    pub order_by: &'a [String],
 }
 
 /// A validated batch schema: the incoming Arrow schema, its BigQuery columns and the staging
@@ -53,6 +55,9 @@ pub struct MappedSchema {
     pub(crate) op_index: Option<usize>,
     /// Key columns as named in the schema, in key order, with their incoming positions.
     pub(crate) key_columns: Vec<(String, usize)>,
+    /// `order_by` columns as named in the schema, in declared order, with their incoming
+    /// positions (never NULL in a batch).
+    pub(crate) order_columns: Vec<(String, usize)>,
     /// Columns of the destination table: the data columns, plus `_filament_op` for `cdc_append`.
     pub(crate) destination_columns: Vec<Column>,
     /// Columns of the staging table: staged data columns, then `_filament_op`, `_filament_seq`.
@@ -226,7 +231,10 @@ pub fn map_schema(schema: &SchemaRef, spec: LoadSpec<'_>) -> Result<MappedSchema
     let incoming = incoming_columns(schema, spec.write_mode)?;
     check_table_limits(schema, &incoming.data_columns)?;
     let key_columns = key_columns(spec, &incoming.data_columns, &incoming.data_indices)?;
-    Ok(staging_layout(schema, spec.write_mode, incoming, key_columns))
+    let order_columns = order_columns(spec, &incoming.data_columns, &incoming.data_indices)?;
+    let mut mapped = staging_layout(schema, spec.write_mode, incoming, key_columns);
+    mapped.order_columns = order_columns;
+    Ok(mapped)
 }
 
 /// BigQuery's limits on a table's shape ([`MAX_COLUMNS`] counting nested fields,
@@ -340,6 +348,7 @@ fn staging_layout(
         data_indices,
         op_index,
         key_columns,
+        order_columns: Vec::new(),
         destination_columns,
         staging_columns,
         staging,
@@ -373,6 +382,32 @@ fn key_columns(
             if column.repeated || !column.bigquery_type.is_key_eligible() {
                 return Err(IngestError::InvalidPrimaryKey(format!(
                     "key column {key:?} is {}, which BigQuery cannot use as a key (FLOAT64, JSON, ARRAY and STRUCT are not eligible)",
+                    column.sql_type()
+                )));
+            }
+            Ok((column.name.clone(), data_indices[position]))
+        })
+        .collect()
+}
+
+/// The declared `order_by` resolved against the schema: every column present, top-level, not
+/// repeated and of an ordered type BigQuery compares (INT64, NUMERIC, BIGNUMERIC, DATE,
+/// DATETIME, TIMESTAMP, STRING).
+fn order_columns(
+    spec: LoadSpec<'_>,
+    data_columns: &[Column],
+    data_indices: &[usize],
+) -> Result<Vec<(String, usize)>, IngestError> {
+    spec.order_by
+        .iter()
+        .map(|name| {
+            let position = data_columns.iter().position(|c| c.name.eq_ignore_ascii_case(name)).ok_or_else(|| {
+                IngestError::InvalidOrderBy(format!("order_by column {name:?} is not in the batch's schema"))
+            })?;
+            let column = &data_columns[position];
+            if column.repeated || !column.bigquery_type.is_orderable() {
+                return Err(IngestError::InvalidOrderBy(format!(
+                    "order_by column {name:?} is {}; order by INT64, NUMERIC, BIGNUMERIC, DATE, DATETIME, TIMESTAMP or STRING",
                     column.sql_type()
                 )));
             }

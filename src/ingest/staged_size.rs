@@ -270,7 +270,8 @@ mod tests {
         decoder.push(bytes::Bytes::from(bytes)).unwrap();
         let body = decoder.finish().unwrap();
         let mapped =
-            map_schema(&body.schema, LoadSpec { write_mode: WriteMode::FullAppend, primary_key: &[] }).unwrap();
+            map_schema(&body.schema, LoadSpec { write_mode: WriteMode::FullAppend, primary_key: &[], order_by: &[] })
+                .unwrap();
         (body, mapped)
     }
 

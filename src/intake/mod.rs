@@ -189,6 +189,7 @@ impl Intake<'_> {
         let declaration = Declaration {
             write_mode: declared.write_mode,
             primary_key: &declared.primary_key,
+            order_by: &declared.write_options.order_by,
             table_options: declared.table_options.as_ref(),
         };
         let prepared = prepare(body, declaration, seq, &self.limits)?;

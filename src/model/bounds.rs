@@ -63,7 +63,7 @@ impl KeyValue {
 }
 
 /// A GoogleSQL string literal: quotes and backslashes escaped, control characters as `\xHH`.
-fn string_literal(value: &str) -> String {
+pub(crate) fn string_literal(value: &str) -> String {
     let mut literal = String::with_capacity(value.len() + 2);
     literal.push('\'');
     for c in value.chars() {

@@ -92,6 +92,21 @@ impl BigQueryType {
         !matches!(self, BigQueryType::Float64 | BigQueryType::Json | BigQueryType::Struct(_))
     }
 
+    /// The types `order_by` takes (the ordered key types: no BOOL, BYTES or TIME,
+    /// whose order means nothing to a change stream).
+    pub(crate) fn is_orderable(&self) -> bool {
+        matches!(
+            self,
+            BigQueryType::Int64
+                | BigQueryType::Numeric
+                | BigQueryType::BigNumeric
+                | BigQueryType::Date
+                | BigQueryType::Datetime
+                | BigQueryType::Timestamp
+                | BigQueryType::String
+        )
+    }
+
     /// The type rows are staged with.
     pub(crate) fn staged(&self) -> BigQueryType {
         match self {

@@ -1,6 +1,6 @@
 //! The vocabulary every stage shares: identifiers and keys ([`ids`]), columns ([`columns`]),
 //! the staging contract ([`staging`]), declared table layouts ([`table_options`], [`table_layout`]), write
-//! modes, execution and publication states, and the
+//! modes and their options ([`write_options`]), execution and publication states, and the
 //! run's destination and batching settings, with the validation rules of the contract
 //! (`openapi/openapi.json`). Anything that reaches SQL or a BigQuery name passes through
 //! one of the validated types here first. `model` depends on nothing but [`crate::error`].
@@ -12,6 +12,7 @@ pub(crate) mod request_bounds;
 pub(crate) mod staging;
 pub(crate) mod table_layout;
 pub(crate) mod table_options;
+pub mod write_options;
 
 pub(crate) use ids::{DeliveryRef, ExecutionId, ExecutionKey, ResourceName, ResourceRef, RunId};
 

@@ -36,8 +36,10 @@ pub(crate) struct LaneTarget {
     pub(crate) location: Option<String>,
     pub(crate) destination_table: String,
     pub(crate) staging_table: String,
-    /// What the destination table must hold (created or extended with these).
+    /// The staged columns the publication writes into the destination.
     pub(crate) destination_columns: Vec<Column>,
+    /// The columns the publication sets beyond the staged ones (load metadata, soft deletes).
+    pub(crate) publication_columns: Vec<Column>,
     /// How the destination table is laid out when the gateway creates it.
     pub(crate) destination_layout: TableLayout,
     /// The staging table's columns (staged types, `_filament_op`, `_filament_seq`).
@@ -73,6 +75,12 @@ impl BatchingPolicy {
 }
 
 impl LaneTarget {
+    /// What the destination table must hold (created or extended with these): the staged
+    /// columns, then those the publication sets.
+    pub(crate) fn table_columns(&self) -> Vec<Column> {
+        self.destination_columns.iter().chain(&self.publication_columns).cloned().collect()
+    }
+
     /// Where the lane of `resource` (declared as `declared`, in `run`) sends the rows of its
     /// first accepted body, `summary`.
     pub(crate) fn new(resource: ResourceRef, run: &RunRecord, declared: &ResourceRecord, summary: BodySummary) -> Self {
@@ -86,6 +94,7 @@ impl LaneTarget {
             destination_table: declared.table_name.clone(),
             staging_table,
             destination_columns: mapped.destination_columns,
+            publication_columns: declared.write_options.publication_columns(),
             destination_layout,
             staging_columns: mapped.staging_columns,
             serialized_schema,

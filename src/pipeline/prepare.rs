@@ -111,7 +111,7 @@ async fn prepare_destination(context: &LaneContext, target: &LaneTarget) -> Resu
     let (bigquery, layout) = (&context.bigquery, &target.destination_layout);
     let fail = |e: BigQueryError| e.problem(Stage::Setup);
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
-    let (table, wanted) = (&target.destination_table, &target.destination_columns);
+    let (table, wanted) = (&target.destination_table, &target.table_columns());
     let Some(existing_table) = bigquery.get_table(project, dataset, table).await.map_err(fail)? else {
         bigquery.create_destination_table(project, dataset, table, wanted, layout).await.map_err(fail)?;
         context.store.set_layout_mismatch(&target.resource, &[]).await?;
@@ -152,7 +152,7 @@ async fn extend_destination(
 ) -> Result<(), Problem> {
     let fail = |e: BigQueryError| e.problem(Stage::Setup);
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
-    let (table, wanted) = (&target.destination_table, &target.destination_columns);
+    let (table, wanted) = (&target.destination_table, &target.table_columns());
     let conflicts = type_conflicts(existing, wanted);
     if !conflicts.is_empty() {
         let list: Vec<String> = conflicts

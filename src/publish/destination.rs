@@ -14,6 +14,7 @@ use crate::bigquery::BigQueryError;
 use crate::bigquery::collation::{collated_columns, own_collations};
 use crate::bigquery::error::Stage;
 use crate::bigquery::jobs::{JobOutcome, QueryJob};
+use crate::bigquery::metadata::missing_columns;
 use crate::bigquery::retry::{Backoff, Retried, RetryClass};
 use crate::error::{ErrorCode, Problem};
 use crate::model::bounds::{KeyRange, KeyValue, covering_ranges};
@@ -169,7 +170,7 @@ impl Publisher {
             }
             Reconciled::Refuse(problem) => return Err(problem),
         }
-        match self.statement(run, planned, &key_ranges).await? {
+        match self.statement(run, delivery, planned, &key_ranges).await? {
             Some(statement) => {
                 let job = PublicationJob { run, delivery, resource, fingerprint, statement };
                 self.run_and_record(&job).await
@@ -205,6 +206,8 @@ impl Publisher {
             table: &resource.table_name,
             write_mode: resource.write_mode,
             primary_key: &resource.primary_key,
+            write_options: &resource.write_options,
+            completes_snapshot: planned.completes_snapshot,
             arrow_schema_sha256: &schema_sha256,
             receipts: &receipts,
         });
@@ -212,11 +215,13 @@ impl Publisher {
         Ok((fingerprint, ranges))
     }
 
-    /// The statement to run, or `None` when there is nothing to do: no staged rows and no
-    /// replacement, or an empty replacement of a table that does not exist.
+    /// The statement to run, or `None` when there is nothing to do: no staged rows, no
+    /// replacement and no snapshot to complete, or an empty replacement of a table that does
+    /// not exist.
     async fn statement<'a>(
         &self,
         run: &RunRecord,
+        delivery: &DeliveryRef,
         planned: PlannedPublication<'a>,
         key_ranges: &[KeyRange],
     ) -> Result<Option<Statement<'a>>, Problem> {
@@ -224,29 +229,75 @@ impl Publisher {
         // full_replace: the run's first segment replaces the table (even with no rows); a
         // segment that follows a committed execution appends.
         let replace = resource.write_mode == WriteMode::FullReplace && planned.first_segment;
+        let options = &resource.write_options;
+        let snapshot_end = options.delete_missing && planned.completes_snapshot;
         let (project, dataset) = (&run.destination.project, &run.destination.dataset);
         let destination = sql::TableRef { project, dataset, table: &resource.table_name };
-        let Some(report) = planned.staged else {
-            let exists = self.bigquery.table_fields(project, dataset, &resource.table_name).await;
-            let exists = exists.map_err(|e| e.problem(Stage::Publication))?.is_some();
-            return Ok(exists.then(|| Statement { staged: None, sql: sql::truncate_statement(&destination) }));
+        let report = match planned.staged {
+            Some(report) if report.rows_acknowledged > 0 || replace => report,
+            staged => {
+                let sql = if snapshot_end {
+                    self.prepare_snapshot_end(&destination, resource)
+                        .await?
+                        .then(|| sql::delete_missing_statement(&destination, delivery.run_id(), options.deletes))
+                } else if staged.is_none() && replace {
+                    let exists = self.bigquery.table_fields(project, dataset, &resource.table_name).await;
+                    let exists = exists.map_err(|e| e.problem(Stage::Publication))?.is_some();
+                    exists.then(|| sql::truncate_statement(&destination))
+                } else {
+                    None
+                };
+                return Ok(sql.map(|sql| Statement { staged: None, sql }));
+            }
         };
-        if report.rows_acknowledged == 0 && !replace {
-            return Ok(None);
-        }
-        let key = sql::key_as_named(&resource.primary_key, &report.destination_columns);
-        let compared = self.keys_as_compared(&destination, &report.destination_columns, &key, key_ranges).await?;
+        let columns = &report.destination_columns;
+        let key = sql::key_as_named(&resource.primary_key, columns);
+        let order_by = sql::key_as_named(&options.order_by, columns);
+        let compared = self.keys_as_compared(&destination, columns, &key, key_ranges).await?;
+        let scope = match (options.delete_missing, snapshot_end) {
+            (_, true) => sql::MergeScope::SnapshotCompletion,
+            (true, false) => sql::MergeScope::SnapshotSegment(&compared.ranges),
+            (false, _) => sql::MergeScope::StagedKeys(&compared.ranges),
+        };
         let sql = sql::publication_statement(&sql::Publication {
             destination,
             staging: sql::TableRef { project, dataset, table: &report.staging_table },
             write_mode: resource.write_mode,
-            columns: &report.destination_columns,
+            columns,
             key: &key,
-            key_ranges: &compared.ranges,
+            order_by: &order_by,
+            scope,
             key_collations: &compared.collations,
             replace,
+            metadata: sql::LoadMetadata {
+                columns: &options.metadata_columns,
+                run_id: delivery.run_id(),
+                execution_id: delivery.execution_id(),
+            },
+            deletes: options.deletes,
         });
         Ok(Some(Statement { staged: Some(report), sql }))
+    }
+
+    /// Before a snapshot completes without rows of its own: whether the destination exists,
+    /// with the columns the deletion reads added (as a prepare would have added them: a run
+    /// whose rows all came in earlier segments did, but an empty snapshot prepared nothing).
+    async fn prepare_snapshot_end(
+        &self,
+        destination: &sql::TableRef<'_>,
+        resource: &ResourceRecord,
+    ) -> Result<bool, Problem> {
+        let fail = |e: BigQueryError| e.problem(Stage::Publication);
+        let (project, dataset, table) = (destination.project, destination.dataset, destination.table);
+        let Some(existing) = self.bigquery.table_fields(project, dataset, table).await.map_err(fail)? else {
+            return Ok(false);
+        };
+        let wanted = resource.write_options.publication_columns();
+        let missing = missing_columns(&existing, &wanted);
+        if !missing.is_empty() {
+            self.bigquery.add_columns(project, dataset, table, &existing, &missing).await.map_err(fail)?;
+        }
+        Ok(true)
     }
 
     /// How the destination compares the publication's STRING keys ([`KeysAsCompared::in_table`]),

@@ -75,6 +75,7 @@ mod tests {
             write_mode,
             primary_key: vec![],
             table_options: None,
+            write_options: Default::default(),
             layout_mismatch: None,
         }
     }

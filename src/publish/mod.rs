@@ -61,7 +61,7 @@ impl Publisher {
         let Committing { run, execution } = committing;
         let run = &run;
         let delivery = execution.delivery_ref();
-        let result = self.commit_inner(run, &delivery).await;
+        let result = self.commit_inner(run, &delivery, execution.completes_snapshot()).await;
         self.pipeline.forget(&delivery.execution, delivery.delivery);
         // A failure records its end with the state (`Store::fail_execution`), an abort before
         // publishing with the abort: only a publication ends here.
@@ -93,7 +93,12 @@ impl Publisher {
         Ok(record)
     }
 
-    async fn commit_inner(&self, run: &RunRecord, delivery: &DeliveryRef) -> Result<CommitEnd, Problem> {
+    async fn commit_inner(
+        &self,
+        run: &RunRecord,
+        delivery: &DeliveryRef,
+        completes_snapshot: bool,
+    ) -> Result<CommitEnd, Problem> {
         let mut reports = self.pipeline.drain(&delivery.execution, delivery.delivery).await?;
         // Streams a replica handed over at shutdown whose resource got no batch here since.
         for stream in self.store.handed_over_streams(delivery).await? {
@@ -131,7 +136,7 @@ impl Publisher {
         }
         let declared = self.store.list_resources_by_declaration(&run.run_id).await?;
         let continuing = self.store.continuing_resources(&delivery.execution).await?;
-        let destinations = plan::plan(&declared, &reports, &continuing)?;
+        let destinations = plan::plan(&declared, &reports, &continuing, completes_snapshot)?;
         let publications: Vec<_> =
             destinations.into_iter().map(|destination| self.publish_destination(run, delivery, destination)).collect();
         let published: Vec<Vec<Published>> =

@@ -3,7 +3,9 @@
 //! publish one after another in the order they were declared (concurrent DML on one table
 //! races, and BigQuery refuses it with "Could not serialize access"); different tables publish
 //! concurrently. A `full_replace` resource that received no rows still publishes (an empty
-//! replacement truncates its table) when the execution is the run's first segment.
+//! replacement truncates its table) when the execution is the run's first segment; a
+//! `delete_missing` resource that received no rows still publishes (it deletes the keys the run
+//! did not send) when the execution completes the run's snapshot.
 
 use crate::error::Problem;
 use crate::model::{ResourceName, WriteMode};
@@ -19,6 +21,9 @@ pub(crate) struct PlannedPublication<'a> {
     /// No committed execution of the run published this resource yet: its first segment
     /// (`full_replace` replaces).
     pub(crate) first_segment: bool,
+    /// The execution completes the run's snapshot (it was never paused): a `delete_missing`
+    /// resource deletes the keys the run did not send.
+    pub(crate) completes_snapshot: bool,
 }
 
 /// The publications into one destination table, in declaration order.
@@ -30,12 +35,14 @@ pub(crate) struct DestinationPlan<'a> {
 
 /// Groups the publications by destination table. `declared` is in declaration order;
 /// `continuing` lists the resources a committed execution of the run already published (the
-/// others are in their first segment; empty replacements run only there). A report of an
-/// undeclared resource is an internal error.
+/// others are in their first segment; empty replacements run only there); `completes_snapshot`
+/// whether the execution completes the run's snapshot. A report of an undeclared resource is
+/// an internal error.
 pub(crate) fn plan<'a>(
     declared: &'a [ResourceRecord],
     reports: &'a [LaneReport],
     continuing: &[ResourceName],
+    completes_snapshot: bool,
 ) -> Result<Vec<DestinationPlan<'a>>, Problem> {
     if let Some(orphan) = reports.iter().find(|r| !declared.iter().any(|d| d.resource == r.resource)) {
         return Err(Problem::internal(format!("resource {} is no longer declared", orphan.resource)));
@@ -44,11 +51,12 @@ pub(crate) fn plan<'a>(
     for resource in declared {
         let staged = reports.iter().find(|r| r.resource == resource.resource);
         let first_segment = !continuing.contains(&resource.resource);
-        let empty_replacement = staged.is_none() && resource.write_mode == WriteMode::FullReplace && first_segment;
-        if staged.is_none() && !empty_replacement {
+        let empty_replacement = resource.write_mode == WriteMode::FullReplace && first_segment;
+        let empty_snapshot_end = resource.write_options.delete_missing && completes_snapshot;
+        if staged.is_none() && !empty_replacement && !empty_snapshot_end {
             continue;
         }
-        let publication = PlannedPublication { resource, staged, first_segment };
+        let publication = PlannedPublication { resource, staged, first_segment, completes_snapshot };
         match destinations.iter_mut().find(|d| d.table == resource.table_name) {
             Some(destination) => destination.publications.push(publication),
             None => destinations.push(DestinationPlan { table: &resource.table_name, publications: vec![publication] }),
@@ -68,6 +76,7 @@ mod tests {
             write_mode,
             primary_key: vec!["id".into()],
             table_options: None,
+            write_options: Default::default(),
             layout_mismatch: None,
         }
     }
@@ -98,7 +107,7 @@ mod tests {
             resource("orders", "orders", WriteMode::FullAppend),
         ];
         let reports = [report("a_deletes"), report("orders"), report("z_upserts")];
-        let plans = plan(&declared, &reports, &[]).unwrap();
+        let plans = plan(&declared, &reports, &[], true).unwrap();
         assert_eq!(
             names(&plans),
             [
@@ -112,15 +121,26 @@ mod tests {
     fn an_idle_full_replace_resource_replaces_only_in_the_first_segment() {
         let declared =
             [resource("snapshot", "snapshot", WriteMode::FullReplace), resource("log", "log", WriteMode::FullAppend)];
-        let first = plan(&declared, &[], &[]).unwrap();
+        let first = plan(&declared, &[], &[], true).unwrap();
         assert_eq!(names(&first), [("snapshot".to_string(), vec!["snapshot".to_string()])]);
         assert!(first[0].publications[0].staged.is_none() && first[0].publications[0].first_segment);
-        let later = plan(&declared, &[], &["snapshot".parse().unwrap()]).unwrap();
+        let later = plan(&declared, &[], &["snapshot".parse().unwrap()], true).unwrap();
         assert!(later.is_empty(), "a later segment leaves the table alone");
     }
 
     #[test]
+    fn an_idle_delete_missing_resource_publishes_only_when_the_snapshot_completes() {
+        let mut snapshot = resource("snapshot", "snapshot", WriteMode::FullUpsert);
+        snapshot.write_options.delete_missing = true;
+        let declared = [snapshot, resource("upserts", "upserts", WriteMode::FullUpsert)];
+        let completing = plan(&declared, &[], &["snapshot".parse().unwrap()], true).unwrap();
+        assert_eq!(names(&completing), [("snapshot".to_string(), vec!["snapshot".to_string()])]);
+        assert!(completing[0].publications[0].staged.is_none() && completing[0].publications[0].completes_snapshot);
+        assert!(plan(&declared, &[], &[], false).unwrap().is_empty(), "a paused segment deletes nothing");
+    }
+
+    #[test]
     fn a_report_without_a_declaration_is_an_internal_error() {
-        assert!(plan(&[], &[report("ghost")], &[]).is_err());
+        assert!(plan(&[], &[report("ghost")], &[], true).is_err());
     }
 }

@@ -6,9 +6,10 @@
 //! `CAST(... AS TIME)`, `PARSE_JSON`), inside STRUCTs and ARRAYs too.
 
 use crate::model::WriteMode;
-use crate::model::bounds::KeyRange;
+use crate::model::bounds::{KeyRange, string_literal};
 use crate::model::columns::{BigQueryType, Collation, Column};
 use crate::model::staging::{OP_COLUMN, SEQ_COLUMN};
+use crate::model::write_options::{DELETED_AT_COLUMN, Deletes, MetadataColumn};
 
 /// A fully qualified table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,15 +54,81 @@ pub(crate) struct Publication<'a> {
     pub(crate) columns: &'a [Column],
     /// Key columns, named as in `columns` (MERGE modes).
     pub(crate) key: &'a [String],
-    /// Ranges covering every staged key value (MERGE modes): the destination side is bounded by
-    /// them (implied by the join, so always safe), which lets BigQuery prune what it scans.
-    pub(crate) key_ranges: &'a [KeyRange],
+    /// `order_by` columns, named as in `columns` (MERGE modes; empty: arrival order alone).
+    pub(crate) order_by: &'a [String],
+    /// Which destination rows the MERGE may touch (MERGE modes).
+    pub(crate) scope: MergeScope<'a>,
     /// (key column, collation) for the key columns the destination compares under a collation
     /// (`und:ci`): repeated keys are folded under it, as the MERGE's join will match them.
     pub(crate) key_collations: &'a [(String, Collation)],
     /// `full_replace` only: whether this publication replaces the table (the run's first
     /// publication of the resource) or appends to it (a later segment).
     pub(crate) replace: bool,
+    /// The load metadata the statement sets on every row it writes.
+    pub(crate) metadata: LoadMetadata<'a>,
+    /// What a delete does to a matched row (the modes that delete).
+    pub(crate) deletes: Deletes,
+}
+
+/// Which destination rows a keyed publication's MERGE may touch. Only [`Self::SnapshotCompletion`]
+/// deletes rows the staged keys do not name (`WHEN NOT MATCHED BY SOURCE`), and it carries no
+/// ranges: a bound by the staged key ranges would keep it from deleting outside them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum MergeScope<'a> {
+    /// The rows of the staged keys. The destination side is bounded by ranges covering every
+    /// staged key value (implied by the join, so always safe), which lets BigQuery prune what
+    /// it scans; no ranges: joined on the key alone.
+    StagedKeys(&'a [KeyRange]),
+    /// `delete_missing`, a segment that does not complete the run's snapshot: as
+    /// [`Self::StagedKeys`], and every matched row records the run (`_filament_run_id`) even
+    /// when `order_by` keeps its newer values.
+    SnapshotSegment(&'a [KeyRange]),
+    /// `delete_missing`, the publication that completes the run's snapshot: the whole table;
+    /// rows of keys the run never sent (another run's `_filament_run_id`, or none) are deleted.
+    SnapshotCompletion,
+}
+
+impl<'a> MergeScope<'a> {
+    fn ranges(self) -> &'a [KeyRange] {
+        match self {
+            MergeScope::StagedKeys(ranges) | MergeScope::SnapshotSegment(ranges) => ranges,
+            MergeScope::SnapshotCompletion => &[],
+        }
+    }
+
+    fn is_snapshot(self) -> bool {
+        !matches!(self, MergeScope::StagedKeys(_))
+    }
+}
+
+/// The load metadata columns a publication sets (declared `metadata_columns`) and the values
+/// they take: set by the statement, never staged.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LoadMetadata<'a> {
+    pub(crate) columns: &'a [MetadataColumn],
+    pub(crate) run_id: &'a str,
+    pub(crate) execution_id: &'a str,
+}
+
+impl LoadMetadata<'_> {
+    /// The value of `column` as a GoogleSQL expression: the statement's `CURRENT_TIMESTAMP()`
+    /// (one value for every row of the statement) or a string literal.
+    fn value(&self, column: MetadataColumn) -> String {
+        match column {
+            MetadataColumn::LoadedAt => "CURRENT_TIMESTAMP()".to_string(),
+            MetadataColumn::RunId => string_literal(self.run_id),
+            MetadataColumn::ExecutionId => string_literal(self.execution_id),
+        }
+    }
+
+    /// `value AS column` for each metadata column, after the staged columns of a SELECT.
+    fn select_items(&self) -> impl Iterator<Item = String> + '_ {
+        self.columns.iter().map(|&m| format!("{} AS {}", self.value(m), quote_identifier(m.column_name())))
+    }
+
+    fn names(&self) -> impl Iterator<Item = &str> + '_ {
+        self.columns.iter().map(|m| -> &str { m.column_name() })
+    }
 }
 
 /// The declared key columns named as the destination columns spell them (keys match
@@ -149,17 +216,19 @@ fn select_item(column: &Column) -> String {
     format!("{} AS {}", converted(&staged, column, 0), quote_identifier(&column.name))
 }
 
-fn column_list(columns: &[Column]) -> String {
-    columns.iter().map(|c| quote_identifier(&c.name)).collect::<Vec<_>>().join(", ")
+/// The destination columns a publication writes: the staged ones, then the metadata columns.
+fn written_column_list(p: &Publication<'_>) -> String {
+    let names = p.columns.iter().map(|c| c.name.as_str()).chain(p.metadata.names());
+    names.map(quote_identifier).collect::<Vec<_>>().join(", ")
 }
 
 /// Append modes, `cdc_append` and later segments of `full_replace`: every staged row, once.
 fn insert_select(p: &Publication<'_>) -> String {
-    let select: Vec<String> = p.columns.iter().map(select_item).collect();
+    let select: Vec<String> = p.columns.iter().map(select_item).chain(p.metadata.select_items()).collect();
     format!(
         "INSERT INTO {} ({})\nSELECT {}\nFROM {} AS {STAGED_ALIAS}",
         p.destination.quoted(),
-        column_list(p.columns),
+        written_column_list(p),
         select.join(", "),
         p.staging.quoted()
     )
@@ -186,66 +255,194 @@ fn fold_key(key: &Column, collations: &[(String, Collation)]) -> String {
     }
 }
 
-/// Keyed modes: fold every key to its last staged operation (by `_filament_seq`), then one
-/// MERGE: deletes remove the key, everything else updates or inserts it.
+/// The columns of `names` in `columns`, in the order of `names` (matched case-insensitively).
+fn named<'c>(names: &[String], columns: &'c [Column]) -> Vec<&'c Column> {
+    names.iter().filter_map(|n| columns.iter().find(|c| c.name.eq_ignore_ascii_case(n))).collect()
+}
+
+/// Whether the source row's `order_by` values are at least the target row's, compared in order
+/// (a NULL in the target loses; staged values are never NULL): for `(a, b)`,
+/// `(T.a IS NULL OR S.a > T.a OR (S.a = T.a AND (T.b IS NULL OR S.b >= T.b)))`.
+fn not_older(order: &[&Column]) -> Option<String> {
+    let (last, earlier) = order.split_last()?;
+    let (source, target) =
+        (|c: &Column| qualified(SOURCE_ALIAS, &c.name), |c: &Column| qualified(TARGET_ALIAS, &c.name));
+    let mut condition = format!("({} IS NULL OR {} >= {})", target(last), source(last), target(last));
+    for column in earlier.iter().rev() {
+        let (s, t) = (source(column), target(column));
+        condition = format!("({t} IS NULL OR {s} > {t} OR ({s} = {t} AND {condition}))");
+    }
+    Some(condition)
+}
+
+/// Keyed modes: fold every key to its last staged operation (by the `order_by` values, then
+/// `_filament_seq`), then one MERGE: deletes remove the key, everything else updates or inserts
+/// it; with `order_by`, a matched row changes only for a change at least as new as it.
 fn merge(p: &Publication<'_>) -> String {
-    let source = |column: &str| qualified(SOURCE_ALIAS, column);
-    let target = |column: &str| qualified(TARGET_ALIAS, column);
-    let op = source(OP_COLUMN);
-    // Only cdc_merge mixes operations; the other keyed modes have one each.
-    let (deletes, upserts) = match p.write_mode {
-        WriteMode::CdcMerge => (true, true),
-        WriteMode::IncrementalDelete => (true, false),
-        _ => (false, true),
-    };
-    let key_columns: Vec<&Column> =
-        p.key.iter().filter_map(|k| p.columns.iter().find(|c| c.name.eq_ignore_ascii_case(k))).collect();
-    let is_key = |c: &Column| key_columns.iter().any(|k| k.name == c.name);
+    let shape = MergeShape::of(p);
+    let mut statement = merge_source(p, &shape);
+    let newer = not_older(&shape.order_columns).map_or(String::new(), |condition| format!(" AND {condition}"));
+    let op = qualified(SOURCE_ALIAS, OP_COLUMN);
+    if shape.deletes {
+        let guard = if shape.upserts { format!(" AND {op} = 'delete'") } else { String::new() };
+        let action = match p.deletes {
+            Deletes::Hard => "DELETE".to_string(),
+            Deletes::Soft => format!("UPDATE SET {}", soft_delete_assignments(p, &shape).join(", ")),
+        };
+        statement.push_str(&format!("\nWHEN MATCHED{guard}{newer} THEN {action}"));
+    }
+    if shape.upserts {
+        let mut updated: Vec<&str> = p.columns.iter().filter(|c| !shape.is_key(c)).map(|c| c.name.as_str()).collect();
+        updated.extend(p.metadata.names());
+        let mut updates: Vec<String> = updated.iter().map(|name| assignment(name)).collect();
+        if p.deletes == Deletes::Soft {
+            updates.push(format!("{} = NULL", quote_identifier(DELETED_AT_COLUMN)));
+        }
+        if !updates.is_empty() {
+            statement.push_str(&format!("\nWHEN MATCHED{newer} THEN UPDATE SET {}", updates.join(", ")));
+        }
+        if p.scope.is_snapshot() && !newer.is_empty() {
+            // A newer destination row keeps its values, but the run saw its key.
+            statement.push_str(&format!(
+                "\nWHEN MATCHED THEN UPDATE SET {}",
+                assignment(MetadataColumn::RunId.column_name())
+            ));
+        }
+        let guard = if shape.deletes { format!(" AND {op} != 'delete'") } else { String::new() };
+        let values: Vec<String> = p
+            .columns
+            .iter()
+            .map(|c| c.name.as_str())
+            .chain(p.metadata.names())
+            .map(|name| qualified(SOURCE_ALIAS, name))
+            .collect();
+        statement.push_str(&format!(
+            "\nWHEN NOT MATCHED{guard} THEN INSERT ({}) VALUES ({})",
+            written_column_list(p),
+            values.join(", ")
+        ));
+    }
+    if let MergeScope::SnapshotCompletion = p.scope {
+        let target = |column: &str| qualified(TARGET_ALIAS, column);
+        let action = match p.deletes {
+            Deletes::Hard => "DELETE".to_string(),
+            Deletes::Soft => format!("UPDATE SET {} = CURRENT_TIMESTAMP()", quote_identifier(DELETED_AT_COLUMN)),
+        };
+        let missing = missing_from_run(target, p.metadata.run_id, p.deletes);
+        statement.push_str(&format!("\nWHEN NOT MATCHED BY SOURCE AND {missing} THEN {action}"));
+    }
+    statement
+}
+
+/// The destination rows of keys the run did not send: another run's, or no run's (written
+/// before `delete_missing`); under soft deletes, only those not marked yet.
+fn missing_from_run(column: impl Fn(&str) -> String, run_id: &str, deletes: Deletes) -> String {
+    let run = column(MetadataColumn::RunId.column_name());
+    let mut missing = format!("({run} IS NULL OR {run} != {})", string_literal(run_id));
+    if deletes == Deletes::Soft {
+        missing.push_str(&format!(" AND {} IS NULL", column(DELETED_AT_COLUMN)));
+    }
+    missing
+}
+
+/// `delete_missing`'s completing publication when the execution staged no rows of the resource:
+/// the keys the run did not send are deleted (or soft-deleted), as the MERGE's
+/// `WHEN NOT MATCHED BY SOURCE` would.
+pub(crate) fn delete_missing_statement(destination: &TableRef<'_>, run_id: &str, deletes: Deletes) -> String {
+    let condition = missing_from_run(quote_identifier, run_id, deletes);
+    match deletes {
+        Deletes::Hard => format!("DELETE FROM {} WHERE {condition}", destination.quoted()),
+        Deletes::Soft => format!(
+            "UPDATE {} SET {} = CURRENT_TIMESTAMP() WHERE {condition}",
+            destination.quoted(),
+            quote_identifier(DELETED_AT_COLUMN)
+        ),
+    }
+}
+
+/// What a keyed publication's MERGE is made of.
+struct MergeShape<'c> {
+    /// Whether it deletes (cdc_merge, incremental_delete) and upserts (all but
+    /// incremental_delete): only cdc_merge mixes operations.
+    deletes: bool,
+    upserts: bool,
+    key_columns: Vec<&'c Column>,
+    order_columns: Vec<&'c Column>,
+}
+
+impl<'c> MergeShape<'c> {
+    fn of(p: &Publication<'c>) -> Self {
+        let (deletes, upserts) = match p.write_mode {
+            WriteMode::CdcMerge => (true, true),
+            WriteMode::IncrementalDelete => (true, false),
+            _ => (false, true),
+        };
+        Self { deletes, upserts, key_columns: named(p.key, p.columns), order_columns: named(p.order_by, p.columns) }
+    }
+
+    fn is_key(&self, column: &Column) -> bool {
+        self.key_columns.iter().any(|k| k.name == column.name)
+    }
+
+    /// Whether the source carries the load metadata: whenever a matched row may stay.
+    fn sets_metadata(&self, deletes: Deletes) -> bool {
+        self.upserts || deletes == Deletes::Soft
+    }
+}
+
+/// `column = source.column`.
+fn assignment(column: &str) -> String {
+    format!("{} = {}", quote_identifier(column), qualified(SOURCE_ALIAS, column))
+}
+
+/// A soft delete keeps the row's values, stamps `_filament_deleted_at` (unless an earlier
+/// delete did: it keeps the first deletion's time), takes the delete's
+/// `order_by` values (so a later change older than the delete stays ignored) and its load
+/// metadata.
+fn soft_delete_assignments(p: &Publication<'_>, shape: &MergeShape<'_>) -> Vec<String> {
+    let deleted_at = quote_identifier(DELETED_AT_COLUMN);
+    let first_deleted = format!("IFNULL({}, CURRENT_TIMESTAMP())", qualified(TARGET_ALIAS, DELETED_AT_COLUMN));
+    let mut assignments = vec![format!("{deleted_at} = {first_deleted}")];
+    assignments.extend(shape.order_columns.iter().filter(|c| !shape.is_key(c)).map(|c| assignment(&c.name)));
+    assignments.extend(p.metadata.names().map(assignment));
+    assignments
+}
+
+/// `MERGE target USING (the folded staged rows) ON key [AND key BETWEEN range]`: each key's
+/// last change by the `order_by` values, then `_filament_seq`.
+fn merge_source(p: &Publication<'_>, shape: &MergeShape<'_>) -> String {
+    let (source, target) = (|c: &str| qualified(SOURCE_ALIAS, c), |c: &str| qualified(TARGET_ALIAS, c));
     let mut select: Vec<String> = p.columns.iter().map(select_item).collect();
-    if deletes && upserts {
+    if shape.sets_metadata(p.deletes) {
+        select.extend(p.metadata.select_items());
+    }
+    if shape.deletes && shape.upserts {
         select.push(qualified(STAGED_ALIAS, OP_COLUMN));
     }
-    let partition: Vec<String> = key_columns.iter().map(|k| fold_key(k, p.key_collations)).collect();
+    let partition: Vec<String> = shape.key_columns.iter().map(|k| fold_key(k, p.key_collations)).collect();
+    let mut fold_order: Vec<String> = shape
+        .order_columns
+        .iter()
+        .map(|c| format!("{} DESC", converted(&qualified(STAGED_ALIAS, &c.name), c, 0)))
+        .collect();
+    fold_order.push(format!("{} DESC", qualified(STAGED_ALIAS, SEQ_COLUMN)));
     let mut on: Vec<String> =
-        key_columns.iter().map(|k| format!("{} = {}", target(&k.name), source(&k.name))).collect();
-    for k in &key_columns {
-        let range = p.key_ranges.iter().find(|r| r.column.eq_ignore_ascii_case(&k.name));
+        shape.key_columns.iter().map(|k| format!("{} = {}", target(&k.name), source(&k.name))).collect();
+    for k in &shape.key_columns {
+        let range = p.scope.ranges().iter().find(|r| r.column.eq_ignore_ascii_case(&k.name));
         if let Some((min, max)) = range.and_then(|r| r.min.sql_literal().zip(r.max.sql_literal())) {
             on.push(format!("{} BETWEEN {min} AND {max}", target(&k.name)));
         }
     }
-    let mut statement = format!(
-        "MERGE {} AS {TARGET_ALIAS}\nUSING (\n  SELECT {}\n  FROM {} AS {STAGED_ALIAS}\n  WHERE TRUE\n  QUALIFY ROW_NUMBER() OVER (PARTITION BY {} ORDER BY {} DESC) = 1\n) AS {SOURCE_ALIAS}\nON {}",
+    format!(
+        "MERGE {} AS {TARGET_ALIAS}\nUSING (\n  SELECT {}\n  FROM {} AS {STAGED_ALIAS}\n  WHERE TRUE\n  QUALIFY ROW_NUMBER() OVER (PARTITION BY {} ORDER BY {}) = 1\n) AS {SOURCE_ALIAS}\nON {}",
         p.destination.quoted(),
         select.join(", "),
         p.staging.quoted(),
         partition.join(", "),
-        qualified(STAGED_ALIAS, SEQ_COLUMN),
+        fold_order.join(", "),
         on.join(" AND "),
-    );
-    if deletes {
-        let guard = if upserts { format!(" AND {op} = 'delete'") } else { String::new() };
-        statement.push_str(&format!("\nWHEN MATCHED{guard} THEN DELETE"));
-    }
-    if upserts {
-        let updates: Vec<String> = p
-            .columns
-            .iter()
-            .filter(|c| !is_key(c))
-            .map(|c| format!("{} = {}", quote_identifier(&c.name), source(&c.name)))
-            .collect();
-        if !updates.is_empty() {
-            statement.push_str(&format!("\nWHEN MATCHED THEN UPDATE SET {}", updates.join(", ")));
-        }
-        let guard = if deletes { format!(" AND {op} != 'delete'") } else { String::new() };
-        let values: Vec<String> = p.columns.iter().map(|c| source(&c.name)).collect();
-        statement.push_str(&format!(
-            "\nWHEN NOT MATCHED{guard} THEN INSERT ({}) VALUES ({})",
-            column_list(p.columns),
-            values.join(", ")
-        ));
-    }
-    statement
+    )
 }
 
 #[cfg(test)]
@@ -283,9 +480,30 @@ mod tests {
             write_mode,
             columns,
             key,
-            key_ranges: ranges,
+            order_by: &[],
+            scope: MergeScope::StagedKeys(ranges),
             key_collations: &[],
             replace,
+            metadata: NO_METADATA,
+            deletes: Deletes::Hard,
+        })
+    }
+
+    const NO_METADATA: LoadMetadata<'static> = LoadMetadata { columns: &[], run_id: "run-1", execution_id: "exec-1" };
+
+    fn with_metadata(write_mode: WriteMode, columns: &[Column], key: &[String], replace: bool) -> String {
+        publication_statement(&Publication {
+            destination: DESTINATION,
+            staging: STAGING,
+            write_mode,
+            columns,
+            key,
+            order_by: &[],
+            scope: MergeScope::StagedKeys(&id_range(3, 97)),
+            key_collations: &[],
+            replace,
+            metadata: LoadMetadata { columns: &MetadataColumn::ALL, run_id: "run-1", execution_id: "o'exec" },
+            deletes: Deletes::Hard,
         })
     }
 
@@ -357,9 +575,12 @@ mod tests {
             write_mode: WriteMode::IncrementalUpsert,
             columns: &columns,
             key: &key,
-            key_ranges: &id_range(1, 9),
+            order_by: &[],
+            scope: MergeScope::StagedKeys(&id_range(1, 9)),
             key_collations: &collations,
             replace: false,
+            metadata: NO_METADATA,
+            deletes: Deletes::Hard,
         });
         assert!(
             sql.contains("PARTITION BY COLLATE(_filament_staged.`tenant`, 'und:ci'), _filament_staged.`id` ORDER BY"),
@@ -420,6 +641,111 @@ mod tests {
             Column::repeated("tags", BigQueryType::String),
         ];
         insta::assert_snapshot!(statement(WriteMode::FullAppend, &columns, &[], false));
+    }
+
+    #[test]
+    fn metadata_columns_are_set_by_the_statement_in_every_mode() {
+        let key = vec!["id".to_string()];
+        let insert = with_metadata(WriteMode::FullAppend, &columns(), &[], false);
+        assert!(
+            insert.contains("(`id`, `name`, `balance`, `updated_at`, `_filament_loaded_at`, `_filament_run_id`, `_filament_execution_id`)"),
+            "{insert}"
+        );
+        assert!(insert.contains("CURRENT_TIMESTAMP() AS `_filament_loaded_at`, 'run-1' AS `_filament_run_id`, 'o\\'exec' AS `_filament_execution_id`"), "{insert}");
+        insta::assert_snapshot!("metadata_insert", insert);
+        insta::assert_snapshot!("metadata_replace", with_metadata(WriteMode::FullReplace, &columns(), &[], true));
+        insta::assert_snapshot!("metadata_cdc_merge", with_metadata(WriteMode::CdcMerge, &columns(), &key, false));
+        // A key-only upsert still refreshes the metadata of the rows it matches.
+        let key_only = with_metadata(WriteMode::IncrementalUpsert, &columns()[..1], &key, false);
+        assert!(
+            key_only.contains(
+                "WHEN MATCHED THEN UPDATE SET `_filament_loaded_at` = _filament_source.`_filament_loaded_at`"
+            ),
+            "{key_only}"
+        );
+        // Deleted rows carry nothing: a delete-only MERGE sets no metadata.
+        let deletes = with_metadata(WriteMode::IncrementalDelete, &columns()[..1], &key, false);
+        assert!(!deletes.contains("_filament_loaded_at"), "{deletes}");
+    }
+
+    fn ordered(write_mode: WriteMode, columns: &[Column], order_by: &[String]) -> String {
+        publication_statement(&Publication {
+            destination: DESTINATION,
+            staging: STAGING,
+            write_mode,
+            columns,
+            key: &["id".to_string()],
+            order_by,
+            scope: MergeScope::StagedKeys(&id_range(3, 97)),
+            key_collations: &[],
+            replace: false,
+            metadata: NO_METADATA,
+            deletes: Deletes::Hard,
+        })
+    }
+
+    #[test]
+    fn order_by_folds_by_its_values_first_and_never_rolls_a_row_back() {
+        let one = ordered(WriteMode::CdcMerge, &columns(), &["updated_at".to_string()]);
+        assert!(
+            one.contains("ORDER BY _filament_staged.`updated_at` DESC, _filament_staged.`_filament_seq` DESC"),
+            "{one}"
+        );
+        let newer =
+            "(_filament_target.`updated_at` IS NULL OR _filament_source.`updated_at` >= _filament_target.`updated_at`)";
+        assert!(
+            one.contains(&format!(
+                "WHEN MATCHED AND _filament_source.`_filament_op` = 'delete' AND {newer} THEN DELETE"
+            )),
+            "{one}"
+        );
+        assert!(one.contains(&format!("WHEN MATCHED AND {newer} THEN UPDATE SET")), "{one}");
+        insta::assert_snapshot!("order_by_cdc_merge", one);
+        // A NUMERIC order folds by its value, not its staged text; a list compares in order.
+        let listed =
+            ordered(WriteMode::IncrementalUpsert, &columns(), &["balance".to_string(), "updated_at".to_string()]);
+        assert!(
+            listed.contains(
+                "ORDER BY PARSE_NUMERIC(_filament_staged.`balance`) DESC, _filament_staged.`updated_at` DESC"
+            ),
+            "{listed}"
+        );
+        insta::assert_snapshot!("order_by_listed_upsert", listed);
+        let deletes = ordered(WriteMode::IncrementalDelete, &columns(), &["updated_at".to_string()]);
+        assert!(deletes.contains(&format!("WHEN MATCHED AND {newer} THEN DELETE")), "{deletes}");
+    }
+
+    #[test]
+    fn soft_deletes_keep_the_row_stamp_it_once_and_take_the_deletes_order() {
+        let (key, order_by) = (["id".to_string()], ["updated_at".to_string()]);
+        let soft = |write_mode, columns: &[Column], metadata| {
+            publication_statement(&Publication {
+                destination: DESTINATION,
+                staging: STAGING,
+                write_mode,
+                columns,
+                key: &key,
+                order_by: &order_by,
+                scope: MergeScope::StagedKeys(&[]),
+                key_collations: &[],
+                replace: false,
+                metadata,
+                deletes: Deletes::Soft,
+            })
+        };
+        let all = LoadMetadata { columns: &[MetadataColumn::LoadedAt], run_id: "r", execution_id: "e" };
+        let merged = soft(WriteMode::CdcMerge, &columns(), all);
+        assert!(!merged.contains("THEN DELETE"), "{merged}");
+        assert!(
+            merged.contains(
+                "THEN UPDATE SET `_filament_deleted_at` = IFNULL(_filament_target.`_filament_deleted_at`, CURRENT_TIMESTAMP()), `updated_at` = _filament_source.`updated_at`, `_filament_loaded_at` = _filament_source.`_filament_loaded_at`\n"
+            ),
+            "{merged}"
+        );
+        assert!(merged.contains(", `_filament_deleted_at` = NULL\nWHEN NOT MATCHED"), "an upsert clears it: {merged}");
+        insta::assert_snapshot!("soft_deletes_cdc_merge", merged);
+        let deleted = soft(WriteMode::IncrementalDelete, &[columns()[0].clone(), columns()[3].clone()], NO_METADATA);
+        insta::assert_snapshot!("soft_deletes_incremental_delete", deleted);
     }
 
     #[test]

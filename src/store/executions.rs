@@ -27,6 +27,9 @@ pub(crate) struct ExecutionRecord {
     /// When the delivery's commit began publishing (its first destination job); abort is
     /// refused from then on.
     pub(crate) publishing_at: Option<DateTime<Utc>>,
+    /// When the delivery was paused: a segment the run resumes later, not the one that
+    /// completes its snapshot.
+    pub(crate) paused_at: Option<DateTime<Utc>>,
     /// The replica whose memory holds the open delivery's uploads.
     pub(crate) owner: Option<String>,
     pub(crate) lease_expires_at: Option<DateTime<Utc>>,
@@ -39,6 +42,12 @@ pub(crate) struct ExecutionRecord {
 }
 
 impl ExecutionRecord {
+    /// Whether this delivery completes its run's snapshot: it was never paused (a paused one is
+    /// a segment the run resumes in a later execution).
+    pub(crate) fn completes_snapshot(&self) -> bool {
+        self.paused_at.is_none()
+    }
+
     pub(crate) fn key(&self) -> ExecutionKey {
         ExecutionKey { run_id: self.run_id.clone(), execution_id: self.execution_id.clone() }
     }
@@ -136,7 +145,7 @@ impl Store {
                 .await?;
                 let record: ExecutionRecord = sqlx::query_as(&format!(
                     "UPDATE executions SET delivery = delivery + 1, state = $6, error = NULL,
-                            publishing_at = NULL, finished_at = NULL, updated_at = now(),
+                            publishing_at = NULL, paused_at = NULL, finished_at = NULL, updated_at = now(),
                             owner = $3, lease_expires_at = now() + $4 * interval '1 second',
                             owner_url = $5, handed_over = false
                      WHERE {EXECUTION_KEY} RETURNING *"
@@ -183,7 +192,8 @@ impl Store {
     ) -> StoreResult<Option<ExecutionRecord>> {
         Ok(sqlx::query_as(&format!(
             "UPDATE executions SET state = $5, updated_at = now(),
-                    finished_at = CASE WHEN $6 THEN now() END
+                    finished_at = CASE WHEN $6 THEN now() END,
+                    paused_at = CASE WHEN $5 = 'paused' THEN COALESCE(paused_at, now()) ELSE paused_at END
              WHERE {DELIVERY_KEY} AND state = ANY($4)
              RETURNING *"
         ))

@@ -5,6 +5,7 @@ use chrono::{DateTime, Utc};
 use super::{Store, StoreError, StoreResult};
 use crate::model::table_layout::LayoutDifference;
 use crate::model::table_options::TableOptions;
+use crate::model::write_options::WriteOptions;
 use crate::model::{Batching, Destination, ResourceName, ResourceRef, RunId, WriteMode};
 
 /// A run as stored.
@@ -50,6 +51,8 @@ pub(crate) struct ResourceRecord {
     pub(crate) primary_key: Vec<String>,
     #[sqlx(json(nullable))]
     pub(crate) table_options: Option<TableOptions>,
+    #[sqlx(json)]
+    pub(crate) write_options: WriteOptions,
     /// How the existing destination table's layout differs from `table_options` (last prepare);
     /// not part of the declaration.
     #[sqlx(json(nullable))]
@@ -57,13 +60,14 @@ pub(crate) struct ResourceRecord {
 }
 
 impl ResourceRecord {
-    /// Whether `other` declares the same thing (mode, key, table, table options).
+    /// Whether `other` declares the same thing (mode, key, table, table and write options).
     pub(crate) fn same_declaration(&self, other: &ResourceRecord) -> bool {
         self.resource == other.resource
             && self.table_name == other.table_name
             && self.write_mode == other.write_mode
             && self.primary_key == other.primary_key
             && self.table_options == other.table_options
+            && self.write_options == other.write_options
     }
 }
 
@@ -186,11 +190,12 @@ impl Store {
             }
         }
         let stored: ResourceRecord = sqlx::query_as(
-            "INSERT INTO resources (run_id, resource, table_name, write_mode, primary_key, table_options)
-             VALUES ($1, $2, $3, $4, $5, $6)
+            "INSERT INTO resources (run_id, resource, table_name, write_mode, primary_key, table_options, write_options)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
              ON CONFLICT (run_id, resource) DO UPDATE
                SET table_name = EXCLUDED.table_name, write_mode = EXCLUDED.write_mode,
                    primary_key = EXCLUDED.primary_key, table_options = EXCLUDED.table_options,
+                   write_options = EXCLUDED.write_options,
                    layout_mismatch = NULL, updated_at = now()
              RETURNING *",
         )
@@ -200,6 +205,7 @@ impl Store {
         .bind(declared.write_mode)
         .bind(&declared.primary_key)
         .bind(declared.table_options.as_ref().map(sqlx::types::Json))
+        .bind(sqlx::types::Json(&declared.write_options))
         .fetch_one(&mut *tx)
         .await?;
         tx.commit().await?;

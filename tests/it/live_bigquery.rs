@@ -16,6 +16,7 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Fields, Schema, TimeUnit};
 use filament_bigquery::conformance::{Case, shape};
 use filament_bigquery::model::WriteMode;
+use filament_bigquery::model::write_options::{Deletes, MetadataColumn};
 use google_cloud_bigquery_v2::client::{DatasetService, JobService, TableService};
 use google_cloud_bigquery_v2::model::{Dataset, DatasetReference, QueryRequest, Table};
 use serde_json::{Value, json};
@@ -460,6 +461,14 @@ fn representative_cases() -> Vec<(String, Case)> {
                 primary_key,
                 collated_keys,
                 key_ranges: if keyed { ranges.clone() } else { vec![] },
+                // Keyed statements fold by a STRING then a NUMERIC order (issue 25).
+                order_by: if keyed { vec!["t".into(), "s".into()] } else { vec![] },
+                // Every statement shape sets the load metadata columns too.
+                metadata_columns: MetadataColumn::ALL.to_vec(),
+                // The keyed modes are judged with soft deletes, the others cannot have them.
+                deletes: if keyed { Deletes::Soft } else { Deletes::Hard },
+                // full_upsert is judged as a snapshot: its segment, completion and deletion.
+                delete_missing: write_mode == WriteMode::FullUpsert,
             };
             cases.push((format!("{mode}_{key_name}"), case));
         }

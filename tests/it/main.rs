@@ -34,3 +34,4 @@ mod tls;
 mod troubleshooting;
 mod unreachable;
 mod write_modes;
+mod write_options;

@@ -95,6 +95,43 @@ def test_keyed_mode_last_write_wins(client: Client, dataset: str) -> None:
     assert rows == [{"balance": "33"}]
 
 
+def test_metadata_columns_name_the_run_and_execution_of_each_row(client: Client, dataset: str) -> None:
+    run = client.create_run(project=PROJECT, dataset=dataset)
+    view = run.declare("events", write_mode="full_append", metadata_columns=["execution_id", "run_id", "loaded_at"])
+    assert view["metadata_columns"] == ["loaded_at", "run_id", "execution_id"]
+    with run.execution("first") as ex:
+        ex.write("events", pa.table({"id": [1, 2]}))
+    rows = query(
+        f"SELECT id, _filament_run_id AS run_id, _filament_execution_id AS execution_id, "
+        f"_filament_loaded_at IS NOT NULL AS loaded FROM `{PROJECT}.{dataset}.events` ORDER BY id"
+    )
+    assert [(r["id"], r["run_id"], r["execution_id"], r["loaded"]) for r in rows] == [
+        ("1", run.run_id, "first", "true"),
+        ("2", run.run_id, "first", "true"),
+    ]
+
+
+def test_order_by_keeps_the_newest_change_and_soft_deletes_keep_the_row(client: Client, dataset: str) -> None:
+    run = client.create_run(project=PROJECT, dataset=dataset)
+    view = run.declare("accounts", write_mode="cdc_merge", primary_key=["id"], order_by="lsn", deletes="soft")
+    assert (view["order_by"], view["deletes"]) == (["lsn"], "soft")
+    ops = ["insert", "insert"]
+    with run.execution() as ex:
+        ex.write("accounts", pa.table({"id": [1, 2], "v": ["a", "b"], "lsn": [10, 10], "_filament_op": ops}))
+    with run.execution() as ex:
+        # The update is older than the row; the delete is newer.
+        late = {"id": [1, 2], "v": ["late", None], "lsn": [5, 20], "_filament_op": ["update", "delete"]}
+        ex.write("accounts", pa.table(late))
+    rows = query(
+        f"SELECT id, v, lsn, _filament_deleted_at IS NOT NULL AS deleted "
+        f"FROM `{PROJECT}.{dataset}.accounts` ORDER BY id"
+    )
+    assert [(r["id"], r["v"], r["lsn"], r["deleted"]) for r in rows] == [
+        ("1", "a", "10", "false"),
+        ("2", "b", "20", "true"),
+    ]
+
+
 def test_a_table_larger_than_one_body_is_split(gateway: Gateway, dataset: str) -> None:
     data = wide(0, 30_000)  # about 3 MiB of Arrow
     with Client(gateway.url, token=TOKEN, max_body_bytes=256 * 1024, compression="gzip") as client:

@@ -11,7 +11,7 @@ fn schema(fields: Vec<Field>) -> SchemaRef {
 }
 
 fn append() -> LoadSpec<'static> {
-    LoadSpec { write_mode: WriteMode::FullAppend, primary_key: &[] }
+    LoadSpec { write_mode: WriteMode::FullAppend, primary_key: &[], order_by: &[] }
 }
 
 fn sql_types(fields: Vec<Field>) -> Vec<String> {
@@ -157,8 +157,8 @@ fn the_operation_column_belongs_to_cdc_modes_only() {
     let with_op = schema(vec![Field::new("id", DataType::Int64, false), Field::new(OP_COLUMN, DataType::Utf8, false)]);
     let without_op = schema(vec![Field::new("id", DataType::Int64, false)]);
     let key = ["id".to_string()];
-    let cdc_merge = LoadSpec { write_mode: WriteMode::CdcMerge, primary_key: &key };
-    let cdc_append = LoadSpec { write_mode: WriteMode::CdcAppend, primary_key: &[] };
+    let cdc_merge = LoadSpec { write_mode: WriteMode::CdcMerge, primary_key: &key, order_by: &[] };
+    let cdc_append = LoadSpec { write_mode: WriteMode::CdcAppend, primary_key: &[], order_by: &[] };
     assert!(matches!(map_schema(&with_op, append()), Err(IngestError::InvalidOperation(_))));
     assert!(matches!(map_schema(&without_op, cdc_merge), Err(IngestError::InvalidOperation(_))));
 
@@ -185,8 +185,9 @@ fn key_columns_must_exist_and_be_eligible() {
         Field::new("tags", DataType::List(item(DataType::Utf8)), true),
         Field::new("s", DataType::Struct(vec![Field::new("a", DataType::Int64, true)].into()), true),
     ]);
-    let upsert =
-        |key: &[String]| map_schema(&fields, LoadSpec { write_mode: WriteMode::IncrementalUpsert, primary_key: key });
+    let upsert = |key: &[String]| {
+        map_schema(&fields, LoadSpec { write_mode: WriteMode::IncrementalUpsert, primary_key: key, order_by: &[] })
+    };
     let eligible: Vec<String> = ["ID", "at", "raw", "n"].map(String::from).to_vec();
     let mapped = upsert(&eligible).unwrap();
     assert_eq!(mapped.key_columns, vec![("id".into(), 0), ("at".into(), 1), ("raw".into(), 2), ("n".into(), 3)]);
@@ -194,6 +195,33 @@ fn key_columns_must_exist_and_be_eligible() {
         assert!(matches!(upsert(&[bad.to_string()]), Err(IngestError::InvalidPrimaryKey(_))), "{bad}");
     }
     assert!(matches!(upsert(&[]), Err(IngestError::InvalidPrimaryKey(_))));
+}
+
+#[test]
+fn order_by_takes_present_top_level_columns_of_the_ordered_types() {
+    let fields = schema(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("lsn", DataType::Int64, true),
+        Field::new("Day", DataType::Date32, true),
+        Field::new("amount", DataType::Decimal128(38, 9), true),
+        Field::new("at", DataType::Time64(TimeUnit::Microsecond), true),
+        Field::new("flag", DataType::Boolean, true),
+        Field::new("raw", DataType::Binary, true),
+        Field::new("score", DataType::Float64, true),
+        Field::new("tags", DataType::List(item(DataType::Int64)), true),
+        Field::new("_filament_op", DataType::Utf8, false),
+    ]);
+    let key = ["id".to_string()];
+    let ordered = |order_by: &[String]| {
+        map_schema(&fields, LoadSpec { write_mode: WriteMode::CdcMerge, primary_key: &key, order_by })
+    };
+    let mapped = ordered(&["day".to_string(), "LSN".to_string(), "amount".to_string()]).unwrap();
+    assert_eq!(mapped.order_columns, vec![("Day".into(), 2), ("lsn".into(), 1), ("amount".into(), 3)]);
+    for bad in ["at", "flag", "raw", "score", "tags", "missing"] {
+        let refused = ordered(&[bad.to_string()]).unwrap_err();
+        assert!(matches!(refused, IngestError::InvalidOrderBy(_)), "{bad}: {refused:?}");
+        assert_eq!(refused.code(), ErrorCode::InvalidOrderBy);
+    }
 }
 
 #[test]

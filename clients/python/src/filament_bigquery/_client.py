@@ -31,6 +31,7 @@ from ._types import (
     TERMINAL_STATES,
     CheckpointResponse,
     ExecutionView,
+    MetadataColumn,
     Receipt,
     ResourceView,
     RunListItem,
@@ -412,15 +413,37 @@ class Run:
         write_mode: WriteMode | str = "full_append",
         primary_key: Optional[Sequence[str]] = None,
         table: Optional[str] = None,
+        *,
+        table_options: Optional[Mapping[str, Any]] = None,
+        metadata_columns: Optional[Sequence[MetadataColumn | str]] = None,
+        order_by: Optional[str | Sequence[str]] = None,
+        deletes: Optional[str] = None,
+        delete_missing: Optional[bool] = None,
     ) -> ResourceView:
         """Declares (idempotently) `resource`, loaded into `table` (default: the resource name
         with other characters than letters, digits and `_` replaced by `_`) with `write_mode`.
-        Upsert, delete and merge modes need `primary_key`."""
+        Upsert, delete and merge modes need `primary_key`. `table_options` lays out a table the
+        gateway creates; `metadata_columns` (`loaded_at`, `run_id`, `execution_id`) are set on
+        every row each publication writes. Keyed modes: `order_by` (a column or a list) orders
+        the changes, the largest value winning, so a late or replayed change never rolls a row
+        back; `deletes="soft"` keeps deleted rows, marked in `_filament_deleted_at`.
+        `full_upsert`: `delete_missing=True` makes the run a snapshot, whose first execution
+        committed without a pause deletes the keys the run did not send."""
         body: dict[str, Any] = {"write_mode": write_mode}
         if primary_key is not None:
             body["primary_key"] = list(primary_key)
         if table is not None:
             body["table"] = table
+        if table_options is not None:
+            body["table_options"] = dict(table_options)
+        if metadata_columns is not None:
+            body["metadata_columns"] = list(metadata_columns)
+        if order_by is not None:
+            body["order_by"] = order_by if isinstance(order_by, str) else list(order_by)
+        if deletes is not None:
+            body["deletes"] = deletes
+        if delete_missing is not None:
+            body["delete_missing"] = delete_missing
         return cast(
             ResourceView, self.client._transport.json("PUT", f"{self._path}/resources/{_segment(resource)}", json=body)
         )

@@ -14,6 +14,9 @@ WriteMode = Literal[
     "cdc_append",
     "cdc_merge",
 ]
+MetadataColumn = Literal["loaded_at", "run_id", "execution_id"]
+"""A load metadata column the publication sets: `_filament_loaded_at`, `_filament_run_id`,
+`_filament_execution_id`."""
 ExecutionState = Literal["extracting", "paused", "committing", "committed", "failed", "aborted"]
 TERMINAL_STATES = ("committed", "failed", "aborted")
 
@@ -70,6 +73,12 @@ class ResourceView(TypedDict):
     table: str
     write_mode: WriteMode
     primary_key: List[str]
+    table_options: NotRequired[dict[str, Any]]
+    metadata_columns: NotRequired[List[MetadataColumn]]
+    order_by: NotRequired[List[str]]
+    deletes: NotRequired[Literal["hard", "soft"]]
+    delete_missing: NotRequired[bool]
+    layout_mismatch: NotRequired[List[dict[str, Any]]]
 
 
 class RunView(TypedDict):

@@ -1,0 +1,307 @@
+//! How a publication writes beyond its write mode: the options of a resource declaration that
+//! shape the publication's statement (`docs/write-modes.md`): which columns order a keyed
+//! mode's changes (`order_by`: the largest value wins, an older change never rolls a row back)
+//! and which load metadata columns each published row carries ([`MetadataColumn`]).
+//!
+//! Declared on `PUT /v1/runs/{run}/resources/{resource}` (`api::runs`), stored with the resource
+//! (`store::runs`, one JSONB column so later options need no migration), covered by the
+//! publication's fingerprint (`publish::fingerprint`), added to the destination table at prepare
+//! (`pipeline::prepare`) and set by the statement (`publish::sql`).
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::WriteMode;
+use super::columns::{BigQueryType, Column, MAX_KEY_COLUMNS};
+use super::ids::validate_column_name;
+use crate::error::{ErrorCode, Problem};
+
+/// `order_by` as declared: one column, or a list compared in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub(crate) enum OrderByDeclaration {
+    Column(String),
+    Columns(Vec<String>),
+}
+
+impl OrderByDeclaration {
+    fn columns(&self) -> &[String] {
+        match self {
+            OrderByDeclaration::Column(column) => std::slice::from_ref(column),
+            OrderByDeclaration::Columns(columns) => columns,
+        }
+    }
+}
+
+/// A column the publication sets on every row it writes, from the publication itself rather
+/// than from the batches: nothing of it is staged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MetadataColumn {
+    /// `_filament_loaded_at` TIMESTAMP: when the publication ran (`CURRENT_TIMESTAMP()` of its
+    /// statement, the same for every row it writes).
+    LoadedAt,
+    /// `_filament_run_id` STRING: the run that published the row.
+    RunId,
+    /// `_filament_execution_id` STRING: the execution that published the row.
+    ExecutionId,
+}
+
+impl MetadataColumn {
+    /// Every metadata column, in the order they follow the data columns.
+    pub const ALL: [MetadataColumn; 3] = [MetadataColumn::LoadedAt, MetadataColumn::RunId, MetadataColumn::ExecutionId];
+
+    /// The destination column's name (reserved prefix: no data column can take it).
+    pub fn column_name(self) -> &'static str {
+        match self {
+            MetadataColumn::LoadedAt => "_filament_loaded_at",
+            MetadataColumn::RunId => "_filament_run_id",
+            MetadataColumn::ExecutionId => "_filament_execution_id",
+        }
+    }
+
+    /// The destination column, NULLABLE like any column the gateway adds.
+    pub(crate) fn column(self) -> Column {
+        let bigquery_type = match self {
+            MetadataColumn::LoadedAt => BigQueryType::Timestamp,
+            MetadataColumn::RunId | MetadataColumn::ExecutionId => BigQueryType::String,
+        };
+        Column::new(self.column_name(), bigquery_type)
+    }
+}
+
+/// What a delete does to the destination row (keyed modes: cdc_merge and incremental_delete
+/// delete; an upsert resource declared `soft` clears the mark its table's deletes set).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Deletes {
+    /// The row is removed.
+    #[default]
+    Hard,
+    /// The row stays with its last values and `_filament_deleted_at` set to the publication's
+    /// time; a later insert, update or upsert of the key clears it.
+    Soft,
+}
+
+impl Deletes {
+    fn is_hard(&self) -> bool {
+        *self == Deletes::Hard
+    }
+}
+
+/// The column a soft delete sets (TIMESTAMP, NULLABLE).
+pub const DELETED_AT_COLUMN: &str = "_filament_deleted_at";
+
+/// The write options as a declaration states them (each absent one takes its default).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct DeclaredWriteOptions<'a> {
+    pub(crate) order_by: Option<&'a OrderByDeclaration>,
+    pub(crate) metadata_columns: Option<&'a [MetadataColumn]>,
+    pub(crate) deletes: Option<Deletes>,
+    pub(crate) delete_missing: Option<bool>,
+}
+
+/// The declaration's write options. The default writes as the seed's modes do.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WriteOptions {
+    /// Keyed modes: the columns whose largest value (compared in order, then by arrival) wins
+    /// the fold and the MERGE; empty: arrival order alone, as the seed's modes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) order_by: Vec<String>,
+    /// Distinct, in [`MetadataColumn::ALL`] order (so two declarations listing the same columns
+    /// in another order are the same declaration).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) metadata_columns: Vec<MetadataColumn>,
+    /// What a delete does (keyed modes only take `soft`).
+    #[serde(default, skip_serializing_if = "Deletes::is_hard")]
+    pub(crate) deletes: Deletes,
+    /// `full_upsert`: the run is a snapshot; the publication that completes it deletes (or
+    /// soft-deletes) every key the run did not send. Implies the `run_id` metadata column,
+    /// which records the run that last sent each key.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) delete_missing: bool,
+}
+
+impl WriteOptions {
+    /// The options of a declaration of `write_mode`: `order_by` only for the keyed modes, 1 to
+    /// 16 distinct column names (`invalid_order_by`); `metadata_columns` each at most once
+    /// (`invalid_request`); soft `deletes` only for the keyed modes (`invalid_deletes`);
+    /// `delete_missing` only for `full_upsert` (`invalid_delete_missing`), adding `run_id` to
+    /// the metadata columns.
+    pub(crate) fn parse(write_mode: WriteMode, declared: DeclaredWriteOptions<'_>) -> Result<Self, Problem> {
+        let DeclaredWriteOptions { order_by, metadata_columns, deletes, delete_missing } = declared;
+        let delete_missing = delete_missing.unwrap_or(false);
+        if delete_missing && write_mode != WriteMode::FullUpsert {
+            return Err(Problem::new(
+                ErrorCode::InvalidDeleteMissing,
+                format!("delete_missing makes a full_upsert run a snapshot; {write_mode} is not full_upsert"),
+            ));
+        }
+        let deletes = deletes.unwrap_or_default();
+        if deletes == Deletes::Soft && !write_mode.is_merge() {
+            return Err(Problem::new(
+                ErrorCode::InvalidDeletes,
+                format!(
+                    "deletes: soft applies to the keyed modes, whose rows a delete can keep; {write_mode} is not one"
+                ),
+            ));
+        }
+        let order_by = match order_by {
+            Some(declared) => parse_order_by(write_mode, declared.columns())?,
+            None => Vec::new(),
+        };
+        let mut columns = metadata_columns.unwrap_or_default().to_vec();
+        columns.sort_unstable();
+        if let Some(pair) = columns.windows(2).find(|pair| pair[0] == pair[1]) {
+            return Err(Problem::invalid_request(format!(
+                "metadata_columns lists {} twice",
+                serde_json::to_string(&pair[0]).unwrap_or_default()
+            )));
+        }
+        if delete_missing && !columns.contains(&MetadataColumn::RunId) {
+            columns.push(MetadataColumn::RunId);
+            columns.sort_unstable();
+        }
+        Ok(Self { order_by, metadata_columns: columns, deletes, delete_missing })
+    }
+
+    /// Whether these are the seed's defaults (a fingerprint then leaves them out, so
+    /// publications recorded before the options existed keep their fingerprint).
+    pub(crate) fn is_default(&self) -> bool {
+        self == &Self::default()
+    }
+
+    /// The destination columns the publication sets beyond the staged ones: the metadata
+    /// columns, then `_filament_deleted_at` for soft deletes.
+    pub(crate) fn publication_columns(&self) -> Vec<Column> {
+        let mut columns: Vec<Column> = self.metadata_columns.iter().map(|m| m.column()).collect();
+        if self.deletes == Deletes::Soft {
+            columns.push(Column::new(DELETED_AT_COLUMN, BigQueryType::Timestamp));
+        }
+        columns
+    }
+}
+
+fn invalid_order_by(detail: String) -> Problem {
+    Problem::new(ErrorCode::InvalidOrderBy, detail)
+}
+
+fn parse_order_by(write_mode: WriteMode, columns: &[String]) -> Result<Vec<String>, Problem> {
+    if !write_mode.is_merge() {
+        return Err(invalid_order_by(format!(
+            "order_by orders the changes of a keyed write mode; {write_mode} folds nothing"
+        )));
+    }
+    if columns.is_empty() || columns.len() > MAX_KEY_COLUMNS {
+        return Err(invalid_order_by(format!("order_by names 1 to {MAX_KEY_COLUMNS} columns")));
+    }
+    for (index, column) in columns.iter().enumerate() {
+        validate_column_name(column).map_err(|p| invalid_order_by(p.detail))?;
+        if columns[..index].iter().any(|earlier| earlier.eq_ignore_ascii_case(column)) {
+            return Err(invalid_order_by(format!("order_by names {column:?} twice")));
+        }
+    }
+    Ok(columns.to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ids::validate_column_name;
+
+    fn parse_with(
+        write_mode: WriteMode,
+        order_by: Option<&OrderByDeclaration>,
+        metadata_columns: Option<&[MetadataColumn]>,
+        deletes: Option<Deletes>,
+        delete_missing: Option<bool>,
+    ) -> Result<WriteOptions, Problem> {
+        WriteOptions::parse(write_mode, DeclaredWriteOptions { order_by, metadata_columns, deletes, delete_missing })
+    }
+
+    #[test]
+    fn declarations_in_any_order_are_one_declaration_and_a_repeat_is_refused() {
+        let parse = |columns: &[MetadataColumn]| parse_with(WriteMode::FullAppend, None, Some(columns), None, None);
+        let one = parse(&[MetadataColumn::ExecutionId, MetadataColumn::LoadedAt]).unwrap();
+        let other = parse(&[MetadataColumn::LoadedAt, MetadataColumn::ExecutionId]).unwrap();
+        assert_eq!(one, other);
+        assert_eq!(one.metadata_columns, [MetadataColumn::LoadedAt, MetadataColumn::ExecutionId]);
+        let repeated = parse(&[MetadataColumn::RunId, MetadataColumn::RunId]).unwrap_err();
+        assert!(repeated.detail.contains("\"run_id\" twice"), "{}", repeated.detail);
+        assert!(parse_with(WriteMode::CdcMerge, None, None, None, None).unwrap().is_default());
+        assert!(!one.is_default());
+    }
+
+    #[test]
+    fn metadata_columns_are_reserved_names_no_batch_can_send() {
+        for column in MetadataColumn::ALL {
+            assert!(validate_column_name(column.column_name()).is_err(), "{}", column.column_name());
+        }
+        let all = parse_with(WriteMode::FullAppend, None, Some(&MetadataColumn::ALL), None, None).unwrap();
+        let stored = serde_json::to_value(all).unwrap();
+        assert_eq!(stored, serde_json::json!({"metadata_columns": ["loaded_at", "run_id", "execution_id"]}));
+        assert_eq!(serde_json::to_value(WriteOptions::default()).unwrap(), serde_json::json!({}));
+    }
+
+    #[test]
+    fn order_by_is_one_or_more_distinct_columns_of_a_keyed_mode() {
+        let declared: OrderByDeclaration = serde_json::from_value(serde_json::json!("lsn")).unwrap();
+        let options = parse_with(WriteMode::CdcMerge, Some(&declared), None, None, None).unwrap();
+        assert_eq!(options.order_by, ["lsn"]);
+        let listed: OrderByDeclaration = serde_json::from_value(serde_json::json!(["day", "lsn"])).unwrap();
+        assert_eq!(
+            parse_with(WriteMode::FullUpsert, Some(&listed), None, None, None).unwrap().order_by,
+            ["day", "lsn"]
+        );
+        let refused = |write_mode, value: serde_json::Value| {
+            let declared: OrderByDeclaration = serde_json::from_value(value).unwrap();
+            let problem = parse_with(write_mode, Some(&declared), None, None, None).unwrap_err();
+            assert_eq!(problem.code, ErrorCode::InvalidOrderBy, "{}", problem.detail);
+            problem.detail
+        };
+        assert!(refused(WriteMode::FullAppend, serde_json::json!("lsn")).contains("full_append folds nothing"));
+        assert!(refused(WriteMode::CdcMerge, serde_json::json!([])).contains("1 to 16"));
+        assert!(refused(WriteMode::CdcMerge, serde_json::json!(["a", "A"])).contains("twice"));
+        refused(WriteMode::CdcMerge, serde_json::json!("_filament_seq"));
+        refused(WriteMode::CdcMerge, serde_json::json!("no spaces"));
+    }
+
+    #[test]
+    fn soft_deletes_belong_to_the_keyed_modes_and_add_their_column() {
+        for write_mode in [WriteMode::CdcMerge, WriteMode::IncrementalDelete, WriteMode::IncrementalUpsert] {
+            let options = parse_with(write_mode, None, None, Some(Deletes::Soft), None).unwrap();
+            let added: Vec<String> = options.publication_columns().into_iter().map(|c| c.name).collect();
+            assert_eq!(added, [DELETED_AT_COLUMN]);
+            assert_eq!(serde_json::to_value(&options).unwrap(), serde_json::json!({"deletes": "soft"}));
+        }
+        for write_mode in
+            [WriteMode::FullReplace, WriteMode::FullAppend, WriteMode::IncrementalAppend, WriteMode::CdcAppend]
+        {
+            let refused = parse_with(write_mode, None, None, Some(Deletes::Soft), None).unwrap_err();
+            assert_eq!(refused.code, ErrorCode::InvalidDeletes, "{write_mode}");
+        }
+        let hard = parse_with(WriteMode::FullAppend, None, None, Some(Deletes::Hard), None).unwrap();
+        assert!(hard.is_default(), "hard is the default");
+        assert!(validate_column_name(DELETED_AT_COLUMN).is_err());
+    }
+
+    #[test]
+    fn delete_missing_belongs_to_full_upsert_and_records_the_run_of_each_key() {
+        let options = parse_with(WriteMode::FullUpsert, None, None, Some(Deletes::Soft), Some(true)).unwrap();
+        assert_eq!(options.metadata_columns, [MetadataColumn::RunId]);
+        let stored = serde_json::to_value(&options).unwrap();
+        assert_eq!(
+            stored,
+            serde_json::json!({"metadata_columns": ["run_id"], "deletes": "soft", "delete_missing": true})
+        );
+        let declared = [MetadataColumn::ExecutionId, MetadataColumn::RunId];
+        let both = parse_with(WriteMode::FullUpsert, None, Some(&declared), None, Some(true)).unwrap();
+        assert_eq!(both.metadata_columns, [MetadataColumn::RunId, MetadataColumn::ExecutionId]);
+        for write_mode in [WriteMode::IncrementalUpsert, WriteMode::CdcMerge, WriteMode::FullReplace] {
+            let refused = parse_with(write_mode, None, None, None, Some(true)).unwrap_err();
+            assert_eq!(refused.code, ErrorCode::InvalidDeleteMissing, "{write_mode}");
+        }
+        assert!(parse_with(WriteMode::CdcMerge, None, None, None, Some(false)).unwrap().is_default());
+    }
+}
