@@ -5,4 +5,7 @@
 fn main() {
     println!("cargo:rustc-link-lib=isal");
     println!("cargo:rerun-if-changed=build.rs");
+    // `sqlx::migrate!` embeds the migrations at compile time but cannot tell cargo on stable
+    // Rust (sqlx's documented advice): a new migration alone must rebuild the crate.
+    println!("cargo:rerun-if-changed=migrations");
 }
