@@ -61,7 +61,7 @@ pub struct TableBody {
 #[derive(Debug, Clone)]
 pub struct Statement {
     /// Which path of the generator made it (`merge`, `insert`, `replace`, `truncate`, and for
-    /// `delete_missing` `snapshot_completion` and `delete_missing`).
+    /// `delete_missing` `snapshot_completion` and `delete_missing`, and `history`).
     pub shape: &'static str,
     pub sql: String,
     /// A script of several statements (`full_replace`'s transaction).
@@ -98,7 +98,8 @@ pub fn shape(case: &Case, project: &str, dataset: &str, table: &str) -> Result<S
         delete_missing: Some(case.delete_missing),
     };
     let options = WriteOptions::parse(case.write_mode, declared)?;
-    let table_columns: Vec<_> = columns.iter().cloned().chain(options.publication_columns()).collect();
+    let table_columns: Vec<_> =
+        columns.iter().cloned().chain(options.publication_columns(case.write_mode, columns)).collect();
     let mut destination = destination_table_body(table_reference(project, dataset, table), &table_columns, &layout, 0);
     collate(&mut destination, &case.collated_keys);
     let staging_table = staging_table_of(table);
@@ -140,6 +141,7 @@ pub fn shape(case: &Case, project: &str, dataset: &str, table: &str) -> Result<S
             statement("snapshot_completion", publication(false, sql::MergeScope::SnapshotCompletion)),
             statement("delete_missing", sql::delete_missing_statement(&destination_ref, RUN_ID, options.deletes)),
         ],
+        WriteMode::History => vec![statement("history", publication(false, staged))],
         mode if mode.is_merge() => vec![statement("merge", publication(false, staged))],
         _ => vec![statement("insert", publication(false, staged))],
     };

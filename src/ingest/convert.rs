@@ -60,8 +60,11 @@ pub(crate) fn to_staging(
     for (column, index) in mapped.data_columns.iter().zip(&mapped.data_indices) {
         columns.push(stage(batch.column(*index), column, &column.name, &top_level)?);
     }
-    if let Some(index) = mapped.op_index {
-        columns.push(operations(batch.column(index), first_row)?);
+    match mapped.op_index {
+        Some(index) => columns.push(operations(batch.column(index), first_row)?),
+        // `history` with plain rows: every row an upsert.
+        None if mapped.stages_op => columns.push(arrow_array::new_null_array(&DataType::Utf8, batch.num_rows())),
+        None => {}
     }
     if mapped.stages_seq {
         let rows = (first_row..first_row + batch.num_rows()).map(|row| row as i64);

@@ -66,6 +66,9 @@ pub struct MappedSchema {
     pub(crate) staging: SchemaRef,
     /// Whether `_filament_seq` is staged (the MERGE modes).
     pub(crate) stages_seq: bool,
+    /// Whether `_filament_op` is staged: the CDC modes', and `history`'s always (NULL, meaning
+    /// upserts, when its batches send plain rows).
+    pub(crate) stages_op: bool,
 }
 
 impl MappedSchema {
@@ -268,6 +271,7 @@ struct IncomingColumns {
 
 fn incoming_columns(schema: &Schema, write_mode: WriteMode) -> Result<IncomingColumns, IngestError> {
     let cdc = matches!(write_mode, WriteMode::CdcAppend | WriteMode::CdcMerge);
+    let takes_op = cdc || write_mode == WriteMode::History;
     let mut seen = HashSet::with_capacity(schema.fields().len());
     let mut incoming = IncomingColumns {
         data_columns: Vec::with_capacity(schema.fields().len()),
@@ -276,7 +280,7 @@ fn incoming_columns(schema: &Schema, write_mode: WriteMode) -> Result<IncomingCo
     };
     for (index, field) in schema.fields().iter().enumerate() {
         if field.name() == OP_COLUMN {
-            check_operation_field(field, write_mode, cdc)?;
+            check_operation_field(field, write_mode, takes_op)?;
             incoming.op_index = Some(index);
             continue;
         }
@@ -301,11 +305,11 @@ fn incoming_columns(schema: &Schema, write_mode: WriteMode) -> Result<IncomingCo
     Ok(incoming)
 }
 
-/// `_filament_op` belongs to the CDC modes only, as a string column.
-fn check_operation_field(field: &Field, write_mode: WriteMode, cdc: bool) -> Result<(), IngestError> {
-    if !cdc {
+/// `_filament_op` belongs to the CDC modes and `history` only, as a string column.
+fn check_operation_field(field: &Field, write_mode: WriteMode, takes_op: bool) -> Result<(), IngestError> {
+    if !takes_op {
         return Err(IngestError::InvalidOperation(format!(
-            "write mode {write_mode} takes no {OP_COLUMN} column (only cdc_append and cdc_merge do)"
+            "write mode {write_mode} takes no {OP_COLUMN} column (only cdc_append, cdc_merge and history do)"
         )));
     }
     let string_like = |t: &DataType| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
@@ -335,7 +339,8 @@ fn staging_layout(
     }
     let stages_seq = write_mode.is_merge();
     let mut staging_columns: Vec<Column> = data_columns.iter().map(Column::staged).collect();
-    if op_index.is_some() {
+    let stages_op = op_index.is_some() || write_mode == WriteMode::History;
+    if stages_op {
         staging_columns.push(op_column);
     }
     if stages_seq {
@@ -353,6 +358,7 @@ fn staging_layout(
         staging_columns,
         staging,
         stages_seq,
+        stages_op,
     }
 }
 

@@ -48,8 +48,13 @@ pub(crate) fn staged_size(
         for (slot, (column, index)) in mapped.data_columns.iter().zip(&mapped.data_indices).enumerate() {
             per_column[slot] = per_column[slot].saturating_add(staged_bytes(batch.column(*index), column));
         }
-        if let Some(index) = mapped.op_index {
-            reserved_columns = reserved_columns.saturating_add(string_bytes(batch.column(index)));
+        match mapped.op_index {
+            Some(index) => reserved_columns = reserved_columns.saturating_add(string_bytes(batch.column(index))),
+            // An all-NULL string column: offsets and validity.
+            None if mapped.stages_op => {
+                reserved_columns = reserved_columns.saturating_add(batch.num_rows() * 4 + batch.num_rows() / 8 + 8);
+            }
+            None => {}
         }
         if mapped.stages_seq {
             reserved_columns = reserved_columns.saturating_add(batch.num_rows() * 8);

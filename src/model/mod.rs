@@ -41,6 +41,8 @@ pub enum WriteMode {
     IncrementalDelete,
     CdcAppend,
     CdcMerge,
+    /// Keyed: every version of each key (SCD2), with its validity interval.
+    History,
 }
 
 impl WriteMode {
@@ -54,15 +56,21 @@ impl WriteMode {
             WriteMode::IncrementalDelete => "incremental_delete",
             WriteMode::CdcAppend => "cdc_append",
             WriteMode::CdcMerge => "cdc_merge",
+            WriteMode::History => "history",
         }
     }
 
-    /// Modes published with a MERGE keyed on the primary key (which they need), folding each
-    /// key to its last operation by the staged `_filament_seq`.
+    /// Modes published with a MERGE keyed on the primary key (which they need), ordering each
+    /// key's changes by the staged `_filament_seq` (`history` keeps every version, the others
+    /// fold each key to its last operation).
     pub(crate) fn is_merge(self) -> bool {
         matches!(
             self,
-            WriteMode::FullUpsert | WriteMode::IncrementalUpsert | WriteMode::IncrementalDelete | WriteMode::CdcMerge
+            WriteMode::FullUpsert
+                | WriteMode::IncrementalUpsert
+                | WriteMode::IncrementalDelete
+                | WriteMode::CdcMerge
+                | WriteMode::History
         )
     }
 

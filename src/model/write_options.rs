@@ -91,6 +91,12 @@ impl Deletes {
 
 /// The column a soft delete sets (TIMESTAMP, NULLABLE).
 pub const DELETED_AT_COLUMN: &str = "_filament_deleted_at";
+/// `history`: where a version starts (the change's `order_by` value, else the publication's
+/// time), where it ends (the next version's start, NULL for the current one), and whether it is
+/// the key's current version.
+pub const VALID_FROM_COLUMN: &str = "_filament_valid_from";
+pub const VALID_TO_COLUMN: &str = "_filament_valid_to";
+pub const IS_CURRENT_COLUMN: &str = "_filament_is_current";
 
 /// The write options as a declaration states them (each absent one takes its default).
 #[derive(Debug, Clone, Copy, Default)]
@@ -139,6 +145,13 @@ impl WriteOptions {
             ));
         }
         let deletes = deletes.unwrap_or_default();
+        if deletes == Deletes::Soft && write_mode == WriteMode::History {
+            return Err(Problem::new(
+                ErrorCode::InvalidDeletes,
+                "history closes a deleted key's current version and marks it _filament_deleted_at itself; \
+                 declare no deletes option",
+            ));
+        }
         if deletes == Deletes::Soft && !write_mode.is_merge() {
             return Err(Problem::new(
                 ErrorCode::InvalidDeletes,
@@ -172,11 +185,20 @@ impl WriteOptions {
         self == &Self::default()
     }
 
-    /// The destination columns the publication sets beyond the staged ones: the metadata
-    /// columns, then `_filament_deleted_at` for soft deletes.
-    pub(crate) fn publication_columns(&self) -> Vec<Column> {
+    /// The destination columns the publication of a `write_mode` resource staging `staged`
+    /// sets beyond the staged ones: the metadata columns, then `_filament_deleted_at` for soft
+    /// deletes, or `history`'s validity columns (typed as its `order_by` column, else
+    /// TIMESTAMP) and `_filament_deleted_at`.
+    pub(crate) fn publication_columns(&self, write_mode: WriteMode, staged: &[Column]) -> Vec<Column> {
         let mut columns: Vec<Column> = self.metadata_columns.iter().map(|m| m.column()).collect();
-        if self.deletes == Deletes::Soft {
+        if write_mode == WriteMode::History {
+            let order = self.order_by.first().and_then(|o| staged.iter().find(|c| c.name.eq_ignore_ascii_case(o)));
+            let validity_type = order.map_or(BigQueryType::Timestamp, |c| c.bigquery_type.clone());
+            columns.push(Column::new(VALID_FROM_COLUMN, validity_type.clone()));
+            columns.push(Column::new(VALID_TO_COLUMN, validity_type));
+            columns.push(Column::new(IS_CURRENT_COLUMN, BigQueryType::Bool));
+        }
+        if self.deletes == Deletes::Soft || write_mode == WriteMode::History {
             columns.push(Column::new(DELETED_AT_COLUMN, BigQueryType::Timestamp));
         }
         columns
@@ -198,6 +220,11 @@ fn parse_order_by(write_mode: WriteMode, columns: &[String]) -> Result<Vec<Strin
     }
     for (index, column) in columns.iter().enumerate() {
         validate_column_name(column).map_err(|p| invalid_order_by(p.detail))?;
+        if write_mode == WriteMode::History && index > 0 {
+            return Err(invalid_order_by(format!(
+                "history orders versions by one column, whose value is a version's {VALID_FROM_COLUMN}"
+            )));
+        }
         if columns[..index].iter().any(|earlier| earlier.eq_ignore_ascii_case(column)) {
             return Err(invalid_order_by(format!("order_by names {column:?} twice")));
         }
@@ -271,7 +298,7 @@ mod tests {
     fn soft_deletes_belong_to_the_keyed_modes_and_add_their_column() {
         for write_mode in [WriteMode::CdcMerge, WriteMode::IncrementalDelete, WriteMode::IncrementalUpsert] {
             let options = parse_with(write_mode, None, None, Some(Deletes::Soft), None).unwrap();
-            let added: Vec<String> = options.publication_columns().into_iter().map(|c| c.name).collect();
+            let added: Vec<String> = options.publication_columns(write_mode, &[]).into_iter().map(|c| c.name).collect();
             assert_eq!(added, [DELETED_AT_COLUMN]);
             assert_eq!(serde_json::to_value(&options).unwrap(), serde_json::json!({"deletes": "soft"}));
         }

@@ -86,6 +86,8 @@ impl LaneTarget {
     pub(crate) fn new(resource: ResourceRef, run: &RunRecord, declared: &ResourceRecord, summary: BodySummary) -> Self {
         let staging_table = staging_table_name(&resource, &declared.table_name);
         let BodySummary { mapped, serialized_schema, max_payload_bytes, destination_layout, .. } = summary;
+        let publication_columns =
+            declared.write_options.publication_columns(declared.write_mode, &mapped.destination_columns);
         Self {
             resource,
             project: run.destination.project.clone(),
@@ -94,7 +96,7 @@ impl LaneTarget {
             destination_table: declared.table_name.clone(),
             staging_table,
             destination_columns: mapped.destination_columns,
-            publication_columns: declared.write_options.publication_columns(),
+            publication_columns,
             destination_layout,
             staging_columns: mapped.staging_columns,
             serialized_schema,

@@ -292,7 +292,7 @@ impl Publisher {
         let Some(existing) = self.bigquery.table_fields(project, dataset, table).await.map_err(fail)? else {
             return Ok(false);
         };
-        let wanted = resource.write_options.publication_columns();
+        let wanted = resource.write_options.publication_columns(resource.write_mode, &[]);
         let missing = missing_columns(&existing, &wanted);
         if !missing.is_empty() {
             self.bigquery.add_columns(project, dataset, table, &existing, &missing).await.map_err(fail)?;

@@ -5,6 +5,8 @@
 //! Staged strings become their final types here (`PARSE_NUMERIC`, `PARSE_BIGNUMERIC`,
 //! `CAST(... AS TIME)`, `PARSE_JSON`), inside STRUCTs and ARRAYs too.
 
+mod history;
+
 use crate::model::WriteMode;
 use crate::model::bounds::{KeyRange, string_literal};
 use crate::model::columns::{BigQueryType, Collation, Column};
@@ -151,6 +153,7 @@ pub(crate) fn publication_statement(publication: &Publication<'_>) -> String {
         WriteMode::FullUpsert | WriteMode::IncrementalUpsert | WriteMode::IncrementalDelete | WriteMode::CdcMerge => {
             merge(publication)
         }
+        WriteMode::History => history::history(publication),
     }
 }
 
@@ -746,6 +749,40 @@ mod tests {
         insta::assert_snapshot!("soft_deletes_cdc_merge", merged);
         let deleted = soft(WriteMode::IncrementalDelete, &[columns()[0].clone(), columns()[3].clone()], NO_METADATA);
         insta::assert_snapshot!("soft_deletes_incremental_delete", deleted);
+    }
+
+    #[test]
+    fn history_closes_the_current_version_and_inserts_every_new_one() {
+        let key = ["id".to_string()];
+        let history = |order_by: &[String]| {
+            publication_statement(&Publication {
+                destination: DESTINATION,
+                staging: STAGING,
+                write_mode: WriteMode::History,
+                columns: &columns(),
+                key: &key,
+                order_by,
+                scope: MergeScope::StagedKeys(&id_range(3, 97)),
+                key_collations: &[],
+                replace: false,
+                metadata: LoadMetadata { columns: &[MetadataColumn::RunId], run_id: "r", execution_id: "e" },
+                deletes: Deletes::Hard,
+            })
+        };
+        let ordered = history(&["updated_at".to_string()]);
+        assert!(ordered.contains("_filament_staged.`updated_at` AS _filament_from"), "{ordered}");
+        assert!(ordered.contains("WHERE `_filament_is_current` AND `id` BETWEEN 3 AND 97"), "{ordered}");
+        assert!(
+            ordered.contains("ON _filament_target.`id` = _filament_source.`_filament_merge_k0` AND _filament_target.`_filament_is_current`"),
+            "{ordered}"
+        );
+        insta::assert_snapshot!("history_ordered", ordered);
+        let by_publication = history(&[]);
+        assert!(by_publication.contains("CURRENT_TIMESTAMP() AS _filament_from"), "{by_publication}");
+        assert!(
+            !by_publication.contains(">= _filament_k._filament_from"),
+            "no late changes without order: {by_publication}"
+        );
     }
 
     #[test]

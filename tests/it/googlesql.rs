@@ -228,7 +228,7 @@ fn unique<T>(named: Vec<(String, T)>) -> Vec<(String, T)> {
     named.into_iter().filter(|(name, _)| seen.insert(name.to_ascii_lowercase())).collect()
 }
 
-const WRITE_MODES: [WriteMode; 8] = [
+const WRITE_MODES: [WriteMode; 9] = [
     WriteMode::FullReplace,
     WriteMode::FullAppend,
     WriteMode::FullUpsert,
@@ -237,6 +237,7 @@ const WRITE_MODES: [WriteMode; 8] = [
     WriteMode::IncrementalDelete,
     WriteMode::CdcAppend,
     WriteMode::CdcMerge,
+    WriteMode::History,
 ];
 
 /// BigQuery's DATE range, 0001-01-01 to 9999-12-31, in days from 1970-01-01, and its
@@ -334,6 +335,7 @@ fn generated_case() -> impl Strategy<Value = GeneratedCase> {
                     | WriteMode::IncrementalUpsert
                     | WriteMode::IncrementalDelete
                     | WriteMode::CdcMerge
+                    | WriteMode::History
             );
             for (name, ((data_type, bigquery_type), collated, (pick_low, pick_high, low, high))) in &key {
                 fields.push(Field::new(name, data_type.clone(), true));
@@ -360,7 +362,9 @@ fn generated_case() -> impl Strategy<Value = GeneratedCase> {
             let mut taken: BTreeSet<String> = key.iter().map(|(name, _)| name.to_ascii_lowercase()).collect();
             let mut order_by = Vec::new();
             for (name, (data_type, bigquery_type)) in unique(order) {
-                if !keyed || !taken.insert(name.to_ascii_lowercase()) {
+                // history orders its versions by one column.
+                let room = write_mode != WriteMode::History || order_by.is_empty();
+                if !keyed || !room || !taken.insert(name.to_ascii_lowercase()) {
                     continue;
                 }
                 features.insert(format!("order_by {bigquery_type}"));
@@ -376,8 +380,15 @@ fn generated_case() -> impl Strategy<Value = GeneratedCase> {
                 generated.conversions(0, "top level", &mut features);
                 fields.push(generated.field(&name));
             }
-            if matches!(write_mode, WriteMode::CdcAppend | WriteMode::CdcMerge) {
+            // history takes CDC input or plain rows (upserts).
+            let history_cdc = write_mode == WriteMode::History && snapshot;
+            if matches!(write_mode, WriteMode::CdcAppend | WriteMode::CdcMerge) || history_cdc {
                 fields.push(Field::new("_filament_op", DataType::Utf8, true));
+            }
+            if write_mode == WriteMode::History {
+                let input = if history_cdc { "CDC input" } else { "plain rows" };
+                let order = if order_by.is_empty() { "the publication time" } else { "order_by" };
+                features.insert(format!("history from {input} by {order}"));
             }
             for field in &fields {
                 if TRICKY_NAMES.contains(&field.name().as_str()) {
@@ -388,7 +399,7 @@ fn generated_case() -> impl Strategy<Value = GeneratedCase> {
             for column in &metadata_columns {
                 features.insert(format!("{write_mode} with {}", column.column_name()));
             }
-            let deletes = if soft && keyed {
+            let deletes = if soft && keyed && write_mode != WriteMode::History {
                 features.insert(format!("{write_mode} with soft deletes"));
                 if !order_by.is_empty() {
                     features.insert(format!("{write_mode} with soft deletes and order_by"));
@@ -430,7 +441,12 @@ fn required_features() -> BTreeSet<String> {
             required.insert(format!("{mode} with {}", column.column_name()));
         }
     }
-    for shape in ["merge", "insert", "replace", "truncate", "snapshot_completion", "delete_missing"] {
+    for input in ["CDC input", "plain rows"] {
+        for order in ["the publication time", "order_by"] {
+            required.insert(format!("history from {input} by {order}"));
+        }
+    }
+    for shape in ["merge", "insert", "replace", "truncate", "snapshot_completion", "delete_missing", "history"] {
         required.insert(format!("statement {shape}"));
     }
     for key in ["INT64", "STRING", "BOOL", "BYTES", "DATE", "TIME", "DATETIME", "TIMESTAMP", "NUMERIC", "BIGNUMERIC"] {

@@ -210,7 +210,11 @@ fn converted_rows(ids: &[i64], ops: Option<&[&str]>) -> RecordBatch {
 fn keyed(write_mode: WriteMode) -> bool {
     matches!(
         write_mode,
-        WriteMode::FullUpsert | WriteMode::IncrementalUpsert | WriteMode::IncrementalDelete | WriteMode::CdcMerge
+        WriteMode::FullUpsert
+            | WriteMode::IncrementalUpsert
+            | WriteMode::IncrementalDelete
+            | WriteMode::CdcMerge
+            | WriteMode::History
     )
 }
 
@@ -441,7 +445,8 @@ fn representative_cases() -> Vec<(String, Case)> {
         ),
     ];
     let mut cases = Vec::new();
-    for (mode, write_mode) in WRITE_MODES {
+    // history is judged by its statement here (its rows are checked against the emulator).
+    for (mode, write_mode) in WRITE_MODES.into_iter().chain([("history", WriteMode::History)]) {
         for (key_name, key_fields, ranges) in &keys {
             let keyed = keyed(write_mode);
             if !keyed && *key_name != "int" {
@@ -462,11 +467,15 @@ fn representative_cases() -> Vec<(String, Case)> {
                 collated_keys,
                 key_ranges: if keyed { ranges.clone() } else { vec![] },
                 // Keyed statements fold by a STRING then a NUMERIC order (issue 25).
-                order_by: if keyed { vec!["t".into(), "s".into()] } else { vec![] },
+                order_by: match write_mode {
+                    WriteMode::History => vec!["s".into()],
+                    _ if keyed => vec!["t".into(), "s".into()],
+                    _ => vec![],
+                },
                 // Every statement shape sets the load metadata columns too.
                 metadata_columns: MetadataColumn::ALL.to_vec(),
                 // The keyed modes are judged with soft deletes, the others cannot have them.
-                deletes: if keyed { Deletes::Soft } else { Deletes::Hard },
+                deletes: if keyed && write_mode != WriteMode::History { Deletes::Soft } else { Deletes::Hard },
                 // full_upsert is judged as a snapshot: its segment, completion and deletion.
                 delete_missing: write_mode == WriteMode::FullUpsert,
             };

@@ -179,6 +179,9 @@ impl Rng {
     }
 }
 
+/// Where a change falls in its key's order: (order value or 0, seq, row).
+type Rank = (i64, i64, usize);
+
 /// The destination as the model says it must be: key -> (value, order value, soft-deleted).
 type Model = BTreeMap<i64, (Option<String>, i64, bool)>;
 
@@ -202,7 +205,7 @@ impl Modelled {
     /// but for the order value, which becomes the delete's; a delete of an absent key does
     /// nothing.
     fn publish(&self, model: &mut Model, batches: &[(i64, Vec<Change>)]) {
-        let mut last: BTreeMap<i64, ((i64, i64, usize), &Change)> = BTreeMap::new();
+        let mut last: BTreeMap<i64, (Rank, &Change)> = BTreeMap::new();
         for (seq, changes) in batches {
             for (row, change) in changes.iter().filter(|c| self.cdc || c.op != "delete").enumerate() {
                 let rank = (if self.ordered { change.lsn } else { 0 }, *seq, row);
@@ -547,4 +550,145 @@ async fn delete_missing_deletes_only_when_the_snapshot_completes_across_paused_s
     assert_eq!(rows.values().filter(|(_, deleted)| *deleted).count(), 6, "{rows:?}");
     let after = gw.query(&deleted_at).await;
     assert_eq!(before[1..], after[1..], "keys still missing keep their first deletion time");
+}
+
+/// One version of a history table: (id, v, lsn, valid_from, valid_to, is_current,
+/// deleted), with the validity as lsn values (or, without `order_by`, `valid_to` present or
+/// not, as 0 and 1, since the publication's time is not known in advance).
+type Version = (i64, Option<String>, i64, i64, Option<i64>, bool, bool);
+
+/// A history table as the issue states it, written without looking at the gateway's SQL.
+struct HistoryModel {
+    ordered: bool,
+    cdc: bool,
+    versions: Vec<Version>,
+}
+
+impl HistoryModel {
+    /// One publication: per key, the changes in (lsn, seq, row) order (without the ones older
+    /// than the current version, when ordered), those that differ from the state before them
+    /// (a delete's state is "absent") make the history: each upsert a version, ending where
+    /// the next change starts; the first closes the current version.
+    fn publish(&mut self, batches: &[(i64, Vec<Change>)]) {
+        let mut by_key: BTreeMap<i64, Vec<(Rank, &Change)>> = BTreeMap::new();
+        for (seq, changes) in batches {
+            for (row, change) in changes.iter().filter(|c| self.cdc || c.op != "delete").enumerate() {
+                let rank = (if self.ordered { change.lsn } else { 0 }, *seq, row);
+                by_key.entry(change.id).or_default().push((rank, change));
+            }
+        }
+        for (id, mut changes) in by_key {
+            changes.sort_by_key(|(rank, _)| *rank);
+            let current = self.versions.iter().position(|v| v.0 == id && v.5);
+            let current_from = current.map(|i| self.versions[i].3);
+            let state_of = |c: &Change| (c.op != "delete").then(|| (c.v.clone(), c.lsn));
+            let mut previous = current.map(|i| (self.versions[i].1.clone(), self.versions[i].2));
+            let mut effective: Vec<&Change> = Vec::new();
+            for (_, change) in changes {
+                if self.ordered && current_from.is_some_and(|from| change.lsn < from) {
+                    continue;
+                }
+                let state = state_of(change);
+                if state != previous {
+                    effective.push(change);
+                }
+                previous = state;
+            }
+            let Some(first) = effective.first() else { continue };
+            let from = |c: &Change| if self.ordered { c.lsn } else { 0 };
+            let to = |c: &Change| if self.ordered { c.lsn } else { 1 };
+            if let Some(i) = current {
+                let closed = &mut self.versions[i];
+                (closed.4, closed.5, closed.6) = (Some(to(first)), false, first.op == "delete");
+            }
+            for (i, change) in effective.iter().enumerate().filter(|(_, c)| c.op != "delete") {
+                let next = effective.get(i + 1);
+                self.versions.push((
+                    id,
+                    change.v.clone(),
+                    change.lsn,
+                    from(change),
+                    next.map(|n| to(n)),
+                    next.is_none(),
+                    next.is_some_and(|n| n.op == "delete"),
+                ));
+            }
+        }
+    }
+
+    async fn destination(&self, gw: &Gateway, table: &str) -> Vec<Version> {
+        let validity = if self.ordered {
+            "_filament_valid_from, _filament_valid_to"
+        } else {
+            "0, IF(_filament_valid_to IS NULL, NULL, 1)"
+        };
+        let sql = format!(
+            "SELECT id, v, lsn, {validity}, _filament_is_current, _filament_deleted_at IS NOT NULL FROM {}.{table}",
+            gw.dataset
+        );
+        let mut versions: Vec<Version> = gw
+            .query(&sql)
+            .await
+            .iter()
+            .map(|r| {
+                let to = r[4].as_str().map(|_| int(&r[4]));
+                let v = r[1].as_str().map(str::to_string);
+                (int(&r[0]), v, int(&r[2]), int(&r[3]), to, r[5] == json!("true"), r[6] == json!("true"))
+            })
+            .collect();
+        versions.sort();
+        versions
+    }
+
+    fn sorted(&self) -> Vec<Version> {
+        let mut versions = self.versions.clone();
+        versions.sort();
+        versions
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn history_keeps_every_version_as_an_independent_model_does() {
+    let seed: u64 = std::env::var("FILAMENT_WRITE_OPTIONS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(25);
+    let mut rng = Rng(seed);
+    let gw = Gateway::spawn().await;
+    gw.create_run("r").await;
+    let key = json!(["id"]);
+    let resources = [
+        ("history_cdc", json!({"write_mode": "history", "primary_key": key, "order_by": "lsn"}), true, true),
+        ("history_rows", json!({"write_mode": "history", "primary_key": key, "order_by": ["lsn"]}), true, false),
+        ("history_by_time", json!({"write_mode": "history", "primary_key": key}), false, true),
+    ];
+    let mut models = Vec::new();
+    for (name, declaration, ordered, cdc) in &resources {
+        gw.declare("r", name, declaration.clone()).await;
+        models.push(HistoryModel { ordered: *ordered, cdc: *cdc, versions: Vec::new() });
+    }
+    let (mut clock, mut history) = (0i64, Vec::new());
+    for execution in 0..8 {
+        let execution_id = format!("e{execution}");
+        gw.open_new_execution("r", &execution_id).await;
+        let batches = generate_execution(&mut rng, &mut clock, &history);
+        let sequenced: Vec<(i64, Vec<Change>)> =
+            batches.iter().cloned().enumerate().map(|(i, b)| (i as i64, b)).collect();
+        for (seq, changes) in sequenced.iter().rev() {
+            for (name, _, _, cdc) in &resources {
+                let sent: Vec<Change> = changes.iter().filter(|c| *cdc || c.op != "delete").cloned().collect();
+                if !sent.is_empty() {
+                    gw.post_accepted("r", &execution_id, name, Some(*seq), changes_body(&sent, *cdc)).await;
+                }
+            }
+        }
+        commit(&gw, &execution_id).await;
+        for ((name, ..), model) in resources.iter().zip(&mut models) {
+            model.publish(&sequenced);
+            let actual = model.destination(&gw, name).await;
+            assert_eq!(actual, model.sorted(), "seed {seed}, {name} after {execution_id}: {sequenced:?}");
+        }
+        history.extend(batches);
+    }
+    let versions = &models[0].versions;
+    assert!(versions.iter().any(|v| v.6), "seed {seed}: a delete closed a version");
+    let keys_with_several = versions.iter().filter(|v| !v.5).count();
+    assert!(keys_with_several > 3, "seed {seed}: closed versions: {versions:?}");
 }

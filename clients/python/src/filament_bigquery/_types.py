@@ -13,6 +13,7 @@ WriteMode = Literal[
     "incremental_delete",
     "cdc_append",
     "cdc_merge",
+    "history",
 ]
 MetadataColumn = Literal["loaded_at", "run_id", "execution_id"]
 """A load metadata column the publication sets: `_filament_loaded_at`, `_filament_run_id`,
