@@ -692,3 +692,187 @@ async fn history_keeps_every_version_as_an_independent_model_does() {
     let keys_with_several = versions.iter().filter(|v| !v.5).count();
     assert!(keys_with_several > 3, "seed {seed}: closed versions: {versions:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redelivery_with_write_options_publishes_nothing_twice() {
+    let gw = Gateway::spawn().await;
+    gw.create_run("r").await;
+    let options = json!({"write_mode": "cdc_merge", "primary_key": ["id"], "order_by": "lsn", "deletes": "soft",
+        "metadata_columns": ALL_METADATA});
+    gw.declare("r", "accounts", options).await;
+    gw.declare("r", "snap", json!({"write_mode": "full_upsert", "primary_key": ["id"], "delete_missing": true})).await;
+    let changes = [
+        Change { id: 1, v: Some("a".into()), lsn: 5, op: "insert" },
+        Change { id: 2, v: Some("b".into()), lsn: 6, op: "insert" },
+        Change { id: 2, v: None, lsn: 7, op: "delete" },
+    ];
+    let deliver = |opened: StatusCode, pause: bool| {
+        let (gw, changes) = (&gw, &changes);
+        async move {
+            let (status, body) = gw.open_execution("r", "e").await;
+            assert_eq!(status, opened, "{body}");
+            gw.post_accepted("r", "e", "accounts", Some(0), changes_body(changes, true)).await;
+            gw.post_accepted("r", "e", "snap", Some(0), upserts(&[(1, "a")])).await;
+            if pause {
+                let (status, paused) = gw.json(Method::POST, "/v1/runs/r/executions/e/pause", None).await;
+                assert_eq!(status, StatusCode::OK, "{paused}");
+            }
+            gw.json(Method::POST, "/v1/runs/r/executions/e/commit?wait=true", None).await.1
+        }
+    };
+    let published = format!(
+        "SELECT id, v, lsn, _filament_deleted_at IS NOT NULL, UNIX_MICROS(_filament_loaded_at) FROM {}.accounts ORDER BY id",
+        gw.dataset
+    );
+    let first = deliver(StatusCode::CREATED, false).await;
+    assert_eq!(first["state"], "committed", "{first}");
+    let after_first = gw.query(&published).await;
+    assert_eq!(after_first.len(), 1, "key 2 was inserted and deleted within the delivery: {after_first:?}");
+    let second = deliver(StatusCode::OK, false).await;
+    assert_eq!((second["state"].clone(), second["delivery"].clone()), (json!("committed"), json!(2)), "{second}");
+    assert_eq!(
+        gw.query(&published).await,
+        after_first,
+        "the redelivery reused the publication: same rows, same loaded_at"
+    );
+    // A redelivery that pauses would not complete the snapshot the first delivery completed.
+    let third = deliver(StatusCode::OK, true).await;
+    assert_eq!(
+        (third["state"].clone(), third["error"]["code"].clone()),
+        (json!("failed"), json!("replay_mismatch")),
+        "{third}"
+    );
+    assert_eq!(gw.query(&published).await, after_first);
+}
+
+/// A `delete_missing` destination as the issue states it: id -> (v, lsn, soft-deleted, the run
+/// that last sent the key).
+struct SnapshotModel {
+    name: &'static str,
+    ordered: bool,
+    soft: bool,
+    rows: BTreeMap<i64, (String, i64, bool, String)>,
+}
+
+impl SnapshotModel {
+    /// One segment's upserts: each key's last change (by lsn when ordered, then seq and row)
+    /// updates its row (and revives it) when at least as new, and always records the run.
+    fn segment(&mut self, run: &str, batches: &[(i64, Vec<Change>)]) {
+        let mut last: BTreeMap<i64, (Rank, &Change)> = BTreeMap::new();
+        for (seq, changes) in batches {
+            for (row, change) in changes.iter().enumerate() {
+                let rank = (if self.ordered { change.lsn } else { 0 }, *seq, row);
+                if last.get(&change.id).is_none_or(|(best, _)| rank > *best) {
+                    last.insert(change.id, (rank, change));
+                }
+            }
+        }
+        for (id, (_, change)) in last {
+            let v = change.v.clone().unwrap_or_default();
+            match self.rows.get_mut(&id) {
+                Some(row) if self.ordered && row.1 > change.lsn => row.3 = run.to_string(),
+                _ => {
+                    self.rows.insert(id, (v, change.lsn, false, run.to_string()));
+                }
+            }
+        }
+    }
+
+    /// The snapshot completes: the keys another run sent last are deleted, or marked.
+    fn complete(&mut self, run: &str) {
+        if self.soft {
+            self.rows.values_mut().filter(|row| row.3 != run).for_each(|row| row.2 = true);
+        } else {
+            self.rows.retain(|_, row| row.3 == run);
+        }
+    }
+
+    fn declaration(&self) -> Value {
+        let mut declaration = json!({"write_mode": "full_upsert", "primary_key": ["id"], "delete_missing": true});
+        if self.ordered {
+            declaration["order_by"] = json!("lsn");
+        }
+        if self.soft {
+            declaration["deletes"] = json!("soft");
+        }
+        declaration
+    }
+
+    async fn destination(&self, gw: &Gateway) -> BTreeMap<i64, (String, i64, bool, String)> {
+        let deleted = if self.soft { "_filament_deleted_at IS NOT NULL" } else { "FALSE" };
+        let sql =
+            format!("SELECT id, IFNULL(v, ''), lsn, {deleted}, _filament_run_id FROM {}.{}", gw.dataset, self.name);
+        let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+        gw.query(&sql)
+            .await
+            .iter()
+            .map(|r| (int(&r[0]), (text(&r[1]), int(&r[2]), r[3] == json!("true"), text(&r[4]))))
+            .collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn delete_missing_snapshots_match_an_independent_model_across_runs_and_segments() {
+    let seed: u64 = std::env::var("FILAMENT_WRITE_OPTIONS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(25);
+    let mut rng = Rng(seed);
+    let gw = Gateway::spawn().await;
+    let mut models: Vec<SnapshotModel> =
+        [("hard", false, false), ("soft", false, true), ("hard_ordered", true, false), ("soft_ordered", true, true)]
+            .into_iter()
+            .map(|(name, ordered, soft)| SnapshotModel { name, ordered, soft, rows: BTreeMap::new() })
+            .collect();
+    let (mut clock, mut history) = (0i64, Vec::new());
+    let mut deleted_seen = false;
+    for run_number in 0..5 {
+        let run = format!("snapshot-{run_number}");
+        gw.create_run(&run).await;
+        for model in &models {
+            gw.declare(&run, model.name, model.declaration()).await;
+        }
+        let executions = 1 + rng.below(3);
+        for execution in 0..executions {
+            let execution_id = format!("e{execution}");
+            gw.open_new_execution(&run, &execution_id).await;
+            // Upserts only (full_upsert takes no deletes); sometimes a segment with no rows.
+            let batches: Vec<Vec<Change>> = if rng.below(5) == 0 {
+                Vec::new()
+            } else {
+                generate_execution(&mut rng, &mut clock, &history)
+                    .into_iter()
+                    .map(|b| b.into_iter().filter(|c| c.op != "delete").collect::<Vec<_>>())
+                    .filter(|b| !b.is_empty())
+                    .collect()
+            };
+            let sequenced: Vec<(i64, Vec<Change>)> =
+                batches.iter().cloned().enumerate().map(|(i, b)| (i as i64, b)).collect();
+            for (seq, changes) in sequenced.iter().rev() {
+                for model in &models {
+                    gw.post_accepted(&run, &execution_id, model.name, Some(*seq), changes_body(changes, false)).await;
+                }
+            }
+            let completes = execution + 1 == executions;
+            if completes {
+                commit_run(&gw, &run, &execution_id).await;
+            } else {
+                commit_paused(&gw, &run, &execution_id).await;
+            }
+            for model in &mut models {
+                model.segment(&run, &sequenced);
+                if completes {
+                    let before = model.rows.clone();
+                    model.complete(&run);
+                    deleted_seen |= model.rows != before;
+                }
+                let context = format!("seed {seed}, {} after {run}/{execution_id}: {sequenced:?}", model.name);
+                assert_eq!(model.destination(&gw).await, model.rows, "{context}");
+            }
+            history.extend(batches);
+        }
+    }
+    assert!(deleted_seen, "seed {seed}: a completing snapshot deleted keys it had left out");
+}
+
+async fn commit_run(gw: &Gateway, run: &str, execution: &str) {
+    let committed = gw.commit_and_wait(run, execution).await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+}
