@@ -136,6 +136,8 @@ impl Publisher {
         }
         let declared = self.store.list_resources_by_declaration(&run.run_id).await?;
         let continuing = self.store.continuing_resources(&delivery.execution).await?;
+        let completes_snapshot =
+            completes_snapshot && !self.store.snapshot_completed_elsewhere(&delivery.execution).await?;
         let destinations = plan::plan(&declared, &reports, &continuing, completes_snapshot)?;
         let publications: Vec<_> =
             destinations.into_iter().map(|destination| self.publish_destination(run, delivery, destination)).collect();

@@ -305,11 +305,13 @@ fn merge(p: &Publication<'_>) -> String {
             statement.push_str(&format!("\nWHEN MATCHED{newer} THEN UPDATE SET {}", updates.join(", ")));
         }
         if p.scope.is_snapshot() && !newer.is_empty() {
-            // A newer destination row keeps its values, but the run saw its key.
-            statement.push_str(&format!(
-                "\nWHEN MATCHED THEN UPDATE SET {}",
-                assignment(MetadataColumn::RunId.column_name())
-            ));
+            // A newer destination row keeps its values, but the run saw its key: it is part of
+            // the snapshot (and alive, under soft deletes).
+            let mut seen = vec![assignment(MetadataColumn::RunId.column_name())];
+            if p.deletes == Deletes::Soft {
+                seen.push(format!("{} = NULL", quote_identifier(DELETED_AT_COLUMN)));
+            }
+            statement.push_str(&format!("\nWHEN MATCHED THEN UPDATE SET {}", seen.join(", ")));
         }
         let guard = if shape.deletes { format!(" AND {op} != 'delete'") } else { String::new() };
         let values: Vec<String> = p
@@ -771,16 +773,17 @@ mod tests {
         };
         let ordered = history(&["updated_at".to_string()]);
         assert!(ordered.contains("_filament_staged.`updated_at` AS _filament_from"), "{ordered}");
-        assert!(ordered.contains("WHERE `_filament_is_current` AND `id` BETWEEN 3 AND 97"), "{ordered}");
+        assert!(ordered.contains("WHERE TRUE AND _filament_d.`id` BETWEEN 3 AND 97"), "{ordered}");
         assert!(
-            ordered.contains("ON _filament_target.`id` = _filament_source.`_filament_merge_k0` AND _filament_target.`_filament_is_current`"),
+            ordered.contains("ON _filament_target.`id` = _filament_source.`_filament_merge_k0` AND _filament_target.`_filament_is_current` AND _filament_target.`id` BETWEEN 3 AND 97"),
             "{ordered}"
         );
+        assert!(ordered.contains("_filament_c._filament_from >= _filament_k._filament_latest"), "{ordered}");
         insta::assert_snapshot!("history_ordered", ordered);
         let by_publication = history(&[]);
         assert!(by_publication.contains("CURRENT_TIMESTAMP() AS _filament_from"), "{by_publication}");
         assert!(
-            !by_publication.contains(">= _filament_k._filament_from"),
+            !by_publication.contains(">= _filament_k._filament_latest"),
             "no late changes without order: {by_publication}"
         );
     }

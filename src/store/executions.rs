@@ -42,8 +42,9 @@ pub(crate) struct ExecutionRecord {
 }
 
 impl ExecutionRecord {
-    /// Whether this delivery completes its run's snapshot: it was never paused (a paused one is
-    /// a segment the run resumes in a later execution).
+    /// Whether this delivery may complete its run's snapshot: it was never paused (a paused one
+    /// is a segment the run resumes in a later execution). The first such execution of the run
+    /// to commit does ([`Store::snapshot_completed_elsewhere`]).
     pub(crate) fn completes_snapshot(&self) -> bool {
         self.paused_at.is_none()
     }
@@ -248,6 +249,20 @@ impl Store {
         .bind(PublicationState::Done)
         .bind(ExecutionState::Committed)
         .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Whether another execution of the run already completed its snapshot: it committed
+    /// without being paused. Only the first such execution deletes a `delete_missing` run's
+    /// missing keys; an unpaused execution opened on the run later only upserts.
+    pub(crate) async fn snapshot_completed_elsewhere(&self, key: &ExecutionKey) -> StoreResult<bool> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM executions
+                            WHERE run_id = $1 AND execution_id <> $2 AND state = $3 AND paused_at IS NULL)",
+        )
+        .bind_execution(key)
+        .bind(ExecutionState::Committed)
+        .fetch_one(&self.pool)
         .await?)
     }
 

@@ -521,6 +521,14 @@ async fn delete_missing_deletes_only_when_the_snapshot_completes_across_paused_s
             after_run_2.extend([(1, "a", true), (5, "a", true)]);
         }
         assert_eq!(snapshot_rows(&gw, table, soft).await, expected(&after_run_2), "{table}: the snapshot of run 2");
+        // Run 1's snapshot completed long ago: an unpaused execution opened on it again only
+        // upserts, and leaves run 2's keys alone.
+        gw.open_new_execution(&run(1), "e2").await;
+        gw.post_accepted(&run(1), "e2", "s", None, upserts(&[(8, "later")])).await;
+        let committed = gw.commit_and_wait(&run(1), "e2").await;
+        assert_eq!(committed["state"], "committed", "{committed}");
+        after_run_2.push((8, "later", false));
+        assert_eq!(snapshot_rows(&gw, table, soft).await, expected(&after_run_2), "{table}: no second completion");
 
         // Run 3 finds the source empty: its completing execution has no rows of the resource.
         gw.create_run(&run(3)).await;
@@ -530,7 +538,7 @@ async fn delete_missing_deletes_only_when_the_snapshot_completes_across_paused_s
         assert_eq!(committed["state"], "committed", "{committed}");
         let remaining = snapshot_rows(&gw, table, soft).await;
         if soft {
-            assert!(remaining.values().all(|(_, deleted)| *deleted) && remaining.len() == 7, "{remaining:?}");
+            assert!(remaining.values().all(|(_, deleted)| *deleted) && remaining.len() == 8, "{remaining:?}");
         } else {
             assert!(remaining.is_empty(), "{table}: an empty snapshot empties the table: {remaining:?}");
         }
@@ -547,7 +555,7 @@ async fn delete_missing_deletes_only_when_the_snapshot_completes_across_paused_s
     assert_eq!(committed["state"], "committed", "{committed}");
     let rows = snapshot_rows(&gw, "snap_soft", true).await;
     assert_eq!(rows[&1], ("back".to_string(), false));
-    assert_eq!(rows.values().filter(|(_, deleted)| *deleted).count(), 6, "{rows:?}");
+    assert_eq!(rows.values().filter(|(_, deleted)| *deleted).count(), 7, "{rows:?}");
     let after = gw.query(&deleted_at).await;
     assert_eq!(before[1..], after[1..], "keys still missing keep their first deletion time");
 }
@@ -567,7 +575,8 @@ struct HistoryModel {
 impl HistoryModel {
     /// One publication: per key, the changes in (lsn, seq, row) order (without the ones older
     /// than the current version, when ordered), those that differ from the state before them
-    /// (a delete's state is "absent") make the history: each upsert a version, ending where
+    /// (a delete's state is "absent"; ordered, a change older than the key's latest moment is
+    /// dropped) make the history: each upsert a version, ending where
     /// the next change starts; the first closes the current version.
     fn publish(&mut self, batches: &[(i64, Vec<Change>)]) {
         let mut by_key: BTreeMap<i64, Vec<(Rank, &Change)>> = BTreeMap::new();
@@ -580,12 +589,15 @@ impl HistoryModel {
         for (id, mut changes) in by_key {
             changes.sort_by_key(|(rank, _)| *rank);
             let current = self.versions.iter().position(|v| v.0 == id && v.5);
-            let current_from = current.map(|i| self.versions[i].3);
+            // The key's latest moment: its current version's start, or where the delete that
+            // closed its last version happened.
+            let closed_at = self.versions.iter().filter(|v| v.0 == id).filter_map(|v| v.4).max();
+            let latest = current.map(|i| self.versions[i].3).or(closed_at);
             let state_of = |c: &Change| (c.op != "delete").then(|| (c.v.clone(), c.lsn));
             let mut previous = current.map(|i| (self.versions[i].1.clone(), self.versions[i].2));
             let mut effective: Vec<&Change> = Vec::new();
             for (_, change) in changes {
-                if self.ordered && current_from.is_some_and(|from| change.lsn < from) {
+                if self.ordered && latest.is_some_and(|at| change.lsn < at) {
                     continue;
                 }
                 let state = state_of(change);
@@ -770,7 +782,8 @@ impl SnapshotModel {
         for (id, (_, change)) in last {
             let v = change.v.clone().unwrap_or_default();
             match self.rows.get_mut(&id) {
-                Some(row) if self.ordered && row.1 > change.lsn => row.3 = run.to_string(),
+                // Older than the row: the values stay, but the key is in the snapshot (alive).
+                Some(row) if self.ordered && row.1 > change.lsn => (row.2, row.3) = (false, run.to_string()),
                 _ => {
                     self.rows.insert(id, (v, change.lsn, false, run.to_string()));
                 }

@@ -15,7 +15,8 @@ use crate::model::write_options::{DELETED_AT_COLUMN, IS_CURRENT_COLUMN, VALID_FR
 /// FALSE])`: as the closer of the destination's current version (the key's first change only,
 /// joined on the key) and as a new version (not deletes; NULL merge keys, so it never matches).
 /// A version ends where the next change starts; a delete closes one and marks it
-/// `_filament_deleted_at`. With `order_by`, changes older than the current version are ignored.
+/// `_filament_deleted_at`. With `order_by`, changes older than the key's latest version (the
+/// current one's start, or where the delete that closed the last one happened) are ignored.
 pub(super) fn history(p: &Publication<'_>) -> String {
     let keys = named(p.key, p.columns);
     let order = named(p.order_by, p.columns).first().copied();
@@ -30,20 +31,25 @@ pub(super) fn history(p: &Publication<'_>) -> String {
     let from = order.map_or("CURRENT_TIMESTAMP()".to_string(), |o| converted(&qualified(STAGED_ALIAS, &o.name), o, 0));
     changes.push(format!("{from} AS _filament_from"));
     changes.push(format!("{} AS _filament_seq", qualified(STAGED_ALIAS, SEQ_COLUMN)));
-    let mut current_filter = vec![quote_identifier(IS_CURRENT_COLUMN)];
-    for k in &keys {
-        let range = p.scope.ranges().iter().find(|r| r.column.eq_ignore_ascii_case(&k.name));
-        if let Some((min, max)) = range.and_then(|r| r.min.sql_literal().zip(r.max.sql_literal())) {
-            current_filter.push(format!("{} BETWEEN {min} AND {max}", quote_identifier(&k.name)));
+    let in_ranges = |column: &dyn Fn(&str) -> String| -> Vec<String> {
+        let mut bounds = Vec::new();
+        for k in &keys {
+            let range = p.scope.ranges().iter().find(|r| r.column.eq_ignore_ascii_case(&k.name));
+            if let Some((min, max)) = range.and_then(|r| r.min.sql_literal().zip(r.max.sql_literal())) {
+                bounds.push(format!("{} BETWEEN {min} AND {max}", column(&k.name)));
+            }
         }
-    }
+        bounds
+    };
+    let mut latest_filter = vec!["TRUE".to_string()];
+    latest_filter.extend(in_ranges(&|name| qualified("_filament_d", name)));
     let joined: Vec<String> = keys
         .iter()
         .map(|k| format!("{} = {}", qualified("_filament_c", &k.name), qualified("_filament_k", &k.name)))
         .collect();
     let not_late = match order {
         Some(_) => {
-            "\n    WHERE _filament_k._filament_from IS NULL OR _filament_c._filament_from >= _filament_k._filament_from"
+            "\n    WHERE _filament_k._filament_latest IS NULL OR _filament_c._filament_from >= _filament_k._filament_latest"
         }
         None => "",
     };
@@ -54,11 +60,13 @@ pub(super) fn history(p: &Publication<'_>) -> String {
         .collect();
     let source = format!(
         "WITH _filament_changes AS (\n    SELECT {changes}\n    FROM {staging} AS {STAGED_ALIAS}\n  ),\n  \
-         _filament_current AS (\n    SELECT {key_list}, {current_state} AS _filament_state, {valid_from} AS _filament_from\n    \
-         FROM {destination} AS _filament_d\n    WHERE {current_filter}\n  ),\n  \
+         _filament_latest AS (\n    SELECT {key_list}, IF({is_current}, {current_state}, NULL) AS _filament_state, \
+         IFNULL({valid_to}, {valid_from}) AS _filament_latest\n    \
+         FROM {destination} AS _filament_d\n    WHERE {latest_filter}\n    \
+         QUALIFY ROW_NUMBER() OVER (PARTITION BY {key_list} ORDER BY {is_current} DESC, {valid_to} DESC, {valid_from} DESC) = 1\n  ),\n  \
          _filament_stated AS (\n    SELECT _filament_c.*, IF(_filament_c._filament_op = 'delete', NULL, {change_state}) AS _filament_state, \
          _filament_k._filament_state AS _filament_current_state\n    \
-         FROM _filament_changes AS _filament_c LEFT JOIN _filament_current AS _filament_k ON {joined}{not_late}\n  ),\n  \
+         FROM _filament_changes AS _filament_c LEFT JOIN _filament_latest AS _filament_k ON {joined}{not_late}\n  ),\n  \
          _filament_effective AS (\n    SELECT * FROM (\n      SELECT *, IF(ROW_NUMBER() OVER ({window}) = 1, _filament_current_state, \
          LAG(_filament_state) OVER ({window})) AS _filament_previous_state\n      FROM _filament_stated\n    )\n    \
          WHERE IFNULL(_filament_state, '') != IFNULL(_filament_previous_state, '')\n  ),\n  \
@@ -71,18 +79,21 @@ pub(super) fn history(p: &Publication<'_>) -> String {
         staging = p.staging.quoted(),
         current_state = state("_filament_d"),
         valid_from = qualified("_filament_d", VALID_FROM_COLUMN),
+        valid_to = qualified("_filament_d", VALID_TO_COLUMN),
+        is_current = qualified("_filament_d", IS_CURRENT_COLUMN),
         destination = p.destination.quoted(),
-        current_filter = current_filter.join(" AND "),
+        latest_filter = latest_filter.join(" AND "),
         change_state = state("_filament_c"),
         joined = joined.join(" AND "),
         merge_keys = merge_keys.join(", "),
     );
-    history_merge(p, &keys, &source)
+    let target_bounds = in_ranges(&|name| qualified(TARGET_ALIAS, name));
+    history_merge(p, &keys, &source, &target_bounds)
 }
 
 /// The MERGE around `history`'s source: closers update the current version, new versions are
 /// inserted.
-fn history_merge(p: &Publication<'_>, keys: &[&Column], source: &str) -> String {
+fn history_merge(p: &Publication<'_>, keys: &[&Column], source: &str, target_bounds: &[String]) -> String {
     let s = |column: &str| qualified(SOURCE_ALIAS, column);
     let mut on: Vec<String> = keys
         .iter()
@@ -90,6 +101,8 @@ fn history_merge(p: &Publication<'_>, keys: &[&Column], source: &str) -> String 
         .map(|(i, k)| format!("{} = {}", qualified(TARGET_ALIAS, &k.name), s(&format!("_filament_merge_k{i}"))))
         .collect();
     on.push(qualified(TARGET_ALIAS, IS_CURRENT_COLUMN));
+    // Implied by the join (every closer's key is staged), and lets BigQuery prune the target.
+    on.extend(target_bounds.iter().cloned());
     let deleted_now = |op: &str| format!("IF({} = 'delete', CURRENT_TIMESTAMP(), NULL)", s(op));
     let mut columns: Vec<String> = p.columns.iter().map(|c| c.name.clone()).collect();
     columns.extend(p.metadata.names().map(str::to_string));
