@@ -1,7 +1,10 @@
 //! How a publication writes beyond its write mode: the options of a resource declaration that
 //! shape the publication's statement (`docs/write-modes.md`): which columns order a keyed
-//! mode's changes (`order_by`: the largest value wins, an older change never rolls a row back)
-//! and which load metadata columns each published row carries ([`MetadataColumn`]).
+//! mode's changes (`order_by`: the largest value wins, an older change never rolls a row back),
+//! what a delete does ([`Deletes`]), whether a `full_upsert` run is a snapshot that deletes the
+//! keys it did not send (`delete_missing`), and which load metadata columns each published row
+//! carries ([`MetadataColumn`]); and the columns the publication adds for them and for
+//! `history` ([`WriteOptions::publication_columns`]).
 //!
 //! Declared on `PUT /v1/runs/{run}/resources/{resource}` (`api::runs`), stored with the resource
 //! (`store::runs`, one JSONB column so later options need no migration), covered by the
