@@ -4,7 +4,7 @@
 //! what a delete does ([`Deletes`]), whether a `full_upsert` run is a snapshot that deletes the
 //! keys it did not send (`delete_missing`), and which load metadata columns each published row
 //! carries ([`MetadataColumn`]); and the columns the publication adds for them and for
-//! `history` ([`WriteOptions::publication_columns`]).
+//! `history` (`WriteOptions::publication_columns`).
 //!
 //! Declared on `PUT /v1/runs/{run}/resources/{resource}` (`api::runs`), stored with the resource
 //! (`store::runs`, one JSONB column so later options need no migration), covered by the
