@@ -118,11 +118,14 @@ impl Browser {
         self.client.source().await.unwrap_or_default()
     }
 
-    /// Fills the sign-in form with `token` and submits it.
+    /// Fills the sign-in form with `token`, submits it and waits for the signed-in page.
     pub async fn sign_in(&self, token: &str) {
         let form = self.client.form(Locator::Css("form.sign-in")).await.expect("the sign-in form");
         form.set_by_name("token", token).await.expect("typing the token");
         form.submit_with(Locator::Css("#sign-in")).await.expect("submitting the sign-in form");
+        // The answer (303 to the runs list) must have loaded before the test navigates on:
+        // otherwise the redirect can land after the next `goto` and replace its page.
+        self.text("#principal").await;
     }
 
     /// Saves a screenshot of the page as `build/console-screenshots/{name}.png`.
