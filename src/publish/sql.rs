@@ -395,6 +395,19 @@ impl<'c> MergeShape<'c> {
     }
 }
 
+/// `column BETWEEN min AND max` for each key column the scope holds a range of, the column
+/// written by `column` (qualified as the caller's range variable names it).
+fn key_range_bounds(scope: MergeScope<'_>, keys: &[&Column], column: impl Fn(&str) -> String) -> Vec<String> {
+    let mut bounds = Vec::new();
+    for k in keys {
+        let range = scope.ranges().iter().find(|r| r.column.eq_ignore_ascii_case(&k.name));
+        if let Some((min, max)) = range.and_then(|r| r.min.sql_literal().zip(r.max.sql_literal())) {
+            bounds.push(format!("{} BETWEEN {min} AND {max}", column(&k.name)));
+        }
+    }
+    bounds
+}
+
 /// `column = source.column`.
 fn assignment(column: &str) -> String {
     format!("{} = {}", quote_identifier(column), qualified(SOURCE_ALIAS, column))
@@ -433,12 +446,7 @@ fn merge_source(p: &Publication<'_>, shape: &MergeShape<'_>) -> String {
     fold_order.push(format!("{} DESC", qualified(STAGED_ALIAS, SEQ_COLUMN)));
     let mut on: Vec<String> =
         shape.key_columns.iter().map(|k| format!("{} = {}", target(&k.name), source(&k.name))).collect();
-    for k in &shape.key_columns {
-        let range = p.scope.ranges().iter().find(|r| r.column.eq_ignore_ascii_case(&k.name));
-        if let Some((min, max)) = range.and_then(|r| r.min.sql_literal().zip(r.max.sql_literal())) {
-            on.push(format!("{} BETWEEN {min} AND {max}", target(&k.name)));
-        }
-    }
+    on.extend(key_range_bounds(p.scope, &shape.key_columns, target));
     format!(
         "MERGE {} AS {TARGET_ALIAS}\nUSING (\n  SELECT {}\n  FROM {} AS {STAGED_ALIAS}\n  WHERE TRUE\n  QUALIFY ROW_NUMBER() OVER (PARTITION BY {} ORDER BY {}) = 1\n) AS {SOURCE_ALIAS}\nON {}",
         p.destination.quoted(),

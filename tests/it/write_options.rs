@@ -246,6 +246,26 @@ impl Modelled {
     }
 }
 
+/// Posts each of `sequenced`'s batches (with its `seq`), last first, to every target resource
+/// (name, whether it takes CDC input: plain-row resources get the batch without its deletes,
+/// and no empty batch).
+async fn post_in_reverse(
+    gw: &Gateway,
+    run: &str,
+    execution: &str,
+    sequenced: &[(i64, Vec<Change>)],
+    targets: &[(&str, bool)],
+) {
+    for (seq, changes) in sequenced.iter().rev() {
+        for (name, cdc) in targets {
+            let sent: Vec<Change> = changes.iter().filter(|c| *cdc || c.op != "delete").cloned().collect();
+            if !sent.is_empty() {
+                gw.post_accepted(run, execution, name, Some(*seq), changes_body(&sent, *cdc)).await;
+            }
+        }
+    }
+}
+
 fn changes_body(changes: &[Change], with_op: bool) -> Vec<u8> {
     let mut fields = vec![
         Field::new("id", DataType::Int64, false),
@@ -364,15 +384,8 @@ async fn ordered_soft_and_arrival_merges_match_an_independent_model_after_every_
         // Posted in reverse seq order: the fold follows seq (and the order values), not arrival.
         let sequenced: Vec<(i64, Vec<Change>)> =
             batches.iter().cloned().enumerate().map(|(i, b)| (i as i64, b)).collect();
-        for (seq, changes) in sequenced.iter().rev() {
-            for resource in &resources {
-                let sent: Vec<Change> = changes.iter().filter(|c| resource.cdc || c.op != "delete").cloned().collect();
-                if !sent.is_empty() {
-                    let body = changes_body(&sent, resource.cdc);
-                    gw.post_accepted("r", &execution_id, resource.name, Some(*seq), body).await;
-                }
-            }
-        }
+        let targets: Vec<(&str, bool)> = resources.iter().map(|r| (r.name, r.cdc)).collect();
+        post_in_reverse(&gw, "r", &execution_id, &sequenced, &targets).await;
         commit(&gw, &execution_id).await;
         for (resource, model) in resources.iter().zip(&mut models) {
             resource.publish(model, &sequenced);
@@ -683,14 +696,8 @@ async fn history_keeps_every_version_as_an_independent_model_does() {
         let batches = generate_execution(&mut rng, &mut clock, &history);
         let sequenced: Vec<(i64, Vec<Change>)> =
             batches.iter().cloned().enumerate().map(|(i, b)| (i as i64, b)).collect();
-        for (seq, changes) in sequenced.iter().rev() {
-            for (name, _, _, cdc) in &resources {
-                let sent: Vec<Change> = changes.iter().filter(|c| *cdc || c.op != "delete").cloned().collect();
-                if !sent.is_empty() {
-                    gw.post_accepted("r", &execution_id, name, Some(*seq), changes_body(&sent, *cdc)).await;
-                }
-            }
-        }
+        let targets: Vec<(&str, bool)> = resources.iter().map(|(name, _, _, cdc)| (*name, *cdc)).collect();
+        post_in_reverse(&gw, "r", &execution_id, &sequenced, &targets).await;
         commit(&gw, &execution_id).await;
         for ((name, ..), model) in resources.iter().zip(&mut models) {
             model.publish(&sequenced);
@@ -858,11 +865,8 @@ async fn delete_missing_snapshots_match_an_independent_model_across_runs_and_seg
             };
             let sequenced: Vec<(i64, Vec<Change>)> =
                 batches.iter().cloned().enumerate().map(|(i, b)| (i as i64, b)).collect();
-            for (seq, changes) in sequenced.iter().rev() {
-                for model in &models {
-                    gw.post_accepted(&run, &execution_id, model.name, Some(*seq), changes_body(changes, false)).await;
-                }
-            }
+            let targets: Vec<(&str, bool)> = models.iter().map(|m| (m.name, false)).collect();
+            post_in_reverse(&gw, &run, &execution_id, &sequenced, &targets).await;
             let completes = execution + 1 == executions;
             if completes {
                 commit_run(&gw, &run, &execution_id).await;

@@ -2,7 +2,8 @@
 //! from the same quoting and conversions as the other statements ([`super`]).
 
 use super::{
-    Publication, SOURCE_ALIAS, STAGED_ALIAS, TARGET_ALIAS, converted, named, qualified, quote_identifier, select_item,
+    Publication, SOURCE_ALIAS, STAGED_ALIAS, TARGET_ALIAS, converted, key_range_bounds, named, qualified,
+    quote_identifier, select_item,
 };
 use crate::model::columns::Column;
 use crate::model::staging::{OP_COLUMN, SEQ_COLUMN};
@@ -31,18 +32,8 @@ pub(super) fn history(p: &Publication<'_>) -> String {
     let from = order.map_or("CURRENT_TIMESTAMP()".to_string(), |o| converted(&qualified(STAGED_ALIAS, &o.name), o, 0));
     changes.push(format!("{from} AS _filament_from"));
     changes.push(format!("{} AS _filament_seq", qualified(STAGED_ALIAS, SEQ_COLUMN)));
-    let in_ranges = |column: &dyn Fn(&str) -> String| -> Vec<String> {
-        let mut bounds = Vec::new();
-        for k in &keys {
-            let range = p.scope.ranges().iter().find(|r| r.column.eq_ignore_ascii_case(&k.name));
-            if let Some((min, max)) = range.and_then(|r| r.min.sql_literal().zip(r.max.sql_literal())) {
-                bounds.push(format!("{} BETWEEN {min} AND {max}", column(&k.name)));
-            }
-        }
-        bounds
-    };
     let mut latest_filter = vec!["TRUE".to_string()];
-    latest_filter.extend(in_ranges(&|name| qualified("_filament_d", name)));
+    latest_filter.extend(key_range_bounds(p.scope, &keys, |name| qualified("_filament_d", name)));
     let joined: Vec<String> = keys
         .iter()
         .map(|k| format!("{} = {}", qualified("_filament_c", &k.name), qualified("_filament_k", &k.name)))
@@ -87,7 +78,7 @@ pub(super) fn history(p: &Publication<'_>) -> String {
         joined = joined.join(" AND "),
         merge_keys = merge_keys.join(", "),
     );
-    let target_bounds = in_ranges(&|name| qualified(TARGET_ALIAS, name));
+    let target_bounds = key_range_bounds(p.scope, &keys, |name| qualified(TARGET_ALIAS, name));
     history_merge(p, &keys, &source, &target_bounds)
 }
 
