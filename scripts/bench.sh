@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make bench`: the ingestion benchmark (benches/ingest.rs) against a throwaway Postgres, the
+# `make bench`: the ingestion benchmark (benches/ingest.rs), the fairness benchmark and the
+# many-tables benchmark (benches/many_tables.rs, against the simulated control plane), against a throwaway Postgres, the
 # emulator's REST API and the null Storage Write sink. Prints the figures, writes
 # build/bench/result.json and the table in docs/performance.md. FILAMENT_BENCH_BYTES sets the
 # Arrow bytes per run (default 1 GiB).
@@ -25,3 +26,5 @@ export FILAMENT_TOOLS_PYTHON="$PWD/$PEER_VENV/bin/python"
 
 cargo bench --locked --bench ingest
 cargo bench --locked --bench fairness
+# After ingest: its K=64 throughput is the data term of the many-tables floor.
+cargo bench --locked --bench many_tables

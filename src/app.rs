@@ -20,6 +20,7 @@ use tokio_util::task::TaskTracker;
 use crate::api::console::session::{ConsoleSessions, MIN_KEY_FILE_BYTES};
 use crate::api::server::{self, ConnectionLimits, http1_read_buffer_bytes};
 use crate::api::{ApiSettings, ApiState, router};
+use crate::bigquery::adaptive::AdaptiveConcurrency;
 use crate::bigquery::retry::Backoff;
 use crate::bigquery::{BigQuery, Endpoints};
 use crate::config::{DatabaseConfig, ServeConfig};
@@ -179,6 +180,8 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         pipeline: pipeline.clone(),
         query_job_timeout: Duration::from_secs(config.query_job_timeout_secs),
         max_concurrent_publications: config.max_concurrent_publications as usize,
+        publications: AdaptiveConcurrency::new("publication", config.max_concurrent_publications as usize),
+        quota_wait: Duration::from_secs(config.quota_wait_secs),
     };
     let commits = TaskTracker::new();
     let state = Arc::new(ApiState {

@@ -28,6 +28,9 @@ pub(crate) const BACKPRESSURE_WAITS: &str = "filament_backpressure_waits_total";
 pub(crate) const BACKPRESSURE_REJECTIONS: &str = "filament_backpressure_rejections_total";
 pub(crate) const APPEND_RETRIES: &str = "filament_append_retries_total";
 pub(crate) const BIGQUERY_RETRIES: &str = "filament_bigquery_retries_total";
+pub(crate) const BIGQUERY_CONCURRENCY_LIMIT: &str = "filament_bigquery_concurrency_limit";
+pub(crate) const BIGQUERY_CONCURRENCY_IN_FLIGHT: &str = "filament_bigquery_concurrency_in_flight";
+pub(crate) const BIGQUERY_CONCURRENCY_DECREASES: &str = "filament_bigquery_concurrency_decreases_total";
 pub(crate) const APPEND_LATENCY: &str = "filament_append_latency_seconds";
 pub(crate) const HTTP_REQUEST_DURATION: &str = "filament_http_request_duration_seconds";
 pub(crate) const PUBLICATION_DURATION: &str = "filament_publication_duration_seconds";
@@ -231,6 +234,21 @@ fn describe() {
         "Failed attempts of any BigQuery call that were retried, by operation and code"
     );
     describe_histogram!(APPEND_LATENCY, Unit::Seconds, "From sending an AppendRows request to its response");
+    describe_gauge!(
+        BIGQUERY_CONCURRENCY_LIMIT,
+        Unit::Count,
+        "Calls to BigQuery allowed at once, by operation (prepare, publication): the adaptive limit"
+    );
+    describe_gauge!(
+        BIGQUERY_CONCURRENCY_IN_FLIGHT,
+        Unit::Count,
+        "Calls to BigQuery running under the limit, by operation"
+    );
+    describe_counter!(
+        BIGQUERY_CONCURRENCY_DECREASES,
+        Unit::Count,
+        "Decreases of the adaptive limit, by operation and reason (refusal, latency)"
+    );
     describe_counter!(EXECUTIONS_FINISHED, Unit::Count, "Executions that reached a terminal state, by state");
     describe_histogram!(HTTP_REQUEST_DURATION, Unit::Seconds, "From receiving an HTTP request to answering it");
     describe_counter!(

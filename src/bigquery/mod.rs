@@ -6,6 +6,7 @@
 //! With `BIGQUERY_EMULATOR_HOST` / `BIGQUERY_STORAGE_EMULATOR_HOST` set, every call goes to the
 //! emulator over plain HTTP with anonymous credentials.
 
+pub(crate) mod adaptive;
 pub(crate) mod append_frame;
 pub(crate) mod collation;
 pub(crate) mod credentials;

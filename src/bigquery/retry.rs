@@ -86,6 +86,9 @@ pub(crate) struct Retried<'a, E: Display> {
 impl<E: Display> Retried<'_, E> {
     pub(crate) fn emit(&self) {
         let retryable = self.delay.is_some();
+        if self.class == RetryClass::Pushback {
+            super::adaptive::note_pushback();
+        }
         if retryable {
             metrics::counter!(telemetry::BIGQUERY_RETRIES, "operation" => self.operation, "code" => self.code.to_string())
                 .increment(1);

@@ -112,8 +112,8 @@ pub(crate) struct LaneContext {
     pub(crate) store: Store,
     /// Gateway-wide AppendRows requests in flight.
     pub(crate) inflight_requests: Arc<Semaphore>,
-    /// Resources being set up (tables, stream) at once.
-    pub(crate) prepares: Arc<Semaphore>,
+    /// Resources being set up (tables, stream) at once: the adaptive set-up limit.
+    pub(crate) prepares: crate::bigquery::adaptive::AdaptiveConcurrency,
     pub(crate) inflight_per_stream: usize,
     pub(crate) retry: RetryPolicy,
 }

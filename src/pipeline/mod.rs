@@ -11,8 +11,9 @@
 //! - decode slots: batch bodies decoded at once; requests beyond them wait unread.
 //! - `inflight_per_stream` (4): outstanding AppendRows requests per stream, a sliding window.
 //! - `max_inflight_requests` (8): outstanding AppendRows requests across the gateway.
-//! - `max_concurrent_prepares` (8): resources creating tables and streams at once, separate from
-//!   lanes so new tables get set up while established ones upload.
+//! - `max_concurrent_prepares` (64): the most resources creating tables and streams at once,
+//!   separate from lanes so new tables get set up while established ones upload; within it the
+//!   adaptive limit ([`crate::bigquery::adaptive`]) finds what BigQuery allows.
 //!
 //! The API admits each batch with [`Pipeline::admit`], hands it to [`Pipeline::enqueue`], asks
 //! for [`Pipeline::flush`] at checkpoints, and commit calls [`Pipeline::drain`], receiving one
@@ -38,6 +39,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::bigquery::BigQuery;
+use crate::bigquery::adaptive::AdaptiveConcurrency;
 use crate::error::Problem;
 use crate::model::{ExecutionKey, ResourceName};
 use crate::store::Store;
@@ -96,7 +98,7 @@ impl Pipeline {
                 bigquery,
                 store,
                 inflight_requests: Arc::new(Semaphore::new(limits.max_inflight_requests)),
-                prepares: Arc::new(Semaphore::new(limits.max_concurrent_prepares)),
+                prepares: AdaptiveConcurrency::new("prepare", limits.max_concurrent_prepares),
                 inflight_per_stream: limits.inflight_per_stream,
                 retry: limits.retry,
             },

@@ -5,7 +5,6 @@
 //! publication) and its PENDING write stream, whose name is recorded in Postgres before any row
 //! is sent. The [`super::appender`] appends to that stream.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use google_cloud_bigquery_v2::model::{Table, TableFieldSchema};
@@ -21,11 +20,41 @@ use crate::model::staging::STAGING_TABLE_TTL;
 use crate::store::EventKind;
 use crate::telemetry::{LayoutMismatch, PhaseTiming};
 
-/// Prepares the lane's tables and stream (at most `max_concurrent_prepares` at once
-/// gateway-wide); returns the PENDING stream's name.
+/// Prepares the lane's tables and stream under the adaptive set-up limit
+/// ([`crate::bigquery::adaptive`], at most `max_concurrent_prepares` at once gateway-wide);
+/// returns the PENDING stream's name. BigQuery's pushback that outlasts a call's own retries
+/// (`quota_exceeded`) is waited out, the set-up starting again (every step is idempotent)
+/// until it has lasted the retry policy's `quota_wait`: a quota slows a run down, it does not
+/// fail one a slower pace completes.
 pub(super) async fn prepare(context: &LaneContext, target: &LaneTarget) -> Result<String, Problem> {
-    let _slot =
-        Arc::clone(&context.prepares).acquire_owned().await.map_err(|_| Problem::internal("prepare limiter closed"))?;
+    let mut refusals = FailureStreak::default();
+    loop {
+        let problem = match context.prepares.run(prepare_once(context, target)).await {
+            Err(problem) if problem.code == ErrorCode::QuotaExceeded => problem,
+            done => return done,
+        };
+        let (attempt, action) = refusals.record_quota(&context.retry);
+        Retried {
+            operation: "prepare",
+            resource: Some(&target.resource.resource),
+            code: "quota",
+            class: RetryClass::Pushback,
+            attempt,
+            delay: action.delay(),
+            offset: None,
+            error: &problem.detail,
+        }
+        .emit();
+        match action {
+            RetryAction::RetryAfter(delay) => tokio::time::sleep(delay).await,
+            RetryAction::Fail => return Err(problem),
+        }
+    }
+}
+
+/// One attempt at the lane's set-up: the dataset, the destination, the staging table, the
+/// stream (its name recorded in Postgres before any row is sent).
+async fn prepare_once(context: &LaneContext, target: &LaneTarget) -> Result<String, Problem> {
     let started = Instant::now();
     let resource = &target.resource;
     tracing::info!(run_id = %resource.delivery.run_id(), execution_id = %resource.delivery.execution_id(),

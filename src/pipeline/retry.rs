@@ -68,12 +68,18 @@ impl FailureStreak {
         *self = Self::default();
     }
 
+    /// Counts a quota answer that outlasted a call's own retries (`quota_exceeded`) and returns
+    /// its attempt number and the decision.
+    pub(crate) fn record_quota(&mut self, policy: &RetryPolicy) -> (u32, RetryAction) {
+        self.quota_attempts += 1;
+        let failing_for = self.quota_since.get_or_insert_with(Instant::now).elapsed();
+        (self.quota_attempts, policy.decide_quota(self.quota_attempts, failing_for))
+    }
+
     /// Counts `error` and returns the attempt number (within its kind) and the decision.
     pub(crate) fn record(&mut self, policy: &RetryPolicy, error: &BigQueryError) -> (u32, RetryAction) {
         if RetryClass::of(error) == RetryClass::Pushback {
-            self.quota_attempts += 1;
-            let failing_for = self.quota_since.get_or_insert_with(Instant::now).elapsed();
-            (self.quota_attempts, policy.decide(error, self.quota_attempts, failing_for))
+            self.record_quota(policy)
         } else {
             self.attempts += 1;
             (self.attempts, policy.decide(error, self.attempts, Duration::ZERO))
@@ -91,17 +97,21 @@ impl RetryPolicy {
         quota_failing_for: Duration,
     ) -> RetryAction {
         match RetryClass::of(error) {
-            RetryClass::Pushback => {
-                let Some(remaining) = self.quota_wait.checked_sub(quota_failing_for).filter(|r| !r.is_zero()) else {
-                    return RetryAction::Fail;
-                };
-                RetryAction::RetryAfter(self.quota_backoff.delay(failed_attempts).min(remaining))
-            }
+            RetryClass::Pushback => self.decide_quota(failed_attempts, quota_failing_for),
             RetryClass::Transient if failed_attempts < self.max_attempts => {
                 RetryAction::RetryAfter(self.backoff.delay(failed_attempts))
             }
             _ => RetryAction::Fail,
         }
+    }
+
+    /// The decision after `failed_attempts` consecutive quota answers, the quota exhausted
+    /// for `failing_for`: wait it out until `quota_wait`.
+    fn decide_quota(&self, failed_attempts: u32, failing_for: Duration) -> RetryAction {
+        let Some(remaining) = self.quota_wait.checked_sub(failing_for).filter(|r| !r.is_zero()) else {
+            return RetryAction::Fail;
+        };
+        RetryAction::RetryAfter(self.quota_backoff.delay(failed_attempts).min(remaining))
     }
 }
 

@@ -112,7 +112,12 @@ impl PublicationJob<'_> {
 /// Whether a failed job may succeed when run again under a new job id: it failed (BigQuery ran
 /// it) for a passing reason or for its rate limits.
 fn reruns(error: &BigQueryError) -> bool {
-    matches!(error, BigQueryError::JobFailed { .. }) && RetryClass::of(error) != RetryClass::Permanent
+    // `jobs.insert` refused (429, `rateLimitExceeded`) created no job: running it again under
+    // the next id cannot run the statement twice.
+    let refused_before_running = matches!(error, BigQueryError::Rest { operation: "jobs.insert", .. })
+        && RetryClass::of(error) == RetryClass::Pushback;
+    refused_before_running
+        || (matches!(error, BigQueryError::JobFailed { .. }) && RetryClass::of(error) != RetryClass::Permanent)
 }
 
 /// What a publication writes into its destination.
@@ -334,10 +339,13 @@ impl Publisher {
 
     /// Runs the publication's job, and after a failure in passing (BigQuery's passing reasons,
     /// its rate limits, a DML conflict) runs it again under the next attempt's job id, after the
-    /// shared backoff, up to [`MAX_PUBLICATION_ATTEMPTS`]. Each attempt's job id and the
-    /// fingerprint are recorded before its job is submitted.
+    /// shared backoff, up to [`MAX_PUBLICATION_ATTEMPTS`], or while BigQuery's pushback has
+    /// lasted less than `quota_wait` (a quota slows a publication down, it does not fail it).
+    /// Each attempt's job id and the fingerprint are recorded before its job is submitted, and
+    /// each job runs under the adaptive publication limit.
     async fn run_and_record(&self, job: &PublicationJob<'_>) -> Result<PublishOutcome, Problem> {
         let mut attempt = 1;
+        let first_started = Instant::now();
         loop {
             let job_id = job.job_id(attempt);
             let destination = job.destination();
@@ -350,9 +358,9 @@ impl Publisher {
             };
             self.store.begin_publication(&record).await?;
             let started = Instant::now();
-            let outcome = self.submit(job, &job_id).await;
+            let outcome = self.publications.run(self.submit(job, &job_id)).await;
             match outcome {
-                Err(e) if reruns(&e) && attempt < MAX_PUBLICATION_ATTEMPTS => {
+                Err(e) if reruns(&e) && (attempt < MAX_PUBLICATION_ATTEMPTS || self.waits_out(&e, first_started)) => {
                     let delay = PUBLICATION_BACKOFF.delay(attempt);
                     Retried {
                         operation: "query job",
@@ -371,6 +379,11 @@ impl Publisher {
                 outcome => return self.record_outcome(job, &job_id, outcome, started.elapsed()).await,
             }
         }
+    }
+
+    /// Whether a publication BigQuery has pushed back on since `first_started` waits longer.
+    fn waits_out(&self, error: &BigQueryError, first_started: Instant) -> bool {
+        RetryClass::of(error) == RetryClass::Pushback && first_started.elapsed() < self.quota_wait
     }
 
     /// Submits the attempt's job and waits for it.

@@ -48,10 +48,15 @@ pub(crate) struct Publisher {
     pub(crate) bigquery: BigQuery,
     pub(crate) pipeline: Pipeline,
     pub(crate) query_job_timeout: Duration,
-    /// Destinations finalized, committed and published at once per commit
+    /// Destinations finalized, committed and published at once per commit: the most
     /// (`FILAMENT_MAX_CONCURRENT_PUBLICATIONS`). BigQuery runs at most two DML statements per
     /// table at a time; these are different tables.
     pub(crate) max_concurrent_publications: usize,
+    /// Publication jobs running at once, gateway-wide: the adaptive limit within
+    /// `max_concurrent_publications` ([`crate::bigquery::adaptive`]).
+    pub(crate) publications: crate::bigquery::adaptive::AdaptiveConcurrency,
+    /// How long BigQuery's pushback on a publication is waited out (`FILAMENT_QUOTA_WAIT_SECS`).
+    pub(crate) quota_wait: Duration,
 }
 
 impl Publisher {

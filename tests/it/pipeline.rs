@@ -130,10 +130,15 @@ async fn the_window_refills_per_acknowledgement() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn at_most_eight_resources_are_set_up_at_once() {
+async fn resources_set_up_at_once_stay_within_the_maximum() {
     let fake = FakeWrite::start().await;
     fake.with(|s| s.create_delay = Duration::from_millis(400));
-    let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
+    let gw = GatewayOptions::new()
+        .fake_write(&fake)
+        .append_initial_backoff(FAST_RETRY)
+        .env("FILAMENT_MAX_CONCURRENT_PREPARES", "8")
+        .spawn()
+        .await;
     let resources: Vec<String> = (0..12).map(|i| format!("r{i}")).collect();
     let names: Vec<&str> = resources.iter().map(String::as_str).collect();
     TestRun::new("run", "e").full_append(&names).open(&gw).await;

@@ -94,6 +94,16 @@ pub struct FakeState {
     pub hold_responses: bool,
     /// Answer CreateWriteStream with this status instead of creating a stream.
     pub create_error: Option<Status>,
+    /// The project's stream-creation rate: CreateWriteStream calls beyond this many in any
+    /// second are answered `RESOURCE_EXHAUSTED` (counted in `refused_creates`).
+    pub create_rate_per_second: Option<usize>,
+    /// When each accepted CreateWriteStream arrived, within the last second.
+    pub recent_creates: VecDeque<std::time::Instant>,
+    pub refused_creates: usize,
+    /// How long FinalizeWriteStream and BatchCommitWriteStreams take (the control-plane
+    /// simulation's latencies).
+    pub finalize_delay: Duration,
+    pub commit_delay: Duration,
     /// Null-sink mode (benchmarks): decode and count rows, keep no values.
     pub null_sink: bool,
     /// Until then, every append is answered with the status `RESOURCE_EXHAUSTED` ("Exceeds
@@ -234,6 +244,19 @@ async fn create(
         if let Some(error) = s.create_error.clone() {
             return Err(error);
         }
+        if let Some(rate) = s.create_rate_per_second {
+            let now = std::time::Instant::now();
+            while s.recent_creates.front().is_some_and(|at| now.duration_since(*at) >= Duration::from_secs(1)) {
+                s.recent_creates.pop_front();
+            }
+            if s.recent_creates.len() >= rate {
+                s.refused_creates += 1;
+                return Err(Status::resource_exhausted(
+                    "Exceeds 'CreateWriteStream requests' quota for the project (fake: rate limit)",
+                ));
+            }
+            s.recent_creates.push_back(now);
+        }
         s.creates_in_progress += 1;
         s.max_creates_in_progress = s.max_creates_in_progress.max(s.creates_in_progress);
         s.create_delay
@@ -251,6 +274,8 @@ async fn finalize(
     state: Arc<Mutex<FakeState>>,
     request: Request<FinalizeWriteStreamRequest>,
 ) -> Result<Response<FinalizeWriteStreamResponse>, Status> {
+    let delay = state.lock().unwrap().finalize_delay;
+    tokio::time::sleep(delay).await;
     let mut s = state.lock().unwrap();
     let stream = s.streams.get_mut(&request.get_ref().name).ok_or_else(|| Status::not_found("no stream"))?;
     stream.finalized = true;
@@ -263,6 +288,8 @@ async fn batch_commit(
     state: Arc<Mutex<FakeState>>,
     request: Request<BatchCommitWriteStreamsRequest>,
 ) -> Result<Response<BatchCommitWriteStreamsResponse>, Status> {
+    let delay = state.lock().unwrap().commit_delay;
+    tokio::time::sleep(delay).await;
     let mut s = state.lock().unwrap();
     for name in &request.get_ref().write_streams {
         let stream = s.streams.get_mut(name).ok_or_else(|| Status::not_found("no stream"))?;

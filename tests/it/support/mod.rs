@@ -7,6 +7,7 @@
 
 pub mod arrow;
 pub mod browser;
+pub mod control_plane;
 pub mod discovery;
 pub mod emulator;
 mod eventually;

@@ -80,6 +80,11 @@ pub struct ProxyState {
     pub bignumeric_as_numeric: bool,
     /// (table, column) created NUMERIC in place of BIGNUMERIC.
     pub narrowed: Vec<(String, String)>,
+    /// The next this many `jobs.insert` calls are refused as BigQuery refuses jobs beyond the
+    /// project's concurrent-query limit: 429 `rateLimitExceeded` (no job is created).
+    pub refuse_job_inserts: usize,
+    /// `jobs.insert` calls refused so far.
+    pub refused_job_inserts: usize,
 }
 
 #[derive(Clone)]
@@ -168,6 +173,17 @@ fn job(id: &str, state: &str, error: Option<(&str, &str)>) -> Value {
         job["status"]["errors"] = json!([{"reason": reason, "message": message}]);
     }
     job
+}
+
+/// Whether this `jobs.insert` is refused (`refuse_job_inserts`), counting it.
+fn refuse_job_insert(shared: &Shared) -> bool {
+    let mut state = shared.state.lock().unwrap();
+    if state.refuse_job_inserts == 0 {
+        return false;
+    }
+    state.refuse_job_inserts -= 1;
+    state.refused_job_inserts += 1;
+    true
 }
 
 /// Whether `path` is a table's (`.../tables/{table}`, nothing after it).
@@ -284,6 +300,12 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     let get_id = (method == "GET" && (path.contains("/jobs/") || path.contains("/queries/")))
         .then(|| job_id_of(&path))
         .flatten();
+    if is_insert && refuse_job_insert(&shared) {
+        let message = "Exceeded rate limits: too many concurrent queries for this project_and_region. \
+            For more information, see https://cloud.google.com/bigquery/docs/troubleshoot-quotas";
+        let error = bigquery_error(429, "RESOURCE_EXHAUSTED", message, "rateLimitExceeded", vec![]);
+        return (StatusCode::TOO_MANY_REQUESTS, axum::Json(error)).into_response();
+    }
     if is_insert || get_id.is_some() {
         let id =
             get_id.clone().unwrap_or_else(|| json_body["jobReference"]["jobId"].as_str().unwrap_or("").to_string());

@@ -1,0 +1,290 @@
+//! The many-tables benchmark (`make bench`, after `ingest`): one run of N resources of about
+//! 1 MiB each (N = 100, 1,000, 10,000), from the first batch to `committed`, against the
+//! simulated BigQuery control plane (`tests/it/support/control_plane.rs`: latencies and limits
+//! of metadata calls, stream creation and query jobs) and the null Storage Write sink.
+//!
+//! For each N: the floor the simulation's limits allow ([`Limits::floor`]), the measured time
+//! and their ratio, the gateway's peak RSS and CPU per resource, and whether every row reached
+//! the sink exactly once (each resource's stream committed, one publication job each). The
+//! same at 100 and 1,000 resources with the fixed concurrency of the previous main (8 set-ups
+//! and 8 publications at once: `FILAMENT_MAX_CONCURRENT_PREPARES=8`,
+//! `FILAMENT_MAX_CONCURRENT_PUBLICATIONS=8`; at 10,000 it would take about 40 minutes).
+//!
+//! Adds `many_tables` to `build/bench/result.json` and its table to `docs/performance.md`.
+//! Reports, never asserts timings; rows are asserted exactly.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout, missing_docs)]
+
+extern crate filament_bigquery as _;
+
+#[path = "../tests/it/support/mod.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use support::control_plane::{Floor, Limits, SimulatedRest};
+use support::fake_write::FakeWrite;
+use support::{Gateway, GatewayOptions};
+
+/// Rows per resource: with the `ids` column and a padding string, about 1 MiB of Arrow IPC.
+const ROWS_PER_RESOURCE: i64 = 16_384;
+/// Throughput used for the data floor when `build/bench/result.json` has no K=64 figure.
+const DEFAULT_THROUGHPUT_MB_PER_SECOND: f64 = 300.0;
+
+/// The one body every resource posts (its ids are unique within the resource).
+fn body() -> Vec<u8> {
+    use arrow_array::{Int64Array, RecordBatch, StringArray};
+    use arrow_schema::{DataType, Field, Schema};
+    let schema = std::sync::Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("payload", DataType::Utf8, false),
+    ]));
+    let ids = Int64Array::from_iter_values(0..ROWS_PER_RESOURCE);
+    let payload = StringArray::from_iter_values((0..ROWS_PER_RESOURCE).map(|i| format!("{i:0>48}")));
+    let batch = RecordBatch::try_new(schema, vec![std::sync::Arc::new(ids), std::sync::Arc::new(payload)]).unwrap();
+    support::arrow::ipc_stream(&[batch])
+}
+
+struct Point {
+    resources: usize,
+    setting: &'static str,
+    floor: Floor,
+    measured_seconds: f64,
+    peak_rss_mib: f64,
+    cpu_ms_per_resource: f64,
+    rows_exact: bool,
+    refused_stream_creations: usize,
+    max_running_queries: usize,
+}
+
+impl Point {
+    fn ratio(&self) -> f64 {
+        self.measured_seconds / self.floor.seconds()
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "resources": self.resources,
+            "setting": self.setting,
+            "floor_seconds": self.floor.seconds(),
+            "floor_stream_creation_seconds": self.floor.stream_creation_seconds,
+            "floor_publication_seconds": self.floor.publication_seconds,
+            "floor_data_seconds": self.floor.data_seconds,
+            "measured_seconds": self.measured_seconds,
+            "ratio": self.ratio(),
+            "peak_rss_mib": self.peak_rss_mib,
+            "cpu_ms_per_resource": self.cpu_ms_per_resource,
+            "rows_exact": self.rows_exact,
+            "refused_stream_creations": self.refused_stream_creations,
+            "max_running_queries": self.max_running_queries,
+        })
+    }
+}
+
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / 100.0
+}
+
+fn peak_rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap() / 1024.0
+}
+
+/// Sends `request` again while the gateway answers 429 (backpressure, request slots) or 503
+/// with a retryable code; the final answer.
+async fn send_retrying(make: impl Fn() -> reqwest::RequestBuilder) -> (StatusCode, Value) {
+    loop {
+        let (status, body) = support::send(make()).await;
+        if status != StatusCode::TOO_MANY_REQUESTS {
+            return (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn set_up_run(gw: &Gateway, resources: &[String]) {
+    gw.create_run("bench").await;
+    let declarations = futures::stream::iter(resources.iter().map(|resource| async move {
+        let path = format!("/v1/runs/bench/resources/{resource}");
+        let (status, body) =
+            send_retrying(|| gw.request(Method::PUT, &path).json(&json!({"write_mode": "full_append"}))).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }));
+    declarations.buffer_unordered(32).collect::<Vec<()>>().await;
+    let (status, body) = gw.open_execution("bench", "e").await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}
+
+/// One run of `resources` resources through the simulation; `extra` is the gateway's settings.
+async fn run_point(resources: usize, setting: &'static str, extra: &[(&str, &str)], throughput: f64) -> Point {
+    let limits = Limits::default();
+    let body = body();
+    let fake = FakeWrite::start().await;
+    fake.with(|s| s.null_sink = true);
+    limits.apply_to(&fake);
+    let rest = SimulatedRest::start(limits, body.len() as u64).await;
+    let mut env = vec![
+        ("BIGQUERY_STORAGE_EMULATOR_HOST".to_string(), fake.address.clone()),
+        ("BIGQUERY_EMULATOR_HOST".to_string(), rest.address.clone()),
+        ("RUST_LOG".to_string(), "warn".to_string()),
+    ];
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let gw = Gateway::spawn_with(GatewayOptions { env, direct_rest: true, ..Default::default() }).await;
+    let pid = gw.pid();
+    let names: Vec<String> = (0..resources).map(|i| format!("t{i:05}")).collect();
+    set_up_run(&gw, &names).await;
+    let cpu_before = cpu_seconds(pid);
+    let started = Instant::now();
+    let posts = futures::stream::iter(names.iter().map(|resource| {
+        let (gw, body) = (&gw, &body);
+        async move {
+            let path = format!("/v1/runs/bench/executions/e/resources/{resource}/batches");
+            let post = || {
+                gw.request(Method::POST, &path)
+                    .header("content-type", "application/vnd.apache.arrow.stream")
+                    .body(body.clone())
+            };
+            let (status, receipt) = send_retrying(post).await;
+            assert_eq!(status, StatusCode::ACCEPTED, "{receipt}");
+        }
+    }));
+    posts.buffer_unordered(64).collect::<Vec<()>>().await;
+    let committed = gw.commit_and_wait("bench", "e").await;
+    let measured_seconds = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(pid) - cpu_before;
+    assert_eq!(committed["state"], "committed", "{committed}");
+    let counters = rest.counters();
+    let (committed_streams, rows) = fake.with(|s| {
+        let committed: Vec<_> = s.streams.values().filter(|st| st.committed).collect();
+        (committed.len(), committed.iter().map(|st| st.rows).sum::<i64>())
+    });
+    let rows_exact = committed_streams == resources
+        && rows == ROWS_PER_RESOURCE * resources as i64
+        && counters.jobs_inserted == resources;
+    assert!(rows_exact, "{committed_streams} streams committed, {rows} rows, {} jobs", counters.jobs_inserted);
+    Point {
+        resources,
+        setting,
+        floor: limits.floor(resources, body.len() as u64, throughput * 1e6),
+        measured_seconds,
+        peak_rss_mib: peak_rss_mib(pid),
+        cpu_ms_per_resource: cpu * 1000.0 / resources as f64,
+        rows_exact,
+        refused_stream_creations: fake.with(|s| s.refused_creates),
+        max_running_queries: counters.max_running_queries,
+    }
+}
+
+/// The K=64 plain throughput `ingest` measured in this `make bench` run, MB/s.
+fn measured_throughput(root: &std::path::Path) -> (f64, &'static str) {
+    let measured = std::fs::read_to_string(root.join("build/bench/result.json"))
+        .ok()
+        .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+        .and_then(|result| {
+            result["runs"].as_array()?.iter().find(|r| r["k"] == 64 && r["bodies"] == "plain")?["mb_per_second"]
+                .as_f64()
+        });
+    match measured {
+        Some(mbps) => (mbps, "K=64 of this run"),
+        None => (DEFAULT_THROUGHPUT_MB_PER_SECOND, "assumed, no K=64 figure"),
+    }
+}
+
+fn main() {
+    if !std::env::args().any(|arg| arg == "--bench") {
+        // `cargo test --all-targets`: a small smoke run (exact rows still checked).
+        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+        let point = runtime.block_on(run_point(10, "adaptive", &[], DEFAULT_THROUGHPUT_MB_PER_SECOND));
+        println!("many-tables smoke (not a measurement): 10 resources loaded exactly once: {}", point.rows_exact);
+        return;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let (throughput, source) = measured_throughput(root);
+    let sizes: Vec<usize> = std::env::var("FILAMENT_BENCH_MANY_TABLES")
+        .ok()
+        .map(|list| list.split(',').map(|n| n.trim().parse().expect("a number of resources")).collect())
+        .unwrap_or_else(|| vec![100, 1_000, 10_000]);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let fixed: &[(&str, &str)] =
+        &[("FILAMENT_MAX_CONCURRENT_PREPARES", "8"), ("FILAMENT_MAX_CONCURRENT_PUBLICATIONS", "8")];
+    let mut points = Vec::new();
+    for &resources in &sizes {
+        if resources <= 1_000 {
+            points.push(report(runtime.block_on(run_point(resources, "fixed 8 (previous main)", fixed, throughput))));
+        }
+        points.push(report(runtime.block_on(run_point(resources, "adaptive", &[], throughput))));
+    }
+    write_results(root, &points, throughput, source);
+}
+
+fn report(point: Point) -> Point {
+    println!(
+        "many tables: {:>6} resources, {:<24} floor {:>6.1} s (streams {:.1}, publication {:.1}, data {:.1}), measured {:>6.1} s ({:.2}x), peak RSS {:.0} MiB, {:.2} ms CPU per resource, {} stream creations refused, {} queries at once",
+        point.resources,
+        point.setting,
+        point.floor.seconds(),
+        point.floor.stream_creation_seconds,
+        point.floor.publication_seconds,
+        point.floor.data_seconds,
+        point.measured_seconds,
+        point.ratio(),
+        point.peak_rss_mib,
+        point.cpu_ms_per_resource,
+        point.refused_stream_creations,
+        point.max_running_queries,
+    );
+    point
+}
+
+fn write_results(root: &std::path::Path, points: &[Point], throughput: f64, source: &str) {
+    let path = root.join("build/bench/result.json");
+    let mut result: Value = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_else(|| json!({}));
+    let adaptive: Vec<Value> = points.iter().filter(|p| p.setting == "adaptive").map(Point::json).collect();
+    let fixed: Vec<Value> = points.iter().filter(|p| p.setting != "adaptive").map(Point::json).collect();
+    result["many_tables"] = json!(adaptive);
+    result["many_tables_previous_main"] = json!(fixed);
+    result["many_tables_data_throughput_mb_per_second"] = json!({"value": throughput, "source": source});
+    std::fs::create_dir_all(root.join("build/bench")).unwrap();
+    std::fs::write(&path, serde_json::to_string_pretty(&result).unwrap()).unwrap();
+    let mut md = String::from(
+        "Measured by `make bench` (`benches/many_tables.rs`): one run of N resources of about 1 MiB, first batch to\n\
+         `committed`, against the simulated control plane with the default limits below, the null Storage Write sink\n\
+         and Postgres on this machine.\n\n\
+         | resources | concurrency | floor s (streams / publication / data) | measured s | ratio | peak RSS MiB | CPU ms per resource | rows exact |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    for p in points {
+        md.push_str(&format!(
+            "| {} | {} | {:.1} ({:.1} / {:.1} / {:.1}) | {:.1} | {:.2} | {:.0} | {:.2} | {} |\n",
+            p.resources,
+            p.setting,
+            p.floor.seconds(),
+            p.floor.stream_creation_seconds,
+            p.floor.publication_seconds,
+            p.floor.data_seconds,
+            p.measured_seconds,
+            p.ratio(),
+            p.peak_rss_mib,
+            p.cpu_ms_per_resource,
+            p.rows_exact
+        ));
+    }
+    md.push_str(&format!("\nData floor at {throughput:.0} MB/s ({source}).\n"));
+    let (begin, end) = ("<!-- many-tables:begin -->", "<!-- many-tables:end -->");
+    let doc = root.join("docs/performance.md");
+    let current = std::fs::read_to_string(&doc).unwrap_or_default();
+    let updated = match (current.find(begin), current.find(end)) {
+        (Some(b), Some(e)) if b < e => format!("{}{begin}\n{md}{}", &current[..b], &current[e..]),
+        _ => format!("{current}\n{begin}\n{md}{end}\n"),
+    };
+    std::fs::write(doc, updated).unwrap();
+}

@@ -1,0 +1,83 @@
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::*;
+
+/// Runs `calls` calls of `latency` each through `limiter`, `at_once` of them at a time, and
+/// returns the most that ran at once. `refuse(i)` makes call `i` report pushback.
+async fn drive(
+    limiter: &AdaptiveConcurrency,
+    calls: usize,
+    at_once: usize,
+    latency: Duration,
+    refuse: impl Fn(usize) -> bool,
+) -> usize {
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let work = (0..calls).map(|i| {
+        let (running, most) = (Arc::clone(&running), Arc::clone(&most));
+        let refused = refuse(i);
+        limiter.run(async move {
+            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(latency).await;
+            if refused {
+                note_pushback();
+            }
+            running.fetch_sub(1, Ordering::SeqCst);
+        })
+    });
+    futures::StreamExt::collect::<Vec<()>>(futures::StreamExt::buffer_unordered(futures::stream::iter(work), at_once))
+        .await;
+    most.load(Ordering::SeqCst)
+}
+
+#[tokio::test]
+async fn the_limit_doubles_while_reached_and_stays_within_the_maximum() {
+    let limiter = AdaptiveConcurrency::new("test", 40);
+    assert_eq!(limiter.limit(), INITIAL_LIMIT);
+    let most = drive(&limiter, 600, 100, Duration::from_millis(20), |_| false).await;
+    assert_eq!(limiter.limit(), 40, "slow start reaches the maximum and stops there");
+    assert!(most <= 40 && most > INITIAL_LIMIT, "at most the limit ran at once: {most}");
+}
+
+#[tokio::test]
+async fn an_unreached_limit_does_not_grow() {
+    let limiter = AdaptiveConcurrency::new("test", 64);
+    drive(&limiter, 60, 4, Duration::from_millis(10), |_| false).await;
+    assert_eq!(limiter.limit(), INITIAL_LIMIT);
+}
+
+#[tokio::test]
+async fn refusals_halve_the_limit_once_per_round_trip() {
+    let limiter = AdaptiveConcurrency::new("test", 64);
+    // Eight calls at once, all refused: they started under one limit, so it halves once.
+    drive(&limiter, 8, 8, Duration::from_millis(20), |_| true).await;
+    assert_eq!(limiter.limit(), INITIAL_LIMIT / 2);
+    // Calls started after that decrease count again.
+    drive(&limiter, 4, 4, Duration::from_millis(20), |_| true).await;
+    assert_eq!(limiter.limit(), INITIAL_LIMIT / 4);
+    let most = drive(&limiter, 20, 20, Duration::from_millis(5), |i| i % 2 == 0).await;
+    assert_eq!(limiter.limit(), 1, "never below one");
+    assert!(most <= 2, "the lower limit holds calls back: {most} ran at once");
+}
+
+#[tokio::test]
+async fn after_a_refusal_the_limit_grows_by_one_per_round_trip() {
+    let limiter = AdaptiveConcurrency::new("test", 64);
+    drive(&limiter, 8, 8, Duration::from_millis(20), |_| true).await;
+    assert_eq!(limiter.limit(), 4);
+    drive(&limiter, 80, 40, Duration::from_millis(20), |_| false).await;
+    let limit = limiter.limit();
+    // 20 round trips of 20 ms at most: additive, not doubling (which would be at 64).
+    assert!(limit > 4 && limit < 40, "{limit}");
+}
+
+#[tokio::test]
+async fn calls_slowing_down_shrink_the_limit() {
+    let limiter = AdaptiveConcurrency::new("test", 64);
+    drive(&limiter, 64, 8, Duration::from_millis(10), |_| false).await;
+    let before = limiter.limit();
+    // BigQuery starts queueing: every call now takes ten times as long.
+    drive(&limiter, 48, 16, Duration::from_millis(100), |_| false).await;
+    assert!(limiter.limit() < before, "{} after {before}", limiter.limit());
+}

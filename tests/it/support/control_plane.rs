@@ -1,0 +1,359 @@
+//! A simulation of BigQuery's control plane for the many-tables benchmark: a REST server that
+//! keeps datasets, tables and query jobs in memory and answers them with BigQuery's latencies
+//! and limits ([`Limits`]), beside the Storage Write fake (`fake_write`) set to the same
+//! limits ([`Limits::apply_to`]). Nothing is stored but metadata: rows are counted by the
+//! Storage Write fake.
+//!
+//! What it simulates (defaults and their sources: `docs/performance.md`):
+//! - `datasets.get`, `tables.get`: `metadata_read`; `tables.insert`, `tables.patch`:
+//!   `metadata_write`, and at most `table_updates_per_10s` per table (beyond: 403
+//!   `rateLimitExceeded`, as BigQuery answers its table metadata update limit);
+//!   `tables.delete`: `table_delete`;
+//! - query jobs: `query` plus `query_per_mib` per MiB staged, at most `concurrent_queries`
+//!   running in the project and `concurrent_dml_per_table` on one table; the others queue (as
+//!   BigQuery queues them), `jobs.getQueryResults` long polls answered when the job ends.
+//!
+//! [`Limits::floor`] is the time no client can beat for a run of N resources under them.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use tokio::sync::{Semaphore, watch};
+
+use super::fake_rest::bigquery_error;
+use super::fake_write::FakeWrite;
+
+/// BigQuery's control-plane latencies and limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub metadata_read: Duration,
+    pub metadata_write: Duration,
+    pub table_updates_per_10s: usize,
+    pub table_delete: Duration,
+    pub create_stream: Duration,
+    pub create_streams_per_second: usize,
+    pub finalize: Duration,
+    pub batch_commit: Duration,
+    pub query: Duration,
+    pub query_per_mib: Duration,
+    pub concurrent_queries: usize,
+    pub concurrent_dml_per_table: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            metadata_read: Duration::from_millis(150),
+            metadata_write: Duration::from_millis(400),
+            table_updates_per_10s: 5,
+            table_delete: Duration::from_millis(200),
+            create_stream: Duration::from_millis(250),
+            create_streams_per_second: 40,
+            finalize: Duration::from_millis(100),
+            batch_commit: Duration::from_millis(200),
+            query: Duration::from_millis(1500),
+            query_per_mib: Duration::from_millis(20),
+            concurrent_queries: 100,
+            concurrent_dml_per_table: 2,
+        }
+    }
+}
+
+/// The floor of a run and what sets it.
+#[derive(Debug, Clone, Copy)]
+pub struct Floor {
+    /// Creating one stream per resource at the allowed rate.
+    pub stream_creation_seconds: f64,
+    /// One query job per resource at the allowed concurrency.
+    pub publication_seconds: f64,
+    /// The bytes at the measured throughput.
+    pub data_seconds: f64,
+}
+
+impl Floor {
+    /// The slowest of the three.
+    pub fn seconds(&self) -> f64 {
+        self.stream_creation_seconds.max(self.publication_seconds).max(self.data_seconds)
+    }
+}
+
+impl Limits {
+    /// The Storage Write fake with these limits: stream creation's latency and rate, finalize
+    /// and commit latencies.
+    pub fn apply_to(&self, fake: &FakeWrite) {
+        fake.with(|s| {
+            s.create_delay = self.create_stream;
+            s.create_rate_per_second = Some(self.create_streams_per_second);
+            s.finalize_delay = self.finalize;
+            s.commit_delay = self.batch_commit;
+        });
+    }
+
+    /// One query job over `bytes` staged.
+    pub fn query_duration(&self, bytes: u64) -> Duration {
+        self.query + self.query_per_mib.mul_f64(bytes as f64 / (1024.0 * 1024.0))
+    }
+
+    /// The floor of a run of `resources` resources of `bytes_per_resource` each, its data
+    /// moving at `throughput_bytes_per_second`.
+    pub fn floor(&self, resources: usize, bytes_per_resource: u64, throughput_bytes_per_second: f64) -> Floor {
+        let n = resources as f64;
+        let waves = (n / self.concurrent_queries as f64).ceil();
+        Floor {
+            stream_creation_seconds: n / self.create_streams_per_second as f64,
+            publication_seconds: waves * self.query_duration(bytes_per_resource).as_secs_f64(),
+            data_seconds: n * bytes_per_resource as f64 / throughput_bytes_per_second,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Catalog {
+    datasets: HashMap<String, Value>,
+    tables: HashMap<String, Value>,
+    /// Metadata updates per table within the last 10 s.
+    table_updates: HashMap<String, VecDeque<Instant>>,
+    jobs: HashMap<String, watch::Receiver<bool>>,
+    table_slots: HashMap<String, Arc<Semaphore>>,
+    counters: Counters,
+}
+
+/// What the simulation saw.
+#[derive(Debug, Default, Clone)]
+pub struct Counters {
+    pub jobs_inserted: usize,
+    pub running_queries: usize,
+    pub max_running_queries: usize,
+    pub refused_table_updates: usize,
+    pub tables_deleted: usize,
+}
+
+/// A running simulated REST API. Point the gateway's `BIGQUERY_EMULATOR_HOST` at `address`.
+#[derive(Clone)]
+pub struct SimulatedRest {
+    pub address: String,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    limits: Limits,
+    /// Bytes each query job reads (the benchmark's bytes per resource).
+    bytes_per_job: u64,
+    queries: Arc<Semaphore>,
+    catalog: Mutex<Catalog>,
+}
+
+impl SimulatedRest {
+    pub async fn start(limits: Limits, bytes_per_job: u64) -> Self {
+        let shared = Arc::new(Shared {
+            limits,
+            bytes_per_job,
+            queries: Arc::new(Semaphore::new(limits.concurrent_queries)),
+            catalog: Mutex::default(),
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let app = axum::Router::new().fallback(handle).with_state(Arc::clone(&shared));
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self { address, shared }
+    }
+
+    pub fn counters(&self) -> Counters {
+        self.shared.catalog.lock().unwrap().counters.clone()
+    }
+}
+
+/// The path after `/projects/`, split: `[project, "datasets", d, "tables", t]`, ...
+fn segments(path: &str) -> Vec<String> {
+    path.split_once("/projects/").map(|(_, rest)| rest.split('/').map(str::to_string).collect()).unwrap_or_default()
+}
+
+async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let method = request.method().as_str().to_string();
+    let path = request.uri().path().to_string();
+    let query = request.uri().query().unwrap_or_default().to_string();
+    let body: Bytes = axum::body::to_bytes(request.into_body(), usize::MAX).await.unwrap_or_default();
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let parts = segments(&path);
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    let limits = shared.limits;
+    match (method.as_str(), parts.as_slice()) {
+        ("GET", [_, "datasets"]) => json_answer(json!({"datasets": []})),
+        ("GET", [p, "datasets", d]) => {
+            tokio::time::sleep(limits.metadata_read).await;
+            let found = shared.catalog.lock().unwrap().datasets.get(&format!("{p}.{d}")).cloned();
+            found.map_or_else(|| not_found(&format!("Dataset {p}:{d}")), json_answer)
+        }
+        ("POST", [p, "datasets"]) => {
+            tokio::time::sleep(limits.metadata_write).await;
+            let d = body["datasetReference"]["datasetId"].as_str().unwrap_or_default().to_string();
+            let mut dataset = body.clone();
+            dataset["location"] = json!(body["location"].as_str().unwrap_or("US"));
+            shared.catalog.lock().unwrap().datasets.insert(format!("{p}.{d}"), dataset.clone());
+            json_answer(dataset)
+        }
+        ("GET", [p, "datasets", d, "tables", t]) => {
+            tokio::time::sleep(limits.metadata_read).await;
+            let found = shared.catalog.lock().unwrap().tables.get(&format!("{p}.{d}.{t}")).cloned();
+            found.map_or_else(|| not_found(&format!("Table {p}:{d}.{t}")), json_answer)
+        }
+        ("POST", [p, "datasets", d, "tables"]) => {
+            let t = body["tableReference"]["tableId"].as_str().unwrap_or_default().to_string();
+            update_table(&shared, &format!("{p}.{d}.{t}"), body, true).await
+        }
+        ("PATCH" | "PUT", [p, "datasets", d, "tables", t]) => {
+            update_table(&shared, &format!("{p}.{d}.{t}"), body, false).await
+        }
+        ("DELETE", [p, "datasets", d, "tables", t]) => {
+            tokio::time::sleep(limits.table_delete).await;
+            let mut catalog = shared.catalog.lock().unwrap();
+            catalog.tables.remove(&format!("{p}.{d}.{t}"));
+            catalog.counters.tables_deleted += 1;
+            StatusCode::NO_CONTENT.into_response()
+        }
+        ("POST", [_, "jobs"]) => insert_job(&shared, body),
+        ("GET", [_, "jobs", id]) => job_answer(&shared, id, false, "").into_response(),
+        ("GET", [_, "queries", id]) => job_answer(&shared, id, true, &query).await_answer().await,
+        _ => not_found(&format!("simulation: no route for {method} {path}")),
+    }
+}
+
+fn json_answer(value: Value) -> Response {
+    axum::Json(value).into_response()
+}
+
+fn not_found(what: &str) -> Response {
+    let error = bigquery_error(404, "NOT_FOUND", &format!("Not found: {what}"), "notFound", vec![]);
+    (StatusCode::NOT_FOUND, axum::Json(error)).into_response()
+}
+
+/// `tables.insert` (`create`) or `tables.patch`: within the table's metadata update limit.
+async fn update_table(shared: &Shared, table: &str, body: Value, create: bool) -> Response {
+    let limits = shared.limits;
+    {
+        let mut catalog = shared.catalog.lock().unwrap();
+        if create && catalog.tables.contains_key(table) {
+            let error =
+                bigquery_error(409, "ALREADY_EXISTS", &format!("Already Exists: Table {table}"), "duplicate", vec![]);
+            return (StatusCode::CONFLICT, axum::Json(error)).into_response();
+        }
+        let now = Instant::now();
+        let updates = catalog.table_updates.entry(table.to_string()).or_default();
+        while updates.front().is_some_and(|at| now.duration_since(*at) >= Duration::from_secs(10)) {
+            updates.pop_front();
+        }
+        if updates.len() >= limits.table_updates_per_10s {
+            catalog.counters.refused_table_updates += 1;
+            let message = format!("Exceeded rate limits: too many table update operations for this table: {table}");
+            let error = bigquery_error(403, "PERMISSION_DENIED", &message, "rateLimitExceeded", vec![]);
+            return (StatusCode::FORBIDDEN, axum::Json(error)).into_response();
+        }
+        updates.push_back(now);
+    }
+    tokio::time::sleep(limits.metadata_write).await;
+    let mut catalog = shared.catalog.lock().unwrap();
+    let mut stored =
+        if create { body.clone() } else { catalog.tables.get(table).cloned().unwrap_or_else(|| body.clone()) };
+    if !create && let Some(object) = body.as_object() {
+        for (key, value) in object {
+            stored[key] = value.clone();
+        }
+    }
+    stored["id"] = json!(table);
+    stored["type"] = json!("TABLE");
+    catalog.tables.insert(table.to_string(), stored.clone());
+    json_answer(stored)
+}
+
+/// The first back-quoted table a statement names (the one it writes).
+fn written_table(sql: &str) -> String {
+    sql.split('`').nth(1).unwrap_or_default().to_string()
+}
+
+/// `jobs.insert`: the job queues for a project slot and a slot on its table, runs for
+/// [`Limits::query_duration`], then is DONE.
+fn insert_job(shared: &Arc<Shared>, body: Value) -> Response {
+    let id = body["jobReference"]["jobId"].as_str().unwrap_or_default().to_string();
+    let table = written_table(body["configuration"]["query"]["query"].as_str().unwrap_or_default());
+    let (done_tx, done_rx) = watch::channel(false);
+    let table_slots = {
+        let mut catalog = shared.catalog.lock().unwrap();
+        if catalog.jobs.contains_key(&id) {
+            let message = format!("Already Exists: Job filament-demo:US.{id}");
+            let error = bigquery_error(409, "ALREADY_EXISTS", &message, "duplicate", vec![]);
+            return (StatusCode::CONFLICT, axum::Json(error)).into_response();
+        }
+        catalog.jobs.insert(id.clone(), done_rx);
+        catalog.counters.jobs_inserted += 1;
+        let per_table = shared.limits.concurrent_dml_per_table;
+        Arc::clone(catalog.table_slots.entry(table).or_insert_with(|| Arc::new(Semaphore::new(per_table))))
+    };
+    let shared = Arc::clone(shared);
+    tokio::spawn(async move {
+        let _table = table_slots.acquire_owned().await.unwrap();
+        let _project = Arc::clone(&shared.queries).acquire_owned().await.unwrap();
+        {
+            let mut catalog = shared.catalog.lock().unwrap();
+            catalog.counters.running_queries += 1;
+            catalog.counters.max_running_queries =
+                catalog.counters.max_running_queries.max(catalog.counters.running_queries);
+        }
+        tokio::time::sleep(shared.limits.query_duration(shared.bytes_per_job)).await;
+        shared.catalog.lock().unwrap().counters.running_queries -= 1;
+        let _ = done_tx.send(true);
+    });
+    json_answer(job_body(&id, false))
+}
+
+fn job_body(id: &str, done: bool) -> Value {
+    json!({
+        "kind": "bigquery#job",
+        "id": format!("filament-demo:US.{id}"),
+        "jobReference": {"projectId": "filament-demo", "jobId": id, "location": "US"},
+        "status": {"state": if done { "DONE" } else { "RUNNING" }},
+        "statistics": {"query": {"numDmlAffectedRows": "0", "totalBytesProcessed": "0", "totalBytesBilled": "0"}},
+    })
+}
+
+/// `jobs.get` or a `jobs.getQueryResults` long poll (answered when the job ends, or after its
+/// `timeoutMs`).
+struct JobAnswer {
+    done: Option<watch::Receiver<bool>>,
+    id: String,
+    long_poll: Option<Duration>,
+}
+
+fn job_answer(shared: &Shared, id: &str, long_poll: bool, query: &str) -> JobAnswer {
+    let done = shared.catalog.lock().unwrap().jobs.get(id).cloned();
+    let wait = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("timeoutMs="))
+        .and_then(|millis| millis.parse().ok())
+        .map_or(Duration::from_secs(10), Duration::from_millis);
+    JobAnswer { done, id: id.to_string(), long_poll: long_poll.then_some(wait) }
+}
+
+impl JobAnswer {
+    async fn await_answer(self) -> Response {
+        let Some(mut done) = self.done else { return not_found(&format!("Job {}", self.id)) };
+        let Some(wait) = self.long_poll else { return json_answer(job_body(&self.id, *done.borrow())) };
+        let complete = tokio::time::timeout(wait, done.wait_for(|done| *done)).await.is_ok();
+        let reference = json!({"projectId": "filament-demo", "jobId": self.id, "location": "US"});
+        json_answer(
+            json!({"kind": "bigquery#getQueryResultsResponse", "jobReference": reference, "jobComplete": complete}),
+        )
+    }
+}
+
+impl IntoResponse for JobAnswer {
+    fn into_response(self) -> Response {
+        let Some(done) = self.done else { return not_found(&format!("Job {}", self.id)) };
+        json_answer(job_body(&self.id, *done.borrow()))
+    }
+}
