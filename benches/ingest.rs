@@ -220,14 +220,52 @@ fn gzip_alone(bodies: &[Vec<u8>], gzip: Gzip, min_bytes: usize) -> GzipAlone {
     }
 }
 
+/// SHA-256 alone (the receipt's digest) on `bodies`: CPU seconds per GiB of this thread.
+fn sha256_alone(bodies: &[Vec<u8>], min_bytes: usize) -> f64 {
+    use sha2::Digest as _;
+    let before = cpu_seconds("/proc/thread-self/stat");
+    let mut input = 0usize;
+    let mut digests = 0u8;
+    while input < min_bytes {
+        for body in bodies {
+            digests ^= sha2::Sha256::digest(body)[0];
+            input += body.len();
+        }
+    }
+    std::hint::black_box(digests);
+    (cpu_seconds("/proc/thread-self/stat") - before) / (input as f64 / GIB)
+}
+
+/// Pins process `pid` (every thread) to `core` with `taskset`, so the gateway's CPU figures
+/// are its own and the sink and load generator do not compete with it; `false` when it
+/// cannot (one core, or no `taskset`).
+fn pin(pid: u32, core: usize) -> bool {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        return false;
+    }
+    std::process::Command::new("taskset")
+        .args(["-a", "-p", "-c", &core.to_string(), &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
 async fn spawn_gateway(fake: &FakeWrite, extra: &[(&str, String)]) -> Gateway {
     let mut env = vec![
         ("BIGQUERY_STORAGE_EMULATOR_HOST".to_string(), fake.address.clone()),
         ("RUST_LOG".to_string(), "warn".to_string()),
     ];
     env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
-    Gateway::spawn_with(GatewayOptions { env, direct_rest: true, ..Default::default() }).await
+    let gw = Gateway::spawn_with(GatewayOptions { env, direct_rest: true, ..Default::default() }).await;
+    // The benchmark runs on core 0 (`main`), the gateway alone on core 1.
+    if PINNED.load(std::sync::atomic::Ordering::SeqCst) {
+        pin(gw.pid(), 1);
+    }
+    gw
 }
+
+/// Whether `main` pinned this process to core 0 (then each gateway goes to core 1).
+static PINNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 async fn start_run(gw: &Gateway, resources: &[String]) {
     gw.create_run("bench").await;
@@ -466,8 +504,24 @@ fn main() {
         DISTINCT_BODIES,
         total_bytes as f64 / GIB
     );
+    let pinned = pin(std::process::id(), 0);
+    PINNED.store(pinned, std::sync::atomic::Ordering::SeqCst);
+    println!(
+        "bench: {}",
+        if pinned {
+            "load generator and sink on core 0, gateway on core 1"
+        } else {
+            "not pinned (one core, or no taskset)"
+        }
+    );
     let gzip = gzip_baselines(&bodies);
     let gateway_gzip = gzip.iter().find(|g| g.name == Gzip::gateway(gzip_level).name()).unwrap().clone();
+    let sha256 = sha256_alone(&bodies, 256 << 20);
+    println!(
+        "SHA-256 alone: {sha256:.2} CPU s/GiB; the CPU floor ({} + SHA-256): {:.2}",
+        gateway_gzip.name,
+        gateway_gzip.cpu_seconds_per_gib + sha256
+    );
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let mut runs = Vec::new();
@@ -492,7 +546,8 @@ fn main() {
         Ok(mbps) => println!("python peer (8 streams): {mbps:.1} MB/s"),
         Err(why) => println!("python peer: not run: {why}"),
     }
-    let results = Results { runs: &runs, gzip_level, gzip: &gzip, gateway_gzip: &gateway_gzip, total_bytes };
+    let results =
+        Results { runs: &runs, gzip_level, gzip: &gzip, gateway_gzip: &gateway_gzip, total_bytes, sha256, pinned };
     write_results(&results, (alone, beside_slow), &peer);
 }
 
@@ -597,6 +652,16 @@ struct Results<'a> {
     gzip: &'a [GzipAlone],
     gateway_gzip: &'a GzipAlone,
     total_bytes: u64,
+    /// SHA-256 alone, CPU s/GiB: with gzip alone at the gateway's level, the CPU floor.
+    sha256: f64,
+    pinned: bool,
+}
+
+impl Results<'_> {
+    /// gzip alone at the gateway's level plus SHA-256 alone, CPU s/GiB.
+    fn cpu_floor(&self) -> f64 {
+        self.gateway_gzip.cpu_seconds_per_gib + self.sha256
+    }
 }
 
 fn write_results(results: &Results, head_of_line: (f64, f64), peer: &Result<f64, String>) {
@@ -611,6 +676,9 @@ fn write_results(results: &Results, head_of_line: (f64, f64), peer: &Result<f64,
             "implementation": g.name, "cpu_seconds_per_gib": g.cpu_seconds_per_gib, "ratio": g.ratio,
         })).collect::<Vec<_>>(),
         "gateway_gzip": results.gateway_gzip.name,
+        "sha256_alone_cpu_seconds_per_gib": results.sha256,
+        "cpu_floor_seconds_per_gib": results.cpu_floor(),
+        "pinned": results.pinned,
         "runs": results.runs.iter().map(|r| json!({
             "k": r.k,
             "bodies": r.bodies,
@@ -624,6 +692,8 @@ fn write_results(results: &Results, head_of_line: (f64, f64), peer: &Result<f64,
             "rows_per_second": r.rows as f64 / r.seconds,
             "gateway_cpu_seconds_per_gib": r.cpu_seconds_per_gib(),
             "cpu_ratio_to_gzip": r.cpu_seconds_per_gib() / results.gateway_gzip.cpu_seconds_per_gib,
+            "gateway_cpu_over_floor": r.cpu_seconds_per_gib() / results.cpu_floor(),
+            "gateway_mb_per_second_per_core": r.bytes as f64 / MB / r.cpu_seconds,
             "peak_rss_mib": r.peak_rss_mib,
         })).collect::<Vec<_>>(),
         "head_of_line": {"fast_alone_mb_per_second": head_of_line.0, "fast_beside_slow_mb_per_second": head_of_line.1,
@@ -680,11 +750,17 @@ fn results_markdown(
         results.gateway_gzip.name,
         results.gzip_level
     ));
-    md.push_str("| K | bodies | MB/s (plain Arrow) | rows/s | gateway CPU s/GiB | gzip alone CPU s/GiB | ratio | peak RSS MiB |\n");
-    md.push_str("|---|---|---|---|---|---|---|---|\n");
+    md.push_str(&format!(
+        "CPU floor: gzip alone at the gateway's level plus SHA-256 alone ({:.2}), {:.2} CPU s/GiB; {}.\n\n",
+        results.sha256,
+        results.cpu_floor(),
+        if results.pinned { "gateway pinned to core 1, load generator and sink to core 0" } else { "not pinned" }
+    ));
+    md.push_str("| K | bodies | MB/s (plain Arrow) | rows/s | gateway CPU s/GiB | gzip alone CPU s/GiB | ratio | over the CPU floor | gateway MB/s per core | peak RSS MiB |\n");
+    md.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
     for r in results.runs {
         md.push_str(&format!(
-            "| {} | {} | {:.1} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} |\n",
+            "| {} | {} | {:.1} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} |\n",
             r.k,
             r.bodies,
             r.mb_per_second(),
@@ -692,6 +768,8 @@ fn results_markdown(
             r.cpu_seconds_per_gib(),
             results.gateway_gzip.cpu_seconds_per_gib,
             r.cpu_seconds_per_gib() / results.gateway_gzip.cpu_seconds_per_gib,
+            r.cpu_seconds_per_gib() / results.cpu_floor(),
+            r.bytes as f64 / MB / r.cpu_seconds,
             r.peak_rss_mib
         ));
     }

@@ -73,8 +73,10 @@ impl Point {
             "floor_stream_creation_seconds": self.floor.stream_creation_seconds,
             "floor_publication_seconds": self.floor.publication_seconds,
             "floor_data_seconds": self.floor.data_seconds,
+            "sequential_floor_seconds": self.floor.sequential_seconds(),
             "measured_seconds": self.measured_seconds,
             "ratio": self.ratio(),
+            "ratio_to_sequential_floor": self.measured_seconds / self.floor.sequential_seconds(),
             "peak_rss_mib": self.peak_rss_mib,
             "cpu_ms_per_resource": self.cpu_ms_per_resource,
             "rows_exact": self.rows_exact,
@@ -132,7 +134,7 @@ async fn run_point(resources: usize, setting: &'static str, extra: &[(&str, &str
     let mut env = vec![
         ("BIGQUERY_STORAGE_EMULATOR_HOST".to_string(), fake.address.clone()),
         ("BIGQUERY_EMULATOR_HOST".to_string(), rest.address.clone()),
-        ("RUST_LOG".to_string(), "warn".to_string()),
+        ("RUST_LOG".to_string(), std::env::var("FILAMENT_BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into())),
     ];
     env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let gw = Gateway::spawn_with(GatewayOptions { env, direct_rest: true, ..Default::default() }).await;
@@ -215,7 +217,7 @@ fn main() {
         &[("FILAMENT_MAX_CONCURRENT_PREPARES", "8"), ("FILAMENT_MAX_CONCURRENT_PUBLICATIONS", "8")];
     let mut points = Vec::new();
     for &resources in &sizes {
-        if resources <= 1_000 {
+        if resources <= 1_000 && std::env::var_os("FILAMENT_BENCH_SKIP_PREVIOUS").is_none() {
             points.push(report(runtime.block_on(run_point(resources, "fixed 8 (previous main)", fixed, throughput))));
         }
         points.push(report(runtime.block_on(run_point(resources, "adaptive", &[], throughput))));
@@ -225,15 +227,17 @@ fn main() {
 
 fn report(point: Point) -> Point {
     println!(
-        "many tables: {:>6} resources, {:<24} floor {:>6.1} s (streams {:.1}, publication {:.1}, data {:.1}), measured {:>6.1} s ({:.2}x), peak RSS {:.0} MiB, {:.2} ms CPU per resource, {} stream creations refused, {} queries at once",
+        "many tables: {:>6} resources, {:<24} floor {:>6.1} s (streams {:.1}, publication {:.1}, data {:.1}; sequential {:.1}), measured {:>6.1} s ({:.2}x, {:.2}x sequential), peak RSS {:.0} MiB, {:.2} ms CPU per resource, {} stream creations refused, {} queries at once",
         point.resources,
         point.setting,
         point.floor.seconds(),
         point.floor.stream_creation_seconds,
         point.floor.publication_seconds,
         point.floor.data_seconds,
+        point.floor.sequential_seconds(),
         point.measured_seconds,
         point.ratio(),
+        point.measured_seconds / point.floor.sequential_seconds(),
         point.peak_rss_mib,
         point.cpu_ms_per_resource,
         point.refused_stream_creations,
@@ -259,20 +263,22 @@ fn write_results(root: &std::path::Path, points: &[Point], throughput: f64, sour
         "Measured by `make bench` (`benches/many_tables.rs`): one run of N resources of about 1 MiB, first batch to\n\
          `committed`, against the simulated control plane with the default limits below, the null Storage Write sink\n\
          and Postgres on this machine.\n\n\
-         | resources | concurrency | floor s (streams / publication / data) | measured s | ratio | peak RSS MiB | CPU ms per resource | rows exact |\n\
-         |---|---|---|---|---|---|---|---|\n",
+         | resources | concurrency | floor s (streams / publication / data) | sequential floor s | measured s | ratio | ratio to sequential | peak RSS MiB | CPU ms per resource | rows exact |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
     );
     for p in points {
         md.push_str(&format!(
-            "| {} | {} | {:.1} ({:.1} / {:.1} / {:.1}) | {:.1} | {:.2} | {:.0} | {:.2} | {} |\n",
+            "| {} | {} | {:.1} ({:.1} / {:.1} / {:.1}) | {:.1} | {:.1} | {:.2} | {:.2} | {:.0} | {:.2} | {} |\n",
             p.resources,
             p.setting,
             p.floor.seconds(),
             p.floor.stream_creation_seconds,
             p.floor.publication_seconds,
             p.floor.data_seconds,
+            p.floor.sequential_seconds(),
             p.measured_seconds,
             p.ratio(),
+            p.measured_seconds / p.floor.sequential_seconds(),
             p.peak_rss_mib,
             p.cpu_ms_per_resource,
             p.rows_exact

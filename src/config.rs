@@ -248,14 +248,14 @@ pub struct ServeConfig {
     pub max_inflight_requests: u32,
 
     /// The most resources creating their tables and stream at once; within it the gateway
-    /// finds the concurrency BigQuery allows (adaptive, starting at 8, halving on pushback).
+    /// finds the concurrency BigQuery allows (adaptive, starting at 8, shrinking on pushback).
     #[arg(long, env = "FILAMENT_MAX_CONCURRENT_PREPARES", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub max_concurrent_prepares: u32,
 
     /// The most destinations finalized, committed and published at once (one query job each;
     /// BigQuery queues a project's queries beyond its concurrency, 100 interactive by default).
     /// Within it the gateway finds the concurrency BigQuery allows (adaptive, starting at 8,
-    /// halving on pushback or queueing). A commit of K destinations takes about K / the
+    /// shrinking on pushback or queueing). A commit of K destinations takes about K / the
     /// reached concurrency job durations.
     #[arg(long, env = "FILAMENT_MAX_CONCURRENT_PUBLICATIONS", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub max_concurrent_publications: u32,

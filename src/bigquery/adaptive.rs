@@ -5,8 +5,9 @@
 //! - **Refusals.** Every retry of a call BigQuery pushed back on (429, `rateLimitExceeded`,
 //!   `quotaExceeded`, gRPC `RESOURCE_EXHAUSTED`, a job failed `jobRateLimitExceeded`) is
 //!   emitted once, by [`super::retry::Retried::emit`], which tells the limiter whose permit the
-//!   call runs under (a task-local set by [`AdaptiveConcurrency::run`]). The limit halves at
-//!   once, at most once per round trip (only calls started after the last decrease count, as
+//!   call runs under (a task-local set by [`AdaptiveConcurrency::run`]; the innermost limit
+//!   when limits nest). The limit shrinks to [`REFUSAL_DECREASE`] of itself at once, at most
+//!   once per round trip (only calls started after the last decrease count, as
 //!   TCP counts one loss per window).
 //! - **Latency.** Each round trip (a window as long as the average call), the window's mean
 //!   latency is compared with the long-term average: above [`LATENCY_GROWTH`] times it (BigQuery
@@ -36,8 +37,9 @@ pub(crate) const INITIAL_LIMIT: usize = 8;
 pub(crate) const LATENCY_GROWTH: f64 = 2.0;
 /// The factor of a decrease on latency growth (Vector's default decrease ratio).
 pub(crate) const LATENCY_DECREASE: f64 = 0.9;
-/// The factor of a decrease on a refusal.
-pub(crate) const REFUSAL_DECREASE: f64 = 0.5;
+/// The factor of a decrease on a refusal: gentler than TCP's half, since BigQuery's limits are
+/// rates (of stream creations, of queries) that a slightly lower concurrency already meets.
+pub(crate) const REFUSAL_DECREASE: f64 = 0.75;
 /// Weight of a new window in the long-term mean latency.
 const EWMA_WEIGHT: f64 = 0.3;
 /// The shortest window (calls answered faster are counted over this long).
@@ -216,7 +218,9 @@ impl Limiter {
     fn completed(&self, started: Instant) {
         let latency = started.elapsed().as_secs_f64();
         let mut state = self.lock();
-        let window_length = state.mean_latency_seconds.map_or(MIN_WINDOW, Duration::from_secs_f64).max(MIN_WINDOW);
+        // A round trip: the long-term mean, or this call before there is one.
+        let round_trip = state.mean_latency_seconds.unwrap_or(latency);
+        let window_length = Duration::from_secs_f64(round_trip).max(MIN_WINDOW);
         // After a quiet spell the window's calls belong to another load: start afresh.
         if state.window.started.elapsed() > window_length * STALE_WINDOWS {
             state.window = Window { most_in_flight: state.in_flight, ..Window::new() };

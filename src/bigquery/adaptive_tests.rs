@@ -48,28 +48,28 @@ async fn an_unreached_limit_does_not_grow() {
 }
 
 #[tokio::test]
-async fn refusals_halve_the_limit_once_per_round_trip() {
+async fn refusals_shrink_the_limit_once_per_round_trip() {
     let limiter = AdaptiveConcurrency::new("test", 64);
-    // Eight calls at once, all refused: they started under one limit, so it halves once.
+    // Eight calls at once, all refused: they started under one limit, so it shrinks once.
     drive(&limiter, 8, 8, Duration::from_millis(20), |_| true).await;
-    assert_eq!(limiter.limit(), INITIAL_LIMIT / 2);
+    assert_eq!(limiter.limit(), 6, "8 x {REFUSAL_DECREASE}");
     // Calls started after that decrease count again.
     drive(&limiter, 4, 4, Duration::from_millis(20), |_| true).await;
-    assert_eq!(limiter.limit(), INITIAL_LIMIT / 4);
-    let most = drive(&limiter, 20, 20, Duration::from_millis(5), |i| i % 2 == 0).await;
+    assert_eq!(limiter.limit(), 4, "6 x {REFUSAL_DECREASE}, rounded down");
+    let most = drive(&limiter, 40, 40, Duration::from_millis(5), |i| i % 2 == 0).await;
     assert_eq!(limiter.limit(), 1, "never below one");
-    assert!(most <= 2, "the lower limit holds calls back: {most} ran at once");
+    assert!(most <= 4, "the lower limit holds calls back: {most} ran at once");
 }
 
 #[tokio::test]
 async fn after_a_refusal_the_limit_grows_by_one_per_round_trip() {
     let limiter = AdaptiveConcurrency::new("test", 64);
     drive(&limiter, 8, 8, Duration::from_millis(20), |_| true).await;
-    assert_eq!(limiter.limit(), 4);
+    assert_eq!(limiter.limit(), 6);
     drive(&limiter, 80, 40, Duration::from_millis(20), |_| false).await;
     let limit = limiter.limit();
     // 20 round trips of 20 ms at most: additive, not doubling (which would be at 64).
-    assert!(limit > 4 && limit < 40, "{limit}");
+    assert!(limit > 6 && limit < 40, "{limit}");
 }
 
 #[tokio::test]

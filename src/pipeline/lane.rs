@@ -114,6 +114,9 @@ pub(crate) struct LaneContext {
     pub(crate) inflight_requests: Arc<Semaphore>,
     /// Resources being set up (tables, stream) at once: the adaptive set-up limit.
     pub(crate) prepares: crate::bigquery::adaptive::AdaptiveConcurrency,
+    /// `CreateWriteStream` calls at once: the adaptive stream-creation limit (BigQuery limits
+    /// their rate per project).
+    pub(crate) stream_creations: crate::bigquery::adaptive::AdaptiveConcurrency,
     pub(crate) inflight_per_stream: usize,
     pub(crate) retry: RetryPolicy,
 }

@@ -16,8 +16,8 @@
 //!   adaptive limit ([`crate::bigquery::adaptive`]) finds what BigQuery allows.
 //!
 //! The API admits each batch with [`Pipeline::admit`], hands it to [`Pipeline::enqueue`], asks
-//! for [`Pipeline::flush`] at checkpoints, and commit calls [`Pipeline::drain`], receiving one
-//! [`LaneReport`] per resource.
+//! for [`Pipeline::flush`] at checkpoints, and commit calls [`Pipeline::drain_each`], receiving
+//! one [`LaneReport`] per resource as its lane finishes.
 
 mod accumulator;
 pub(crate) mod admission;
@@ -69,6 +69,9 @@ pub(crate) struct PipelineLimits {
     pub(crate) retry: RetryPolicy,
 }
 
+/// One lane's end: its report once every row is uploaded, or why it failed.
+pub(crate) type LaneDrain = std::pin::Pin<Box<dyn Future<Output = Result<LaneReport, Problem>> + Send>>;
+
 /// Owns every execution's upload lanes and the shared limits.
 #[derive(Debug, Clone)]
 pub(crate) struct Pipeline {
@@ -99,6 +102,7 @@ impl Pipeline {
                 store,
                 inflight_requests: Arc::new(Semaphore::new(limits.max_inflight_requests)),
                 prepares: AdaptiveConcurrency::new("prepare", limits.max_concurrent_prepares),
+                stream_creations: AdaptiveConcurrency::new("stream_creation", limits.max_concurrent_prepares),
                 inflight_per_stream: limits.inflight_per_stream,
                 retry: limits.retry,
             },
@@ -249,29 +253,18 @@ impl Pipeline {
     }
 
     /// Ends the lanes of an execution: closes every lane (flushing what it accumulated) and
-    /// waits for it to drain.
+    /// waits for all of them to drain; the first failure, or every report.
     pub(crate) async fn drain(&self, key: &ExecutionKey, delivery: i32) -> Result<Vec<LaneReport>, Problem> {
-        let delivery_lanes = match lock(&self.executions).get(key) {
-            Some(u) if u.delivery == delivery => Arc::clone(u),
-            _ => return Ok(Vec::new()),
-        };
-        let lanes: Vec<(ResourceName, Lane)> = lock(&delivery_lanes.by_resource).drain().collect();
-        let mut reports = Vec::with_capacity(lanes.len());
+        let mut reports = Vec::new();
         let mut first_error = None;
-        for (resource, lane) in lanes {
-            drop(lane.commands);
-            match lane.worker.await {
-                Ok(Ok(report)) => reports.push(report),
-                Ok(Err(problem)) => {
+        for (_, drained) in self.drain_each(key, delivery) {
+            match drained.await {
+                Ok(report) => reports.push(report),
+                Err(problem) => {
                     first_error.get_or_insert(problem);
-                }
-                Err(join_error) => {
-                    first_error
-                        .get_or_insert(Problem::internal(format!("upload worker of {resource} stopped: {join_error}")));
                 }
             }
         }
-        self.budget.record_gauge();
         match first_error {
             Some(problem) => Err(problem),
             None => {
@@ -279,6 +272,37 @@ impl Pipeline {
                 Ok(reports)
             }
         }
+    }
+
+    /// Closes the input of every lane of the execution's `delivery` and returns, per resource,
+    /// what its lane reports once it has uploaded everything (commit awaits each destination's
+    /// lanes on their own, so a destination publishes while others still upload).
+    pub(crate) fn drain_each(&self, key: &ExecutionKey, delivery: i32) -> Vec<(ResourceName, LaneDrain)> {
+        let delivery_lanes = match lock(&self.executions).get(key) {
+            Some(u) if u.delivery == delivery => Arc::clone(u),
+            _ => return Vec::new(),
+        };
+        let lanes: Vec<(ResourceName, Lane)> = lock(&delivery_lanes.by_resource).drain().collect();
+        let budget = self.budget.clone();
+        lanes
+            .into_iter()
+            .map(|(resource, lane)| {
+                drop(lane.commands);
+                let name = resource.clone();
+                let budget = budget.clone();
+                let drained: LaneDrain = Box::pin(async move {
+                    let report = match lane.worker.await {
+                        Ok(result) => result,
+                        Err(join_error) => {
+                            Err(Problem::internal(format!("upload worker of {name} stopped: {join_error}")))
+                        }
+                    };
+                    budget.record_gauge();
+                    report
+                });
+                (resource, drained)
+            })
+            .collect()
     }
 
     /// Cancels the lanes of an execution (abort, redelivery) and forgets them.

@@ -21,7 +21,8 @@ use crate::store::EventKind;
 use crate::telemetry::{LayoutMismatch, PhaseTiming};
 
 /// Prepares the lane's tables and stream under the adaptive set-up limit
-/// ([`crate::bigquery::adaptive`], at most `max_concurrent_prepares` at once gateway-wide);
+/// ([`crate::bigquery::adaptive`], at most `max_concurrent_prepares` at once gateway-wide;
+/// `CreateWriteStream` under a limit of its own within it);
 /// returns the PENDING stream's name. BigQuery's pushback that outlasts a call's own retries
 /// (`quota_exceeded`) is waited out, the set-up starting again (every step is idempotent)
 /// until it has lasted the retry policy's `quota_wait`: a quota slows a run down, it does not
@@ -73,9 +74,10 @@ async fn prepare_once(context: &LaneContext, target: &LaneTarget) -> Result<Stri
         .map_err(fail)?;
     let staging_path = table_path(project, dataset, &target.staging_table);
     // A stream created by an attempt whose answer was lost stays empty and is never committed.
-    let stream_name = retried(context, target, || bigquery.writer().create_pending_stream(&staging_path))
-        .await
-        .map_err(|e| e.problem(Stage::Upload))?;
+    // Stream creation has its own limit: BigQuery's rate limit on it is the project's, and its
+    // refusals say nothing about the table calls.
+    let create = retried(context, target, || bigquery.writer().create_pending_stream(&staging_path));
+    let stream_name = context.stream_creations.run(create).await.map_err(|e| e.problem(Stage::Upload))?;
     context.store.set_stream_name(resource, &stream_name).await?;
     let duration = started.elapsed();
     PhaseTiming { resource: &resource.resource, phase: "prepare", duration }.emit();

@@ -1,11 +1,13 @@
-//! Commit and publication: after the lanes drain, finalize each PENDING stream (checking its
-//! row count), commit it to its staging table, then publish each destination with one query job
+//! Commit and publication: after the lanes drain (every row uploaded, so an upload failure
+//! still changes no destination), finalize each PENDING stream (checking its row count),
+//! commit it to its staging table, and publish its destination with one query job
 //! (deterministic job id, fingerprint persisted first), delete the staging tables and mark the
 //! execution committed, which makes its last checkpoint the run's durable checkpoint.
 //!
 //! Publication starts only once the delivery is marked publishing (so an abort before it
 //! changes nothing and an abort after it is refused), and follows [`plan`]: resources sharing a
-//! destination table publish in declaration order ([`destination`]), tables concurrently.
+//! destination table publish in declaration order ([`destination`]), tables concurrently, each
+//! as soon as its own streams are committed ([`pipelined`]).
 //!
 //! Pure pieces: [`sql`] (statements per write mode), [`job_id`], [`fingerprint`], [`plan`], and
 //! [`reconcile`] (what a redelivered publication does).
@@ -14,6 +16,7 @@ pub(crate) mod destination;
 pub(crate) mod fingerprint;
 pub(crate) mod job_id;
 mod lifecycle;
+mod pipelined;
 mod plan;
 pub(crate) mod reconcile;
 pub(crate) mod sql;
@@ -104,58 +107,39 @@ impl Publisher {
         delivery: &DeliveryRef,
         completes_snapshot: bool,
     ) -> Result<CommitEnd, Problem> {
-        let mut reports = self.pipeline.drain(&delivery.execution, delivery.delivery).await?;
-        // Streams a replica handed over at shutdown whose resource got no batch here since.
-        for stream in self.store.handed_over_streams(delivery).await? {
-            if !reports.iter().any(|report| report.resource == stream.resource) {
-                reports.push(stream.into());
-            }
-        }
-        // A lane may have failed the execution after draining started.
-        if let Some(current) = self.store.get_execution(&delivery.execution).await?
-            && current.state != ExecutionState::Committing
-        {
-            return Err(current.error.unwrap_or_else(|| {
-                Problem::new(
-                    ErrorCode::ExecutionNotExtracting,
-                    format!("execution is {} instead of committing", current.state),
-                )
-            }));
-        }
-        // Every stream lands in its staging table before any destination changes: a failure
-        // up to here leaves every destination as it was.
-        // (Futures collected first: a borrowing closure inside the stream type would make the
-        // spawned commit future not general enough over lifetimes.)
-        let commits: Vec<_> = reports.iter().map(|report| self.commit_stream(run, delivery, report)).collect();
-        let committed: Vec<Result<(), Problem>> =
-            futures::stream::iter(commits).buffer_unordered(self.max_concurrent_publications).collect().await;
-        committed.into_iter().collect::<Result<Vec<()>, Problem>>()?;
-
-        // The point of no return: from here destinations change, so an abort is refused. An
-        // abort that came first wins, and nothing is published.
-        if !self.store.begin_publishing(delivery).await? {
-            for report in &reports {
-                self.delete_staging_table(run, &report.staging_table).await;
-            }
-            return Ok(CommitEnd::AbortedBeforePublishing);
-        }
+        let lanes = self.pipeline.drain_each(&delivery.execution, delivery.delivery);
+        let handed_over = self.store.handed_over_streams(delivery).await?;
         let declared = self.store.list_resources_by_declaration(&run.run_id).await?;
         let continuing = self.store.continuing_resources(&delivery.execution).await?;
         let completes_snapshot =
             completes_snapshot && !self.store.snapshot_completed_elsewhere(&delivery.execution).await?;
-        let destinations = plan::plan(&declared, &reports, &continuing, completes_snapshot)?;
-        let publications: Vec<_> =
-            destinations.into_iter().map(|destination| self.publish_destination(run, delivery, destination)).collect();
-        let published: Vec<Vec<Published>> =
-            futures::stream::iter(publications).buffer_unordered(self.max_concurrent_publications).collect().await;
-        self.outcome(run, published.into_iter().flatten()).await?;
-        Ok(CommitEnd::Published)
+        let tables = pipelined::by_table(&declared, lanes, handed_over)?;
+        // The point of no return when there is nothing to publish: an abort that came first wins.
+        if tables.is_empty() && !self.store.begin_publishing(delivery).await? {
+            return Ok(CommitEnd::AbortedBeforePublishing);
+        }
+        // Each destination table publishes as soon as its own lanes have drained and its
+        // streams are committed, while the others still upload or finalize (`pipelined`).
+        let stream_commits = tokio::sync::Semaphore::new(self.max_concurrent_publications);
+        let context =
+            pipelined::CommitContext { run, delivery, continuing: &continuing, completes_snapshot, stream_commits };
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let work: Vec<_> = tables
+            .into_iter()
+            // Boxed: the future is large, and moving it by value overflows debug stacks.
+            .map(|table| Box::pin(self.drain_and_publish(&context, table, &stop)))
+            .collect();
+        // All at once: a table waiting for a slow lane must not hold back one that is ready.
+        // Stream commits are bounded per commit, publication jobs by the adaptive limit.
+        let ends = futures::future::join_all(work).await;
+        self.finish(run, ends).await
     }
 
     /// Deletes the staging tables no job will read again and names every failed destination
     /// (the first failure's code, each failure in the detail).
     async fn outcome(&self, run: &RunRecord, published: impl Iterator<Item = Published>) -> Result<(), Problem> {
         let mut failures: Vec<(ResourceName, Problem)> = Vec::new();
+        let mut done_with = Vec::new();
         for Published { resource, staging_table, outcome } in published {
             let problem = match outcome {
                 Ok(PublishOutcome::Published) => None,
@@ -166,13 +150,12 @@ impl Publisher {
                 }
                 Err(problem) => Some(problem),
             };
-            if let Some(table) = &staging_table {
-                self.delete_staging_table(run, table).await;
-            }
+            done_with.extend(staging_table);
             if let Some(problem) = problem {
                 failures.push((resource, problem));
             }
         }
+        self.delete_staging_tables(run, done_with).await;
         match failures.first() {
             None => Ok(()),
             Some((_, first)) => {
@@ -192,17 +175,23 @@ impl Publisher {
                 return;
             }
         };
-        for stream in streams {
-            self.delete_staging_table(run, &stream.staging_table).await;
-        }
+        self.delete_staging_tables(run, streams.into_iter().map(|stream| stream.staging_table)).await;
     }
 
-    /// Deletes a staging table no job will read again. It expires on its own anyway, so a
+    /// Deletes staging tables no job will read again, `max_concurrent_publications` at once (a
+    /// thousand one after another would take minutes). They expire on their own anyway, so a
     /// failure is logged, not raised.
-    async fn delete_staging_table(&self, run: &RunRecord, table: &str) {
-        if let Err(e) = self.bigquery.delete_table(&run.destination.project, &run.destination.dataset, table).await {
-            tracing::warn!(%table, error = %e, "could not delete a staging table");
-        }
+    async fn delete_staging_tables(&self, run: &RunRecord, tables: impl IntoIterator<Item = String>) {
+        let (project, dataset) = (&run.destination.project, &run.destination.dataset);
+        let deletions: Vec<_> = tables
+            .into_iter()
+            .map(|table| async move {
+                if let Err(e) = self.bigquery.delete_table(project, dataset, &table).await {
+                    tracing::warn!(%table, error = %e, "could not delete a staging table");
+                }
+            })
+            .collect();
+        futures::stream::iter(deletions).buffer_unordered(self.max_concurrent_publications).collect::<Vec<()>>().await;
     }
 
     /// Finalize (row count must match what was appended), then commit the stream. A commit whose

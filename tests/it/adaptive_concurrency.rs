@@ -45,10 +45,13 @@ async fn a_create_write_stream_refusal_storm_backs_set_up_off_and_loses_no_row()
     }
     let refused = fake.with(|s| s.refused_creates);
     assert!(refused > 0, "the storm happened: no CreateWriteStream was refused");
-    let decreases = r#"filament_bigquery_concurrency_decreases_total{operation="prepare",reason="refusal"}"#;
+    let decreases = r#"filament_bigquery_concurrency_decreases_total{operation="stream_creation",reason="refusal"}"#;
     assert!(metric_or_zero(&gw, decreases).await >= 1.0, "{}", gw.metrics().await);
-    let limit = gw.metric(r#"filament_bigquery_concurrency_limit{operation="prepare"}"#).await;
-    assert!(limit.is_some_and(|limit| limit < 8.0), "the set-up limit backed off below its start (8): {limit:?}");
+    let limit = gw.metric(r#"filament_bigquery_concurrency_limit{operation="stream_creation"}"#).await;
+    assert!(
+        limit.is_some_and(|limit| limit < 8.0),
+        "the stream-creation limit backed off below its start (8): {limit:?}"
+    );
     let retries = r#"filament_bigquery_retries_total{operation="CreateWriteStream",code="RESOURCE_EXHAUSTED"}"#;
     assert!(metric_or_zero(&gw, retries).await >= refused as f64, "every refusal was retried");
 }

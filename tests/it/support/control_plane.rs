@@ -81,6 +81,12 @@ impl Floor {
     pub fn seconds(&self) -> f64 {
         self.stream_creation_seconds.max(self.publication_seconds).max(self.data_seconds)
     }
+
+    /// Streams, then publication: the floor of a run that posts every batch and then commits
+    /// (publication starts at commit, which follows the last batch's set-up).
+    pub fn sequential_seconds(&self) -> f64 {
+        self.stream_creation_seconds.max(self.data_seconds) + self.publication_seconds
+    }
 }
 
 impl Limits {
@@ -271,9 +277,10 @@ async fn update_table(shared: &Shared, table: &str, body: Value, create: bool) -
     json_answer(stored)
 }
 
-/// The first back-quoted table a statement names (the one it writes).
+/// The table a statement writes: its first back-quoted path (`` `p`.`d`.`t` ``).
 fn written_table(sql: &str) -> String {
-    sql.split('`').nth(1).unwrap_or_default().to_string()
+    let Some(start) = sql.find('`') else { return String::new() };
+    sql[start..].split_whitespace().next().unwrap_or_default().to_string()
 }
 
 /// `jobs.insert`: the job queues for a project slot and a slot on its table, runs for
