@@ -20,6 +20,7 @@ mod live_bigquery;
 mod operations;
 mod operator_cli;
 mod pipeline;
+mod pipelined_commit;
 mod principals;
 mod publication;
 mod publication_cost;

@@ -55,6 +55,8 @@ pub struct FakeStream {
     /// (offset, rows) of every applied request.
     pub appends: Vec<(i64, usize)>,
     pub finalized: bool,
+    /// When FinalizeWriteStream was answered for it.
+    pub finalized_at: Option<std::time::Instant>,
     pub committed: bool,
 }
 
@@ -104,6 +106,9 @@ pub struct FakeState {
     /// simulation's latencies).
     pub finalize_delay: Duration,
     pub commit_delay: Duration,
+    /// FinalizeWriteStream of streams on tables whose name contains one of these fails
+    /// `INTERNAL` (not retried by the gateway's commit: the execution fails).
+    pub failing_finalize_tables: Vec<String>,
     /// Null-sink mode (benchmarks): decode and count rows, keep no values.
     pub null_sink: bool,
     /// Until then, every append is answered with the status `RESOURCE_EXHAUSTED` ("Exceeds
@@ -277,8 +282,13 @@ async fn finalize(
     let delay = state.lock().unwrap().finalize_delay;
     tokio::time::sleep(delay).await;
     let mut s = state.lock().unwrap();
+    let failing = s.failing_finalize_tables.clone();
     let stream = s.streams.get_mut(&request.get_ref().name).ok_or_else(|| Status::not_found("no stream"))?;
+    if failing.iter().any(|table| stream.table.contains(table.as_str())) {
+        return Err(Status::internal("fake: finalize failed"));
+    }
     stream.finalized = true;
+    stream.finalized_at = Some(std::time::Instant::now());
     Ok(Response::new(FinalizeWriteStreamResponse { row_count: stream.rows }))
 }
 

@@ -58,6 +58,8 @@ pub struct Recorded {
     pub body: Value,
     /// What the discovery document finds wrong with the request (answered 400 when any).
     pub problems: Vec<String>,
+    /// When it arrived.
+    pub at: Instant,
 }
 
 #[derive(Debug, Default)]
@@ -280,6 +282,7 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             path_and_query: path_and_query.clone(),
             body: json_body.clone(),
             problems: problems.clone(),
+            at: Instant::now(),
         });
         state.jobs.clone()
     };
