@@ -177,13 +177,14 @@ impl Publisher {
             }
         }
         if published.is_empty() {
-            // Nothing changed.
-            if let Some(problem) = failure {
-                return Err(problem);
-            }
+            // Nothing changed. An abort (or a lane's failure, recorded by the lane) that came
+            // first stands, whatever the cancelled lanes answered since.
             if not_committing {
                 self.delete_staging_tables(run, unpublished).await;
                 return Ok(CommitEnd::AbortedBeforePublishing);
+            }
+            if let Some(problem) = failure {
+                return Err(problem);
             }
         }
         let changed: Vec<String> = published
