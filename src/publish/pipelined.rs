@@ -16,7 +16,7 @@
 //!   the execution is committing), so an abort that came before the first table wins and
 //!   nothing is published, and an abort after it is refused.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::destination::{PublishOutcome, Published};
@@ -71,20 +71,22 @@ pub(super) fn by_table(
             tables.entry(&record.table_name).or_insert_with(|| TableWork { declared: Vec::new(), lanes: Vec::new() });
         work.declared.push(record.clone());
     }
+    // Looked up once per lane: a run may have thousands of resources.
+    let tables_by_resource: HashMap<&ResourceName, &str> =
+        declared.iter().map(|record| (&record.resource, record.table_name.as_str())).collect();
     let table_of = |resource: &ResourceName| {
-        declared
-            .iter()
-            .find(|record| &record.resource == resource)
-            .map(|record| record.table_name.as_str())
+        tables_by_resource
+            .get(resource)
+            .copied()
             .ok_or_else(|| Problem::internal(format!("a lane of undeclared resource {resource}")))
     };
-    let mut with_lane = Vec::new();
+    let mut with_lane = HashSet::new();
     for (resource, drained) in lanes {
         // Every declared resource's table is a key.
         if let Some(work) = tables.get_mut(table_of(&resource)?) {
             work.lanes.push(drained);
         }
-        with_lane.push(resource);
+        with_lane.insert(resource);
     }
     for stream in handed_over {
         if with_lane.contains(&stream.resource) {
