@@ -704,15 +704,7 @@ fn write_results(results: &Results, head_of_line: (f64, f64), peer: &Result<f64,
     std::fs::create_dir_all(root.join("build/bench")).unwrap();
     std::fs::write(root.join("build/bench/result.json"), serde_json::to_string_pretty(&result).unwrap()).unwrap();
     let md = results_markdown(results, &result, head_of_line, peer, peer_ratio);
-    // The generated part replaces what lies between the markers; the analysis around it stays.
-    let (begin, end) = ("<!-- bench:begin -->", "<!-- bench:end -->");
-    let path = root.join("docs/performance.md");
-    let current = std::fs::read_to_string(&path).unwrap_or_default();
-    let updated = match (current.find(begin), current.find(end)) {
-        (Some(b), Some(e)) if b < e => format!("{}{begin}\n{md}{}", &current[..b], &current[e..]),
-        _ => format!("{begin}\n{md}{end}\n"),
-    };
-    std::fs::write(path, updated).unwrap();
+    support::generated_docs::replace_section(&root.join("docs/performance.md"), "bench", &md);
 }
 
 /// The 1-, 5- and 15-minute load averages, for the record (other work on the machine skews runs).

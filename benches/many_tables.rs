@@ -65,6 +65,10 @@ impl Point {
         self.measured_seconds / self.floor.seconds()
     }
 
+    fn ratio_to_sequential_floor(&self) -> f64 {
+        self.measured_seconds / self.floor.sequential_seconds()
+    }
+
     fn json(&self) -> Value {
         json!({
             "resources": self.resources,
@@ -76,7 +80,7 @@ impl Point {
             "sequential_floor_seconds": self.floor.sequential_seconds(),
             "measured_seconds": self.measured_seconds,
             "ratio": self.ratio(),
-            "ratio_to_sequential_floor": self.measured_seconds / self.floor.sequential_seconds(),
+            "ratio_to_sequential_floor": self.ratio_to_sequential_floor(),
             "peak_rss_mib": self.peak_rss_mib,
             "cpu_ms_per_resource": self.cpu_ms_per_resource,
             "rows_exact": self.rows_exact,
@@ -252,7 +256,7 @@ fn report(point: Point) -> Point {
         point.floor.sequential_seconds(),
         point.measured_seconds,
         point.ratio(),
-        point.measured_seconds / point.floor.sequential_seconds(),
+        point.ratio_to_sequential_floor(),
         point.peak_rss_mib,
         point.cpu_ms_per_resource,
         point.refused_stream_creations,
@@ -293,19 +297,12 @@ fn write_results(root: &std::path::Path, points: &[Point], throughput: f64, sour
             p.floor.sequential_seconds(),
             p.measured_seconds,
             p.ratio(),
-            p.measured_seconds / p.floor.sequential_seconds(),
+            p.ratio_to_sequential_floor(),
             p.peak_rss_mib,
             p.cpu_ms_per_resource,
             p.rows_exact
         ));
     }
     md.push_str(&format!("\nData floor at {throughput:.0} MB/s ({source}).\n"));
-    let (begin, end) = ("<!-- many-tables:begin -->", "<!-- many-tables:end -->");
-    let doc = root.join("docs/performance.md");
-    let current = std::fs::read_to_string(&doc).unwrap_or_default();
-    let updated = match (current.find(begin), current.find(end)) {
-        (Some(b), Some(e)) if b < e => format!("{}{begin}\n{md}{}", &current[..b], &current[e..]),
-        _ => format!("{current}\n{begin}\n{md}{end}\n"),
-    };
-    std::fs::write(doc, updated).unwrap();
+    support::generated_docs::replace_section(&root.join("docs/performance.md"), "many-tables", &md);
 }

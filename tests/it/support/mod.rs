@@ -14,6 +14,7 @@ mod eventually;
 pub mod fake_rest;
 pub mod fake_write;
 pub mod fleet;
+pub mod generated_docs;
 mod grpc_inflate;
 pub mod jwks;
 pub mod lease;
