@@ -58,6 +58,8 @@ struct Point {
     rows_exact: bool,
     refused_stream_creations: usize,
     max_running_queries: usize,
+    max_open_connections: usize,
+    refused_connections: usize,
 }
 
 impl Point {
@@ -86,6 +88,8 @@ impl Point {
             "rows_exact": self.rows_exact,
             "refused_stream_creations": self.refused_stream_creations,
             "max_running_queries": self.max_running_queries,
+            "max_open_connections": self.max_open_connections,
+            "refused_connections": self.refused_connections,
         })
     }
 }
@@ -199,6 +203,8 @@ async fn run_point(resources: usize, setting: &'static str, extra: &[(&str, &str
         rows_exact,
         refused_stream_creations: fake.with(|s| s.refused_creates),
         max_running_queries: counters.max_running_queries,
+        max_open_connections: fake.with(|s| s.max_open_connections),
+        refused_connections: fake.with(|s| s.refused_connections),
     }
 }
 
@@ -246,7 +252,7 @@ fn main() {
 
 fn report(point: Point) -> Point {
     println!(
-        "many tables: {:>6} resources, {:<24} floor {:>6.1} s (streams {:.1}, publication {:.1}, data {:.1}; sequential {:.1}), measured {:>6.1} s ({:.2}x, {:.2}x sequential), peak RSS {:.0} MiB, {:.2} ms CPU per resource, {} stream creations refused, {} queries at once",
+        "many tables: {:>6} resources, {:<24} floor {:>6.1} s (streams {:.1}, publication {:.1}, data {:.1}; sequential {:.1}), measured {:>6.1} s ({:.2}x, {:.2}x sequential), peak RSS {:.0} MiB, {:.2} ms CPU per resource, {} stream creations refused, {} queries at once, {} AppendRows connections at once ({} refused)",
         point.resources,
         point.setting,
         point.floor.seconds(),
@@ -261,6 +267,8 @@ fn report(point: Point) -> Point {
         point.cpu_ms_per_resource,
         point.refused_stream_creations,
         point.max_running_queries,
+        point.max_open_connections,
+        point.refused_connections,
     );
     point
 }

@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 use crate::api::console::session::{ConsoleSessions, MIN_KEY_FILE_BYTES};
 use crate::api::server::{self, ConnectionLimits, http1_read_buffer_bytes};
 use crate::api::{ApiSettings, ApiState, router};
-use crate::bigquery::adaptive::AdaptiveConcurrency;
+use crate::bigquery::adaptive::{AdaptiveConcurrency, BIGQUERY_CONCURRENT_QUERIES};
 use crate::bigquery::retry::Backoff;
 use crate::bigquery::{BigQuery, Endpoints};
 use crate::config::{DatabaseConfig, ServeConfig};
@@ -77,6 +77,7 @@ fn pipeline_limits(config: &ServeConfig) -> anyhow::Result<PipelineLimits> {
         backpressure_wait: Duration::from_millis(config.backpressure_wait_ms),
         inflight_per_stream: config.inflight_per_stream as usize,
         max_inflight_requests: config.max_inflight_requests as usize,
+        max_append_connections: config.max_append_connections as usize,
         max_concurrent_prepares: config.max_concurrent_prepares as usize,
         retry: RetryPolicy {
             max_attempts: config.append_max_attempts,
@@ -174,15 +175,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let watcher = tokio::spawn(watch::keep_current(sources, principals.clone(), stop_watching.clone()));
 
     let pipeline = Pipeline::new(bigquery.clone(), store.clone(), limits);
-    let publisher = Publisher {
-        store: store.clone(),
-        bigquery: bigquery.clone(),
-        pipeline: pipeline.clone(),
-        query_job_timeout: Duration::from_secs(config.query_job_timeout_secs),
-        max_concurrent_publications: config.max_concurrent_publications as usize,
-        publications: AdaptiveConcurrency::new("publication", config.max_concurrent_publications as usize),
-        quota_wait: Duration::from_secs(config.quota_wait_secs),
-    };
+    let publisher = publisher(&config, &store, &bigquery, &pipeline);
     let commits = TaskTracker::new();
     let state = Arc::new(ApiState {
         store,
@@ -226,6 +219,21 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     replica.release().await;
     tracing::info!("gateway stopped");
     Ok(())
+}
+
+/// The publication jobs' settings and their adaptive limit (starting at BigQuery's concurrent
+/// queries, within `FILAMENT_MAX_CONCURRENT_PUBLICATIONS`).
+fn publisher(config: &ServeConfig, store: &Store, bigquery: &BigQuery, pipeline: &Pipeline) -> Publisher {
+    let maximum = config.max_concurrent_publications as usize;
+    Publisher {
+        store: store.clone(),
+        bigquery: bigquery.clone(),
+        pipeline: pipeline.clone(),
+        query_job_timeout: Duration::from_secs(config.query_job_timeout_secs),
+        max_concurrent_publications: maximum,
+        publications: AdaptiveConcurrency::starting_at("publication", BIGQUERY_CONCURRENT_QUERIES, maximum),
+        quota_wait: Duration::from_secs(config.quota_wait_secs),
+    }
 }
 
 /// The BigQuery clients, their credentials probed once (a failure is logged, not fatal:

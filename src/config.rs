@@ -247,6 +247,13 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_MAX_INFLIGHT_REQUESTS", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub max_inflight_requests: u32,
 
+    /// AppendRows connections this replica keeps open at once. BigQuery allows 10,000
+    /// concurrent connections per project in a multi-region and 1,000 in a region; a lane
+    /// beyond it waits for a connection another lane gives back (lanes give theirs back once
+    /// idle). Across a fleet, keep the replicas' sum under the project's limit.
+    #[arg(long, env = "FILAMENT_MAX_APPEND_CONNECTIONS", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub max_append_connections: u32,
+
     /// The most resources creating their tables and stream at once; within it the gateway
     /// finds the concurrency BigQuery allows (adaptive, starting at 8, shrinking on pushback).
     #[arg(long, env = "FILAMENT_MAX_CONCURRENT_PREPARES", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=256))]
@@ -254,8 +261,8 @@ pub struct ServeConfig {
 
     /// The most destinations finalized, committed and published at once (one query job each;
     /// BigQuery queues a project's queries beyond its concurrency, 100 interactive by default).
-    /// Within it the gateway finds the concurrency BigQuery allows (adaptive, starting at 8,
-    /// shrinking on pushback or queueing). A commit of K destinations takes about K / the
+    /// Within it the gateway finds the concurrency BigQuery allows (adaptive, starting at
+    /// BigQuery's 100, shrinking on pushback or queueing). A commit of K destinations takes about K / the
     /// reached concurrency job durations.
     #[arg(long, env = "FILAMENT_MAX_CONCURRENT_PUBLICATIONS", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub max_concurrent_publications: u32,

@@ -23,6 +23,7 @@ pub(crate) const PUBLICATIONS: &str = "filament_publications_total";
 pub(crate) const EXECUTIONS_FINISHED: &str = "filament_executions_finished_total";
 pub(crate) const BYTES_APPENDED: &str = "filament_bytes_appended_total";
 pub(crate) const APPENDS_IN_FLIGHT: &str = "filament_appends_in_flight";
+pub(crate) const APPEND_CONNECTIONS_OPEN: &str = "filament_append_connections_open";
 pub(crate) const BUDGET_BYTES_IN_USE: &str = "filament_upload_budget_bytes_in_use";
 pub(crate) const BACKPRESSURE_WAITS: &str = "filament_backpressure_waits_total";
 pub(crate) const BACKPRESSURE_REJECTIONS: &str = "filament_backpressure_rejections_total";
@@ -234,6 +235,11 @@ fn describe() {
         "Failed attempts of any BigQuery call that were retried, by operation and code"
     );
     describe_histogram!(APPEND_LATENCY, Unit::Seconds, "From sending an AppendRows request to its response");
+    describe_gauge!(
+        APPEND_CONNECTIONS_OPEN,
+        Unit::Count,
+        "AppendRows connections held by lanes (at most FILAMENT_MAX_APPEND_CONNECTIONS)"
+    );
     describe_gauge!(
         BIGQUERY_CONCURRENCY_LIMIT,
         Unit::Count,

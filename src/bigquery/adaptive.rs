@@ -17,7 +17,8 @@
 //!   decrease (slow start), then by one.
 //! - **Bounds.** The limit stays within 1 and the maximum (`FILAMENT_MAX_CONCURRENT_PREPARES`,
 //!   `FILAMENT_MAX_CONCURRENT_PUBLICATIONS`), and starts at [`INITIAL_LIMIT`] (the fixed value
-//!   it replaced).
+//!   it replaced), except where BigQuery documents the concurrency it allows
+//!   ([`AdaptiveConcurrency::starting_at`]: publications start at its 100 concurrent queries).
 //!
 //! The limit and its decreases are in `/metrics`: `filament_bigquery_concurrency_limit`,
 //! `filament_bigquery_concurrency_in_flight` and `filament_bigquery_concurrency_decreases_total`
@@ -33,6 +34,9 @@ use crate::telemetry;
 
 /// Where the limit starts.
 pub(crate) const INITIAL_LIMIT: usize = 8;
+/// BigQuery's concurrent interactive queries per project (its documented quota): where the
+/// publication limit starts.
+pub(crate) const BIGQUERY_CONCURRENT_QUERIES: usize = 100;
 /// A window whose mean latency exceeds the long-term mean this many times shrinks the limit.
 pub(crate) const LATENCY_GROWTH: f64 = 2.0;
 /// The factor of a decrease on latency growth (Vector's default decrease ratio).
@@ -158,8 +162,15 @@ impl Drop for Permit {
 impl AdaptiveConcurrency {
     /// A limit for `operation` starting at [`INITIAL_LIMIT`] (or `maximum` when lower).
     pub(crate) fn new(operation: &'static str, maximum: usize) -> Self {
+        Self::starting_at(operation, INITIAL_LIMIT, maximum)
+    }
+
+    /// A limit for `operation` starting at `initial` (or `maximum` when lower): where BigQuery
+    /// documents the concurrency it allows (100 interactive queries per project), the limit
+    /// starts there and only learns down, instead of ramping up on every gateway start.
+    pub(crate) fn starting_at(operation: &'static str, initial: usize, maximum: usize) -> Self {
         let maximum = maximum.max(1);
-        let limit = INITIAL_LIMIT.min(maximum);
+        let limit = initial.clamp(1, maximum);
         metrics::gauge!(telemetry::BIGQUERY_CONCURRENCY_LIMIT, "operation" => operation).set(limit as f64);
         let state = LimitState {
             limit,

@@ -340,6 +340,17 @@ impl AppendConnection {
     }
 
     /// The next response; a closed stream is an `UNAVAILABLE` error (retryable).
+    /// Ends the call: no more requests (half-close), then waits at most `within` for the
+    /// server to end it, so that BigQuery no longer counts the connection when this returns
+    /// (its concurrent connections are limited per project).
+    pub(crate) async fn close(self, within: Duration) {
+        let Self { sender, responses, .. } = self;
+        drop(sender);
+        let Some(mut responses) = responses else { return };
+        let ended = async { while let Ok(Some(_)) = responses.message().await {} };
+        let _ = tokio::time::timeout(within, ended).await;
+    }
+
     pub(crate) async fn next_response(&mut self) -> BigQueryResult<AppendRowsResponse> {
         let Some(responses) = self.responses.as_mut() else {
             return Err(BigQueryError::Inconsistent("the AppendRows call was not started".into()));

@@ -9,6 +9,13 @@
 //! kilobytes still lets every connection make progress. A connection that stays open but leaves
 //! the oldest request unanswered for the retry policy's `response_timeout` counts as broken.
 //! When the input closes and everything is acknowledged it reports the stream to commit.
+//!
+//! A connection takes one of the gateway's `max_append_connections` before its first request
+//! (before any in-flight slot, so a lane waiting for a connection never holds one) and gives
+//! it back when torn down, drained, or idle for [`IDLE_CONNECTION`] (once the server has ended
+//! the call, so BigQuery no longer counts it when another lane opens one): BigQuery limits a project's
+//! concurrent connections (10,000 in a multi-region), and a run of thousands of resources
+//! must not hold one per resource until its commit.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -28,6 +35,33 @@ use crate::bigquery::write::{AppendAck, AppendConnection, append_request, judge_
 use crate::error::Problem;
 use crate::store::EventKind;
 use crate::telemetry::{self, AppendAcknowledged};
+
+/// An open connection with nothing to send or await for this long is closed, its place under
+/// `max_append_connections` given back; the next upload batch opens another (the schema again
+/// on its first request).
+pub(crate) const IDLE_CONNECTION: Duration = Duration::from_secs(2);
+/// How long a closing connection waits for the server to end the call before its place is
+/// given back anyway.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// A place under `max_append_connections`, counted in `filament_append_connections_open`.
+#[derive(Debug)]
+struct ConnectionSlot {
+    _permit: OwnedSemaphorePermit,
+}
+
+impl ConnectionSlot {
+    fn new(permit: OwnedSemaphorePermit) -> Self {
+        metrics::gauge!(telemetry::APPEND_CONNECTIONS_OPEN).increment(1.0);
+        Self { _permit: permit }
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        metrics::gauge!(telemetry::APPEND_CONNECTIONS_OPEN).decrement(1.0);
+    }
+}
 
 /// A request sent and not yet acknowledged; it keeps its payload for replay.
 #[derive(Debug)]
@@ -73,6 +107,11 @@ pub(super) struct Appender<'a> {
     /// Sent and not acknowledged, in offset order.
     in_flight: VecDeque<InFlight>,
     connection: Connection,
+    /// The connection's place under `max_append_connections`: taken before the first send,
+    /// given back with the connection.
+    connection_slot: Option<ConnectionSlot>,
+    /// The last send or acknowledgement: the connection is idle [`IDLE_CONNECTION`] after it.
+    last_activity: Instant,
     next_offset: i64,
     acknowledged_rows: i64,
     /// Acknowledged rows already added to the execution's progress in Postgres.
@@ -108,6 +147,8 @@ impl<'a> Appender<'a> {
             queue: VecDeque::new(),
             in_flight: VecDeque::new(),
             connection: Connection::Closed,
+            connection_slot: None,
+            last_activity: Instant::now(),
             next_offset: start_offset,
             acknowledged_rows: start_offset,
             rows_recorded: start_offset,
@@ -116,11 +157,19 @@ impl<'a> Appender<'a> {
         };
         let mut input_open = true;
         while input_open || appender.has_unsent() || !appender.in_flight.is_empty() {
-            let can_send = appender.in_flight.len() < appender.congestion_window && appender.has_unsent();
+            let connected = appender.connection_slot.is_some();
+            let needs_connection = !connected && appender.has_unsent();
+            let can_send = connected && appender.in_flight.len() < appender.congestion_window && appender.has_unsent();
+            let idle = connected && appender.in_flight.is_empty() && !appender.has_unsent();
+            let idle_at = appender.last_activity + IDLE_CONNECTION;
             tokio::select! {
                 biased;
                 response = appender.next_response(), if !appender.in_flight.is_empty() => {
                     appender.on_response(response).await?;
+                }
+                slot = Arc::clone(&context.append_connections).acquire_owned(), if needs_connection => {
+                    let slot = slot.map_err(|_| Problem::internal("connection limiter closed"))?;
+                    appender.connection_slot = Some(ConnectionSlot::new(slot));
                 }
                 slot = Arc::clone(&context.inflight_requests).acquire_owned(), if can_send => {
                     let slot = slot.map_err(|_| Problem::internal("in-flight limiter closed"))?;
@@ -130,8 +179,10 @@ impl<'a> Appender<'a> {
                     Some(upload) => appender.queue.push_back(upload),
                     None => input_open = false,
                 },
+                () = tokio::time::sleep_until(idle_at.into()), if idle => appender.close_connection().await,
             }
         }
+        appender.close_connection().await;
         Ok(appender.report())
     }
 
@@ -166,6 +217,21 @@ impl<'a> Appender<'a> {
         }
     }
 
+    /// Ends the connection (waiting for the server to end the call, at most
+    /// [`CLOSE_WAIT`]) and gives its place back; the next send opens another.
+    async fn close_connection(&mut self) {
+        if let Connection::Open(open) = std::mem::replace(&mut self.connection, Connection::Closed) {
+            open.close(CLOSE_WAIT).await;
+        }
+        self.connection_slot = None;
+    }
+
+    /// Drops a failed connection at once and gives its place back.
+    fn tear_down_connection(&mut self) {
+        self.connection = Connection::Closed;
+        self.connection_slot = None;
+    }
+
     fn has_unsent(&self) -> bool {
         !self.replay.is_empty() || !self.queue.is_empty()
     }
@@ -196,6 +262,7 @@ impl<'a> Appender<'a> {
     /// failure streak ends and the window grows by one.
     async fn on_acknowledged(&mut self, ack: AppendAck) {
         self.failures.reset();
+        self.last_activity = Instant::now();
         self.congestion_window = (self.congestion_window + 1).min(self.window);
         let Some(done) = self.in_flight.pop_front() else { return };
         AppendAcknowledged {
@@ -243,7 +310,8 @@ impl<'a> Appender<'a> {
         let RetryAction::RetryAfter(backoff) = action else {
             return Err(error.problem(Stage::Upload));
         };
-        self.connection = Connection::Closed;
+        // The connection's place is given back during the backoff too.
+        self.tear_down_connection();
         metrics::gauge!(telemetry::APPENDS_IN_FLIGHT).decrement(self.in_flight.len() as f64);
         // Released slots let other lanes upload while this one waits.
         for f in self.in_flight.drain(..).rev() {
@@ -269,6 +337,7 @@ impl<'a> Appender<'a> {
             }
         };
         let started = Instant::now();
+        self.last_activity = started;
         let opening = !matches!(self.connection, Connection::Open(_));
         let schema = opening.then(|| self.target.serialized_schema.clone());
         let request = append_request(&self.stream_name, schema, offset, upload.message.clone());

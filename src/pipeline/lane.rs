@@ -112,6 +112,8 @@ pub(crate) struct LaneContext {
     pub(crate) store: Store,
     /// Gateway-wide AppendRows requests in flight.
     pub(crate) inflight_requests: Arc<Semaphore>,
+    /// Gateway-wide AppendRows connections open (`max_append_connections`).
+    pub(crate) append_connections: Arc<Semaphore>,
     /// Resources being set up (tables, stream) at once: the adaptive set-up limit.
     pub(crate) prepares: crate::bigquery::adaptive::AdaptiveConcurrency,
     /// `CreateWriteStream` calls at once: the adaptive stream-creation limit (BigQuery limits

@@ -11,6 +11,9 @@
 //! - decode slots: batch bodies decoded at once; requests beyond them wait unread.
 //! - `inflight_per_stream` (4): outstanding AppendRows requests per stream, a sliding window.
 //! - `max_inflight_requests` (8): outstanding AppendRows requests across the gateway.
+//! - `max_append_connections` (1,000): AppendRows connections open at once; a lane takes one
+//!   before its first request and gives it back once idle (BigQuery limits concurrent
+//!   connections per project).
 //! - `max_concurrent_prepares` (64): the most resources creating tables and streams at once,
 //!   separate from lanes so new tables get set up while established ones upload; within it the
 //!   adaptive limit ([`crate::bigquery::adaptive`]) finds what BigQuery allows.
@@ -65,6 +68,7 @@ pub(crate) struct PipelineLimits {
     pub(crate) backpressure_wait: Duration,
     pub(crate) inflight_per_stream: usize,
     pub(crate) max_inflight_requests: usize,
+    pub(crate) max_append_connections: usize,
     pub(crate) max_concurrent_prepares: usize,
     pub(crate) retry: RetryPolicy,
 }
@@ -91,6 +95,7 @@ impl Pipeline {
         tracing::info!(
             compression = %bigquery.writer().compression(),
             max_inflight_requests = limits.max_inflight_requests,
+            max_append_connections = limits.max_append_connections,
             inflight_per_stream = limits.inflight_per_stream,
             max_concurrent_prepares = limits.max_concurrent_prepares,
             max_buffered_bytes = limits.max_buffered_bytes,
@@ -101,6 +106,7 @@ impl Pipeline {
                 bigquery,
                 store,
                 inflight_requests: Arc::new(Semaphore::new(limits.max_inflight_requests)),
+                append_connections: Arc::new(Semaphore::new(limits.max_append_connections)),
                 prepares: AdaptiveConcurrency::new("prepare", limits.max_concurrent_prepares),
                 stream_creations: AdaptiveConcurrency::new("stream_creation", limits.max_concurrent_prepares),
                 inflight_per_stream: limits.inflight_per_stream,

@@ -76,8 +76,8 @@ async fn prepare_once(context: &LaneContext, target: &LaneTarget) -> Result<Stri
     // A stream created by an attempt whose answer was lost stays empty and is never committed.
     // Stream creation has its own limit: BigQuery's rate limit on it is the project's, and its
     // refusals say nothing about the table calls.
-    let create = retried(context, target, || bigquery.writer().create_pending_stream(&staging_path));
-    let stream_name = context.stream_creations.run(create).await.map_err(|e| e.problem(Stage::Upload))?;
+    let create = || bigquery.writer().create_pending_stream(&staging_path);
+    let stream_name = creating_stream(context, target, create).await.map_err(|e| e.problem(Stage::Upload))?;
     context.store.set_stream_name(resource, &stream_name).await?;
     let duration = started.elapsed();
     PhaseTiming { resource: &resource.resource, phase: "prepare", duration }.emit();
@@ -89,34 +89,41 @@ async fn prepare_once(context: &LaneContext, target: &LaneTarget) -> Result<Stri
     Ok(stream_name)
 }
 
-/// Runs a Storage Write call again after retryable failures, as the retry policy decides (a
-/// connection cut under `CreateWriteStream` must not fail the execution).
-async fn retried<T, F, Fut>(context: &LaneContext, target: &LaneTarget, mut call: F) -> Result<T, BigQueryError>
+/// Runs `CreateWriteStream` again after retryable failures, as the retry policy decides (a
+/// connection cut under it must not fail the execution). Each attempt takes a place under the
+/// stream-creation limit and tells it of its own refusal; the backoff is waited without one,
+/// so a refused lane does not keep others from creating theirs.
+async fn creating_stream<T, F, Fut>(context: &LaneContext, target: &LaneTarget, mut call: F) -> Result<T, BigQueryError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, BigQueryError>>,
 {
     let mut failures = FailureStreak::default();
     loop {
-        let error = match call().await {
+        let attempt = context.stream_creations.run(async {
+            let error = match call().await {
+                Ok(value) => return Ok(value),
+                Err(error) => error,
+            };
+            let (attempt, action) = failures.record(&context.retry, &error);
+            // Emitted under the stream-creation limit: its pushback is that limit's alone.
+            Retried {
+                operation: "CreateWriteStream",
+                resource: Some(&target.resource.resource),
+                code: &error.code_name(),
+                class: RetryClass::of(&error),
+                attempt,
+                delay: action.delay(),
+                offset: None,
+                error: &error,
+            }
+            .emit();
+            Err((error, action))
+        });
+        match attempt.await {
             Ok(value) => return Ok(value),
-            Err(error) => error,
-        };
-        let (attempt, action) = failures.record(&context.retry, &error);
-        Retried {
-            operation: "CreateWriteStream",
-            resource: Some(&target.resource.resource),
-            code: &error.code_name(),
-            class: RetryClass::of(&error),
-            attempt,
-            delay: action.delay(),
-            offset: None,
-            error: &error,
-        }
-        .emit();
-        match action {
-            RetryAction::RetryAfter(delay) => tokio::time::sleep(delay).await,
-            RetryAction::Fail => return Err(error),
+            Err((_, RetryAction::RetryAfter(delay))) => tokio::time::sleep(delay).await,
+            Err((error, RetryAction::Fail)) => return Err(error),
         }
     }
 }

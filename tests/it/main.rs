@@ -7,6 +7,7 @@
 mod support;
 
 mod adaptive_concurrency;
+mod append_connections;
 mod append_e2e;
 mod console;
 mod errors;

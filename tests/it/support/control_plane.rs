@@ -38,6 +38,8 @@ pub struct Limits {
     pub table_delete: Duration,
     pub create_stream: Duration,
     pub create_streams_per_second: usize,
+    /// The project's concurrent AppendRows connections (10,000 in a multi-region).
+    pub concurrent_connections: usize,
     pub finalize: Duration,
     pub batch_commit: Duration,
     pub query: Duration,
@@ -55,6 +57,7 @@ impl Default for Limits {
             table_delete: Duration::from_millis(200),
             create_stream: Duration::from_millis(250),
             create_streams_per_second: 40,
+            concurrent_connections: 10_000,
             finalize: Duration::from_millis(100),
             batch_commit: Duration::from_millis(200),
             query: Duration::from_millis(1500),
@@ -90,12 +93,13 @@ impl Floor {
 }
 
 impl Limits {
-    /// The Storage Write fake with these limits: stream creation's latency and rate, finalize
-    /// and commit latencies.
+    /// The Storage Write fake with these limits: stream creation's latency and rate, the
+    /// concurrent connections, finalize and commit latencies.
     pub fn apply_to(&self, fake: &FakeWrite) {
         fake.with(|s| {
             s.create_delay = self.create_stream;
             s.create_rate_per_second = Some(self.create_streams_per_second);
+            s.connection_limit = Some(self.concurrent_connections);
             s.finalize_delay = self.finalize;
             s.commit_delay = self.batch_commit;
         });

@@ -88,6 +88,14 @@ pub struct FakeState {
     pub creates_in_progress: usize,
     pub max_creates_in_progress: usize,
     pub connections: usize,
+    /// AppendRows calls open now (until the client ends its request stream), and the most
+    /// open at once.
+    pub open_connections: usize,
+    pub max_open_connections: usize,
+    /// The project's concurrent connections: an AppendRows call beyond this many open is
+    /// answered `RESOURCE_EXHAUSTED` (counted in `refused_connections`).
+    pub connection_limit: Option<usize>,
+    pub refused_connections: usize,
     pub append_requests: usize,
     /// Commit the streams, then answer the BatchCommit call with UNAVAILABLE (a lost response).
     pub lose_commit_response: bool,
@@ -366,7 +374,7 @@ async fn append_rows(
 ) -> Result<Response<AppendStream>, Status> {
     let (responses, responses_rx) = mpsc::unbounded_channel();
     let (queued, queue) = mpsc::unbounded_channel::<AppendRowsRequest>();
-    let stalls = state.lock().unwrap().open_connection();
+    let stalls = state.lock().unwrap().open_connection()?;
     tokio::spawn(read_requests(Arc::clone(&state), request.into_inner(), stalls, queued));
     tokio::spawn(answer_requests(state, queue, responses));
     Ok(Response::new(tokio_stream::wrappers::UnboundedReceiverStream::new(responses_rx)))
@@ -383,13 +391,19 @@ fn payload_bytes(request: &AppendRowsRequest) -> usize {
 }
 
 impl FakeState {
-    /// Counts a new AppendRows connection; whether it is one that stops reading after its
-    /// first request.
-    fn open_connection(&mut self) -> bool {
+    /// Counts a new AppendRows connection, or refuses it beyond the connection limit; whether
+    /// it is one that stops reading after its first request.
+    fn open_connection(&mut self) -> Result<bool, Status> {
+        if self.connection_limit.is_some_and(|limit| self.open_connections >= limit) {
+            self.refused_connections += 1;
+            return Err(Status::resource_exhausted("fake: the project's concurrent connections are all in use"));
+        }
         self.connections += 1;
+        self.open_connections += 1;
+        self.max_open_connections = self.max_open_connections.max(self.open_connections);
         let stalls = self.stall_reading_connections > 0;
         self.stall_reading_connections = self.stall_reading_connections.saturating_sub(1);
-        stalls
+        Ok(stalls)
     }
 
     /// Counts a request received on `stream` and not yet answered.
@@ -466,6 +480,15 @@ async fn read_requests(
     stalls: bool,
     queued: mpsc::UnboundedSender<AppendRowsRequest>,
 ) {
+    /// Counts the connection closed when the reader ends (the client ended its requests).
+    struct Closed(Arc<Mutex<FakeState>>);
+    impl Drop for Closed {
+        fn drop(&mut self) {
+            let mut state = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            state.open_connections = state.open_connections.saturating_sub(1);
+        }
+    }
+    let _closed = Closed(Arc::clone(&state));
     let mut connection_stream = String::new();
     let mut read = 0;
     while let Some(Ok(mut request)) = incoming.next().await {
