@@ -20,21 +20,22 @@
 // gzip-alone baselines call through isal-rs.
 extern crate filament_bigquery as _;
 
+#[path = "common/measure.rs"]
+mod measure;
 #[path = "../tests/it/support/mod.rs"]
 mod support;
 
-use std::io::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrow_array::{BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
 use arrow_schema::{DataType, Field, Schema, TimeUnit};
+use measure::{GIB, Gzip, GzipAlone, cpu_seconds, gzip_alone, peak_rss_mib, sha256_alone};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use support::fake_write::FakeWrite;
 use support::{Gateway, GatewayOptions};
 
-const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 const MB: f64 = 1_000_000.0;
 const ROWS_PER_BODY: usize = 20_000;
 const DISTINCT_BODIES: usize = 8;
@@ -137,103 +138,6 @@ fn record_batch(seed: u64, rows: usize) -> RecordBatch {
         ],
     )
     .unwrap()
-}
-
-/// CPU seconds (user + system) of a process or thread from its `stat` file.
-fn cpu_seconds(stat_path: &str) -> f64 {
-    let stat = std::fs::read_to_string(stat_path).unwrap();
-    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
-    // After the command: state is field 3, utime 14 and stime 15 (1-based, per proc(5)).
-    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    ticks / 100.0
-}
-
-fn peak_rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap() / 1024.0
-}
-
-/// A gzip implementation and level, as the gateway could compress AppendRows requests.
-#[derive(Clone, Copy)]
-enum Gzip {
-    /// flate2 with zlib-rs (the gateway's compressor before ISA-L, tonic's and tower-http's).
-    ZlibRs(u32),
-    /// ISA-L (igzip) as the gateway uses it: its stateful encoder fed 256 KiB pieces.
-    Isal(isal::CompressionLevel),
-}
-
-impl Gzip {
-    fn name(self) -> String {
-        match self {
-            Gzip::ZlibRs(level) => format!("zlib-rs {level}"),
-            Gzip::Isal(level) => format!("ISA-L {}", level as u8),
-        }
-    }
-
-    fn compress(self, body: &[u8]) -> usize {
-        match self {
-            Gzip::ZlibRs(level) => {
-                let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(level));
-                encoder.write_all(body).unwrap();
-                encoder.finish().unwrap().len()
-            }
-            Gzip::Isal(level) => {
-                let mut encoder = isal::write::Encoder::new(Vec::new(), level, isal::Codec::Gzip);
-                for piece in body.chunks(256 * 1024) {
-                    encoder.write_all(piece).unwrap();
-                }
-                encoder.finish().unwrap().len()
-            }
-        }
-    }
-
-    /// The implementation the gateway uses for a `FILAMENT_APPEND_GZIP_LEVEL` setting.
-    fn gateway(setting: u32) -> Gzip {
-        Gzip::Isal(if setting <= 1 { isal::CompressionLevel::One } else { isal::CompressionLevel::Three })
-    }
-}
-
-/// One gzip-alone measurement: CPU seconds per GiB of input and compressed share of the input.
-#[derive(Debug, Clone)]
-struct GzipAlone {
-    name: String,
-    cpu_seconds_per_gib: f64,
-    ratio: f64,
-}
-
-/// gzip alone on `bodies`: CPU seconds per GiB of input (this thread's), and the compression ratio.
-fn gzip_alone(bodies: &[Vec<u8>], gzip: Gzip, min_bytes: usize) -> GzipAlone {
-    let before = cpu_seconds("/proc/thread-self/stat");
-    let (mut input, mut output) = (0usize, 0usize);
-    while input < min_bytes {
-        for body in bodies {
-            output += gzip.compress(body);
-            input += body.len();
-        }
-    }
-    let cpu = cpu_seconds("/proc/thread-self/stat") - before;
-    GzipAlone {
-        name: gzip.name(),
-        cpu_seconds_per_gib: cpu / (input as f64 / GIB),
-        ratio: output as f64 / input as f64,
-    }
-}
-
-/// SHA-256 alone (the receipt's digest) on `bodies`: CPU seconds per GiB of this thread.
-fn sha256_alone(bodies: &[Vec<u8>], min_bytes: usize) -> f64 {
-    use sha2::Digest as _;
-    let before = cpu_seconds("/proc/thread-self/stat");
-    let mut input = 0usize;
-    let mut digests = 0u8;
-    while input < min_bytes {
-        for body in bodies {
-            digests ^= sha2::Sha256::digest(body)[0];
-            input += body.len();
-        }
-    }
-    std::hint::black_box(digests);
-    (cpu_seconds("/proc/thread-self/stat") - before) / (input as f64 / GIB)
 }
 
 /// Pins process `pid` (every thread) to `core` with `taskset`, so the gateway's CPU figures

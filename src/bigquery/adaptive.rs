@@ -56,7 +56,6 @@ tokio::task_local! {
     static CURRENT_CALL: CallUnderLimit;
 }
 
-#[derive(Clone)]
 struct CallUnderLimit {
     limiter: Arc<Limiter>,
     started: Instant,

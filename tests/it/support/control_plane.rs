@@ -323,13 +323,7 @@ fn insert_job(shared: &Arc<Shared>, body: Value) -> Response {
 }
 
 fn job_body(id: &str, done: bool) -> Value {
-    json!({
-        "kind": "bigquery#job",
-        "id": format!("filament-demo:US.{id}"),
-        "jobReference": {"projectId": "filament-demo", "jobId": id, "location": "US"},
-        "status": {"state": if done { "DONE" } else { "RUNNING" }},
-        "statistics": {"query": {"numDmlAffectedRows": "0", "totalBytesProcessed": "0", "totalBytesBilled": "0"}},
-    })
+    super::rest_proxy::job(id, if done { "DONE" } else { "RUNNING" }, None)
 }
 
 /// `jobs.get` or a `jobs.getQueryResults` long poll (answered when the job ends, or after its
@@ -342,11 +336,7 @@ struct JobAnswer {
 
 fn job_answer(shared: &Shared, id: &str, long_poll: bool, query: &str) -> JobAnswer {
     let done = shared.catalog.lock().unwrap().jobs.get(id).cloned();
-    let wait = query
-        .split('&')
-        .find_map(|pair| pair.strip_prefix("timeoutMs="))
-        .and_then(|millis| millis.parse().ok())
-        .map_or(Duration::from_secs(10), Duration::from_millis);
+    let wait = super::rest_proxy::long_poll_wait(&format!("?{query}"));
     JobAnswer { done, id: id.to_string(), long_poll: long_poll.then_some(wait) }
 }
 

@@ -152,7 +152,9 @@ impl RestProxy {
     }
 }
 
-fn job(id: &str, state: &str, error: Option<(&str, &str)>) -> Value {
+/// A job resource as BigQuery answers `jobs.insert` and `jobs.get` (`state`: `RUNNING`,
+/// `DONE`), with query statistics and, when given, its error.
+pub fn job(id: &str, state: &str, error: Option<(&str, &str)>) -> Value {
     let mut job = json!({
         "kind": "bigquery#job",
         "id": format!("filament-demo:US.{id}"),
@@ -256,7 +258,7 @@ fn job_id_of(path: &str) -> Option<String> {
 }
 
 /// The `timeoutMs` of a `jobs.getQueryResults` query string (BigQuery's default: 10 s).
-fn long_poll_wait(path_and_query: &str) -> Duration {
+pub fn long_poll_wait(path_and_query: &str) -> Duration {
     let millis = path_and_query
         .split_once('?')
         .and_then(|(_, query)| query.split('&').find_map(|pair| pair.strip_prefix("timeoutMs=")))
