@@ -380,7 +380,9 @@ fn machine() -> String {
             c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap().trim().to_string())
         })
         .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    // The machine's cores, not this process's (pinned to one by then).
+    let cores = std::fs::read_to_string("/proc/cpuinfo")
+        .map_or(0, |c| c.lines().filter(|l| l.starts_with("processor")).count());
     let memory_gib = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| m.lines().next().and_then(|l| l.split_whitespace().nth(1)).and_then(|kb| kb.parse::<f64>().ok()))

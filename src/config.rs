@@ -262,8 +262,8 @@ pub struct ServeConfig {
     /// The most destinations finalized, committed and published at once (one query job each;
     /// BigQuery queues a project's queries beyond its concurrency, 100 interactive by default).
     /// Within it the gateway finds the concurrency BigQuery allows (adaptive, starting at
-    /// BigQuery's 100, shrinking on pushback or queueing). A commit of K destinations takes about K / the
-    /// reached concurrency job durations.
+    /// BigQuery's 100, shrinking on pushback or queueing). A commit of K destinations takes
+    /// about K / the reached concurrency job durations.
     #[arg(long, env = "FILAMENT_MAX_CONCURRENT_PUBLICATIONS", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub max_concurrent_publications: u32,
 

@@ -339,7 +339,6 @@ impl AppendConnection {
         self.progress.waiting_since()
     }
 
-    /// The next response; a closed stream is an `UNAVAILABLE` error (retryable).
     /// Ends the call: no more requests (half-close), then waits at most `within` for the
     /// server to end it, so that BigQuery no longer counts the connection when this returns
     /// (its concurrent connections are limited per project).
@@ -351,6 +350,7 @@ impl AppendConnection {
         let _ = tokio::time::timeout(within, ended).await;
     }
 
+    /// The next response; a closed stream is an `UNAVAILABLE` error (retryable).
     pub(crate) async fn next_response(&mut self) -> BigQueryResult<AppendRowsResponse> {
         let Some(responses) = self.responses.as_mut() else {
             return Err(BigQueryError::Inconsistent("the AppendRows call was not started".into()));

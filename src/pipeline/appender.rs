@@ -13,9 +13,9 @@
 //! A connection takes one of the gateway's `max_append_connections` before its first request
 //! (before any in-flight slot, so a lane waiting for a connection never holds one) and gives
 //! it back when torn down, drained, or idle for [`IDLE_CONNECTION`] (once the server has ended
-//! the call, so BigQuery no longer counts it when another lane opens one): BigQuery limits a project's
-//! concurrent connections (10,000 in a multi-region), and a run of thousands of resources
-//! must not hold one per resource until its commit.
+//! the call, so BigQuery no longer counts it when another lane opens one): BigQuery limits a
+//! project's concurrent connections (10,000 in a multi-region), and a run of thousands of
+//! resources must not hold one per resource until its commit.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
