@@ -153,17 +153,7 @@ impl BigQuery {
         let class = RetryClass::of(&error);
         *failures += 1;
         let delay = (class != RetryClass::Permanent).then(|| LONG_POLL_BACKOFF.delay(*failures));
-        Retried {
-            operation: "jobs.getQueryResults",
-            resource: Some(job_id),
-            code: &error.code_name(),
-            class,
-            attempt: *failures,
-            delay,
-            offset: None,
-            error: &error,
-        }
-        .emit();
+        Retried::emit_failed_call("jobs.getQueryResults", Some(job_id), &error, *failures, delay, None);
         match delay {
             Some(delay) => {
                 tokio::time::sleep(delay).await;

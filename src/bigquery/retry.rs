@@ -83,6 +83,23 @@ pub(crate) struct Retried<'a, E: Display> {
     pub(crate) error: &'a E,
 }
 
+impl Retried<'_, BigQueryError> {
+    /// Reports a failed call to BigQuery whose code and class are `error`'s own; `delay` is the
+    /// wait before the next attempt (`None`: there is none).
+    pub(crate) fn emit_failed_call(
+        operation: &'static str,
+        resource: Option<&str>,
+        error: &BigQueryError,
+        attempt: u32,
+        delay: Option<Duration>,
+        offset: Option<i64>,
+    ) {
+        let code = error.code_name();
+        let class = RetryClass::of(error);
+        Retried { operation, resource, code: &code, class, attempt, delay, offset, error }.emit();
+    }
+}
+
 impl<E: Display> Retried<'_, E> {
     pub(crate) fn emit(&self) {
         let retryable = self.delay.is_some();

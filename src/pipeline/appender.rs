@@ -30,7 +30,7 @@ use super::prepare::prepare;
 use super::retry::{FailureStreak, RetryAction};
 use crate::bigquery::BigQueryError;
 use crate::bigquery::error::Stage;
-use crate::bigquery::retry::{Retried, RetryClass};
+use crate::bigquery::retry::Retried;
 use crate::bigquery::write::{AppendAck, AppendConnection, append_request, judge_append_response};
 use crate::error::Problem;
 use crate::store::EventKind;
@@ -289,17 +289,9 @@ impl<'a> Appender<'a> {
     /// connection that starts with a window of one.
     async fn on_failure(&mut self, error: BigQueryError) -> Result<(), Problem> {
         let (attempt, action) = self.failures.record(&self.context.retry, &error);
-        Retried {
-            operation: "AppendRows",
-            resource: Some(&self.target.resource.resource),
-            code: &error.code_name(),
-            class: RetryClass::of(&error),
-            attempt,
-            delay: action.delay(),
-            offset: self.in_flight.front().map(|f| f.offset),
-            error: &error,
-        }
-        .emit();
+        let (resource, offset): (Option<&str>, _) =
+            (Some(&self.target.resource.resource), self.in_flight.front().map(|f| f.offset));
+        Retried::emit_failed_call("AppendRows", resource, &error, attempt, action.delay(), offset);
         let retried =
             serde_json::json!({"code": error.code_name(), "attempt": attempt, "retryable": action.delay().is_some()});
         let resource = &self.target.resource;

@@ -76,8 +76,8 @@ async fn prepare_once(context: &LaneContext, target: &LaneTarget) -> Result<Stri
     // A stream created by an attempt whose answer was lost stays empty and is never committed.
     // Stream creation has its own limit: BigQuery's rate limit on it is the project's, and its
     // refusals say nothing about the table calls.
-    let create = || bigquery.writer().create_pending_stream(&staging_path);
-    let stream_name = creating_stream(context, target, create).await.map_err(|e| e.problem(Stage::Upload))?;
+    let stream_name =
+        create_pending_stream(context, target, &staging_path).await.map_err(|e| e.problem(Stage::Upload))?;
     context.store.set_stream_name(resource, &stream_name).await?;
     let duration = started.elapsed();
     PhaseTiming { resource: &resource.resource, phase: "prepare", duration }.emit();
@@ -93,31 +93,22 @@ async fn prepare_once(context: &LaneContext, target: &LaneTarget) -> Result<Stri
 /// connection cut under it must not fail the execution). Each attempt takes a place under the
 /// stream-creation limit and tells it of its own refusal; the backoff is waited without one,
 /// so a refused lane does not keep others from creating theirs.
-async fn creating_stream<T, F, Fut>(context: &LaneContext, target: &LaneTarget, mut call: F) -> Result<T, BigQueryError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, BigQueryError>>,
-{
+async fn create_pending_stream(
+    context: &LaneContext,
+    target: &LaneTarget,
+    staging_path: &str,
+) -> Result<String, BigQueryError> {
     let mut failures = FailureStreak::default();
     loop {
         let attempt = context.stream_creations.run(async {
-            let error = match call().await {
+            let error = match context.bigquery.writer().create_pending_stream(staging_path).await {
                 Ok(value) => return Ok(value),
                 Err(error) => error,
             };
             let (attempt, action) = failures.record(&context.retry, &error);
             // Emitted under the stream-creation limit: its pushback is that limit's alone.
-            Retried {
-                operation: "CreateWriteStream",
-                resource: Some(&target.resource.resource),
-                code: &error.code_name(),
-                class: RetryClass::of(&error),
-                attempt,
-                delay: action.delay(),
-                offset: None,
-                error: &error,
-            }
-            .emit();
+            let resource: Option<&str> = Some(&target.resource.resource);
+            Retried::emit_failed_call("CreateWriteStream", resource, &error, attempt, action.delay(), None);
             Err((error, action))
         });
         match attempt.await {

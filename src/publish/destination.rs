@@ -362,17 +362,8 @@ impl Publisher {
             match outcome {
                 Err(e) if reruns(&e) && (attempt < MAX_PUBLICATION_ATTEMPTS || self.waits_out(&e, first_started)) => {
                     let delay = PUBLICATION_BACKOFF.delay(attempt);
-                    Retried {
-                        operation: "query job",
-                        resource: Some(&job.resource.resource),
-                        code: &e.code_name(),
-                        class: RetryClass::of(&e),
-                        attempt,
-                        delay: Some(delay),
-                        offset: None,
-                        error: &e,
-                    }
-                    .emit();
+                    let resource: Option<&str> = Some(&job.resource.resource);
+                    Retried::emit_failed_call("query job", resource, &e, attempt, Some(delay), None);
                     tokio::time::sleep(delay).await;
                     attempt += 1;
                 }

@@ -38,14 +38,21 @@ fn assert_every_stream_exact(fake: &FakeWrite, count: usize) {
     }
 }
 
+/// The Storage Write fake refusing connections beyond `limit` (BigQuery's concurrent-connection
+/// limit, scaled down), answering every staging append after `answer_delay`.
+async fn fake_with_connection_limit(limit: usize, answer_delay: Duration) -> FakeWrite {
+    let fake = FakeWrite::start().await;
+    fake.with(|s| {
+        s.connection_limit = Some(limit);
+        s.table_delays = vec![("_filament_stg_".into(), answer_delay)];
+    });
+    fake
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn more_resources_than_connections_all_load_within_the_gateways_cap() {
-    let fake = FakeWrite::start().await;
     // BigQuery's limit, with answers slow enough that connections overlap.
-    fake.with(|s| {
-        s.connection_limit = Some(4);
-        s.table_delays = vec![("_filament_stg_".into(), Duration::from_millis(50))];
-    });
+    let fake = fake_with_connection_limit(4, Duration::from_millis(50)).await;
     let gw = GatewayOptions::new().fake_write(&fake).env("FILAMENT_MAX_APPEND_CONNECTIONS", "4").spawn().await;
     let committed = post_to_resources_and_commit(&gw, 40).await;
     assert_eq!(committed["state"], "committed", "{committed}");
@@ -82,11 +89,7 @@ async fn an_idle_lane_gives_its_connection_back_and_opens_another_for_its_next_b
 /// row still arrives once.
 #[tokio::test(flavor = "multi_thread")]
 async fn connections_refused_by_bigquery_slow_the_run_and_every_row_still_loads() {
-    let fake = FakeWrite::start().await;
-    fake.with(|s| {
-        s.connection_limit = Some(3);
-        s.table_delays = vec![("_filament_stg_".into(), Duration::from_millis(200))];
-    });
+    let fake = fake_with_connection_limit(3, Duration::from_millis(200)).await;
     let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
     let committed = post_to_resources_and_commit(&gw, 30).await;
     assert_eq!(committed["state"], "committed", "{committed}");
