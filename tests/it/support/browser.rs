@@ -32,15 +32,11 @@ impl Drop for Driver {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port").local_addr().unwrap().port()
-}
-
 impl Browser {
     pub async fn start() -> Self {
         let chromedriver = std::env::var("FILAMENT_CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
         let chromium = std::env::var("FILAMENT_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-        let port = free_port();
+        let port = super::free_port_for_later_bind();
         let driver = Command::new(&chromedriver)
             .arg(format!("--port={port}"))
             // Its own process group, so the browsers it starts end with it (on drop).

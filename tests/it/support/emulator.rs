@@ -12,13 +12,9 @@ pub struct PrivateEmulator {
     pub grpc: String,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 impl PrivateEmulator {
     pub async fn start() -> Self {
-        let (rest_port, grpc_port) = (free_port(), free_port());
+        let (rest_port, grpc_port) = (super::free_port_for_later_bind(), super::free_port_for_later_bind());
         // Through the launcher `make test` starts the shared emulator with (its thread pool
         // holds one thread per open AppendRows connection).
         let child = Command::new(required_env("FILAMENT_BQEMULATOR_PYTHON"))

@@ -33,23 +33,19 @@ pub struct Fleet {
     config_path: std::path::PathBuf,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 impl Fleet {
     /// `size` replicas with `env` (plus a shared token, database and dataset) behind haproxy.
     pub async fn start(size: usize, env: &[(&str, &str)]) -> Self {
         let token = format!("fleet-token-{}", random_suffix());
         let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let ports: Vec<u16> = (0..size).map(|_| free_port()).collect();
+        let ports: Vec<u16> = (0..size).map(|_| super::free_port_for_later_bind()).collect();
         let first = spawn_replica(&env, &token, ports[0], None).await;
         let (database_url, dataset) = (first.database_url.clone(), first.dataset.clone());
         let mut replicas = vec![first];
         for port in &ports[1..] {
             replicas.push(spawn_replica(&env, &token, *port, Some((&database_url, &dataset))).await);
         }
-        let (lb_port, stats_port) = (free_port(), free_port());
+        let (lb_port, stats_port) = (super::free_port_for_later_bind(), super::free_port_for_later_bind());
         let config_path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("haproxy-{lb_port}.cfg"));
         std::fs::write(&config_path, haproxy_config(lb_port, stats_port, &ports)).unwrap();
         let haproxy = Command::new(haproxy_binary())
@@ -105,7 +101,7 @@ impl Fleet {
     /// A new replica on the fleet's database (not behind the load balancer).
     pub async fn spawn_extra(&self) -> Gateway {
         let shared = (self.database_url.as_str(), self.dataset.as_str());
-        spawn_replica(&self.env, &self.token, free_port(), Some(shared)).await
+        spawn_replica(&self.env, &self.token, super::free_port_for_later_bind(), Some(shared)).await
     }
 
     /// The replica index serving an execution now (by its advertised URL), if any.

@@ -45,6 +45,23 @@ pub fn required_env(name: &str) -> String {
     })
 }
 
+/// A port free now, for a process that binds it later (a replica, haproxy, chromedriver, an
+/// emulator). Taken below the kernel's ephemeral range (`ip_local_port_range`, 32768 up by
+/// default): a port the kernel handed out with `bind(0)` and released can meanwhile become
+/// the local port of any test's outgoing connection, and the later bind fails with "Address
+/// already in use".
+pub fn free_port_for_later_bind() -> u16 {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000u16.min(ephemeral_low / 2), ephemeral_low);
+    (0..1000)
+        .map(|_| rand::random_range(low..high))
+        .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+        .expect("a free port below the ephemeral range within 1,000 tries")
+}
+
 pub fn random_suffix() -> String {
     hex::encode(rand::random::<[u8; 6]>())
 }
@@ -131,6 +148,9 @@ pub struct GatewayOptions {
     pub live_bigquery_project: Option<String>,
     /// The CA (PEM) the test's HTTP client trusts, for a gateway serving HTTPS.
     pub trusted_ca_pem: Option<String>,
+    /// Another build of the gateway to run instead of this one's (the benchmarks measure the
+    /// previous main beside it).
+    pub binary: Option<std::path::PathBuf>,
 }
 
 impl GatewayOptions {
@@ -215,7 +235,8 @@ impl Gateway {
         let log_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
         let stderr_path = log_dir.join(format!("gateway-{suffix}.log"));
         let stderr = std::fs::File::create(&stderr_path).expect("create log file");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_filament-bigquery"));
+        let binary = options.binary.clone().unwrap_or_else(|| env!("CARGO_BIN_EXE_filament-bigquery").into());
+        let mut command = Command::new(binary);
         command
             .arg("serve")
             .env_clear()
