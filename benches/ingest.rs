@@ -25,12 +25,16 @@ mod measure;
 #[path = "../tests/it/support/mod.rs"]
 mod support;
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrow_array::{BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
 use arrow_schema::{DataType, Field, Schema, TimeUnit};
-use measure::{GIB, Gzip, GzipAlone, cpu_seconds, gzip_alone, peak_rss_mib, sha256_alone};
+use measure::{
+    GIB, Gzip, GzipAlone, cpu_seconds, gateway_gzip_level, gateway_settings, gzip_alone, peak_rss_mib, previous_main,
+    sha256_alone,
+};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use support::fake_write::FakeWrite;
@@ -155,12 +159,19 @@ fn pin(pid: u32, core: usize) -> bool {
 }
 
 async fn spawn_gateway(fake: &FakeWrite, extra: &[(&str, String)]) -> Gateway {
+    spawn_gateway_build(None, fake, extra).await
+}
+
+/// [`spawn_gateway`] with another build's `binary` (the previous main's), when given.
+async fn spawn_gateway_build(binary: Option<&Path>, fake: &FakeWrite, extra: &[(&str, String)]) -> Gateway {
     let mut env = vec![
         ("BIGQUERY_STORAGE_EMULATOR_HOST".to_string(), fake.address.clone()),
         ("RUST_LOG".to_string(), "warn".to_string()),
     ];
+    env.extend(gateway_settings());
     env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
-    let gw = Gateway::spawn_with(GatewayOptions { env, direct_rest: true, ..Default::default() }).await;
+    let binary = binary.map(Path::to_path_buf);
+    let gw = Gateway::spawn_with(GatewayOptions { env, direct_rest: true, binary, ..Default::default() }).await;
     // The benchmark runs on core 0 (`main`), the gateway alone on core 1.
     if PINNED.load(std::sync::atomic::Ordering::SeqCst) {
         pin(gw.pid(), 1);
@@ -224,6 +235,8 @@ impl BodySet {
 }
 
 struct Throughput {
+    /// `this build` or `previous main`.
+    build: &'static str,
     k: usize,
     bodies: &'static str,
     /// Plain Arrow IPC bytes of the rows posted, and the bytes actually sent.
@@ -252,9 +265,14 @@ impl Throughput {
 /// K resources post `total_bytes` (plain) of `set` concurrently, then commit; every row must
 /// reach the sink exactly once.
 async fn run_k(k: usize, set: &BodySet, total_bytes: u64) -> Throughput {
+    run_k_on(None, k, set, total_bytes).await
+}
+
+/// [`run_k`] on another build's gateway `binary` (the previous main's), when given.
+async fn run_k_on(binary: Option<&Path>, k: usize, set: &BodySet, total_bytes: u64) -> Throughput {
     let fake = FakeWrite::start().await;
     fake.with(|s| s.null_sink = true);
-    let gw = spawn_gateway(&fake, &[]).await;
+    let gw = spawn_gateway_build(binary, &fake, &[]).await;
     let pid = gw.pid();
     let resources: Vec<String> = (0..k).map(|i| format!("r{i:02}")).collect();
     start_run(&gw, &resources).await;
@@ -278,6 +296,7 @@ async fn run_k(k: usize, set: &BodySet, total_bytes: u64) -> Throughput {
     let sent_bytes = posted_indexes().map(|b| set.bodies[b].len() as u64).sum();
     let peak_rss_mib = peak_rss_mib(pid);
     Throughput {
+        build: if binary.is_some() { "previous main" } else { "this build" },
         k,
         bodies: set.name,
         bytes,
@@ -398,7 +417,7 @@ fn main() {
         return;
     }
     let total_bytes = env_or("FILAMENT_BENCH_BYTES", 1 << 30);
-    let gzip_level = env_or("FILAMENT_APPEND_GZIP_LEVEL", 1) as u32;
+    let gzip_level = gateway_gzip_level();
     let bodies: Vec<Vec<u8>> = (0..DISTINCT_BODIES as u64).map(body).collect();
     if let Ok(k) = std::env::var("FILAMENT_BENCH_ONLY_K") {
         one_point(k.parse().expect("FILAMENT_BENCH_ONLY_K is a number of resources"), bodies, total_bytes);
@@ -439,6 +458,15 @@ fn main() {
     for set in compressed_body_sets(&plain) {
         runs.push(report(runtime.block_on(run_k(8, &set, total_bytes / 2)), &gateway_gzip));
     }
+    // The previous main, same bodies, same run: K=8's CPU and K=64's memory.
+    let previous = previous_main();
+    let previous_runs: Vec<Throughput> = match &previous {
+        Some(previous) => [8, 64]
+            .into_iter()
+            .map(|k| report(runtime.block_on(run_k_on(Some(&previous.binary), k, &plain, total_bytes)), &gateway_gzip))
+            .collect(),
+        None => Vec::new(),
+    };
     let fast_bytes = (total_bytes / 4).max(64 << 20);
     let alone = runtime.block_on(head_of_line(&bodies, false, fast_bytes));
     let beside_slow = runtime.block_on(head_of_line(&bodies, true, fast_bytes));
@@ -452,8 +480,17 @@ fn main() {
         Ok(mbps) => println!("python peer (8 streams): {mbps:.1} MB/s"),
         Err(why) => println!("python peer: not run: {why}"),
     }
-    let results =
-        Results { runs: &runs, gzip_level, gzip: &gzip, gateway_gzip: &gateway_gzip, total_bytes, sha256, pinned };
+    let previous_main = previous.as_ref().map(|p| (p.commit.as_str(), previous_runs.as_slice()));
+    let results = Results {
+        runs: &runs,
+        previous_main,
+        gzip_level,
+        gzip: &gzip,
+        gateway_gzip: &gateway_gzip,
+        total_bytes,
+        sha256,
+        pinned,
+    };
     write_results(&results, (alone, beside_slow), &peer);
 }
 
@@ -524,7 +561,8 @@ fn compressed_body_sets(plain: &BodySet) -> Vec<BodySet> {
 
 fn report(run: Throughput, gateway_gzip: &GzipAlone) -> Throughput {
     println!(
-        "K={:>4} {:>5} bodies: {:>7.1} MB/s, {:>9.0} rows/s, gateway {:.2} CPU s/GiB ({:.2}x gzip alone), peak RSS {:.0} MiB",
+        "{}: K={:>4} {:>5} bodies: {:>7.1} MB/s, {:>9.0} rows/s, gateway {:.2} CPU s/GiB ({:.2}x gzip alone), peak RSS {:.0} MiB",
+        run.build,
         run.k,
         run.bodies,
         run.mb_per_second(),
@@ -554,6 +592,8 @@ fn smoke() {
 /// What one benchmark run measured, for the result file and docs/performance.md.
 struct Results<'a> {
     runs: &'a [Throughput],
+    /// The previous main's commit and its runs (K=8 and K=64, plain bodies), when measured.
+    previous_main: Option<(&'a str, &'a [Throughput])>,
     gzip_level: u32,
     gzip: &'a [GzipAlone],
     gateway_gzip: &'a GzipAlone,
@@ -568,24 +608,10 @@ impl Results<'_> {
     fn cpu_floor(&self) -> f64 {
         self.gateway_gzip.cpu_seconds_per_gib + self.sha256
     }
-}
 
-fn write_results(results: &Results, head_of_line: (f64, f64), peer: &Result<f64, String>) {
-    let k8 = results.runs.iter().find(|r| r.k == 8 && r.bodies == "plain").map(Throughput::mb_per_second);
-    let peer_ratio = peer.as_ref().ok().zip(k8).map(|(peer, ours)| ours / peer);
-    let result = json!({
-        "machine": machine(),
-        "load_average_at_end": load_average(),
-        "bytes_per_run": results.total_bytes,
-        "gzip_level": results.gzip_level,
-        "gzip_alone": results.gzip.iter().map(|g| json!({
-            "implementation": g.name, "cpu_seconds_per_gib": g.cpu_seconds_per_gib, "ratio": g.ratio,
-        })).collect::<Vec<_>>(),
-        "gateway_gzip": results.gateway_gzip.name,
-        "sha256_alone_cpu_seconds_per_gib": results.sha256,
-        "cpu_floor_seconds_per_gib": results.cpu_floor(),
-        "pinned": results.pinned,
-        "runs": results.runs.iter().map(|r| json!({
+    /// One run's figures for `result.json`.
+    fn run_json(&self, r: &Throughput) -> Value {
+        json!({
             "k": r.k,
             "bodies": r.bodies,
             "bytes": r.bytes,
@@ -597,15 +623,57 @@ fn write_results(results: &Results, head_of_line: (f64, f64), peer: &Result<f64,
             "mb_per_second": r.mb_per_second(),
             "rows_per_second": r.rows as f64 / r.seconds,
             "gateway_cpu_seconds_per_gib": r.cpu_seconds_per_gib(),
-            "cpu_ratio_to_gzip": r.cpu_seconds_per_gib() / results.gateway_gzip.cpu_seconds_per_gib,
-            "gateway_cpu_over_floor": r.cpu_seconds_per_gib() / results.cpu_floor(),
+            "cpu_ratio_to_gzip": r.cpu_seconds_per_gib() / self.gateway_gzip.cpu_seconds_per_gib,
+            "gateway_cpu_over_floor": r.cpu_seconds_per_gib() / self.cpu_floor(),
             "gateway_mb_per_second_per_core": r.bytes as f64 / MB / r.cpu_seconds,
             "peak_rss_mib": r.peak_rss_mib,
+        })
+    }
+
+    /// One run's row of the table in docs/performance.md, its K column labelled `k_label`.
+    fn run_row(&self, k_label: &str, r: &Throughput) -> String {
+        format!(
+            "| {} | {} | {:.1} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} |\n",
+            k_label,
+            r.bodies,
+            r.mb_per_second(),
+            r.rows as f64 / r.seconds,
+            r.cpu_seconds_per_gib(),
+            self.gateway_gzip.cpu_seconds_per_gib,
+            r.cpu_seconds_per_gib() / self.gateway_gzip.cpu_seconds_per_gib,
+            r.cpu_seconds_per_gib() / self.cpu_floor(),
+            r.bytes as f64 / MB / r.cpu_seconds,
+            r.peak_rss_mib
+        )
+    }
+}
+
+fn write_results(results: &Results, head_of_line: (f64, f64), peer: &Result<f64, String>) {
+    let k8 = results.runs.iter().find(|r| r.k == 8 && r.bodies == "plain").map(Throughput::mb_per_second);
+    let peer_ratio = peer.as_ref().ok().zip(k8).map(|(peer, ours)| ours / peer);
+    let mut result = json!({
+        "machine": machine(),
+        "load_average_at_end": load_average(),
+        "bytes_per_run": results.total_bytes,
+        "gzip_level": results.gzip_level,
+        "gzip_alone": results.gzip.iter().map(|g| json!({
+            "implementation": g.name, "cpu_seconds_per_gib": g.cpu_seconds_per_gib, "ratio": g.ratio,
         })).collect::<Vec<_>>(),
+        "gateway_gzip": results.gateway_gzip.name,
+        "sha256_alone_cpu_seconds_per_gib": results.sha256,
+        "cpu_floor_seconds_per_gib": results.cpu_floor(),
+        "pinned": results.pinned,
+        "runs": results.runs.iter().map(|r| results.run_json(r)).collect::<Vec<_>>(),
         "head_of_line": {"fast_alone_mb_per_second": head_of_line.0, "fast_beside_slow_mb_per_second": head_of_line.1,
                          "kept": head_of_line.1 / head_of_line.0},
         "python_peer": match peer { Ok(mbps) => json!({"mb_per_second": mbps, "ours_k8_ratio": peer_ratio}), Err(why) => json!({"error": why}) },
     });
+    if let Some((commit, runs)) = results.previous_main {
+        result["previous_main"] = json!({
+            "commit": commit,
+            "runs": runs.iter().map(|r| results.run_json(r)).collect::<Vec<_>>(),
+        });
+    }
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     std::fs::create_dir_all(root.join("build/bench")).unwrap();
     std::fs::write(root.join("build/bench/result.json"), serde_json::to_string_pretty(&result).unwrap()).unwrap();
@@ -657,19 +725,12 @@ fn results_markdown(
     md.push_str("| K | bodies | MB/s (plain Arrow) | rows/s | gateway CPU s/GiB | gzip alone CPU s/GiB | ratio | over the CPU floor | gateway MB/s per core | peak RSS MiB |\n");
     md.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
     for r in results.runs {
-        md.push_str(&format!(
-            "| {} | {} | {:.1} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} |\n",
-            r.k,
-            r.bodies,
-            r.mb_per_second(),
-            r.rows as f64 / r.seconds,
-            r.cpu_seconds_per_gib(),
-            results.gateway_gzip.cpu_seconds_per_gib,
-            r.cpu_seconds_per_gib() / results.gateway_gzip.cpu_seconds_per_gib,
-            r.cpu_seconds_per_gib() / results.cpu_floor(),
-            r.bytes as f64 / MB / r.cpu_seconds,
-            r.peak_rss_mib
-        ));
+        md.push_str(&results.run_row(&r.k.to_string(), r));
+    }
+    if let Some((commit, runs)) = results.previous_main {
+        for r in runs {
+            md.push_str(&results.run_row(&format!("{} (previous main, `{commit}`)", r.k), r));
+        }
     }
     md.push_str("\ngzip alone on the same bodies (one thread):\n\n| implementation and level | CPU s/GiB | compressed to |\n|---|---|---|\n");
     for g in results.gzip {

@@ -25,7 +25,10 @@ mod support;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
-use measure::{GIB, Gzip, gzip_alone, peak_rss_mib, process_cpu_seconds, sha256_alone};
+use measure::{
+    GIB, Gzip, gateway_gzip_level, gateway_settings, gzip_alone, peak_rss_mib, previous_main, process_cpu_seconds,
+    sha256_alone,
+};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use support::control_plane::{Floor, Limits, SimulatedRest};
@@ -51,9 +54,44 @@ fn body() -> Vec<u8> {
     support::arrow::ipc_stream(&[batch])
 }
 
+/// Which gateway a point measures: this build with its defaults (`adaptive`) or with other
+/// settings, or another build (the previous main).
+struct Contender {
+    setting: String,
+    env: Vec<(String, String)>,
+    binary: Option<std::path::PathBuf>,
+}
+
+impl Contender {
+    fn adaptive() -> Self {
+        Contender { setting: ADAPTIVE.into(), env: Vec::new(), binary: None }
+    }
+
+    /// The previous main's binary when `scripts/bench.sh` built it; otherwise this build with
+    /// the previous main's fixed maxima of 8 (a proxy: it has this build's other changes).
+    fn previous_main() -> Self {
+        match previous_main() {
+            Some(previous) => Contender {
+                setting: format!("previous main ({})", previous.commit),
+                env: Vec::new(),
+                binary: Some(previous.binary),
+            },
+            None => Contender {
+                setting: "fixed 8 (previous main's settings)".into(),
+                env: ["FILAMENT_MAX_CONCURRENT_PREPARES", "FILAMENT_MAX_CONCURRENT_PUBLICATIONS"]
+                    .map(|name| (name.to_string(), "8".to_string()))
+                    .into(),
+                binary: None,
+            },
+        }
+    }
+}
+
+const ADAPTIVE: &str = "adaptive";
+
 struct Point {
     resources: usize,
-    setting: &'static str,
+    setting: String,
     floor: Floor,
     measured_seconds: f64,
     peak_rss_mib: f64,
@@ -139,8 +177,8 @@ async fn set_up_run(gw: &Gateway, resources: &[String]) {
     assert_eq!(status, StatusCode::CREATED, "{body}");
 }
 
-/// One run of `resources` resources through the simulation; `extra` is the gateway's settings.
-async fn run_point(resources: usize, setting: &'static str, extra: &[(&str, &str)], throughput: f64) -> Point {
+/// One run of `resources` resources through the simulation, on `contender`'s gateway.
+async fn run_point(resources: usize, contender: &Contender, throughput: f64) -> Point {
     let limits = Limits::default();
     let body = body();
     let fake = FakeWrite::start().await;
@@ -152,8 +190,10 @@ async fn run_point(resources: usize, setting: &'static str, extra: &[(&str, &str
         ("BIGQUERY_EMULATOR_HOST".to_string(), rest.address.clone()),
         ("RUST_LOG".to_string(), std::env::var("FILAMENT_BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into())),
     ];
-    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    let gw = Gateway::spawn_with(GatewayOptions { env, direct_rest: true, ..Default::default() }).await;
+    env.extend(gateway_settings());
+    env.extend(contender.env.iter().cloned());
+    let binary = contender.binary.clone();
+    let gw = Gateway::spawn_with(GatewayOptions { env, direct_rest: true, binary, ..Default::default() }).await;
     let pid = gw.pid();
     let names: Vec<String> = (0..resources).map(|i| format!("t{i:05}")).collect();
     set_up_run(&gw, &names).await;
@@ -188,7 +228,7 @@ async fn run_point(resources: usize, setting: &'static str, extra: &[(&str, &str
     assert!(rows_exact, "{committed_streams} streams committed, {rows} rows, {} jobs", counters.jobs_inserted);
     Point {
         resources,
-        setting,
+        setting: contender.setting.clone(),
         floor: limits.floor(resources, body.len() as u64, throughput * 1e6),
         measured_seconds,
         peak_rss_mib: peak_rss_mib(pid),
@@ -202,10 +242,10 @@ async fn run_point(resources: usize, setting: &'static str, extra: &[(&str, &str
 }
 
 /// CPU milliseconds the data of one resource costs at the least: gzip alone as the gateway
-/// compresses (ISA-L level 1, its default) and SHA-256 alone (the receipt's digest) on `body`.
+/// compresses (at [`gateway_gzip_level`]) and SHA-256 alone (the receipt's digest) on `body`.
 fn data_cpu_floor_ms(body: &[u8]) -> f64 {
     let bodies = [body.to_vec()];
-    let gzip = gzip_alone(&bodies, Gzip::gateway(1), 256 << 20).cpu_seconds_per_gib;
+    let gzip = gzip_alone(&bodies, Gzip::gateway(gateway_gzip_level()), 256 << 20).cpu_seconds_per_gib;
     let sha256 = sha256_alone(&bodies, 256 << 20);
     (gzip + sha256) * body.len() as f64 / GIB * 1000.0
 }
@@ -229,7 +269,7 @@ fn main() {
     if !std::env::args().any(|arg| arg == "--bench") {
         // `cargo test --all-targets`: a small smoke run (exact rows still checked).
         let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-        let point = runtime.block_on(run_point(10, "adaptive", &[], DEFAULT_THROUGHPUT_MB_PER_SECOND));
+        let point = runtime.block_on(run_point(10, &Contender::adaptive(), DEFAULT_THROUGHPUT_MB_PER_SECOND));
         println!("many-tables smoke (not a measurement): 10 resources loaded exactly once: {}", point.rows_exact);
         return;
     }
@@ -240,14 +280,13 @@ fn main() {
         .map(|list| list.split(',').map(|n| n.trim().parse().expect("a number of resources")).collect())
         .unwrap_or_else(|| vec![100, 1_000, 10_000]);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    let fixed: &[(&str, &str)] =
-        &[("FILAMENT_MAX_CONCURRENT_PREPARES", "8"), ("FILAMENT_MAX_CONCURRENT_PUBLICATIONS", "8")];
+    let (adaptive, previous) = (Contender::adaptive(), Contender::previous_main());
     let mut points = Vec::new();
     for &resources in &sizes {
         if resources <= 1_000 && std::env::var_os("FILAMENT_BENCH_SKIP_PREVIOUS").is_none() {
-            points.push(report(runtime.block_on(run_point(resources, "fixed 8 (previous main)", fixed, throughput))));
+            points.push(report(runtime.block_on(run_point(resources, &previous, throughput))));
         }
-        points.push(report(runtime.block_on(run_point(resources, "adaptive", &[], throughput))));
+        points.push(report(runtime.block_on(run_point(resources, &adaptive, throughput))));
     }
     write_results(root, &points, throughput, source, data_cpu_floor_ms(&body()));
 }
@@ -282,9 +321,9 @@ fn write_results(root: &std::path::Path, points: &[Point], throughput: f64, sour
         .and_then(|text| serde_json::from_str(&text).ok())
         .unwrap_or_else(|| json!({}));
     let adaptive: Vec<Value> =
-        points.iter().filter(|p| p.setting == "adaptive").map(|p| p.json(data_cpu_floor_ms)).collect();
+        points.iter().filter(|p| p.setting == ADAPTIVE).map(|p| p.json(data_cpu_floor_ms)).collect();
     let fixed: Vec<Value> =
-        points.iter().filter(|p| p.setting != "adaptive").map(|p| p.json(data_cpu_floor_ms)).collect();
+        points.iter().filter(|p| p.setting != ADAPTIVE).map(|p| p.json(data_cpu_floor_ms)).collect();
     result["many_tables"] = json!(adaptive);
     result["many_tables_previous_main"] = json!(fixed);
     result["many_tables_data_throughput_mb_per_second"] = json!({"value": throughput, "source": source});
@@ -315,9 +354,10 @@ fn write_results(root: &std::path::Path, points: &[Point], throughput: f64, sour
             p.rows_exact
         ));
     }
+    let gzip = Gzip::gateway(gateway_gzip_level()).name();
     md.push_str(&format!(
         "\nData floor at {throughput:.0} MB/s ({source}). CPU floor of one resource's data (gzip alone as the gateway\n\
-         compresses, ISA-L 1, plus SHA-256 alone, on the same body, in one thread): {data_cpu_floor_ms:.2} ms.\n"
+         compresses, {gzip}, plus SHA-256 alone, on the same body, in one thread): {data_cpu_floor_ms:.2} ms.\n"
     ));
     support::generated_docs::replace_section(&root.join("docs/performance.md"), "many-tables", &md);
 }

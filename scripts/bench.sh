@@ -24,6 +24,25 @@ if [ ! -f "$PEER_VENV/.installed-1" ]; then
 fi
 export FILAMENT_TOOLS_PYTHON="$PWD/$PEER_VENV/bin/python"
 
+# The previous main, measured beside this build in the same run: its release binary, built
+# once in a worktree of its commit with a target dir of its own (FILAMENT_BENCH_PREVIOUS_MAIN
+# names another commit; `none` skips it, and many_tables then measures this build with the
+# previous main's fixed maxima instead).
+PREVIOUS_MAIN=${FILAMENT_BENCH_PREVIOUS_MAIN:-920ae14}
+if [ "$PREVIOUS_MAIN" != none ]; then
+  commit=$(git rev-parse --short "$PREVIOUS_MAIN^{commit}")
+  previous_dir="$PWD/build/previous-main/$commit"
+  if [ ! -x "$previous_dir/filament-bigquery" ]; then
+    echo "[bench] building the previous main ($commit) into $previous_dir" >&2
+    rm -rf "$previous_dir/src"
+    git worktree prune
+    git worktree add --detach --force "$previous_dir/src" "$commit" >&2
+    (cd "$previous_dir/src" && CARGO_TARGET_DIR="$previous_dir/target" cargo build --release --locked --bin filament-bigquery)
+    cp "$previous_dir/target/release/filament-bigquery" "$previous_dir/filament-bigquery"
+  fi
+  export FILAMENT_BENCH_PREVIOUS_GATEWAY="$previous_dir/filament-bigquery" FILAMENT_BENCH_PREVIOUS_COMMIT="$commit"
+fi
+
 cargo bench --locked --bench ingest
 cargo bench --locked --bench fairness
 # After ingest: its K=64 throughput is the data term of the many-tables floor.

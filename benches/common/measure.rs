@@ -9,6 +9,41 @@ use std::io::Write as _;
 
 pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
+/// The gateway's `FILAMENT_APPEND_GZIP_LEVEL` in this benchmark: the bench's own environment's
+/// (default 1). [`gateway_settings`] passes it on to every gateway the bench spawns, so the CPU
+/// floor is gzip alone at the level the gateway compresses at.
+pub fn gateway_gzip_level() -> u32 {
+    std::env::var("FILAMENT_APPEND_GZIP_LEVEL")
+        .map_or(1, |level| level.parse().expect("FILAMENT_APPEND_GZIP_LEVEL is a number"))
+}
+
+/// Settings every benchmarked gateway gets from the bench's environment (the harness starts
+/// gateways with a cleared environment): the gzip level, and `FILAMENT_BENCH_GATEWAY_ENV`'s
+/// space-separated `NAME=value` pairs (for experiments: `_RJEM_MALLOC_CONF=...`, a budget).
+pub fn gateway_settings() -> Vec<(String, String)> {
+    let mut settings = vec![("FILAMENT_APPEND_GZIP_LEVEL".to_string(), gateway_gzip_level().to_string())];
+    let extra = std::env::var("FILAMENT_BENCH_GATEWAY_ENV").unwrap_or_default();
+    for pair in extra.split_whitespace() {
+        let (name, value) = pair.split_once('=').expect("FILAMENT_BENCH_GATEWAY_ENV holds NAME=value pairs");
+        settings.push((name.to_string(), value.to_string()));
+    }
+    settings
+}
+
+/// The previous main's gateway, built by `scripts/bench.sh` in a worktree of its commit and
+/// measured beside this build in the same run: `FILAMENT_BENCH_PREVIOUS_GATEWAY` (the binary)
+/// and `FILAMENT_BENCH_PREVIOUS_COMMIT`. `None` when the bench runs without it.
+pub struct PreviousMain {
+    pub binary: std::path::PathBuf,
+    pub commit: String,
+}
+
+pub fn previous_main() -> Option<PreviousMain> {
+    let binary = std::env::var_os("FILAMENT_BENCH_PREVIOUS_GATEWAY")?.into();
+    let commit = std::env::var("FILAMENT_BENCH_PREVIOUS_COMMIT").unwrap_or_else(|_| "unknown commit".into());
+    Some(PreviousMain { binary, commit })
+}
+
 /// CPU seconds (user + system) of a process or thread from its `stat` file.
 pub fn cpu_seconds(stat_path: &str) -> f64 {
     let stat = std::fs::read_to_string(stat_path).unwrap();
