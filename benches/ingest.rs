@@ -158,12 +158,9 @@ fn pin(pid: u32, core: usize) -> bool {
         .is_ok_and(|status| status.success())
 }
 
-async fn spawn_gateway(fake: &FakeWrite, extra: &[(&str, String)]) -> Gateway {
-    spawn_gateway_build(None, fake, extra).await
-}
-
-/// [`spawn_gateway`] with another build's `binary` (the previous main's), when given.
-async fn spawn_gateway_build(binary: Option<&Path>, fake: &FakeWrite, extra: &[(&str, String)]) -> Gateway {
+/// A gateway against `fake`, of this build or of another build's `binary` (the previous
+/// main's), with `extra` settings.
+async fn spawn_gateway(binary: Option<&Path>, fake: &FakeWrite, extra: &[(&str, String)]) -> Gateway {
     let mut env = vec![
         ("BIGQUERY_STORAGE_EMULATOR_HOST".to_string(), fake.address.clone()),
         ("RUST_LOG".to_string(), "warn".to_string()),
@@ -262,17 +259,13 @@ impl Throughput {
     }
 }
 
-/// K resources post `total_bytes` (plain) of `set` concurrently, then commit; every row must
-/// reach the sink exactly once.
-async fn run_k(k: usize, set: &BodySet, total_bytes: u64) -> Throughput {
-    run_k_on(None, k, set, total_bytes).await
-}
-
-/// [`run_k`] on another build's gateway `binary` (the previous main's), when given.
-async fn run_k_on(binary: Option<&Path>, k: usize, set: &BodySet, total_bytes: u64) -> Throughput {
+/// K resources post `total_bytes` (plain) of `set` concurrently, then commit, on this build's
+/// gateway or another build's `binary` (the previous main's); every row must reach the sink
+/// exactly once.
+async fn run_k(binary: Option<&Path>, k: usize, set: &BodySet, total_bytes: u64) -> Throughput {
     let fake = FakeWrite::start().await;
     fake.with(|s| s.null_sink = true);
-    let gw = spawn_gateway_build(binary, &fake, &[]).await;
+    let gw = spawn_gateway(binary, &fake, &[]).await;
     let pid = gw.pid();
     let resources: Vec<String> = (0..k).map(|i| format!("r{i:02}")).collect();
     start_run(&gw, &resources).await;
@@ -319,7 +312,7 @@ async fn head_of_line(bodies: &[Vec<u8>], with_slow: bool, fast_bytes: u64) -> f
         s.null_sink = true;
         s.table_delays.push(("slow".to_string(), Duration::from_millis(500)));
     });
-    let gw = spawn_gateway(&fake, &[("FILAMENT_BACKPRESSURE_WAIT_MS", "100".to_string())]).await;
+    let gw = spawn_gateway(None, &fake, &[("FILAMENT_BACKPRESSURE_WAIT_MS", "100".to_string())]).await;
     let mut resources: Vec<String> = (0..8).map(|i| format!("fast{i}")).collect();
     if with_slow {
         resources.push("slow".to_string());
@@ -452,18 +445,18 @@ fn main() {
     let mut runs = Vec::new();
     let plain = BodySet::plain("plain", bodies.clone());
     for k in [1, 8, 64] {
-        runs.push(report(runtime.block_on(run_k(k, &plain, total_bytes)), &gateway_gzip));
+        runs.push(report(runtime.block_on(run_k(None, k, &plain, total_bytes)), &gateway_gzip));
     }
-    runs.push(report(runtime.block_on(run_k(1024, &small_bodies(), total_bytes)), &gateway_gzip));
+    runs.push(report(runtime.block_on(run_k(None, 1024, &small_bodies(), total_bytes)), &gateway_gzip));
     for set in compressed_body_sets(&plain) {
-        runs.push(report(runtime.block_on(run_k(8, &set, total_bytes / 2)), &gateway_gzip));
+        runs.push(report(runtime.block_on(run_k(None, 8, &set, total_bytes / 2)), &gateway_gzip));
     }
     // The previous main, same bodies, same run: K=8's CPU and K=64's memory.
     let previous = previous_main();
     let previous_runs: Vec<Throughput> = match &previous {
         Some(previous) => [8, 64]
             .into_iter()
-            .map(|k| report(runtime.block_on(run_k_on(Some(&previous.binary), k, &plain, total_bytes)), &gateway_gzip))
+            .map(|k| report(runtime.block_on(run_k(Some(&previous.binary), k, &plain, total_bytes)), &gateway_gzip))
             .collect(),
         None => Vec::new(),
     };
@@ -499,7 +492,7 @@ fn main() {
 fn one_point(k: usize, bodies: Vec<Vec<u8>>, total_bytes: u64) {
     let set = if k >= 1024 { small_bodies() } else { BodySet::plain("plain", bodies) };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    let run = runtime.block_on(run_k(k, &set, total_bytes));
+    let run = runtime.block_on(run_k(None, k, &set, total_bytes));
     println!(
         "K={k}: {:.1} MB/s, {:.2} gateway CPU s/GiB, peak RSS {:.0} MiB, {:.1} s ({:.1} s to the last receipt, {} requests refused with 429)",
         run.mb_per_second(),
@@ -580,11 +573,11 @@ fn smoke() {
     let plain = BodySet::plain("plain", (0..DISTINCT_BODIES as u64).map(body).collect());
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     for k in [1, 8] {
-        let run = runtime.block_on(run_k(k, &plain, 32 << 20));
+        let run = runtime.block_on(run_k(None, k, &plain, 32 << 20));
         println!("bench smoke (cargo test, not a measurement): K={k} loaded {} rows exactly once", run.rows);
     }
     for set in compressed_body_sets(&plain) {
-        let run = runtime.block_on(run_k(8, &set, 16 << 20));
+        let run = runtime.block_on(run_k(None, 8, &set, 16 << 20));
         println!("bench smoke: K=8 {} bodies loaded {} rows exactly once", set.name, run.rows);
     }
 }

@@ -153,7 +153,7 @@ impl BigQuery {
         let class = RetryClass::of(&error);
         *failures += 1;
         let delay = (class != RetryClass::Permanent).then(|| LONG_POLL_BACKOFF.delay(*failures));
-        Retried::emit_failed_call("jobs.getQueryResults", Some(job_id), &error, *failures, delay, None);
+        Retried::emit_failed_call("jobs.getQueryResults", job_id, &error, *failures, delay, None);
         match delay {
             Some(delay) => {
                 tokio::time::sleep(delay).await;

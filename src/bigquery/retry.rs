@@ -88,7 +88,7 @@ impl Retried<'_, BigQueryError> {
     /// wait before the next attempt (`None`: there is none).
     pub(crate) fn emit_failed_call(
         operation: &'static str,
-        resource: Option<&str>,
+        resource: &str,
         error: &BigQueryError,
         attempt: u32,
         delay: Option<Duration>,
@@ -96,7 +96,7 @@ impl Retried<'_, BigQueryError> {
     ) {
         let code = error.code_name();
         let class = RetryClass::of(error);
-        Retried { operation, resource, code: &code, class, attempt, delay, offset, error }.emit();
+        Retried { operation, resource: Some(resource), code: &code, class, attempt, delay, offset, error }.emit();
     }
 }
 

@@ -289,9 +289,15 @@ impl<'a> Appender<'a> {
     /// connection that starts with a window of one.
     async fn on_failure(&mut self, error: BigQueryError) -> Result<(), Problem> {
         let (attempt, action) = self.failures.record(&self.context.retry, &error);
-        let (resource, offset): (Option<&str>, _) =
-            (Some(&self.target.resource.resource), self.in_flight.front().map(|f| f.offset));
-        Retried::emit_failed_call("AppendRows", resource, &error, attempt, action.delay(), offset);
+        let offset = self.in_flight.front().map(|f| f.offset);
+        Retried::emit_failed_call(
+            "AppendRows",
+            &self.target.resource.resource,
+            &error,
+            attempt,
+            action.delay(),
+            offset,
+        );
         let retried =
             serde_json::json!({"code": error.code_name(), "attempt": attempt, "retryable": action.delay().is_some()});
         let resource = &self.target.resource;

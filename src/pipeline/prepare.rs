@@ -107,8 +107,14 @@ async fn create_pending_stream(
             };
             let (attempt, action) = failures.record(&context.retry, &error);
             // Emitted under the stream-creation limit: its pushback is that limit's alone.
-            let resource: Option<&str> = Some(&target.resource.resource);
-            Retried::emit_failed_call("CreateWriteStream", resource, &error, attempt, action.delay(), None);
+            Retried::emit_failed_call(
+                "CreateWriteStream",
+                &target.resource.resource,
+                &error,
+                attempt,
+                action.delay(),
+                None,
+            );
             Err((error, action))
         });
         match attempt.await {

@@ -362,8 +362,7 @@ impl Publisher {
             match outcome {
                 Err(e) if reruns(&e) && (attempt < MAX_PUBLICATION_ATTEMPTS || self.waits_out(&e, first_started)) => {
                     let delay = PUBLICATION_BACKOFF.delay(attempt);
-                    let resource: Option<&str> = Some(&job.resource.resource);
-                    Retried::emit_failed_call("query job", resource, &e, attempt, Some(delay), None);
+                    Retried::emit_failed_call("query job", &job.resource.resource, &e, attempt, Some(delay), None);
                     tokio::time::sleep(delay).await;
                     attempt += 1;
                 }
