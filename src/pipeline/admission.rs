@@ -95,11 +95,13 @@ impl Admission {
     /// Holds `bytes` more of the body (received, or to be decompressed) in the principal's
     /// share (first: a principal over it holds nothing else while it waits, then 429
     /// `principal_limit`) and in the receive budget, waiting out the rest of the deadline (then
-    /// 429 `backpressure`).
+    /// 429 `backpressure`). A body needing more than the whole receive budget (its bytes and
+    /// their decompressed buffers together) is refused at once, 413 `payload_too_large`.
     pub(crate) async fn hold_received(&mut self, bytes: usize) -> Result<(), Problem> {
         if bytes == 0 {
             return Ok(());
         }
+        self.receiving.refuse_more_than_capacity(&self.received, bytes)?;
         let started = Instant::now();
         if let Some(share) = &self.principal {
             let remaining = self.remaining_wait();

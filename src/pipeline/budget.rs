@@ -197,6 +197,26 @@ impl ByteBudget {
         self.capacity_units * UNIT_BYTES
     }
 
+    /// Refuses at once (413 `payload_too_large`) `bytes` more for a request that already
+    /// holds `held` of this budget, when both together exceed all of it: such a request would
+    /// wait for room only it could free, then get a retryable 429 it can never get past.
+    pub(crate) fn refuse_more_than_capacity(&self, held: &BudgetPermit, bytes: usize) -> Result<(), Problem> {
+        let needed_units = held.units.saturating_add(units_for(bytes));
+        if needed_units <= self.capacity_units {
+            return Ok(());
+        }
+        Err(Problem::new(
+            ErrorCode::PayloadTooLarge,
+            format!(
+                "the batch needs at least {} bytes of {}, more than all of it ({} bytes)",
+                needed_units.saturating_mul(UNIT_BYTES),
+                self.name,
+                self.capacity_bytes()
+            ),
+        )
+        .with_hint("split the data into smaller batch requests"))
+    }
+
     /// Bytes currently held by queued and in-flight payloads.
     pub(crate) fn in_use_bytes(&self) -> usize {
         (self.capacity_units - self.semaphore.available_permits()) * UNIT_BYTES
@@ -376,6 +396,18 @@ mod tests {
             budget.acquire(11 * 1024, None, Duration::from_secs(1)).await.unwrap_err().code,
             ErrorCode::PayloadTooLarge
         );
+    }
+
+    /// A request holding part of the budget that needs more than the rest of all of it is
+    /// refused at once with 413, not kept waiting for room only it could free.
+    #[tokio::test(start_paused = true)]
+    async fn more_than_all_of_it_in_steps_is_refused_at_once() {
+        let budget = ByteBudget::new(10 * 1024, "the receive budget");
+        let held = budget.acquire(8 * 1024, None, Duration::from_secs(1)).await.unwrap();
+        assert!(budget.refuse_more_than_capacity(&held, 2 * 1024).is_ok());
+        let problem = budget.refuse_more_than_capacity(&held, 3 * 1024).unwrap_err();
+        assert_eq!(problem.code, ErrorCode::PayloadTooLarge);
+        assert!(problem.detail.contains("11264 bytes of the receive budget"), "{}", problem.detail);
     }
 
     /// A request waiting for its full share presses that resource's lane only; one waiting for

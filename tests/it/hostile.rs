@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow_array::builder::StringViewBuilder;
-use arrow_array::{Array as _, DictionaryArray, Int8Array, Int32Array, RecordBatch, StringArray};
+use arrow_array::{Array as _, DictionaryArray, Int8Array, Int32Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
@@ -127,6 +127,45 @@ async fn compression_bombs_are_refused_at_the_body_limit() {
     refused(&limited, lz4, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large").await;
     healthy(&gw).await;
     assert_within_memory_bound(&gw);
+}
+
+/// `rows` rows of an int32 column `noise` (pseudo-random: IPC compression leaves it as it is)
+/// and an int64 column `zero` (compresses to almost nothing).
+fn noise_and_zeros(rows: usize) -> RecordBatch {
+    let mut state = 0x9e37_79b9_u32;
+    let noise: Vec<i32> = (0..rows)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state as i32
+        })
+        .collect();
+    let schema =
+        Schema::new(vec![Field::new("noise", DataType::Int32, false), Field::new("zero", DataType::Int64, false)]);
+    let columns: Vec<arrow_array::ArrayRef> =
+        vec![Arc::new(Int32Array::from(noise)), Arc::new(Int64Array::from(vec![0_i64; rows]))];
+    RecordBatch::try_new(Arc::new(schema), columns).expect("two columns of one length")
+}
+
+/// A body whose bytes and decompressed buffers each fit the receive budget but together do
+/// not is refused at once (413), not kept waiting for room only it could free until a
+/// retryable 429 it can never get past; a smaller body of the same shape is accepted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_needing_more_than_the_whole_receive_budget_is_refused_at_once() {
+    let options = GatewayOptions::new()
+        .env("FILAMENT_MAX_RECEIVING_BYTES", &(1 << 20).to_string())
+        .env("FILAMENT_BACKPRESSURE_WAIT_MS", "20000");
+    let gw = ready(options).await;
+    // About 320 KB received (the noise, stored uncompressed) and 960 KB decompressed.
+    let body = ipc_stream_compressed(&[noise_and_zeros(80_000)], arrow_ipc::CompressionType::LZ4_FRAME);
+    assert!(body.len() < 1 << 20, "the body alone fits the receive budget ({} bytes)", body.len());
+    // Waiting for room would end in 429 `backpressure` after the 20 s wait.
+    let problem = refused(&gw, body, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large").await;
+    assert!(problem["detail"].as_str().is_some_and(|d| d.contains("receive budget")), "{problem}");
+    let small = ipc_stream_compressed(&[noise_and_zeros(10_000)], arrow_ipc::CompressionType::LZ4_FRAME);
+    let (status, answer) = gw.post_batch("run", "e", "t", None, small).await;
+    assert!(status.is_success(), "the smaller body: {status} {answer}");
 }
 
 /// Sends the head of a batch request declaring `length` bytes, then one byte a second; the
