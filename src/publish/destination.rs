@@ -424,9 +424,8 @@ impl Publisher {
                 let finished = serde_json::json!({"job_id": job_id, "duration_ms": duration_ms,
                     "rows_affected": outcome.rows_affected, "bytes_billed": outcome.cost.bytes_billed});
                 self.store.record_event(job.delivery, EventKind::PublicationFinished, Some(name), finished).await;
-                self.store.record_publication_cost(execution, name, &outcome.cost).await?;
-                let rows = outcome.rows_affected;
-                self.store.finish_publication(execution, name, PublicationEnd::Done { rows_affected: rows }).await?;
+                let done = PublicationEnd::Done { rows_affected: outcome.rows_affected, cost: &outcome.cost };
+                self.store.finish_publication(execution, name, done).await?;
                 metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "done").increment(1);
                 Ok(PublishOutcome::Published)
             }

@@ -22,8 +22,9 @@ pub(crate) struct PublicationRecord {
 /// How a publication's job ended.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum PublicationEnd<'a> {
-    /// The job ran; `rows_affected` as BigQuery reports it (DML statistics).
-    Done { rows_affected: Option<i64> },
+    /// The job ran; `rows_affected` as BigQuery reports it (DML statistics), and what it
+    /// cost.
+    Done { rows_affected: Option<i64>, cost: &'a JobCost },
     /// The job failed for good, with the problem it is reported as.
     Failed(&'a Problem),
 }
@@ -81,54 +82,49 @@ impl Store {
         Ok(())
     }
 
-    /// Records what the publication's job cost and did.
-    pub(crate) async fn record_publication_cost(
-        &self,
-        execution: &ExecutionKey,
-        resource: &ResourceName,
-        cost: &JobCost,
-    ) -> StoreResult<()> {
-        sqlx::query(&format!(
-            "UPDATE publications SET bytes_processed = $4, bytes_billed = $5, slot_ms = $6,
-                    rows_inserted = $7, rows_updated = $8, rows_deleted = $9
-             WHERE {EXECUTION_KEY} AND resource = $3"
-        ))
-        .bind_execution(execution)
-        .bind(resource)
-        .bind(cost.bytes_processed)
-        .bind(cost.bytes_billed)
-        .bind(cost.slot_ms)
-        .bind(cost.rows_inserted)
-        .bind(cost.rows_updated)
-        .bind(cost.rows_deleted)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
-    /// Records how the publication's job ended.
+    /// Records how the publication's job ended and, when it ran, what it cost and did: one
+    /// statement.
     pub(crate) async fn finish_publication(
         &self,
         execution: &ExecutionKey,
         resource: &ResourceName,
         end: PublicationEnd<'_>,
     ) -> StoreResult<()> {
-        let (state, rows_affected, error) = match end {
-            PublicationEnd::Done { rows_affected } => (PublicationState::Done, rows_affected, None),
-            PublicationEnd::Failed(problem) => (PublicationState::Failed, None, Some(problem)),
+        match end {
+            PublicationEnd::Done { rows_affected, cost } => {
+                sqlx::query(&format!(
+                    "UPDATE publications SET state = $4, rows_affected = $5, error = NULL, updated_at = now(),
+                        bytes_processed = $6, bytes_billed = $7, slot_ms = $8,
+                        rows_inserted = $9, rows_updated = $10, rows_deleted = $11
+                 WHERE {EXECUTION_KEY} AND resource = $3"
+                ))
+                .bind_execution(execution)
+                .bind(resource)
+                .bind(PublicationState::Done)
+                .bind(rows_affected)
+                .bind(cost.bytes_processed)
+                .bind(cost.bytes_billed)
+                .bind(cost.slot_ms)
+                .bind(cost.rows_inserted)
+                .bind(cost.rows_updated)
+                .bind(cost.rows_deleted)
+                .execute(&self.pool)
+                .await?
+            }
+            PublicationEnd::Failed(problem) => {
+                let error = serde_json::to_value(problem).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                sqlx::query(&format!(
+                    "UPDATE publications SET state = $4, rows_affected = NULL, error = $5, updated_at = now()
+                     WHERE {EXECUTION_KEY} AND resource = $3"
+                ))
+                .bind_execution(execution)
+                .bind(resource)
+                .bind(PublicationState::Failed)
+                .bind(error)
+                .execute(&self.pool)
+                .await?
+            }
         };
-        let error = error.map(serde_json::to_value).transpose().map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        sqlx::query(&format!(
-            "UPDATE publications SET state = $4, rows_affected = $5, error = $6, updated_at = now()
-             WHERE {EXECUTION_KEY} AND resource = $3"
-        ))
-        .bind_execution(execution)
-        .bind(resource)
-        .bind(state)
-        .bind(rows_affected)
-        .bind(error)
-        .execute(&self.pool)
-        .await?;
         Ok(())
     }
 }
