@@ -201,15 +201,14 @@ impl ByteBudget {
     /// holds `held` of this budget, when both together exceed all of it: such a request would
     /// wait for room only it could free, then get a retryable 429 it can never get past.
     pub(crate) fn refuse_more_than_capacity(&self, held: &BudgetPermit, bytes: usize) -> Result<(), Problem> {
-        let needed_units = held.units.saturating_add(units_for(bytes));
-        if needed_units <= self.capacity_units {
+        if held.units.saturating_add(units_for(bytes)) <= self.capacity_units {
             return Ok(());
         }
         Err(Problem::new(
             ErrorCode::PayloadTooLarge,
             format!(
-                "the batch needs at least {} bytes of {}, more than all of it ({} bytes)",
-                needed_units.saturating_mul(UNIT_BYTES),
+                "the batch needs {} bytes of {}, more than all of it ({} bytes)",
+                held.bytes().saturating_add(bytes),
                 self.name,
                 self.capacity_bytes()
             ),
@@ -236,17 +235,7 @@ impl ByteBudget {
         }
         // A batch larger than a share may still go when the share is otherwise empty.
         let share_units = share.map(|s| units.min(s.capacity_units));
-        if units > self.capacity_units {
-            return Err(Problem::new(
-                ErrorCode::PayloadTooLarge,
-                format!(
-                    "the batch needs {bytes} bytes of {}, more than all of it ({} bytes)",
-                    self.name,
-                    self.capacity_bytes()
-                ),
-            )
-            .with_hint("split the data into smaller batch requests"));
-        }
+        self.refuse_more_than_capacity(&BudgetPermit::empty(), bytes)?;
         let _waiting_for_share = share
             .zip(share_units)
             .filter(|(share, units)| share.semaphore.available_permits() < *units)

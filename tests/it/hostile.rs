@@ -129,18 +129,10 @@ async fn compression_bombs_are_refused_at_the_body_limit() {
     assert_within_memory_bound(&gw);
 }
 
-/// `rows` rows of an int32 column `noise` (pseudo-random: IPC compression leaves it as it is)
-/// and an int64 column `zero` (compresses to almost nothing).
+/// `rows` rows of an int32 column `noise` (random: IPC compression leaves it as it is) and an
+/// int64 column `zero` (compresses to almost nothing).
 fn noise_and_zeros(rows: usize) -> RecordBatch {
-    let mut state = 0x9e37_79b9_u32;
-    let noise: Vec<i32> = (0..rows)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 17;
-            state ^= state << 5;
-            state as i32
-        })
-        .collect();
+    let noise: Vec<i32> = (0..rows).map(|_| rand::random()).collect();
     let schema =
         Schema::new(vec![Field::new("noise", DataType::Int32, false), Field::new("zero", DataType::Int64, false)]);
     let columns: Vec<arrow_array::ArrayRef> =
