@@ -25,6 +25,8 @@ pub(crate) const BYTES_APPENDED: &str = "filament_bytes_appended_total";
 pub(crate) const APPENDS_IN_FLIGHT: &str = "filament_appends_in_flight";
 pub(crate) const APPEND_CONNECTIONS_OPEN: &str = "filament_append_connections_open";
 pub(crate) const BUDGET_BYTES_IN_USE: &str = "filament_upload_budget_bytes_in_use";
+pub(crate) const APPEND_SEND_QUEUE_BYTES: &str = "filament_append_send_queue_bytes";
+pub(crate) const RECEIVE_BUDGET_BYTES_IN_USE: &str = "filament_receive_budget_bytes_in_use";
 pub(crate) const BACKPRESSURE_WAITS: &str = "filament_backpressure_waits_total";
 pub(crate) const BACKPRESSURE_REJECTIONS: &str = "filament_backpressure_rejections_total";
 pub(crate) const APPEND_RETRIES: &str = "filament_append_retries_total";
@@ -220,7 +222,17 @@ fn describe() {
     describe_gauge!(
         BUDGET_BYTES_IN_USE,
         Unit::Bytes,
-        "Encoded payload bytes queued or in flight (bounded by the upload budget)"
+        "Encoded payload bytes queued or in flight, plus compressed frames waiting to be sent (the upload budget)"
+    );
+    describe_gauge!(
+        APPEND_SEND_QUEUE_BYTES,
+        Unit::Bytes,
+        "Compressed AppendRows frames queued for HTTP/2 to send, counted in the upload budget"
+    );
+    describe_gauge!(
+        RECEIVE_BUDGET_BYTES_IN_USE,
+        Unit::Bytes,
+        "Batch body bytes received and decoded, not yet converted (the receive budget)"
     );
     describe_counter!(BACKPRESSURE_WAITS, Unit::Count, "Batch requests that waited for the upload budget");
     describe_counter!(

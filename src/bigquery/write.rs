@@ -216,22 +216,26 @@ impl WriteClient {
         stream_name: &str,
         first: Vec<AppendRowsRequest>,
         dedicated: bool,
+        send_queue: Arc<dyn SendQueueAccount>,
     ) -> BigQueryResult<AppendConnection> {
-        let (sender, receiver) = mpsc::unbounded_channel::<Bytes>();
+        let (sender, receiver) = mpsc::unbounded_channel::<QueuedFrame>();
         let progress = Arc::new(SendProgress::default());
         let connection = AppendConnection {
             sender,
             responses: None,
             gzip_level: self.gzip_level,
             progress: Arc::clone(&progress),
+            send_queue,
             _channel: None,
         };
         for request in &first {
             connection.send(request)?;
         }
-        let frames = tokio_stream::wrappers::UnboundedReceiverStream::new(receiver).map(move |frame| {
+        // Taken by HTTP/2 to send: the frame's hold on the caller's budget ends here.
+        let frames = tokio_stream::wrappers::UnboundedReceiverStream::new(receiver).map(move |queued| {
             progress.taken();
-            Ok::<_, Infallible>(http_body::Frame::data(frame))
+            drop(queued.held);
+            Ok::<_, Infallible>(http_body::Frame::data(queued.frame))
         });
         let mut builder = http::Request::builder()
             .method(http::Method::POST)
@@ -309,25 +313,45 @@ impl SendProgress {
     }
 }
 
+/// Where an AppendRows connection counts the compressed frames it has queued and HTTP/2 has
+/// not taken yet (the gateway's upload budget): [`Self::hold`] must not wait, since the frames
+/// it counts are what give memory back.
+pub(crate) trait SendQueueAccount: Send + Sync + std::fmt::Debug {
+    /// Counts `frame_bytes` until the returned hold drops.
+    fn hold(&self, frame_bytes: usize) -> SendQueueHold;
+}
+
+/// A frame's place in a [`SendQueueAccount`], given back on drop.
+pub(crate) type SendQueueHold = Box<dyn Send + Sync>;
+
+/// A frame in a connection's send queue, with its hold.
+struct QueuedFrame {
+    frame: Bytes,
+    held: SendQueueHold,
+}
+
 /// One bidirectional AppendRows call. Dropping it stops both sending and receiving.
 #[derive(Debug)]
 pub(crate) struct AppendConnection {
-    sender: mpsc::UnboundedSender<Bytes>,
+    sender: mpsc::UnboundedSender<QueuedFrame>,
     responses: Option<tonic::Streaming<AppendRowsResponse>>,
     gzip_level: Option<GzipLevel>,
     progress: Arc<SendProgress>,
+    send_queue: Arc<dyn SendQueueAccount>,
     /// The call's own connection (dedicated calls), closed with it.
     _channel: Option<Channel>,
 }
 
 impl AppendConnection {
     /// Encodes, compresses and queues one request (on the caller's task: compression is the
-    /// costly part and spreads over the lanes that send).
+    /// costly part and spreads over the lanes that send), counted in the send queue's account
+    /// until HTTP/2 takes it.
     pub(crate) fn send(&self, request: &AppendRowsRequest) -> BigQueryResult<()> {
         let frame = grpc_frame(request, self.gzip_level)
             .map_err(|e| BigQueryError::Inconsistent(format!("compressing an AppendRows request: {e}")))?;
+        let held = self.send_queue.hold(frame.len());
         self.progress.queued();
-        self.sender.send(frame).map_err(|_| BigQueryError::Grpc {
+        self.sender.send(QueuedFrame { frame, held }).map_err(|_| BigQueryError::Grpc {
             operation: "AppendRows",
             status: tonic::Status::unavailable("the AppendRows connection closed"),
         })

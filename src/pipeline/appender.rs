@@ -345,7 +345,11 @@ impl<'a> Appender<'a> {
             Connection::Broken(_) => Ok(()),
             Connection::Closed => {
                 let writer = self.context.bigquery.writer();
-                match writer.open_append_connection(&self.stream_name, vec![request], self.reconnecting).await {
+                let send_queue = Arc::clone(&self.context.upload_budget);
+                match writer
+                    .open_append_connection(&self.stream_name, vec![request], self.reconnecting, send_queue)
+                    .await
+                {
                     Ok(open) => {
                         self.connection = Connection::Open(Box::new(open));
                         Ok(())

@@ -11,6 +11,12 @@
 //! make room (a thousand resources with a small batch each would otherwise fill the budget
 //! with rows waiting for their flush interval). A resource that BigQuery acknowledges slowly
 //! presses only its own lane, so the other tables keep their full upload batches.
+//!
+//! The upload budget also counts each AppendRows request's compressed frame from the moment it
+//! is queued on its connection until HTTP/2 takes it to send ([`FrameCharge`]): a peer reading
+//! slowly fills the budget with frames, and new requests wait, instead of frames piling up
+//! beside it. A send never waits for room (the rows it sends are what make room): a frame
+//! charged while the budget is full is owed, and the next bytes released pay it first.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,9 +34,13 @@ const UNIT_BYTES: usize = 1024;
 pub(crate) struct ByteBudget {
     semaphore: Arc<Semaphore>,
     capacity_units: usize,
+    /// Units of frames charged while the budget had no room, not paid yet.
+    debt: Debt,
     pressure: Pressure,
     /// What the budget holds, for answers (`the upload budget`, `the receive budget`).
     name: &'static str,
+    /// The gauge of its bytes in use, when it has one.
+    gauge: Option<&'static str>,
 }
 
 /// How many requests are waiting for room in the budget (or in one resource's share). Lanes
@@ -64,10 +74,58 @@ impl Drop for WaitingRequest {
     }
 }
 
-/// Bytes held against the budget (and the resource's share); released on drop.
+/// What a budget owes: units of [`FrameCharge`]s it had no room for when they were charged.
+/// A [`BudgetPermit`] released while it owes pays the debt with its units first (forgetting
+/// them), so the charge counts as soon as anything makes room.
+#[derive(Debug, Clone, Default)]
+struct Debt(Arc<AtomicUsize>);
+
+impl Debt {
+    fn add(&self, units: usize) {
+        self.0.fetch_add(units, Ordering::AcqRel);
+    }
+
+    /// Takes up to `units` off what is owed; how many it took.
+    fn settle(&self, units: usize) -> usize {
+        let mut settled = 0;
+        let _ = self.0.fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
+            settled = owed.min(units);
+            Some(owed - settled)
+        });
+        settled
+    }
+
+    fn owed_units(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// One compressed AppendRows frame counted in the upload budget while it waits for HTTP/2 to
+/// take it ([`ByteBudget::charge_frame`]); dropping it (the transport took the frame, or the
+/// connection went away with it) gives its bytes back.
+#[derive(Debug)]
+pub(crate) struct FrameCharge {
+    budget: ByteBudget,
+    units: usize,
+}
+
+impl Drop for FrameCharge {
+    fn drop(&mut self) {
+        // What is still owed for it is no longer owed; what was paid (forgotten) comes back.
+        let unpaid = self.budget.debt.settle(self.units);
+        self.budget.semaphore.add_permits(self.units - unpaid);
+        metrics::gauge!(telemetry::APPEND_SEND_QUEUE_BYTES).decrement((self.units * UNIT_BYTES) as f64);
+        self.budget.record_gauge();
+    }
+}
+
+/// Bytes held against the budget (and the resource's share); released on drop, paying what
+/// the budget owes for frames first ([`Debt`]).
 #[derive(Debug)]
 pub(crate) struct BudgetPermit {
     permit: Option<OwnedSemaphorePermit>,
+    /// The budget `permit` is from: what it owes, its gauge.
+    budget: Option<Arc<ByteBudget>>,
     share: Option<OwnedSemaphorePermit>,
     /// The principal's share held by these bytes (`PrincipalShare`), when it has one.
     principal: Option<OwnedSemaphorePermit>,
@@ -186,7 +244,30 @@ fn units_for(bytes: usize) -> usize {
 impl ByteBudget {
     pub(crate) fn new(capacity_bytes: usize, name: &'static str) -> Self {
         let capacity_units = units_for(capacity_bytes);
-        Self { semaphore: Arc::new(Semaphore::new(capacity_units)), capacity_units, pressure: Pressure::new(), name }
+        Self {
+            semaphore: Arc::new(Semaphore::new(capacity_units)),
+            capacity_units,
+            debt: Debt::default(),
+            pressure: Pressure::new(),
+            name,
+            gauge: None,
+        }
+    }
+
+    /// Reports the bytes in use to `gauge`.
+    pub(crate) fn reporting_to(self, gauge: &'static str) -> Self {
+        Self { gauge: Some(gauge), ..self }
+    }
+
+    /// Counts `frame_bytes` of a compressed frame queued for sending until the returned charge
+    /// drops, without waiting: what the budget has free now is taken, the rest is owed.
+    pub(crate) fn charge_frame(&self, frame_bytes: usize) -> FrameCharge {
+        let units = units_for(frame_bytes);
+        let taken = self.semaphore.forget_permits(units);
+        self.debt.add(units - taken);
+        metrics::gauge!(telemetry::APPEND_SEND_QUEUE_BYTES).increment((units * UNIT_BYTES) as f64);
+        self.record_gauge();
+        FrameCharge { budget: self.clone(), units }
     }
 
     pub(crate) fn pressure(&self) -> &Pressure {
@@ -216,9 +297,10 @@ impl ByteBudget {
         .with_hint("split the data into smaller batch requests"))
     }
 
-    /// Bytes currently held by queued and in-flight payloads.
+    /// Bytes currently held by queued and in-flight payloads and by frames waiting to be sent
+    /// (above the capacity while the budget owes for frames).
     pub(crate) fn in_use_bytes(&self) -> usize {
-        (self.capacity_units - self.semaphore.available_permits()) * UNIT_BYTES
+        (self.capacity_units - self.semaphore.available_permits() + self.debt.owed_units()) * UNIT_BYTES
     }
 
     /// Waits up to `max_wait` in all for `bytes` of `share` (when given) and of the budget;
@@ -261,14 +343,17 @@ impl ByteBudget {
             Ok(Ok((permit, share))) => {
                 self.record_gauge();
                 let share_units = share.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
-                Ok(BudgetPermit { permit: Some(permit), share, principal: None, units, share_units })
+                let budget = Some(Arc::new(self.clone()));
+                Ok(BudgetPermit { permit: Some(permit), budget, share, principal: None, units, share_units })
             }
             _ => Err(backpressure(format!("{} ({} bytes)", self.name, self.capacity_bytes()), max_wait)),
         }
     }
 
     pub(crate) fn record_gauge(&self) {
-        metrics::gauge!(telemetry::BUDGET_BYTES_IN_USE).set(self.in_use_bytes() as f64);
+        if let Some(gauge) = self.gauge {
+            metrics::gauge!(gauge).set(self.in_use_bytes() as f64);
+        }
     }
 }
 
@@ -283,7 +368,7 @@ fn backpressure(what: String, waited: Duration) -> Problem {
 impl BudgetPermit {
     /// A permit holding nothing (payloads created outside the budget, e.g. in tests).
     pub(crate) fn empty() -> Self {
-        Self { permit: None, share: None, principal: None, units: 0, share_units: 0 }
+        Self { permit: None, budget: None, share: None, principal: None, units: 0, share_units: 0 }
     }
 
     /// Divides the permit among pieces of `piece_bytes` each, in order: every piece but the
@@ -315,7 +400,7 @@ impl BudgetPermit {
         self.share_units -= share_units;
         let principal_units = units.min(self.principal.as_ref().map_or(0, OwnedSemaphorePermit::num_permits));
         let principal = self.principal.as_mut().and_then(|p| p.split(principal_units));
-        BudgetPermit { permit: Some(split), share, principal, units, share_units }
+        BudgetPermit { permit: Some(split), budget: self.budget.clone(), share, principal, units, share_units }
     }
 
     /// Makes the permit hold `principal`'s share too, as much of it as the permit's bytes
@@ -354,10 +439,31 @@ impl BudgetPermit {
             }
         }
         join(&mut self.permit, other.permit.take());
+        if self.budget.is_none() {
+            self.budget = other.budget.take();
+        }
         join(&mut self.share, other.share.take());
         join(&mut self.principal, other.principal.take());
         self.units += other.units;
         self.share_units += other.share_units;
+    }
+}
+
+impl crate::bigquery::write::SendQueueAccount for ByteBudget {
+    fn hold(&self, frame_bytes: usize) -> crate::bigquery::write::SendQueueHold {
+        Box::new(self.charge_frame(frame_bytes))
+    }
+}
+
+impl Drop for BudgetPermit {
+    fn drop(&mut self) {
+        let (Some(budget), Some(mut permit)) = (self.budget.take(), self.permit.take()) else { return };
+        let paid = budget.debt.settle(permit.num_permits());
+        if let Some(paid) = permit.split(paid) {
+            paid.forget();
+        }
+        drop(permit);
+        budget.record_gauge();
     }
 }
 
@@ -397,6 +503,60 @@ mod tests {
         let problem = budget.refuse_more_than_capacity(&held, 3 * 1024).unwrap_err();
         assert_eq!(problem.code, ErrorCode::PayloadTooLarge);
         assert!(problem.detail.contains("11264 bytes of the receive budget"), "{}", problem.detail);
+    }
+
+    /// A frame charged while the budget has room takes it at once, without waiting, and gives
+    /// it back when dropped (HTTP/2 took it).
+    #[tokio::test(start_paused = true)]
+    async fn a_frame_takes_free_room_at_once_and_gives_it_back_when_taken() {
+        let budget = ByteBudget::new(10 * 1024, "the upload budget");
+        let frame = budget.charge_frame(4 * 1024);
+        assert_eq!(budget.in_use_bytes(), 4 * 1024);
+        let refused = budget.acquire(8 * 1024, None, Duration::from_secs(1)).await.unwrap_err();
+        assert_eq!(refused.code, ErrorCode::Backpressure);
+        drop(frame);
+        assert_eq!(budget.in_use_bytes(), 0);
+        assert!(budget.acquire(8 * 1024, None, Duration::from_secs(1)).await.is_ok());
+    }
+
+    /// A frame charged while the budget is full is owed: the bytes released next pay it before
+    /// a waiting request gets them, and once the frame is taken everything comes back.
+    #[tokio::test(start_paused = true)]
+    async fn a_frame_charged_while_full_is_paid_by_the_next_bytes_released() {
+        let budget = ByteBudget::new(10 * 1024, "the upload budget");
+        let payload = budget.acquire(10 * 1024, None, Duration::from_secs(1)).await.unwrap();
+        let frame = budget.charge_frame(4 * 1024);
+        assert_eq!(budget.in_use_bytes(), 14 * 1024, "the payload and the owed frame");
+        let waiter = tokio::spawn({
+            let budget = budget.clone();
+            async move { budget.acquire(8 * 1024, None, Duration::from_secs(5)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(payload);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(budget.debt.owed_units(), 0, "4 KiB of the payload paid the frame");
+        assert!(!waiter.is_finished(), "8 KiB do not fit beside the frame");
+        drop(frame);
+        let granted = waiter.await.unwrap().expect("room once the frame is taken");
+        assert_eq!(budget.in_use_bytes(), 8 * 1024);
+        drop(granted);
+        assert_eq!(budget.in_use_bytes(), 0);
+        assert_eq!(budget.semaphore.available_permits(), 10, "nothing lost");
+    }
+
+    /// A frame taken before its debt was paid owes nothing more: the payload's release later
+    /// gives all of its bytes back.
+    #[tokio::test]
+    async fn a_frame_taken_before_it_was_paid_owes_nothing() {
+        let budget = ByteBudget::new(10 * 1024, "the upload budget");
+        let payload = budget.acquire(8 * 1024, None, Duration::from_secs(1)).await.unwrap();
+        let frame = budget.charge_frame(4 * 1024);
+        assert_eq!((budget.semaphore.available_permits(), budget.debt.owed_units()), (0, 2));
+        drop(frame);
+        assert_eq!((budget.semaphore.available_permits(), budget.debt.owed_units()), (2, 0));
+        drop(payload);
+        assert_eq!(budget.semaphore.available_permits(), 10);
+        assert_eq!(budget.in_use_bytes(), 0);
     }
 
     /// A request waiting for its full share presses that resource's lane only; one waiting for

@@ -16,6 +16,7 @@ use super::admission::QueuedRows;
 use super::appender::Appender;
 use super::retry::RetryPolicy;
 use crate::bigquery::BigQuery;
+use crate::bigquery::write::SendQueueAccount;
 use crate::error::{ErrorCode, Problem};
 use crate::ingest::prepare::BodySummary;
 use crate::model::Batching;
@@ -110,6 +111,8 @@ impl LaneTarget {
 pub(crate) struct LaneContext {
     pub(crate) bigquery: BigQuery,
     pub(crate) store: Store,
+    /// The upload budget, where connections count the compressed frames they queue.
+    pub(crate) upload_budget: Arc<dyn SendQueueAccount>,
     /// Gateway-wide AppendRows requests in flight.
     pub(crate) inflight_requests: Arc<Semaphore>,
     /// Gateway-wide AppendRows connections open (`max_append_connections`).

@@ -46,6 +46,7 @@ use crate::bigquery::adaptive::AdaptiveConcurrency;
 use crate::error::Problem;
 use crate::model::{ExecutionKey, ResourceName};
 use crate::store::Store;
+use crate::telemetry;
 use accumulator::LanePressure;
 use budget::{ByteBudget, PrincipalShare, ResourceShare};
 use gate::{Lane, lock};
@@ -101,8 +102,11 @@ impl Pipeline {
             max_buffered_bytes = limits.max_buffered_bytes,
             "bigquery.write.ready"
         );
+        let budget = ByteBudget::new(limits.max_buffered_bytes, "the upload budget")
+            .reporting_to(telemetry::BUDGET_BYTES_IN_USE);
         Self {
             context: LaneContext {
+                upload_budget: Arc::new(budget.clone()),
                 bigquery,
                 store,
                 inflight_requests: Arc::new(Semaphore::new(limits.max_inflight_requests)),
@@ -112,8 +116,9 @@ impl Pipeline {
                 inflight_per_stream: limits.inflight_per_stream,
                 retry: limits.retry,
             },
-            budget: ByteBudget::new(limits.max_buffered_bytes, "the upload budget"),
-            receiving: ByteBudget::new(limits.max_receiving_bytes, "the receive budget"),
+            budget,
+            receiving: ByteBudget::new(limits.max_receiving_bytes, "the receive budget")
+                .reporting_to(telemetry::RECEIVE_BUDGET_BYTES_IN_USE),
             conversions: Arc::new(Semaphore::new(limits.max_concurrent_batch_decodes)),
             limits,
             executions: Arc::default(),
@@ -240,7 +245,6 @@ impl Pipeline {
         });
         // A closed lane has failed (and failed its execution) or was cancelled; `drain` reports why.
         let _ = lane.commands.send(LaneCommand::Rows(rows));
-        self.budget.record_gauge();
     }
 
     /// Queues every lane's accumulated rows for upload (checkpoints).
@@ -289,22 +293,18 @@ impl Pipeline {
             _ => return Vec::new(),
         };
         let lanes: Vec<(ResourceName, Lane)> = lock(&delivery_lanes.by_resource).drain().collect();
-        let budget = self.budget.clone();
         lanes
             .into_iter()
             .map(|(resource, lane)| {
                 drop(lane.commands);
                 let name = resource.clone();
-                let budget = budget.clone();
                 let drained: LaneDrain = Box::pin(async move {
-                    let report = match lane.worker.await {
+                    match lane.worker.await {
                         Ok(result) => result,
                         Err(join_error) => {
                             Err(Problem::internal(format!("upload worker of {name} stopped: {join_error}")))
                         }
-                    };
-                    budget.record_gauge();
-                    report
+                    }
                 });
                 (resource, drained)
             })

@@ -233,6 +233,60 @@ async fn a_connection_whose_peer_stops_reading_is_replaced_without_losing_or_dup
     assert!(fake.with(|s| s.connections) >= 2, "the stalled connection was replaced");
 }
 
+/// Compressed frames waiting for HTTP/2 to send them count in the upload budget: while a peer
+/// that stopped reading holds a connection's later requests (uncompressed, 1.6 MB each, more
+/// than its 1 MiB window), their frames hold the budget beside their rows, so nine batches of
+/// 1.6 MB no longer fit a 16 MiB budget (the rows alone would) and a request is answered 429.
+/// Once the connection is replaced the frames give their bytes back and every row loads once.
+#[tokio::test(flavor = "multi_thread")]
+async fn frames_waiting_to_be_sent_count_in_the_upload_budget() {
+    const BUDGET: usize = 16 * 1024 * 1024;
+    const ROWS_PER_BATCH: i64 = 100_000;
+    let fake = FakeWrite::start().await;
+    fake.with(|s| s.stall_reading_connections = 1);
+    let gw = GatewayOptions::new()
+        .fake_write(&fake)
+        .append_initial_backoff(FAST_RETRY)
+        .env("FILAMENT_APPEND_GZIP_LEVEL", "0")
+        .env("FILAMENT_APPEND_SEND_TIMEOUT_SECS", "10")
+        .env("FILAMENT_INFLIGHT_PER_STREAM", "16")
+        .env("FILAMENT_MAX_INFLIGHT_REQUESTS", "16")
+        .env("FILAMENT_MAX_BUFFERED_BYTES", &BUDGET.to_string())
+        .env("FILAMENT_MAX_BUFFERED_BYTES_PER_RESOURCE", &BUDGET.to_string())
+        .env("FILAMENT_BACKPRESSURE_WAIT_MS", "1000")
+        .spawn()
+        .await;
+    TestRun::new("run", "e").batching(json!({"max_rows": ROWS_PER_BATCH})).full_append(&["t"]).open(&gw).await;
+    let rows_of = |seq: i64| seq * ROWS_PER_BATCH..(seq + 1) * ROWS_PER_BATCH;
+    let mut refused = Vec::new();
+    let mut queued_frame_bytes = 0.0_f64;
+    for seq in 0..9 {
+        let (status, body) = gw.post_batch("run", "e", "t", Some(seq), ipc_stream(&[ids(rows_of(seq))])).await;
+        match status {
+            StatusCode::ACCEPTED => {}
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert_eq!(body["code"], "backpressure", "{body}");
+                refused.push(seq);
+            }
+            other => panic!("batch {seq}: {other} {body}"),
+        }
+        let queued = gw.metric("filament_append_send_queue_bytes").await.unwrap_or(0.0);
+        queued_frame_bytes = queued_frame_bytes.max(queued);
+    }
+    assert!(!refused.is_empty(), "nine batches of rows fit the budget only without their frames");
+    assert!(queued_frame_bytes >= 1.5e6, "frames waited to be sent: at most {queued_frame_bytes} bytes");
+    let rejected = AtomicUsize::new(0);
+    for seq in refused {
+        post_until_accepted(&gw, "t", seq, ipc_stream(&[ids(rows_of(seq))]), &rejected).await;
+    }
+    assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
+    assert_exact_stream(&fake.stream_for("_filament_stg_t_"), 0..9 * ROWS_PER_BATCH);
+    eventually(Duration::from_secs(30), "the send queue to give its bytes back", || async {
+        (gw.metric("filament_append_send_queue_bytes").await == Some(0.0)).then_some(())
+    })
+    .await;
+}
+
 /// The routing header of every Storage Write call: AppendRows names its stream as it is (as
 /// Google's Python writer and BigQuery's documentation write it), unary calls URL-encode the
 /// resource they name (as Google's Go and Java clients do).
