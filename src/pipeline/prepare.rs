@@ -17,7 +17,7 @@ use crate::bigquery::retry::{Retried, RetryClass};
 use crate::bigquery::{BigQuery, BigQueryError, table_path};
 use crate::error::{ErrorCode, Problem};
 use crate::model::staging::STAGING_TABLE_TTL;
-use crate::store::EventKind;
+use crate::store::StreamChange;
 use crate::telemetry::{LayoutMismatch, PhaseTiming};
 
 /// Prepares the lane's tables and stream under the adaptive set-up limit
@@ -78,14 +78,11 @@ async fn prepare_once(context: &LaneContext, target: &LaneTarget) -> Result<Stri
     // refusals say nothing about the table calls.
     let stream_name =
         create_pending_stream(context, target, &staging_path).await.map_err(|e| e.problem(Stage::Upload))?;
-    context.store.set_stream_name(resource, &stream_name).await?;
     let duration = started.elapsed();
-    PhaseTiming { resource: &resource.resource, phase: "prepare", duration }.emit();
     let prepared = serde_json::json!({"duration_ms": duration.as_millis() as u64, "table": target.destination_table});
-    context
-        .store
-        .record_event(&resource.delivery, EventKind::PrepareFinished, Some(&resource.resource), prepared)
-        .await;
+    let created = StreamChange::Created { stream_name: &stream_name };
+    context.store.change_stream(resource, created, prepared).await?;
+    PhaseTiming { resource: &resource.resource, phase: "prepare", duration }.emit();
     Ok(stream_name)
 }
 

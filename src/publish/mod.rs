@@ -31,7 +31,7 @@ use crate::bigquery::{BigQuery, BigQueryError, table_path};
 use crate::error::{ErrorCode, Problem};
 use crate::model::{DeliveryRef, ExecutionState, ResourceName};
 use crate::pipeline::{LaneReport, Pipeline};
-use crate::store::{EventKind, ExecutionRecord, RunRecord, Store};
+use crate::store::{EventKind, ExecutionRecord, RunRecord, Store, StreamChange};
 use crate::telemetry::{self, PhaseTiming};
 use destination::{PublishOutcome, Published};
 pub(crate) use lifecycle::{AbortOutcome, CommitStart, Committing};
@@ -238,9 +238,8 @@ impl Publisher {
             }
             Err(e) => return Err(upload_failed(e)),
         }
-        self.store.set_stream_committed(&resource).await?;
         let committed = serde_json::json!({"rows": row_count, "stream": report.stream_name});
-        self.store.record_event(delivery, EventKind::StreamCommitted, Some(&report.resource), committed).await;
+        self.store.change_stream(&resource, StreamChange::Committed, committed).await?;
         Ok(())
     }
 }

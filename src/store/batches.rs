@@ -121,22 +121,20 @@ impl Store {
             tx.rollback().await?;
             return Ok(InsertBatch::DeclarationChanged { current });
         }
-        sqlx::query(
+        // The staging row, recorded by the resource's first batch and locked by every batch (a
+        // conflict's DO UPDATE locks the row as FOR UPDATE would, and answers what it recorded):
+        // batches of one resource are numbered one at a time.
+        let (recorded_sha, recorded_schema): (String, serde_json::Value) = sqlx::query_as(
             "INSERT INTO staging_streams (run_id, execution_id, delivery, resource, arrow_schema, arrow_schema_sha256, staging_table)
              VALUES ($1, $2, $3, $4, $5, $6, $7)
-             ON CONFLICT DO NOTHING",
+             ON CONFLICT (run_id, execution_id, delivery, resource)
+                 DO UPDATE SET arrow_schema_sha256 = staging_streams.arrow_schema_sha256
+             RETURNING arrow_schema_sha256, arrow_schema",
         )
         .bind_resource(batch.resource)
         .bind(batch.arrow_schema)
         .bind(batch.arrow_schema_sha256)
         .bind(batch.staging_table)
-        .execute(&mut *tx)
-        .await?;
-        // Lock the staging row: batches of one resource are numbered one at a time.
-        let (recorded_sha, recorded_schema): (String, serde_json::Value) = sqlx::query_as(&format!(
-            "SELECT arrow_schema_sha256, arrow_schema FROM staging_streams WHERE {RESOURCE_KEY} FOR UPDATE"
-        ))
-        .bind_resource(batch.resource)
         .fetch_one(&mut *tx)
         .await?;
         if recorded_sha != batch.arrow_schema_sha256 {
@@ -227,18 +225,6 @@ impl Store {
             .await?)
     }
 
-    /// Records the PENDING stream's name as soon as it exists (before any commit).
-    pub(crate) async fn set_stream_name(&self, resource: &ResourceRef, stream_name: &str) -> StoreResult<()> {
-        sqlx::query(&format!(
-            "UPDATE staging_streams SET stream_name = $5, stream_created_at = now() WHERE {RESOURCE_KEY}"
-        ))
-        .bind_resource(resource)
-        .bind(stream_name)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
     pub(crate) async fn add_rows_acknowledged(&self, resource: &ResourceRef, rows: i64) -> StoreResult<()> {
         sqlx::query(&format!(
             "UPDATE staging_streams SET rows_acknowledged = rows_acknowledged + $5 WHERE {RESOURCE_KEY}"
@@ -254,14 +240,6 @@ impl Store {
         sqlx::query(&format!("UPDATE staging_streams SET finalized_row_count = $5 WHERE {RESOURCE_KEY}"))
             .bind_resource(resource)
             .bind(row_count)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
-    }
-
-    pub(crate) async fn set_stream_committed(&self, resource: &ResourceRef) -> StoreResult<()> {
-        sqlx::query(&format!("UPDATE staging_streams SET committed_at = now() WHERE {RESOURCE_KEY}"))
-            .bind_resource(resource)
             .execute(&self.pool)
             .await?;
         Ok(())

@@ -1,7 +1,10 @@
 //! The timeline of a delivery: events recorded as the gateway acts (delivery started, tables
 //! prepared, append retries, pause, commit started, streams committed, publication jobs, hand-
 //! overs, the end state) and read back in order by `GET .../events`. Recording is best effort:
-//! a timeline row that cannot be written is logged and the operation it describes goes on.
+//! a timeline row that cannot be written is logged and the operation it describes goes on;
+//! except a stream's events (prepared, committed), which are written by the statement that
+//! changes its staging row ([`Store::change_stream`]): one round trip, standing or falling
+//! together.
 //! None of these is per batch, so a batch costs no extra Postgres round trip, except one that
 //! waited [`BACKPRESSURE_EVENT_MIN_MS`] or more for the upload budget: its wait is recorded
 //! by a task of its own, after the request let go of what it held.
@@ -12,7 +15,7 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::{BindKey as _, Store, StoreResult};
-use crate::model::{DeliveryRef, ExecutionKey};
+use crate::model::{DeliveryRef, ExecutionKey, ResourceRef};
 
 /// Rows a delivery's timeline holds at most; the end state is recorded even beyond it.
 pub(crate) const MAX_EVENTS_PER_DELIVERY: i64 = 1000;
@@ -113,7 +116,57 @@ const RECORD_EVENT: &str = "WITH latest AS (
    AND ($4 = 'ended' OR (SELECT COUNT(*) FROM execution_events
                          WHERE run_id = $1 AND execution_id = $2 AND delivery = $3) < $8)";
 
+/// A change to a resource's staging row that its timeline records, in one statement.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum StreamChange<'a> {
+    /// Its PENDING stream exists: its name is recorded before any commit, so a commit whose
+    /// answer was lost can be resolved by asking BigQuery (`prepare_finished`).
+    Created { stream_name: &'a str },
+    /// Its stream was finalized and committed into its staging table (`stream_committed`).
+    Committed,
+}
+
+impl StreamChange<'_> {
+    /// The event, and the staging row's `SET` list over the event's parameters ($9: the stream
+    /// name).
+    fn parts(self) -> (EventKind, &'static str) {
+        match self {
+            StreamChange::Created { .. } => (EventKind::PrepareFinished, "stream_name = $9, stream_created_at = now()"),
+            StreamChange::Committed => (EventKind::StreamCommitted, "committed_at = now()"),
+        }
+    }
+}
+
 impl Store {
+    /// Changes the resource's staging row and records the change on its delivery's timeline,
+    /// in one statement (a data-modifying `WITH` runs whether or not the event is inserted).
+    pub(crate) async fn change_stream(
+        &self,
+        resource: &ResourceRef,
+        change: StreamChange<'_>,
+        detail: Value,
+    ) -> StoreResult<()> {
+        let (kind, set) = change.parts();
+        let statement = format!(
+            "WITH changed AS (UPDATE staging_streams SET {set}
+                 WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND resource = $5), {}",
+            RECORD_EVENT.strip_prefix("WITH ").unwrap_or(RECORD_EVENT)
+        );
+        let query = sqlx::query(&statement)
+            .bind_delivery(&resource.delivery)
+            .bind(kind.as_str())
+            .bind(&resource.resource)
+            .bind(&detail)
+            .bind(false)
+            .bind(MAX_EVENTS_PER_DELIVERY);
+        let query = match change {
+            StreamChange::Created { stream_name } => query.bind(stream_name),
+            StreamChange::Committed => query,
+        };
+        query.execute(&self.pool).await?;
+        Ok(())
+    }
+
     /// Records `kind` for `delivery` (and `resource`); logs and goes on when it cannot.
     pub(crate) async fn record_event(
         &self,

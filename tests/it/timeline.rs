@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use sqlx::Connection as _;
 
 use crate::support::arrow::{ids, ipc_stream};
 use crate::support::fake_write::{AppendFault, FakeWrite};
@@ -74,6 +75,17 @@ async fn the_timeline_shows_a_coalesced_retry_the_commit_and_the_end_in_order() 
         "only what is new since the cursor, in order"
     );
     assert_eq!(event(&after_commit, "stream_committed")["detail"]["rows"], 10);
+    // The stream's two events are written by the statements that change its staging row.
+    let mut db = sqlx::PgConnection::connect(&gw.database_url).await.unwrap();
+    let (stream_name, created, committed): (Option<String>, bool, bool) = sqlx::query_as(
+        "SELECT stream_name, stream_created_at IS NOT NULL, committed_at IS NOT NULL FROM staging_streams
+         WHERE run_id = 'r' AND execution_id = 'e' AND resource = 't'",
+    )
+    .fetch_one(&mut db)
+    .await
+    .unwrap();
+    let committed_stream = event(&after_commit, "stream_committed")["detail"]["stream"].as_str();
+    assert_eq!((stream_name.as_deref(), created, committed), (committed_stream, true, true));
     let published = event(&after_commit, "publication_finished");
     assert!(published["detail"]["job_id"].as_str().is_some_and(|id| id.starts_with("filament_")), "{published}");
     assert_eq!(event(&after_commit, "publication_started")["detail"]["job_id"], published["detail"]["job_id"]);
