@@ -93,10 +93,11 @@ pub(crate) struct EventRecord {
     pub(crate) detail: Value,
 }
 
-/// Coalesces into the resource's latest event when that is the same kind with the same
-/// `code` (the detail becomes the latest one's; a backpressure event's `total_ms` and
-/// `refused` are summed); otherwise inserts, within the bound (the end state always).
-const RECORD_EVENT: &str = "WITH latest AS (
+// The common table expressions of [`RECORD_EVENT`], as a literal: a statement that changes
+// state first ([`StreamChange`]) prefixes its own and stays a constant.
+macro_rules! record_event_ctes {
+    () => {
+        "latest AS (
      SELECT event_id FROM execution_events
      WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND resource IS NOT DISTINCT FROM $5
      ORDER BY event_id DESC LIMIT 1
@@ -114,7 +115,13 @@ const RECORD_EVENT: &str = "WITH latest AS (
  SELECT $1, $2, $3, $4, $5, $6
  WHERE NOT EXISTS (SELECT 1 FROM coalesced)
    AND ($4 = 'ended' OR (SELECT COUNT(*) FROM execution_events
-                         WHERE run_id = $1 AND execution_id = $2 AND delivery = $3) < $8)";
+                         WHERE run_id = $1 AND execution_id = $2 AND delivery = $3) < $8)"
+    };
+}
+/// Coalesces into the resource's latest event when that is the same kind with the same
+/// `code` (the detail becomes the latest one's; a backpressure event's `total_ms` and
+/// `refused` are summed); otherwise inserts, within the bound (the end state always).
+const RECORD_EVENT: &str = concat!("WITH ", record_event_ctes!());
 
 /// A change to a resource's staging row that its timeline records, in one statement.
 #[derive(Debug, Clone, Copy)]
@@ -127,38 +134,59 @@ pub(crate) enum StreamChange<'a> {
 }
 
 impl StreamChange<'_> {
-    /// The event, and the staging row's `SET` list over the event's parameters ($9: the stream
-    /// name).
+    /// The event, and the statement: the staging row's change (over the event's parameters,
+    /// `$9` the stream name) as a data-modifying `WITH`, which runs whether or not the event is
+    /// inserted, then the event.
     fn parts(self) -> (EventKind, &'static str) {
         match self {
-            StreamChange::Created { .. } => (EventKind::PrepareFinished, "stream_name = $9, stream_created_at = now()"),
-            StreamChange::Committed => (EventKind::StreamCommitted, "committed_at = now()"),
+            StreamChange::Created { .. } => (
+                EventKind::PrepareFinished,
+                concat!(
+                    "WITH changed AS (UPDATE staging_streams SET stream_name = $9, stream_created_at = now()
+                         WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND resource = $5), ",
+                    record_event_ctes!()
+                ),
+            ),
+            StreamChange::Committed => (
+                EventKind::StreamCommitted,
+                concat!(
+                    "WITH changed AS (UPDATE staging_streams SET committed_at = now()
+                         WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND resource = $5), ",
+                    record_event_ctes!()
+                ),
+            ),
         }
     }
 }
 
+/// `statement`'s first eight parameters, as [`RECORD_EVENT`] numbers them.
+fn bind_event<'q>(
+    statement: &'q str,
+    delivery: &'q DeliveryRef,
+    kind: EventKind,
+    resource: Option<&'q str>,
+    detail: &'q Value,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(statement)
+        .bind_delivery(delivery)
+        .bind(kind.as_str())
+        .bind(resource)
+        .bind(detail)
+        .bind(matches!(kind, EventKind::AppendRetried | EventKind::BackpressureWaited))
+        .bind(MAX_EVENTS_PER_DELIVERY)
+}
+
 impl Store {
     /// Changes the resource's staging row and records the change on its delivery's timeline,
-    /// in one statement (a data-modifying `WITH` runs whether or not the event is inserted).
+    /// in one statement.
     pub(crate) async fn change_stream(
         &self,
         resource: &ResourceRef,
         change: StreamChange<'_>,
         detail: Value,
     ) -> StoreResult<()> {
-        let (kind, set) = change.parts();
-        let statement = format!(
-            "WITH changed AS (UPDATE staging_streams SET {set}
-                 WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND resource = $5), {}",
-            RECORD_EVENT.strip_prefix("WITH ").unwrap_or(RECORD_EVENT)
-        );
-        let query = sqlx::query(&statement)
-            .bind_delivery(&resource.delivery)
-            .bind(kind.as_str())
-            .bind(&resource.resource)
-            .bind(&detail)
-            .bind(false)
-            .bind(MAX_EVENTS_PER_DELIVERY);
+        let (kind, statement) = change.parts();
+        let query = bind_event(statement, &resource.delivery, kind, Some(&resource.resource), &detail);
         let query = match change {
             StreamChange::Created { stream_name } => query.bind(stream_name),
             StreamChange::Committed => query,
@@ -175,15 +203,7 @@ impl Store {
         resource: Option<&str>,
         detail: Value,
     ) {
-        let recorded = sqlx::query(RECORD_EVENT)
-            .bind_delivery(delivery)
-            .bind(kind.as_str())
-            .bind(resource)
-            .bind(&detail)
-            .bind(matches!(kind, EventKind::AppendRetried | EventKind::BackpressureWaited))
-            .bind(MAX_EVENTS_PER_DELIVERY)
-            .execute(&self.pool)
-            .await;
+        let recorded = bind_event(RECORD_EVENT, delivery, kind, resource, &detail).execute(&self.pool).await;
         if let Err(error) = recorded {
             tracing::warn!(run_id = %delivery.run_id(), execution_id = %delivery.execution_id(), kind = kind.as_str(),
                 %error, "store.event_not_recorded");
