@@ -28,7 +28,7 @@ export FILAMENT_TOOLS_PYTHON="$PWD/$PEER_VENV/bin/python"
 # once in a worktree of its commit with a target dir of its own (FILAMENT_BENCH_PREVIOUS_MAIN
 # names another commit; `none` skips it, and many_tables then measures this build with the
 # previous main's fixed maxima instead).
-PREVIOUS_MAIN=${FILAMENT_BENCH_PREVIOUS_MAIN:-920ae14}
+PREVIOUS_MAIN=${FILAMENT_BENCH_PREVIOUS_MAIN:-9fe4a8e}
 if [ "$PREVIOUS_MAIN" != none ]; then
   commit=$(git rev-parse --short "$PREVIOUS_MAIN^{commit}")
   previous_dir="$PWD/build/previous-main/$commit"

@@ -176,6 +176,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
 
     let pipeline = Pipeline::new(bigquery.clone(), store.clone(), limits);
     let publisher = publisher(&config, &store, &bigquery, &pipeline);
+    log_write_settings(&bigquery, &limits, &publisher);
     let commits = TaskTracker::new();
     let state = Arc::new(ApiState {
         store,
@@ -219,6 +220,20 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     replica.release().await;
     tracing::info!("gateway stopped");
     Ok(())
+}
+
+/// `bigquery.write.ready`: the writer's settings and the concurrency limits in force.
+fn log_write_settings(bigquery: &BigQuery, limits: &PipelineLimits, publisher: &Publisher) {
+    tracing::info!(
+        compression = %bigquery.writer().compression(),
+        max_inflight_requests = limits.max_inflight_requests,
+        max_append_connections = limits.max_append_connections,
+        inflight_per_stream = limits.inflight_per_stream,
+        max_concurrent_prepares = limits.max_concurrent_prepares,
+        max_concurrent_publications = publisher.max_concurrent_publications,
+        max_buffered_bytes = limits.max_buffered_bytes,
+        "bigquery.write.ready"
+    );
 }
 
 /// The publication jobs' settings and their adaptive limit (starting at BigQuery's concurrent

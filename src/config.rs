@@ -254,17 +254,20 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_MAX_APPEND_CONNECTIONS", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub max_append_connections: u32,
 
-    /// The most resources creating their tables and stream at once; within it the gateway
-    /// finds the concurrency BigQuery allows (adaptive, starting at 8, shrinking on pushback).
-    #[arg(long, env = "FILAMENT_MAX_CONCURRENT_PREPARES", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=256))]
+    /// The most resources creating their tables and stream at once, gateway-wide (the product's
+    /// eight by default; docs/operations.md has a "many tables" profile that raises it). Within
+    /// it the gateway finds the concurrency BigQuery allows (adaptive, shrinking on pushback,
+    /// never above this).
+    #[arg(long, env = "FILAMENT_MAX_CONCURRENT_PREPARES", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub max_concurrent_prepares: u32,
 
-    /// The most destinations finalized, committed and published at once (one query job each;
-    /// BigQuery queues a project's queries beyond its concurrency, 100 interactive by default).
-    /// Within it the gateway finds the concurrency BigQuery allows (adaptive, starting at
-    /// BigQuery's 100, shrinking on pushback or queueing). A commit of K destinations takes
-    /// about K / the reached concurrency job durations.
-    #[arg(long, env = "FILAMENT_MAX_CONCURRENT_PUBLICATIONS", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=256))]
+    /// The most destination tables publishing at once (one query job per resource), and
+    /// streams finalized and committed at once, per commit; publication jobs gateway-wide (the
+    /// product's eight by default; docs/operations.md has a "many tables" profile that raises
+    /// it). Within it the gateway finds the concurrency BigQuery allows (adaptive, shrinking on
+    /// pushback or queueing, never above this). A commit of K tables publishes in about K / the
+    /// reached concurrency job durations.
+    #[arg(long, env = "FILAMENT_MAX_CONCURRENT_PUBLICATIONS", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub max_concurrent_publications: u32,
 
     /// gzip level of AppendRows requests (ISA-L): 1 (fastest, the default: ISA-L level 1), 2 to 9

@@ -18,6 +18,7 @@ use crate::model::WriteMode;
 use crate::model::bounds::KeyRange;
 use crate::model::table_layout::TableLayout;
 use crate::model::write_options::{DeclaredWriteOptions, Deletes, MetadataColumn, OrderByDeclaration, WriteOptions};
+use crate::publish::decide::{PublicationFacts, StatementInputs, choose_statement, statement_sql};
 use crate::publish::destination::{KeysAsCompared, string_key_columns};
 use crate::publish::sql;
 
@@ -109,47 +110,61 @@ pub fn shape(case: &Case, project: &str, dataset: &str, table: &str) -> Result<S
     let order_by = sql::key_as_named(&options.order_by, columns);
     let compared = KeysAsCompared::in_table(&destination, &string_key_columns(columns, &key), &case.key_ranges);
     let destination_ref = sql::TableRef { project, dataset, table };
-    let publication = |replace, scope| {
-        sql::publication_statement(&sql::Publication {
-            destination: destination_ref.clone(),
-            staging: sql::TableRef { project, dataset, table: &staging_table },
-            write_mode: case.write_mode,
-            columns,
-            key: &key,
-            order_by: &order_by,
-            scope,
-            key_collations: &compared.collations,
-            replace,
-            metadata: sql::LoadMetadata {
-                columns: &options.metadata_columns,
-                run_id: RUN_ID,
-                execution_id: EXECUTION_ID,
-            },
-            deletes: options.deletes,
+    let inputs = StatementInputs {
+        destination: destination_ref,
+        staging: sql::TableRef { project, dataset, table: &staging_table },
+        write_mode: case.write_mode,
+        columns,
+        key: &key,
+        order_by: &order_by,
+        compared: &compared,
+        metadata: sql::LoadMetadata { columns: &options.metadata_columns, run_id: RUN_ID, execution_id: EXECUTION_ID },
+        deletes: options.deletes,
+    };
+    // The same choice a commit makes, in every situation the write mode can publish in.
+    let statements = situations(case.write_mode, options.delete_missing)
+        .into_iter()
+        .filter_map(|facts| {
+            let choice = choose_statement(facts);
+            let shape = choice.shape(case.write_mode)?;
+            let sql = statement_sql(choice, &inputs)?;
+            Some(Statement { shape, sql, script: choice.is_script() })
         })
-    };
-    let staged = sql::MergeScope::StagedKeys(&compared.ranges);
-    let statement = |shape, sql| Statement { shape, sql, script: false };
-    let statements = match case.write_mode {
-        WriteMode::FullReplace => vec![
-            Statement { shape: "replace", sql: publication(true, staged), script: true },
-            statement("insert", publication(false, staged)),
-            statement("truncate", sql::truncate_statement(&destination_ref)),
-        ],
-        _ if options.delete_missing => vec![
-            statement("merge", publication(false, sql::MergeScope::SnapshotSegment(&compared.ranges))),
-            statement("snapshot_completion", publication(false, sql::MergeScope::SnapshotCompletion)),
-            statement("delete_missing", sql::delete_missing_statement(&destination_ref, RUN_ID, options.deletes)),
-        ],
-        WriteMode::History => vec![statement("history", publication(false, staged))],
-        mode if mode.is_merge() => vec![statement("merge", publication(false, staged))],
-        _ => vec![statement("insert", publication(false, staged))],
-    };
+        .collect();
     Ok(Shaped {
         destination: table_body(project, dataset, table, &destination),
         staging: table_body(project, dataset, &staging_table, &staging_body),
         statements,
     })
+}
+
+/// The situations a resource of `write_mode` publishes in: rows staged in the run's only
+/// segment; for `full_replace` also a later segment (it appends) and an empty replacement (it
+/// truncates); for a `delete_missing` snapshot a segment, the completing segment with rows, and
+/// a completion without rows (it deletes what the run did not send).
+fn situations(write_mode: WriteMode, delete_missing: bool) -> Vec<PublicationFacts> {
+    let staged = PublicationFacts {
+        write_mode,
+        delete_missing,
+        staged_rows: Some(1),
+        first_segment: true,
+        completes_snapshot: true,
+    };
+    if write_mode == WriteMode::FullReplace {
+        vec![
+            staged,
+            PublicationFacts { first_segment: false, ..staged },
+            PublicationFacts { staged_rows: None, ..staged },
+        ]
+    } else if delete_missing {
+        vec![
+            PublicationFacts { completes_snapshot: false, ..staged },
+            staged,
+            PublicationFacts { staged_rows: None, ..staged },
+        ]
+    } else {
+        vec![staged]
+    }
 }
 
 /// Gives the named top-level STRING columns the collation `und:ci`, as a destination created

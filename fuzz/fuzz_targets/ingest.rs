@@ -5,6 +5,7 @@
 #![no_main]
 
 use filament_bigquery::ingest::decode::BodyDecoder;
+use filament_bigquery::ingest::encode::PayloadLimits;
 use filament_bigquery::ingest::encode_payloads;
 use filament_bigquery::ingest::schema::{LoadSpec, map_schema};
 use filament_bigquery::model::WriteMode;
@@ -50,5 +51,6 @@ fuzz_target!(
     let write_mode = MODES[usize::from(chunk_hint) % MODES.len()];
     let primary_key: Vec<String> = decoded.schema.fields().iter().take(1).map(|f| f.name().clone()).collect();
     let Ok(mapped) = map_schema(&decoded.schema, LoadSpec { write_mode, primary_key: &primary_key, order_by: &[] }) else { return };
-    let _ = encode_payloads(&decoded, &mapped, MAX_PAYLOAD_BYTES);
+    let limits = PayloadLimits { max_bytes: MAX_PAYLOAD_BYTES, max_rows: 20_000 };
+    let _ = encode_payloads(&decoded, &mapped, limits);
 });

@@ -75,18 +75,38 @@ pub(crate) fn stamp_seq(payloads: &mut [AppendPayload], seq: i64) -> Result<(), 
     Ok(())
 }
 
-/// Encodes `batch` as payloads of at most `max_payload_bytes` each, splitting by rows. A single
-/// row above the budget fails with its index (`first_row` + its position in `batch`).
+/// How large one AppendRows payload may be: its encoded bytes (the request budget less the
+/// writer schema and framing) and its rows (the run's `batching.max_rows`, so that a large
+/// body is appended in requests of the run's batch size too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PayloadLimits {
+    pub max_bytes: usize,
+    pub max_rows: usize,
+}
+
+/// Encodes `batch` as payloads within `limits`, splitting by rows. A single row above the byte
+/// budget fails with its index (`first_row` + its position in `batch`).
 pub(crate) fn split_into_payloads(
     batch: &RecordBatch,
     first_row: usize,
-    max_payload_bytes: usize,
+    limits: PayloadLimits,
     out: &mut Vec<AppendPayload>,
 ) -> Result<(), IngestError> {
     let rows = batch.num_rows();
     if rows == 0 {
         return Ok(());
     }
+    let max_rows = limits.max_rows.max(1);
+    if rows > max_rows {
+        let mut offset = 0;
+        while offset < rows {
+            let length = max_rows.min(rows - offset);
+            split_into_payloads(&batch.slice(offset, length), first_row + offset, limits, out)?;
+            offset += length;
+        }
+        return Ok(());
+    }
+    let max_payload_bytes = limits.max_bytes;
     let message = record_batch_message(batch)?;
     if message.len() <= max_payload_bytes {
         out.push(AppendPayload { rows, serialized_record_batch: message, batch: Some(batch.clone()) });
@@ -105,7 +125,7 @@ pub(crate) fn split_into_payloads(
     let mut offset = 0;
     while offset < rows {
         let length = rows_per_chunk.min(rows - offset);
-        split_into_payloads(&batch.slice(offset, length), first_row + offset, max_payload_bytes, out)?;
+        split_into_payloads(&batch.slice(offset, length), first_row + offset, limits, out)?;
         offset += length;
     }
     Ok(())
@@ -141,7 +161,7 @@ mod tests {
     fn splits_below_the_budget_and_keeps_every_row_in_order() {
         let input = batch((0..1000).map(|i| format!("value-{i}-{}", "x".repeat(i % 50))).collect());
         let mut payloads = Vec::new();
-        split_into_payloads(&input, 0, 8 * 1024, &mut payloads).unwrap();
+        split_into_payloads(&input, 0, PayloadLimits { max_bytes: 8 * 1024, max_rows: 20_000 }, &mut payloads).unwrap();
         assert!(payloads.len() > 1);
         assert!(payloads.iter().all(|p| p.serialized_record_batch.len() <= 8 * 1024));
         assert_eq!(payloads.iter().map(|p| p.rows).sum::<usize>(), 1000);
@@ -157,8 +177,23 @@ mod tests {
     fn a_single_oversized_row_is_reported_with_its_index() {
         let mut values: Vec<String> = (0..10).map(|i| i.to_string()).collect();
         values[7] = "y".repeat(64 * 1024);
-        let err = split_into_payloads(&batch(values), 100, 16 * 1024, &mut Vec::new()).unwrap_err();
+        let limits = PayloadLimits { max_bytes: 16 * 1024, max_rows: 20_000 };
+        let err = split_into_payloads(&batch(values), 100, limits, &mut Vec::new()).unwrap_err();
         assert!(matches!(err, IngestError::RowTooLarge { row: 107, .. }), "{err:?}");
+    }
+
+    #[test]
+    fn a_batch_of_more_rows_than_the_run_batches_is_split_into_the_runs_batch_size() {
+        let input = batch((0..2_500).map(|i| i.to_string()).collect());
+        let mut payloads = Vec::new();
+        split_into_payloads(&input, 0, PayloadLimits { max_bytes: 8 << 20, max_rows: 1_000 }, &mut payloads).unwrap();
+        assert_eq!(payloads.iter().map(|p| p.rows).collect::<Vec<_>>(), [1_000, 1_000, 500]);
+        let decoded = read_back(&input.schema(), &payloads);
+        let ids: Vec<i64> = decoded
+            .iter()
+            .flat_map(|b| b.column(0).as_any().downcast_ref::<Int64Array>().unwrap().values().to_vec())
+            .collect();
+        assert_eq!(ids, (0..2_500).collect::<Vec<_>>());
     }
 
     #[test]

@@ -25,12 +25,12 @@ use bytes::Bytes;
 use crate::error::{ErrorCode, Problem};
 
 /// Converts every record batch of a decoded body to the staging representation and encodes it
-/// as AppendRows payloads of at most `max_payload_bytes`; fails on the first bad value or row,
-/// so nothing of a rejected body is queued.
+/// as AppendRows payloads within `limits`; fails on the first bad value or row, so nothing of a
+/// rejected body is queued.
 pub fn encode_payloads(
     body: &decode::DecodedBody,
     mapped: &schema::MappedSchema,
-    max_payload_bytes: usize,
+    limits: encode::PayloadLimits,
 ) -> Result<Vec<encode::AppendPayload>, IngestError> {
     if body.rows as u64 >= 1u64 << crate::model::staging::SEQ_SHIFT {
         return Err(IngestError::TooManyRows { rows: body.rows });
@@ -40,13 +40,13 @@ pub fn encode_payloads(
     for decoded in &body.batches {
         let batch = &decoded.batch;
         let staged = convert::to_staging(batch, mapped, first_row)?;
-        match forwardable(decoded, &staged, max_payload_bytes) {
+        match forwardable(decoded, &staged, limits) {
             Some(message) => payloads.push(encode::AppendPayload {
                 rows: staged.num_rows(),
                 serialized_record_batch: message,
                 batch: Some(staged),
             }),
-            None => encode::split_into_payloads(&staged, first_row, max_payload_bytes, &mut payloads)?,
+            None => encode::split_into_payloads(&staged, first_row, limits, &mut payloads)?,
         }
         first_row += batch.num_rows();
     }
@@ -56,13 +56,14 @@ pub fn encode_payloads(
 /// The body's own record-batch message, when it already is what the staging schema would
 /// encode: staging kept every column as received (same arrays, same order, none added) and
 /// the message fits one request. Then no byte is decoded into new buffers or encoded again.
-fn forwardable(decoded: &decode::DecodedBatch, staged: &RecordBatch, max_payload_bytes: usize) -> Option<Bytes> {
+fn forwardable(decoded: &decode::DecodedBatch, staged: &RecordBatch, limits: encode::PayloadLimits) -> Option<Bytes> {
     let message = decoded.forwardable_message.as_ref()?;
     let received = decoded.batch.columns();
     let unchanged = staged.num_rows() > 0
         && staged.num_columns() == received.len()
         && staged.columns().iter().zip(received).all(|(staged, received)| Arc::ptr_eq(staged, received));
-    (unchanged && message.len() <= max_payload_bytes).then(|| message.clone())
+    let fits = message.len() <= limits.max_bytes && staged.num_rows() <= limits.max_rows;
+    (unchanged && fits).then(|| message.clone())
 }
 
 /// Why a batch body was rejected. Every variant is the client's to fix; none is retryable.

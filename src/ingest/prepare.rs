@@ -15,7 +15,7 @@
 use bytes::Bytes;
 
 use super::decode::DecodedBody;
-use super::encode::{AppendPayload, REQUEST_FRAMING_BYTES, schema_message};
+use super::encode::{AppendPayload, PayloadLimits, REQUEST_FRAMING_BYTES, schema_message};
 use super::schema::{LoadSpec, MappedSchema, map_schema, schema_sha256};
 use super::staged_size::{StagedSize, staged_size};
 use super::{IngestError, bounds, encode_payloads};
@@ -67,6 +67,8 @@ pub(crate) struct BodySummary {
     pub(crate) serialized_schema: Bytes,
     /// The largest payload one AppendRows request takes beside its writer schema and framing.
     pub(crate) max_payload_bytes: usize,
+    /// The most rows of one AppendRows request: the run's batch size.
+    pub(crate) max_payload_rows: usize,
     /// The declared table options resolved against this schema.
     pub(crate) destination_layout: TableLayout,
 }
@@ -83,12 +85,14 @@ pub(crate) struct EncodedBody {
 }
 
 /// Step 1 (see the module documentation): checks `body` against `declared` and sizes its
-/// staged form; `seq` is the request's (keyed modes stage it in 32 bits).
+/// staged form; `seq` is the request's (keyed modes stage it in 32 bits); `max_payload_rows`
+/// the run's batch size, which no AppendRows request of the body exceeds.
 pub(crate) fn prepare(
     body: DecodedBody,
     declared: Declaration<'_>,
     seq: Option<i64>,
     limits: &BatchLimits,
+    max_payload_rows: usize,
 ) -> Result<PreparedBatch, Problem> {
     let spec =
         LoadSpec { write_mode: declared.write_mode, primary_key: declared.primary_key, order_by: declared.order_by };
@@ -121,6 +125,7 @@ pub(crate) fn prepare(
         mapped,
         serialized_schema,
         max_payload_bytes,
+        max_payload_rows,
         destination_layout,
     };
     Ok(PreparedBatch { body, summary, staged })
@@ -141,7 +146,8 @@ impl PreparedBatch {
     /// nothing of a rejected body is queued.
     pub(crate) fn encode(self) -> Result<(EncodedBody, BodySummary), IngestError> {
         let Self { body, summary, .. } = self;
-        let payloads = encode_payloads(&body, &summary.mapped, summary.max_payload_bytes)?;
+        let limits = PayloadLimits { max_bytes: summary.max_payload_bytes, max_rows: summary.max_payload_rows };
+        let payloads = encode_payloads(&body, &summary.mapped, limits)?;
         let stages_seq = summary.mapped.stages_seq;
         let key_ranges = stages_seq.then(|| bounds::key_ranges(&payloads, &summary.mapped));
         Ok((EncodedBody { payloads, rows: body.rows, stages_seq, key_ranges }, summary))

@@ -24,6 +24,7 @@ use crate::ingest::prepare::{BatchLimits, BodySummary, Declaration, PreparedBatc
 use crate::model::bounds::KeyRange;
 use crate::model::staging::staging_table_name;
 use crate::model::{ExecutionState, ResourceRef};
+use crate::pipeline::lane::BatchingPolicy;
 use crate::pipeline::{Admission, Converting, DeliveryLanes, LaneTarget, Pipeline, ReservedBatch};
 use crate::principals::Principal;
 use crate::replica::{Owned, Replica};
@@ -192,7 +193,9 @@ impl Intake<'_> {
             order_by: &declared.write_options.order_by,
             table_options: declared.table_options.as_ref(),
         };
-        let prepared = prepare(body, declaration, seq, &self.limits)?;
+        // The run's batch size also bounds the requests of one large body.
+        let max_payload_rows = BatchingPolicy::new(&loaded.target.run.batching, usize::MAX).max_rows;
+        let prepared = prepare(body, declaration, seq, &self.limits, max_payload_rows)?;
         let summary = prepared.summary();
         if let Some(seq) = seq
             && let Some(existing) = self.store.find_receipt(&loaded.resource, seq).await?

@@ -46,6 +46,20 @@ pub enum WriteMode {
 }
 
 impl WriteMode {
+    /// Every write mode, in declaration order.
+    #[cfg(test)]
+    pub(crate) const ALL: [WriteMode; 9] = [
+        WriteMode::FullReplace,
+        WriteMode::FullAppend,
+        WriteMode::FullUpsert,
+        WriteMode::IncrementalAppend,
+        WriteMode::IncrementalUpsert,
+        WriteMode::IncrementalDelete,
+        WriteMode::CdcAppend,
+        WriteMode::CdcMerge,
+        WriteMode::History,
+    ];
+
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             WriteMode::FullReplace => "full_replace",

@@ -14,9 +14,9 @@
 //! - `max_append_connections` (1,000): AppendRows connections open at once; a lane takes one
 //!   before its first request and gives it back once idle (BigQuery limits concurrent
 //!   connections per project).
-//! - `max_concurrent_prepares` (64): the most resources creating tables and streams at once,
+//! - `max_concurrent_prepares` (8): the most resources creating tables and streams at once,
 //!   separate from lanes so new tables get set up while established ones upload; within it the
-//!   adaptive limit ([`crate::bigquery::adaptive`]) finds what BigQuery allows.
+//!   adaptive limit ([`crate::bigquery::adaptive`]) finds what BigQuery allows, never more.
 //!
 //! The API admits each batch with [`Pipeline::admit`], hands it to [`Pipeline::enqueue`], asks
 //! for [`Pipeline::flush`] at checkpoints, and commit calls [`Pipeline::drain_each`], receiving
@@ -93,15 +93,6 @@ pub(crate) struct Pipeline {
 
 impl Pipeline {
     pub(crate) fn new(bigquery: BigQuery, store: Store, limits: PipelineLimits) -> Self {
-        tracing::info!(
-            compression = %bigquery.writer().compression(),
-            max_inflight_requests = limits.max_inflight_requests,
-            max_append_connections = limits.max_append_connections,
-            inflight_per_stream = limits.inflight_per_stream,
-            max_concurrent_prepares = limits.max_concurrent_prepares,
-            max_buffered_bytes = limits.max_buffered_bytes,
-            "bigquery.write.ready"
-        );
         let budget = ByteBudget::new(limits.max_buffered_bytes, "the upload budget")
             .reporting_to(telemetry::BUDGET_BYTES_IN_USE);
         Self {

@@ -46,6 +46,8 @@ struct PrincipalEntry {
     token_sha256: Vec<String>,
     #[serde(default)]
     google_service_accounts: Vec<String>,
+    /// Optional for a principal that only reads (no `write`, `commit` or `abort`).
+    #[serde(default)]
     destinations: Vec<String>,
     run_id_prefix: Option<String>,
     actions: Option<Vec<String>>,
@@ -94,7 +96,20 @@ fn check(entry: PrincipalEntry, reserved_default: bool) -> Result<Principal, Str
     if entry.token_sha256.is_empty() && google_service_accounts.is_empty() {
         return Err(within("needs a token_sha256 or a google_service_accounts entry to be usable"));
     }
-    if entry.destinations.is_empty() {
+    let actions = match &entry.actions {
+        None => Actions::default_for_principal(),
+        Some(names) => names
+            .iter()
+            .map(|a| {
+                Action::parse(a)
+                    .ok_or_else(|| within(&format!("unknown action {a:?} (write, commit, abort, read, read_all)")))
+            })
+            .collect::<Result<Actions, _>>()?,
+    };
+    // A principal that may change a run needs somewhere to write; one that only reads (a
+    // dashboard, an operator's console) does not.
+    let changes_runs = [Action::Write, Action::Commit, Action::Abort].into_iter().any(|a| actions.contains(a));
+    if changes_runs && entry.destinations.is_empty() {
         return Err(within("destinations is empty: it could write nowhere"));
     }
     let destinations = entry
@@ -111,16 +126,6 @@ fn check(entry: PrincipalEntry, reserved_default: bool) -> Result<Principal, Str
             "run_id_prefix must be 1 to {MAX_RUN_ID_PREFIX_CHARS} letters, digits, `-` or `_` (a run id starts with it, and generated ids need room after it)"
         )));
     }
-    let actions = match &entry.actions {
-        None => Actions::default_for_principal(),
-        Some(names) => names
-            .iter()
-            .map(|a| {
-                Action::parse(a)
-                    .ok_or_else(|| within(&format!("unknown action {a:?} (write, commit, abort, read, read_all)")))
-            })
-            .collect::<Result<Actions, _>>()?,
-    };
     Ok(Principal {
         name,
         token_sha256,
@@ -232,5 +237,23 @@ mod tests {
         let no_credential = "[[principal]]\nname = \"a\"\ndestinations = [\"p.d\"]\n";
         assert!(parse(no_credential, true).unwrap_err().message.contains("usable"));
         assert!(parse(&entry("a", "max_buffered_bytes = 0"), true).unwrap_err().message.contains("at least 1"));
+    }
+
+    #[test]
+    fn a_principal_that_only_reads_needs_no_destinations() {
+        let reader = |actions: &str| {
+            format!("[[principal]]\nname = \"ops\"\ntoken_sha256 = [\"{DIGEST}\"]\nactions = [{actions}]\n")
+        };
+        let principals = parse(&reader("\"read_all\""), true).expect("a read-only principal loads");
+        assert!(principals[0].may(Action::ReadAll) && principals[0].destinations.is_empty());
+        assert!(parse(&reader("\"read\", \"read_all\""), true).is_ok());
+        let empty = "[[principal]]\nname = \"ops\"\ntoken_sha256 = [\"x\"]\ndestinations = []\nactions = [\"read\"]\n";
+        assert!(parse(&empty.replace("\"x\"", &format!("\"{DIGEST}\"")), true).is_ok());
+        for changing in ["\"write\"", "\"commit\"", "\"abort\"", "\"read\", \"commit\""] {
+            let refused = parse(&reader(changing), true).unwrap_err();
+            assert!(refused.message.contains("destinations is empty: it could write nowhere"), "{changing}: {refused}");
+        }
+        let default_actions = format!("[[principal]]\nname = \"a\"\ntoken_sha256 = [\"{DIGEST}\"]\n");
+        assert!(parse(&default_actions, true).unwrap_err().message.contains("could write nowhere"));
     }
 }

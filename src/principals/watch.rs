@@ -65,10 +65,25 @@ impl PrincipalSources {
     }
 }
 
-/// Reloads the principals when the file changes or on SIGHUP, until `stop`.
-pub(crate) async fn keep_current(sources: PrincipalSources, principals: Principals, stop: CancellationToken) {
-    // Taken before anything else: without a handler, SIGHUP would end the process.
-    let mut hangups = hangup_signals();
+/// Reloads the principals when the file changes or on SIGHUP, until `stop`. The SIGHUP handler
+/// is installed here, before the returned future is spawned: installed inside the task, a
+/// SIGHUP that came before the task first ran (a loaded machine, the gateway already serving)
+/// would end the process, SIGHUP's default action.
+pub(crate) fn keep_current(
+    sources: PrincipalSources,
+    principals: Principals,
+    stop: CancellationToken,
+) -> impl Future<Output = ()> + Send + 'static {
+    let hangups = hangup_signals();
+    watch_until_stopped(sources, principals, stop, hangups)
+}
+
+async fn watch_until_stopped(
+    sources: PrincipalSources,
+    principals: Principals,
+    stop: CancellationToken,
+    mut hangups: Hangups,
+) {
     let Some(path) = sources.file.clone() else {
         // Nothing to reload (FILAMENT_API_TOKENS only): a SIGHUP is noted and changes nothing.
         loop {

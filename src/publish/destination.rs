@@ -1,12 +1,17 @@
 //! Publishing one destination table: its planned publications one after another, each one
 //! query job under a deterministic job id, unless this execution already published the same
 //! content (a redelivery, decided by [`reconcile`]). The fingerprint and job id are recorded
-//! before the job is submitted.
+//! before the job is submitted. What runs is decided in [`super::decide`]; this module fetches
+//! the destination's facts the decision needs and executes it.
 
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::decide::{self, PublicationResult, PublishOutcome, StatementChoice};
 use super::plan::{DestinationPlan, PlannedPublication};
 use super::reconcile::{Reconciled, reconcile};
 use super::{Publisher, fingerprint, job_id, sql};
-use std::time::{Duration, Instant};
 
 use google_cloud_bigquery_v2::model::Table;
 
@@ -15,37 +20,17 @@ use crate::bigquery::collation::{collated_columns, own_collations};
 use crate::bigquery::error::Stage;
 use crate::bigquery::jobs::{JobOutcome, QueryJob};
 use crate::bigquery::metadata::missing_columns;
-use crate::bigquery::retry::{Backoff, Retried, RetryClass};
-use crate::error::{ErrorCode, Problem};
+use crate::bigquery::retry::{Backoff, Retried};
+use crate::error::Problem;
+use crate::model::DeliveryRef;
 use crate::model::bounds::{KeyRange, KeyValue, covering_ranges};
 use crate::model::columns::{BigQueryType, Collation, Column};
-use crate::model::{DeliveryRef, ResourceName, WriteMode};
 use crate::pipeline::LaneReport;
 use crate::store::{EventKind, NewPublication, PublicationEnd, ResourceRecord, RunRecord};
 use crate::telemetry::{self, PublishTiming};
 
-/// Attempts of one publication (the first included) when its jobs fail in passing.
-const MAX_PUBLICATION_ATTEMPTS: u32 = 4;
 /// Delays before the next attempt: about 1, 2 and 4 s.
 const PUBLICATION_BACKOFF: Backoff = Backoff::new(Duration::from_millis(1400), Duration::from_secs(30));
-
-/// How one publication ended when it did not fail for good.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) enum PublishOutcome {
-    /// Done now, earlier (a redelivery), or nothing to publish.
-    Published,
-    /// We lost track of the job (timeout, BigQuery unreachable): it may still finish. Its
-    /// record stays `running`, so a redelivery re-attaches to it under the same job id.
-    Unfinished(Problem),
-}
-
-/// One publication's result, with the staging table it read (to delete).
-#[derive(Debug)]
-pub(super) struct Published {
-    pub(super) resource: ResourceName,
-    pub(super) staging_table: Option<String>,
-    pub(super) outcome: Result<PublishOutcome, Problem>,
-}
 
 /// A keyed publication's key ranges and collations, as the destination compares its keys.
 #[derive(Debug, Clone, PartialEq)]
@@ -109,17 +94,6 @@ impl PublicationJob<'_> {
     }
 }
 
-/// Whether a failed job may succeed when run again under a new job id: it failed (BigQuery ran
-/// it) for a passing reason or for its rate limits.
-fn reruns(error: &BigQueryError) -> bool {
-    // `jobs.insert` refused (429, `rateLimitExceeded`) created no job: running it again under
-    // the next id cannot run the statement twice.
-    let refused_before_running = matches!(error, BigQueryError::Rest { operation: "jobs.insert", .. })
-        && RetryClass::of(error) == RetryClass::Pushback;
-    refused_before_running
-        || (matches!(error, BigQueryError::JobFailed { .. }) && RetryClass::of(error) != RetryClass::Permanent)
-}
-
 /// What a publication writes into its destination.
 struct Statement<'a> {
     /// The staged rows, or `None` for an empty replacement (a truncation).
@@ -135,21 +109,18 @@ impl Publisher {
         run: &RunRecord,
         delivery: &DeliveryRef,
         destination: DestinationPlan<'_>,
-    ) -> Vec<Published> {
+    ) -> Vec<PublicationResult> {
         let mut results = Vec::with_capacity(destination.publications.len());
         let mut blocked = false;
         for planned in destination.publications {
             let outcome = if blocked {
-                Err(Problem::new(
-                    ErrorCode::PublicationFailed,
-                    format!("not published: an earlier publication into table {} failed", destination.table),
-                ))
+                Err(decide::blocked_by_earlier(destination.table))
             } else {
                 self.publish(run, delivery, planned).await
             };
-            blocked |= !matches!(outcome, Ok(PublishOutcome::Published));
+            blocked |= !matches!(outcome, Ok(PublishOutcome::Done));
             let staging_table = planned.staged.map(|report| report.staging_table.clone());
-            results.push(Published { resource: planned.resource.resource.clone(), staging_table, outcome });
+            results.push(PublicationResult { resource: planned.resource.resource.clone(), staging_table, outcome });
         }
         results
     }
@@ -171,7 +142,7 @@ impl Publisher {
                     resource = %resource.resource, %job_id,
                     "redelivered execution staged the same content; reusing its publication");
                 metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "reused").increment(1);
-                return Ok(PublishOutcome::Published);
+                return Ok(PublishOutcome::Done);
             }
             Reconciled::Refuse(problem) => return Err(problem),
         }
@@ -180,7 +151,7 @@ impl Publisher {
                 let job = PublicationJob { run, delivery, resource, fingerprint, statement };
                 self.run_and_record(&job).await
             }
-            None => Ok(PublishOutcome::Published),
+            None => Ok(PublishOutcome::Done),
         }
     }
 
@@ -220,9 +191,9 @@ impl Publisher {
         Ok((fingerprint, ranges))
     }
 
-    /// The statement to run, or `None` when there is nothing to do: no staged rows, no
-    /// replacement and no snapshot to complete, or an empty replacement of a table that does
-    /// not exist.
+    /// The statement to run ([`decide::choose_statement`]), with the destination's facts it
+    /// needs fetched first; `None` when there is nothing to do (nothing staged, no replacement
+    /// and no snapshot to complete, or a truncation or deletion of a table that does not exist).
     async fn statement<'a>(
         &self,
         run: &RunRecord,
@@ -231,57 +202,64 @@ impl Publisher {
         key_ranges: &[KeyRange],
     ) -> Result<Option<Statement<'a>>, Problem> {
         let resource = planned.resource;
-        // full_replace: the run's first segment replaces the table (even with no rows); a
-        // segment that follows a committed execution appends.
-        let replace = resource.write_mode == WriteMode::FullReplace && planned.first_segment;
         let options = &resource.write_options;
-        let snapshot_end = options.delete_missing && planned.completes_snapshot;
+        let choice = decide::choose_statement(decide::PublicationFacts {
+            write_mode: resource.write_mode,
+            delete_missing: options.delete_missing,
+            staged_rows: planned.staged.map(|report| report.rows_acknowledged),
+            first_segment: planned.first_segment,
+            completes_snapshot: planned.completes_snapshot,
+        });
         let (project, dataset) = (&run.destination.project, &run.destination.dataset);
         let destination = sql::TableRef { project, dataset, table: &resource.table_name };
-        let report = match planned.staged {
-            Some(report) if report.rows_acknowledged > 0 || replace => report,
-            staged => {
-                let sql = if snapshot_end {
-                    self.prepare_snapshot_end(&destination, resource)
-                        .await?
-                        .then(|| sql::delete_missing_statement(&destination, delivery.run_id(), options.deletes))
-                } else if staged.is_none() && replace {
-                    let exists = self.bigquery.table_fields(project, dataset, &resource.table_name).await;
-                    let exists = exists.map_err(|e| e.problem(Stage::Publication))?.is_some();
-                    exists.then(|| sql::truncate_statement(&destination))
-                } else {
-                    None
-                };
-                return Ok(sql.map(|sql| Statement { staged: None, sql }));
-            }
+        if choice.needs_existing_destination() && !self.destination_ready(&destination, resource, choice).await? {
+            return Ok(None);
+        }
+        let staged = match choice {
+            StatementChoice::FromStaging { .. } => planned.staged,
+            _ => None,
         };
-        let columns = &report.destination_columns;
+        let no_columns: &[Column] = &[];
+        let columns = staged.map_or(no_columns, |report| report.destination_columns.as_slice());
         let key = sql::key_as_named(&resource.primary_key, columns);
         let order_by = sql::key_as_named(&options.order_by, columns);
-        let compared = self.keys_as_compared(&destination, columns, &key, key_ranges).await?;
-        let scope = match (options.delete_missing, snapshot_end) {
-            (_, true) => sql::MergeScope::SnapshotCompletion,
-            (true, false) => sql::MergeScope::SnapshotSegment(&compared.ranges),
-            (false, _) => sql::MergeScope::StagedKeys(&compared.ranges),
+        let compared = match staged {
+            Some(_) => self.keys_as_compared(&destination, columns, &key, key_ranges).await?,
+            None => KeysAsCompared { ranges: Vec::new(), collations: Vec::new() },
         };
-        let sql = sql::publication_statement(&sql::Publication {
-            destination,
-            staging: sql::TableRef { project, dataset, table: &report.staging_table },
+        let staging_table = staged.map_or("", |report| report.staging_table.as_str());
+        let inputs = decide::StatementInputs {
+            destination: destination.clone(),
+            staging: sql::TableRef { project, dataset, table: staging_table },
             write_mode: resource.write_mode,
             columns,
             key: &key,
             order_by: &order_by,
-            scope,
-            key_collations: &compared.collations,
-            replace,
+            compared: &compared,
             metadata: sql::LoadMetadata {
                 columns: &options.metadata_columns,
                 run_id: delivery.run_id(),
                 execution_id: delivery.execution_id(),
             },
             deletes: options.deletes,
-        });
-        Ok(Some(Statement { staged: Some(report), sql }))
+        };
+        Ok(decide::statement_sql(choice, &inputs).map(|sql| Statement { staged, sql }))
+    }
+
+    /// Whether the destination of a truncation or a snapshot's deletion exists; before the
+    /// deletion, with the columns it reads added.
+    async fn destination_ready(
+        &self,
+        destination: &sql::TableRef<'_>,
+        resource: &ResourceRecord,
+        choice: StatementChoice,
+    ) -> Result<bool, Problem> {
+        if choice == StatementChoice::DeleteMissing {
+            return self.prepare_snapshot_end(destination, resource).await;
+        }
+        let (project, dataset, table) = (destination.project, destination.dataset, destination.table);
+        let exists = self.bigquery.table_fields(project, dataset, table).await;
+        Ok(exists.map_err(|e| e.problem(Stage::Publication))?.is_some())
     }
 
     /// Before a snapshot completes without rows of its own: whether the destination exists,
@@ -337,12 +315,10 @@ impl Publisher {
         Ok(compared)
     }
 
-    /// Runs the publication's job, and after a failure in passing (BigQuery's passing reasons,
-    /// its rate limits, a DML conflict) runs it again under the next attempt's job id, after the
-    /// shared backoff, up to [`MAX_PUBLICATION_ATTEMPTS`], or while BigQuery's pushback has
-    /// lasted less than `quota_wait` (a quota slows a publication down, it does not fail it).
-    /// Each attempt's job id and the fingerprint are recorded before its job is submitted, and
-    /// each job runs under the adaptive publication limit.
+    /// Runs the publication's job, and runs it again under the next attempt's job id, after the
+    /// shared backoff, while [`decide::runs_again`] says so (BigQuery's passing reasons, its rate
+    /// limits, a DML conflict). Each attempt's job id and the fingerprint are recorded before its
+    /// job is submitted, and each job runs under the adaptive publication limit.
     async fn run_and_record(&self, job: &PublicationJob<'_>) -> Result<PublishOutcome, Problem> {
         let mut attempt = 1;
         let first_started = Instant::now();
@@ -360,7 +336,7 @@ impl Publisher {
             let started = Instant::now();
             let outcome = self.publications.run(self.submit(job, &job_id)).await;
             match outcome {
-                Err(e) if reruns(&e) && (attempt < MAX_PUBLICATION_ATTEMPTS || self.waits_out(&e, first_started)) => {
+                Err(e) if decide::runs_again(&e, attempt, first_started.elapsed(), self.quota_wait) => {
                     let delay = PUBLICATION_BACKOFF.delay(attempt);
                     Retried::emit_failed_call("query job", &job.resource.resource, &e, attempt, Some(delay), None);
                     tokio::time::sleep(delay).await;
@@ -369,11 +345,6 @@ impl Publisher {
                 outcome => return self.record_outcome(job, &job_id, outcome, started.elapsed()).await,
             }
         }
-    }
-
-    /// Whether a publication BigQuery has pushed back on since `first_started` waits longer.
-    fn waits_out(&self, error: &BigQueryError, first_started: Instant) -> bool {
-        RetryClass::of(error) == RetryClass::Pushback && first_started.elapsed() < self.quota_wait
     }
 
     /// Submits the attempt's job and waits for it.
@@ -427,7 +398,7 @@ impl Publisher {
                 let done = PublicationEnd::Done { rows_affected: outcome.rows_affected, cost: &outcome.cost };
                 self.store.finish_publication(execution, name, done).await?;
                 metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "done").increment(1);
-                Ok(PublishOutcome::Published)
+                Ok(PublishOutcome::Done)
             }
             Err(e) if e.is_retryable() => {
                 tracing::warn!(run_id = %job.delivery.run_id(), execution_id = %job.delivery.execution_id(),

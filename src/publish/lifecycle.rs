@@ -97,8 +97,8 @@ impl Publisher {
     }
 
     /// Aborts the delivery unless its commit began publishing: its lanes are cancelled, and
-    /// its staging tables deleted in the background (those of a committing delivery stay until
-    /// they expire: a publication job may still be reading them).
+    /// its staging tables deleted in the background. Those of a committing delivery are deleted
+    /// by its commit, which stops before the barrier (it may be committing streams meanwhile).
     pub(crate) async fn abort(
         &self,
         transitioning: Transitioning,

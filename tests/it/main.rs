@@ -9,6 +9,7 @@ mod support;
 mod adaptive_concurrency;
 mod append_connections;
 mod append_e2e;
+mod commit_order;
 mod console;
 mod errors;
 mod fidelity;
@@ -21,7 +22,7 @@ mod live_bigquery;
 mod operations;
 mod operator_cli;
 mod pipeline;
-mod pipelined_commit;
+
 mod principals;
 mod publication;
 mod publication_cost;

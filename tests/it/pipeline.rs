@@ -260,10 +260,16 @@ async fn frames_waiting_to_be_sent_count_in_the_upload_budget() {
     let rows_of = |seq: i64| seq * ROWS_PER_BATCH..(seq + 1) * ROWS_PER_BATCH;
     let mut refused = Vec::new();
     let mut queued_frame_bytes = 0.0_f64;
+    let mut accepted = 0;
     for seq in 0..9 {
         let (status, body) = gw.post_batch("run", "e", "t", Some(seq), ipc_stream(&[ids(rows_of(seq))])).await;
         match status {
-            StatusCode::ACCEPTED => {}
+            StatusCode::ACCEPTED => {
+                // Its request (and frame) exists before the next batch asks for room: otherwise
+                // the next batch could be admitted against the rows alone, as if frames were free.
+                accepted += 1;
+                requests_handed_to_connections(&gw, accepted, ROWS_PER_BATCH).await;
+            }
             StatusCode::TOO_MANY_REQUESTS => {
                 assert_eq!(body["code"], "backpressure", "{body}");
                 refused.push(seq);
@@ -283,6 +289,17 @@ async fn frames_waiting_to_be_sent_count_in_the_upload_budget() {
     assert_exact_stream(&fake.stream_for("_filament_stg_t_"), 0..9 * ROWS_PER_BATCH);
     eventually(Duration::from_secs(30), "the send queue to give its bytes back", || async {
         (gw.metric("filament_append_send_queue_bytes").await == Some(0.0)).then_some(())
+    })
+    .await;
+}
+
+/// Waits until `count` AppendRows requests of `rows_per_request` rows were handed to a
+/// connection (in flight now, or already acknowledged).
+async fn requests_handed_to_connections(gw: &Gateway, count: i64, rows_per_request: i64) {
+    eventually(Duration::from_secs(5), "the lane to hand its requests to the connection", || async {
+        let in_flight = gw.metric("filament_appends_in_flight").await.unwrap_or(0.0) as i64;
+        let acknowledged = gw.metric("filament_rows_appended_total").await.unwrap_or(0.0) as i64 / rows_per_request;
+        (in_flight + acknowledged >= count).then_some(())
     })
     .await;
 }
@@ -541,4 +558,36 @@ async fn recorded_streams(gw: &Gateway) -> i64 {
         .fetch_one(&mut db)
         .await
         .unwrap()
+}
+
+/// The run's batch size bounds every AppendRows request, also those of one body larger than it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_of_more_rows_than_the_runs_batch_size_is_appended_in_requests_of_that_size() {
+    let fake = FakeWrite::start().await;
+    let gw = GatewayOptions::new().fake_write(&fake).spawn().await;
+    TestRun::new("run", "e").batching(json!({"max_rows": 1000})).full_append(&["t"]).open(&gw).await;
+    post_ids(&gw, "t", 0..2500).await;
+    assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
+    let stream = fake.stream_for("_filament_stg_t_");
+    assert_exact_stream(&stream, 0..2500);
+    let rows_per_request: Vec<usize> = stream.appends.iter().map(|(_, rows)| *rows).collect();
+    assert_eq!(rows_per_request, [1000, 1000, 500]);
+}
+
+/// `bigquery.write.timing` of an operation shorter than a second is DEBUG, of a longer one
+/// INFO: at the default `info` level only the slow ones are logged.
+#[tokio::test(flavor = "multi_thread")]
+async fn only_operations_of_a_second_or_more_log_their_timing_at_info() {
+    let fake = FakeWrite::start().await;
+    fake.with(|s| s.table_delays.push(("_filament_stg_slow_".into(), Duration::from_millis(1500))));
+    let gw = GatewayOptions::new().fake_write(&fake).env("RUST_LOG", "info").spawn().await;
+    TestRun::new("run", "e").full_append(&["slow", "fast"]).open(&gw).await;
+    post_ids(&gw, "slow", 0..5).await;
+    post_ids(&gw, "fast", 0..5).await;
+    assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
+    let logs = gw.logs();
+    let appends: Vec<&str> =
+        logs.lines().filter(|l| l.contains("bigquery.write.timing") && l.contains("phase=\"append\"")).collect();
+    assert!(appends.iter().any(|l| l.contains("resource=slow") && l.contains("INFO")), "{appends:?}");
+    assert!(!appends.iter().any(|l| l.contains("resource=fast")), "a fast append logs at DEBUG: {appends:?}");
 }

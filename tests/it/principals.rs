@@ -26,13 +26,14 @@ impl Tokens {
     }
 
     /// `acme` writes to `filament-demo.acme_*` with runs named `acme-*`; `other` writes
-    /// anywhere in the project; `reader` only reads its own runs; `operator` reads every run.
+    /// anywhere in the project; `reader` only reads its own runs; `operator` reads every run and,
+    /// writing nowhere, names no destination.
     fn entries(&self) -> Vec<String> {
         vec![
             entry("acme", &[&self.acme], "destinations = [\"filament-demo.acme_*\"]\nrun_id_prefix = \"acme-\""),
             entry("other", &[&self.other], "destinations = [\"filament-demo.*\"]"),
             entry("reader", &[&self.reader], "destinations = [\"filament-demo.*\"]\nactions = [\"read\"]"),
-            entry("operator", &[&self.operator], "destinations = [\"none.none\"]\nactions = [\"read_all\"]"),
+            entry("operator", &[&self.operator], "actions = [\"read_all\"]"),
         ]
     }
 }

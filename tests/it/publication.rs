@@ -31,8 +31,8 @@ async fn post_to_twelve_tables(gw: &Gateway) {
 }
 
 /// Twelve destinations, each job running 3 s: at most `maximum` run at once, and the first
-/// `at_first` start before any ends (the adaptive limit starts at eight and grows only as
-/// jobs end; `FILAMENT_MAX_CONCURRENT_PUBLICATIONS` caps it).
+/// `at_first` start before any ends (the adaptive limit starts at
+/// `FILAMENT_MAX_CONCURRENT_PUBLICATIONS`, 8 by default, and never goes above it).
 async fn destinations_publish_at_once(setting: Option<&str>, at_first: usize, maximum: usize) {
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
     let fake = FakeWrite::start().await;
@@ -79,14 +79,15 @@ async fn running_jobs_are_awaited_with_one_long_poll_each() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn every_destination_publishes_at_once_at_first() {
-    // The publication limit starts at BigQuery's 100 concurrent queries.
-    destinations_publish_at_once(None, 12, 12).await;
+async fn eight_destinations_publish_at_once_by_default() {
+    // The product's eight: the publication limit starts at its maximum and never exceeds it.
+    destinations_publish_at_once(None, 8, 8).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_most_publications_at_once_is_configurable() {
     destinations_publish_at_once(Some("4"), 4, 4).await;
+    destinations_publish_at_once(Some("12"), 12, 12).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -155,6 +156,44 @@ async fn a_failed_job_is_surfaced_on_redelivery_without_a_new_job() {
     assert_eq!(again["error"]["code"], "publication_failed", "{again}");
     assert!(again["error"]["hint"].as_str().unwrap().contains("new execution"), "{again}");
     assert_eq!(proxy.queries().len(), 1, "no second job for a recorded failure");
+}
+
+/// A job the gateway stopped waiting for may still run: its staging table is kept (the job
+/// reads it), and a redelivery of the execution re-attaches to that job under the same id
+/// instead of running the statement again under a new one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_that_may_still_run_keeps_its_staging_table_and_a_redelivery_reattaches_to_it() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    let fake = FakeWrite::start().await;
+    let gw = GatewayOptions::new()
+        .rest_proxy(&proxy)
+        .fake_write(&fake)
+        .env("FILAMENT_QUERY_JOB_TIMEOUT_SECS", "2")
+        .spawn()
+        .await;
+    TestRun::new("r", "e").full_append(&["t"]).open(&gw).await;
+    gw.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..5)])).await;
+    proxy.set_jobs(JobMode::RunFor(Duration::from_secs(60)));
+    let unfinished = gw.commit_and_wait("r", "e").await;
+    assert_eq!(unfinished["state"], "failed", "{unfinished}");
+    assert_eq!(unfinished["resources"][0]["publication"]["state"], "running", "{unfinished}");
+    let job_id = unfinished["resources"][0]["publication"]["job_id"].as_str().unwrap().to_string();
+    assert!(proxy.requests("DELETE", "/tables/_filament_stg_").is_empty(), "the job may still read its staging table");
+
+    // The job completes; the extractor redelivers the same execution.
+    proxy.set_jobs(JobMode::RunFor(Duration::ZERO));
+    let (status, redelivered) = gw.open_execution("r", "e").await;
+    assert_eq!(status, StatusCode::OK, "{redelivered}");
+    gw.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..5)])).await;
+    let committed = gw.commit_and_wait("r", "e").await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+    assert_eq!(committed["resources"][0]["publication"]["job_id"], job_id.as_str(), "{committed}");
+    let inserted: Vec<String> = proxy
+        .requests("POST", "/jobs")
+        .iter()
+        .filter_map(|r| r.body["jobReference"]["jobId"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(inserted, [job_id.clone(), job_id], "the same job id, never a new attempt's");
 }
 
 /// A gateway whose REST calls `proxy` records, with run `r` whose resource `t` (full_append)

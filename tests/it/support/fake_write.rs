@@ -78,6 +78,9 @@ pub struct FakeState {
     pub script: VecDeque<AppendFault>,
     /// Delay for every append to a table whose name contains the key.
     pub table_delays: Vec<(String, Duration)>,
+    /// The fault of every append to a table whose name contains the key (after its delay),
+    /// before the script's: a table BigQuery refuses.
+    pub table_faults: Vec<(String, AppendFault)>,
     pub create_delay: Duration,
     pub outstanding_per_stream: HashMap<String, usize>,
     pub max_outstanding_per_stream: usize,
@@ -117,6 +120,9 @@ pub struct FakeState {
     /// FinalizeWriteStream of streams on tables whose name contains one of these fails
     /// `INTERNAL` (not retried by the gateway's commit: the execution fails).
     pub failing_finalize_tables: Vec<String>,
+    /// FinalizeWriteStream of streams on tables whose name contains the key answers a row count
+    /// this much off the rows appended (a stream that lost or gained rows).
+    pub finalize_row_count_error: Vec<(String, i64)>,
     /// Null-sink mode (benchmarks): decode and count rows, keep no values.
     pub null_sink: bool,
     /// Until then, every append is answered with the status `RESOURCE_EXHAUSTED` ("Exceeds
@@ -291,13 +297,15 @@ async fn finalize(
     tokio::time::sleep(delay).await;
     let mut s = state.lock().unwrap();
     let failing = s.failing_finalize_tables.clone();
+    let miscounted = s.finalize_row_count_error.clone();
     let stream = s.streams.get_mut(&request.get_ref().name).ok_or_else(|| Status::not_found("no stream"))?;
     if failing.iter().any(|table| stream.table.contains(table.as_str())) {
         return Err(Status::internal("fake: finalize failed"));
     }
     stream.finalized = true;
     stream.finalized_at = Some(std::time::Instant::now());
-    Ok(Response::new(FinalizeWriteStreamResponse { row_count: stream.rows }))
+    let error = miscounted.iter().find(|(table, _)| stream.table.contains(table.as_str())).map_or(0, |(_, n)| *n);
+    Ok(Response::new(FinalizeWriteStreamResponse { row_count: stream.rows + error }))
 }
 
 /// Commits finalized streams; with `lose_commit_response`, commits them and then answers
@@ -432,9 +440,13 @@ impl FakeState {
 
     /// What the script says of the next request, and the delay of its stream's table.
     fn next_fault(&mut self, stream: &str) -> (Option<AppendFault>, Option<Duration>) {
-        let fault = self.script.pop_front();
         let table = self.streams.get(stream).map(|st| st.table.clone()).unwrap_or_default();
         let delay = self.table_delays.iter().find(|(key, _)| table.contains(key.as_str())).map(|(_, d)| *d);
+        let table_fault = self.table_faults.iter().find(|(key, _)| table.contains(key.as_str()));
+        let fault = match table_fault {
+            Some((_, fault)) => Some(fault.clone()),
+            None => self.script.pop_front(),
+        };
         (fault, delay)
     }
 
