@@ -191,6 +191,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         replica: replica.clone(),
         forwarder: forwarder(&config)?,
         console: console_sessions(&config, tls.is_some())?,
+        readiness: crate::api::health::ReadinessProbe::default(),
     });
     let stop_heartbeat = tokio_util::sync::CancellationToken::new();
     let heartbeat = replica.spawn_heartbeat(config.retention_days, stop_heartbeat.clone());
@@ -283,7 +284,8 @@ fn principal_sources(config: &ServeConfig) -> PrincipalSources {
 /// passed: a reload keeps it.
 fn initial_principals(config: &ServeConfig) -> anyhow::Result<(PrincipalSources, Principals, Option<String>)> {
     let mut sources = principal_sources(config);
-    let generated_token = if sources.api_tokens.is_empty() && config.dev_generate_token {
+    // `ServeConfig::validate` refused it beside configured tokens or a principals file.
+    let generated_token = if config.dev_generate_token {
         let token = format!("dev-{}", hex::encode(rand::random::<[u8; 16]>()));
         sources.api_tokens.push(token.clone());
         Some(token)
@@ -319,6 +321,9 @@ fn connection_limits(config: &ServeConfig) -> ConnectionLimits {
         max_connections: max_connections as usize,
         header_read_timeout: Duration::from_secs(config.header_read_timeout_secs),
         idle_timeout: Duration::from_secs(config.idle_timeout_secs),
+        write_timeout: Duration::from_secs(config.write_timeout_secs),
+        shutdown_wait: Duration::from_secs(config.shutdown_connection_wait_secs),
+        max_header_list_bytes: config.max_header_bytes,
     }
 }
 

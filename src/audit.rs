@@ -28,7 +28,9 @@ pub(crate) struct Denied<'a> {
 impl Denied<'_> {
     pub(crate) fn emit(&self) {
         let Denied { principal, method, route, reason, client } = *self;
-        metrics::counter!(DENIALS, "principal" => principal.to_string(), "reason" => reason.to_string()).increment(1);
+        // By reason only: a principal's name belongs in the audit log, not in an unauthenticated
+        // scrape.
+        metrics::counter!(DENIALS, "reason" => reason.to_string()).increment(1);
         let client = client.map(|address| address.to_string());
         tracing::info!(target: "audit", principal, method, route, reason, client = client.as_deref(), "audit.denied");
     }

@@ -172,8 +172,9 @@ pub struct ServeConfig {
         value_parser = clap::value_parser!(u64).range(60..=2_592_000))]
     pub console_session_secs: u64,
 
-    /// Development only: when no token is configured, generate one and print it at start-up
-    /// instead of refusing to start.
+    /// Development only: with no token and no principals file configured, generate a token of
+    /// the `default` principal (every action, every destination) and print it at start-up
+    /// instead of refusing to start. Refused beside `FILAMENT_API_TOKENS` or a principals file.
     #[arg(long, env = "FILAMENT_DEV_GENERATE_TOKEN", default_value_t = false)]
     pub dev_generate_token: bool,
 
@@ -336,6 +337,19 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_IDLE_TIMEOUT_SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub idle_timeout_secs: u64,
 
+    /// How long a connection with a response to send may go without that response making
+    /// progress, in seconds: no byte taken by the socket while a write waits (HTTP/1.1, and
+    /// HTTP/2 when the socket is full), or a response body not read for sending (an HTTP/2 peer
+    /// whose flow-control window stays at zero). Then the connection is closed: a client that
+    /// stops reading holds a connection no longer than this.
+    #[arg(long, env = "FILAMENT_WRITE_TIMEOUT_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub write_timeout_secs: u64,
+
+    /// On shutdown, how long open connections may take to finish their requests once no new
+    /// one is accepted, in seconds; the rest are closed.
+    #[arg(long, env = "FILAMENT_SHUTDOWN_CONNECTION_WAIT_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub shutdown_connection_wait_secs: u64,
+
     /// Longest accepted request URI, in bytes (414 `uri_too_long` beyond).
     #[arg(long, env = "FILAMENT_MAX_URI_BYTES", default_value_t = 4096)]
     pub max_uri_bytes: usize,
@@ -402,6 +416,12 @@ impl ServeConfig {
         }
         if self.api_tokens.iter().any(|t| t.trim().len() < 16) {
             return Err("every API token must be at least 16 characters long".into());
+        }
+        // A generated token is the all-powerful `default` principal's: never beside real ones.
+        if self.dev_generate_token && (!self.api_tokens.is_empty() || self.principals_file.is_some()) {
+            return Err("--dev-generate-token (FILAMENT_DEV_GENERATE_TOKEN) is for local development only: it is \
+                 refused when FILAMENT_API_TOKENS or FILAMENT_PRINCIPALS_FILE is set"
+                .into());
         }
         if self.api_tokens.is_empty() && self.principals_file.is_none() && !self.dev_generate_token {
             return Err("no API token configured: set FILAMENT_API_TOKENS or FILAMENT_PRINCIPALS_FILE (or pass \

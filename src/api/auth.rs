@@ -198,8 +198,12 @@ impl Caller {
 
     /// `run` as `access` needs it: any run the caller sees for reading; only its own for a
     /// change (resources, executions, batches, checkpoints, pause, commit, abort), whatever
-    /// `read_all` lets it read. 404 `run_not_found` for a run it does not see, 403
-    /// `action_not_permitted` for another's run it only reads.
+    /// `read_all` lets it read, and only while the run is within the principal's scopes as
+    /// the principals file stands now (its run-id prefix, its destinations, its job project:
+    /// an operator who narrows a principal narrows its old runs too). 404 `run_not_found` for a
+    /// run it does not see, 403 `action_not_permitted` for another's run it only reads, and
+    /// the scope's own 403 (`run_id_not_permitted`, `destination_not_permitted`) for one of its
+    /// runs now outside its scopes.
     pub(crate) fn require_access(&self, run: RunRecord, access: RunAccess) -> Result<RunRecord, Problem> {
         if !self.sees(&run) {
             return Err(Problem::new(ErrorCode::RunNotFound, format!("no run {}", run.run_id)));
@@ -216,6 +220,13 @@ impl Caller {
                 ),
             )
             .with_hint("only the principal that created a run writes to, commits or aborts it"));
+        }
+        if access == RunAccess::Change {
+            self.require_run_id(&run.run_id)?;
+            self.require_destination(&run.destination.project, &run.destination.dataset)?;
+            if let Some(project) = &run.job_project {
+                self.require_project(project)?;
+            }
         }
         Ok(run)
     }
@@ -268,7 +279,7 @@ impl Caller {
         let prefix = self.principal.run_id_prefix.as_deref().unwrap_or_default();
         Err(Problem::new(
             ErrorCode::RunIdNotPermitted,
-            format!("principal {} may create only runs whose id starts with {prefix:?}", self.name()),
+            format!("principal {} may name (and change) only runs whose id starts with {prefix:?}", self.name()),
         ))
     }
 }

@@ -1,4 +1,10 @@
 //! Operations endpoints (no token): liveness, readiness, Prometheus metrics, the OpenAPI document.
+//! Anyone can call them, so none does uncached work per request: readiness probes its
+//! dependencies at most once per [`READINESS_CACHE`] (callers meanwhile share the answer), and
+//! the OpenAPI document is serialised once.
+
+use std::sync::LazyLock;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -11,7 +17,7 @@ use super::problems;
 use crate::error::Problem;
 
 /// Readiness of one dependency.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub(crate) struct ReadinessCheck {
     pub(crate) name: String,
     pub(crate) ok: bool,
@@ -42,24 +48,53 @@ pub(crate) async fn healthz() -> &'static str {
     )
 )]
 pub(crate) async fn readyz(State(state): State<SharedState>) -> (StatusCode, axum::Json<Readiness>) {
-    let (postgres, bigquery) =
-        tokio::join!(state.store.ping(), state.bigquery.probe(&state.settings.readiness_project));
-    let checks = vec![
-        ReadinessCheck { name: "postgres".into(), ok: postgres.is_ok(), error: postgres.err().map(|e| e.to_string()) },
-        ReadinessCheck {
-            name: "bigquery".into(),
-            ok: bigquery.is_ok(),
-            error: bigquery.err().map(|e| e.problem(crate::bigquery::error::Stage::Readiness).to_string()),
-        },
-        ReadinessCheck {
-            name: "serving".into(),
-            ok: !state.replica.is_draining(),
-            error: state.replica.is_draining().then(|| "shutting down: handing its executions over".into()),
-        },
-    ];
+    let mut checks = state.readiness.dependencies(&state).await;
+    checks.push(ReadinessCheck {
+        name: "serving".into(),
+        ok: !state.replica.is_draining(),
+        error: state.replica.is_draining().then(|| "shutting down: handing its executions over".into()),
+    });
     let ready = checks.iter().all(|c| c.ok);
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, axum::Json(Readiness { ready, checks }))
+}
+
+/// How long a readiness probe of Postgres and BigQuery answers `/readyz`.
+pub(crate) const READINESS_CACHE: Duration = Duration::from_secs(2);
+
+/// The last probe of `/readyz`'s dependencies, and when it was made.
+#[derive(Debug, Default)]
+pub(crate) struct ReadinessProbe {
+    last: tokio::sync::Mutex<Option<(tokio::time::Instant, Vec<ReadinessCheck>)>>,
+}
+
+impl ReadinessProbe {
+    /// Postgres's and BigQuery's checks: the last probe's while it is fresh, else a new one
+    /// (one at a time: concurrent callers wait for it and share it).
+    async fn dependencies(&self, state: &SharedState) -> Vec<ReadinessCheck> {
+        let mut last = self.last.lock().await;
+        if let Some((probed_at, checks)) = last.as_ref()
+            && probed_at.elapsed() < READINESS_CACHE
+        {
+            return checks.clone();
+        }
+        let (postgres, bigquery) =
+            tokio::join!(state.store.ping(), state.bigquery.probe(&state.settings.readiness_project));
+        let checks = vec![
+            ReadinessCheck {
+                name: "postgres".into(),
+                ok: postgres.is_ok(),
+                error: postgres.err().map(|e| e.to_string()),
+            },
+            ReadinessCheck {
+                name: "bigquery".into(),
+                ok: bigquery.is_ok(),
+                error: bigquery.err().map(|e| e.problem(crate::bigquery::error::Stage::Readiness).to_string()),
+            },
+        ];
+        *last = Some((tokio::time::Instant::now(), checks.clone()));
+        checks
+    }
 }
 
 /// Prometheus text exposition.
@@ -77,8 +112,14 @@ pub(crate) async fn metrics(State(state): State<SharedState>) -> Response {
     )
 )]
 pub(crate) async fn openapi_document() -> Response {
-    match serde_json::from_str::<serde_json::Value>(&super::openapi_json()) {
-        Ok(document) => axum::Json(document).into_response(),
+    match OPENAPI_DOCUMENT.as_ref() {
+        Ok(document) => ([(header::CONTENT_TYPE, "application/json")], document.clone()).into_response(),
         Err(e) => Problem::internal(format!("OpenAPI document: {e}")).into_response(),
     }
 }
+
+/// The OpenAPI document, serialised once (compact).
+static OPENAPI_DOCUMENT: LazyLock<Result<bytes::Bytes, String>> = LazyLock::new(|| {
+    let document: serde_json::Value = serde_json::from_str(&super::openapi_json()).map_err(|e| e.to_string())?;
+    serde_json::to_vec(&document).map(bytes::Bytes::from).map_err(|e| e.to_string())
+});

@@ -14,6 +14,7 @@ mod events;
 pub(crate) mod executions;
 pub(crate) mod forward;
 pub(crate) mod health;
+mod http2_frames;
 mod problems;
 pub(crate) mod run_list;
 pub(crate) mod runs;
@@ -77,6 +78,8 @@ pub(crate) struct ApiState {
     pub(crate) forwarder: forward::Forwarder,
     /// The web console's sign-in sessions.
     pub(crate) console: console::session::ConsoleSessions,
+    /// `/readyz`'s probe of its dependencies, cached briefly (it needs no credential).
+    pub(crate) readiness: health::ReadinessProbe,
 }
 
 pub(crate) type SharedState = Arc<ApiState>;

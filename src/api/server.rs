@@ -9,6 +9,13 @@
 //!   `header_read_timeout` (a slowloris client trickling its headers is closed);
 //! - a connection with no request open and none started is closed after `idle_timeout`
 //!   (HTTP/1.1 keep-alive and HTTP/2 alike; HTTP/2 pings do not count as requests);
+//! - a connection whose pending response makes no progress for `write_timeout` is closed: a
+//!   write the socket has not taken (a client that stops reading; HTTP/1.1 pipelining behind
+//!   it), or a response body HTTP/2 does not read for sending (a peer holding its flow-control
+//!   window at zero). A client that stops reading holds a connection no longer than this;
+//! - HTTP/2's limits are explicit: concurrent streams, flow-control windows, the header list
+//!   (the gateway's header limit), the send buffer per stream;
+//! - on shutdown, open connections get `shutdown_wait` to finish, then are closed.
 //! - each HTTP/1 connection's read buffer is capped ([`http1_read_buffer_bytes`]): hyper grows
 //!   a connection's buffer up to about 400 KiB while it reads a large body and keeps it for the
 //!   connection's life (a thousand extractors on keep-alive connections each posting a 1 MiB
@@ -44,6 +51,8 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::http2_frames::DataFrameCounter;
+
 /// The smallest read buffer given to a connection: reads of this size keep the loopback and
 /// the network busy (the benchmark's K=8 figures stayed within 5% of those with 400 KiB).
 const MIN_HTTP1_READ_BUFFER_BYTES: usize = 64 * 1024;
@@ -65,6 +74,14 @@ pub(crate) fn open_files_limit() -> Option<u64> {
 /// How long a connection that was asked to close may take to finish before it is dropped.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
+/// HTTP/2 streams one connection may have open at once (RFC 9113 recommends no fewer than 100).
+const HTTP2_MAX_CONCURRENT_STREAMS: u32 = 100;
+/// HTTP/2 flow-control windows the gateway grants a peer: per stream, and per connection.
+const HTTP2_STREAM_WINDOW_BYTES: u32 = 1024 * 1024;
+const HTTP2_CONNECTION_WINDOW_BYTES: u32 = 4 * 1024 * 1024;
+/// Response bytes HTTP/2 buffers per stream before the body waits.
+const HTTP2_MAX_SEND_BUFFER_BYTES: usize = 1024 * 1024;
+
 /// What one connection may hold, and how many there may be.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ConnectionLimits {
@@ -72,6 +89,12 @@ pub(crate) struct ConnectionLimits {
     pub(crate) max_connections: usize,
     pub(crate) header_read_timeout: Duration,
     pub(crate) idle_timeout: Duration,
+    /// How long a pending response may make no progress.
+    pub(crate) write_timeout: Duration,
+    /// How long open connections get to finish on shutdown.
+    pub(crate) shutdown_wait: Duration,
+    /// The largest header list an HTTP/2 peer may send (the gateway's header limit).
+    pub(crate) max_header_list_bytes: usize,
 }
 
 /// Serves `router` on `listener` until `shutdown` completes, then waits for open connections.
@@ -86,7 +109,14 @@ pub(crate) async fn serve(
     // Every head that fits the buffer reaches the gateway's own limits (`api::protect`), whose
     // answers are problem documents; the count of header fields is one of them.
     builder.http1().max_buf_size(limits.read_buffer_bytes).max_headers(limits.read_buffer_bytes / 4);
-    builder.http2().timer(TokioTimer::new());
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(HTTP2_MAX_CONCURRENT_STREAMS)
+        .initial_stream_window_size(HTTP2_STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(HTTP2_CONNECTION_WINDOW_BYTES)
+        .max_header_list_size(u32::try_from(limits.max_header_list_bytes).unwrap_or(u32::MAX))
+        .max_send_buf_size(HTTP2_MAX_SEND_BUFFER_BYTES);
     let builder = Arc::new(builder);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let (stopping, connections) = (CancellationToken::new(), TaskTracker::new());
@@ -129,7 +159,9 @@ pub(crate) async fn serve(
     drop(listener);
     stopping.cancel();
     connections.close();
-    connections.wait().await;
+    if tokio::time::timeout(limits.shutdown_wait, connections.wait()).await.is_err() {
+        tracing::warn!(wait_secs = limits.shutdown_wait.as_secs(), "shutdown: connections still open were closed");
+    }
 }
 
 /// Serves one connection until it ends, times out (head or idle), or the server stops.
@@ -144,7 +176,7 @@ async fn serve_connection<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let activity = Arc::new(Activity::new());
-    let io = TokioIo::new(TrackedStream { inner: stream, activity: Arc::clone(&activity) });
+    let io = TokioIo::new(TrackedStream::new(stream, Arc::clone(&activity)));
     let service = TowerToHyperService::new(TrackedRouter { router, activity: Arc::clone(&activity), peer });
     let connection = builder.serve_connection_with_upgrades(io, service);
     let mut connection = std::pin::pin!(connection);
@@ -206,6 +238,18 @@ struct ActivityState {
     http2: bool,
     /// The connection has read nothing yet.
     fresh: bool,
+    /// Responses produced whose bodies are not sent yet.
+    responses_pending: usize,
+    /// The last progress of a pending response: its body read for sending (or produced).
+    response_progress: Instant,
+    /// Since when a write waits for the socket to take bytes (it is full: the peer reads
+    /// nothing), if one does.
+    write_blocked_since: Option<Instant>,
+    /// HTTP/2: response body bytes handed over for sending, and those written in DATA frames;
+    /// while the first exceed the second, the last time DATA reached the socket.
+    body_bytes_handed_over: u64,
+    data_bytes_written: u64,
+    data_progress: Instant,
 }
 
 /// The client preface's first bytes (RFC 9113, section 3.4).
@@ -219,6 +263,12 @@ impl Activity {
             head_started: None,
             http2: false,
             fresh: true,
+            responses_pending: 0,
+            response_progress: Instant::now(),
+            write_blocked_since: None,
+            body_bytes_handed_over: 0,
+            data_bytes_written: 0,
+            data_progress: Instant::now(),
         };
         Self { state: Mutex::new(state), changed: Notify::new() }
     }
@@ -260,24 +310,91 @@ impl Activity {
         self.changed.notify_one();
     }
 
-    /// When the connection times out unless something happens first; `None` while a request
-    /// is open.
-    fn deadline(&self, limits: &ConnectionLimits) -> Option<Instant> {
-        let state = *self.lock();
-        if state.open_requests > 0 {
-            return None;
+    /// A response was produced: its body is to be sent from now.
+    fn response_started(&self) {
+        let mut state = self.lock();
+        state.responses_pending += 1;
+        state.response_progress = Instant::now();
+        drop(state);
+        self.changed.notify_one();
+    }
+
+    /// A pending response's body was read for sending (or ended).
+    fn response_progressed(&self) {
+        self.lock().response_progress = Instant::now();
+    }
+
+    /// A response body's data frame was handed over for sending.
+    fn body_handed_over(&self, bytes: u64) {
+        let mut state = self.lock();
+        if state.body_bytes_handed_over == state.data_bytes_written {
+            state.data_progress = Instant::now();
         }
-        Some(match state.head_started {
-            Some(started) => started + limits.header_read_timeout,
-            None => state.waiting_since + limits.idle_timeout,
-        })
+        state.body_bytes_handed_over += bytes;
+        drop(state);
+        self.changed.notify_one();
+    }
+
+    /// HTTP/2 DATA payload reached the socket.
+    fn data_written(&self, bytes: u64) {
+        let mut state = self.lock();
+        state.data_bytes_written += bytes;
+        state.data_progress = Instant::now();
+    }
+
+    fn is_http2(&self) -> bool {
+        self.lock().http2
+    }
+
+    fn response_ended(&self) {
+        let mut state = self.lock();
+        state.responses_pending = state.responses_pending.saturating_sub(1);
+        state.response_progress = Instant::now();
+    }
+
+    /// A write to the socket waits (`true`: it is full) or went through (`false`).
+    fn write_blocked(&self, blocked: bool) {
+        let mut state = self.lock();
+        match (blocked, state.write_blocked_since) {
+            (true, None) => {
+                state.write_blocked_since = Some(Instant::now());
+                drop(state);
+                self.changed.notify_one();
+            }
+            (false, Some(_)) => state.write_blocked_since = None,
+            _ => {}
+        }
+    }
+
+    /// When the connection times out unless something happens first, and why; `None` while a
+    /// request is open and its response (if any) makes progress.
+    fn deadline_and_reason(&self, limits: &ConnectionLimits) -> Option<(Instant, &'static str)> {
+        let state = *self.lock();
+        let waiting = if state.open_requests > 0 {
+            (state.responses_pending > 0).then(|| (state.response_progress + limits.write_timeout, "write_timeout"))
+        } else {
+            Some(match state.head_started {
+                Some(started) => (started + limits.header_read_timeout, "header_timeout"),
+                None => (state.waiting_since + limits.idle_timeout, "idle_timeout"),
+            })
+        };
+        let blocked = state.write_blocked_since.map(|since| (since + limits.write_timeout, "write_timeout"));
+        // HTTP/2 takes a whole body into its buffers: what the peer's window holds back shows
+        // as data handed over and not written.
+        let unsent = (state.http2 && state.body_bytes_handed_over > state.data_bytes_written)
+            .then(|| (state.data_progress + limits.write_timeout, "write_timeout"));
+        [waiting, blocked, unsent].into_iter().flatten().min_by_key(|(deadline, _)| *deadline)
+    }
+
+    /// When the connection times out unless something happens first.
+    fn deadline(&self, limits: &ConnectionLimits) -> Option<Instant> {
+        self.deadline_and_reason(limits).map(|(deadline, _)| deadline)
     }
 
     /// Why the connection must close now, if it must.
     fn expired(&self, limits: &ConnectionLimits) -> Option<&'static str> {
-        let deadline = self.deadline(limits)?;
-        (Instant::now() >= deadline)
-            .then(|| if self.lock().head_started.is_some() { "header_timeout" } else { "idle_timeout" })
+        let (deadline, reason) = self.deadline_and_reason(limits)?;
+        (Instant::now() >= deadline).then_some(reason)
     }
 }
 
@@ -286,6 +403,8 @@ impl Activity {
 struct TrackedStream<S> {
     inner: S,
     activity: Arc<Activity>,
+    /// HTTP/2: the DATA payload in what the connection writes.
+    frames: DataFrameCounter,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for TrackedStream<S> {
@@ -299,13 +418,40 @@ impl<S: AsyncRead + Unpin> AsyncRead for TrackedStream<S> {
     }
 }
 
+impl<S> TrackedStream<S> {
+    fn new(inner: S, activity: Arc<Activity>) -> Self {
+        Self { inner, activity, frames: DataFrameCounter::default() }
+    }
+
+    /// Tells [`Activity`] whether a write is waiting for the socket.
+    fn track_write<T>(&self, polled: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        self.activity.write_blocked(polled.is_pending());
+        polled
+    }
+
+    /// Tells [`Activity`] of the HTTP/2 DATA among `written` (the bytes the socket took).
+    fn track_data(&mut self, written: &[u8]) {
+        if !written.is_empty() && self.activity.is_http2() {
+            let data = self.frames.data_bytes(written);
+            if data > 0 {
+                self.activity.data_written(data);
+            }
+        }
+    }
+}
+
 impl<S: AsyncWrite + Unpin> AsyncWrite for TrackedStream<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(written)) = polled {
+            self.track_data(&buf[..written]);
+        }
+        self.track_write(polled)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.track_write(polled)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -317,7 +463,18 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for TrackedStream<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(mut written)) = polled {
+            for buf in bufs {
+                let taken = written.min(buf.len());
+                self.track_data(&buf[..taken]);
+                written -= taken;
+                if written == 0 {
+                    break;
+                }
+            }
+        }
+        self.track_write(polled)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -350,7 +507,8 @@ impl tower::Service<Request<hyper::body::Incoming>> for TrackedRouter {
         let mut router = self.router.clone();
         Box::pin(async move {
             let response = tower::Service::call(&mut router, request.map(Body::new)).await?;
-            Ok(response.map(|body| Body::new(TrackedBody { body, _open: open })))
+            let pending = PendingResponse::new(Arc::clone(&open.0));
+            Ok(response.map(|body| Body::new(TrackedBody { body, pending, _open: open })))
         })
     }
 }
@@ -372,10 +530,29 @@ impl Drop for OpenRequest {
     }
 }
 
-/// A response body that keeps its request open until it is sent or dropped.
+/// A response produced and not yet sent; ended when dropped (with its body).
+#[derive(Debug)]
+struct PendingResponse(Arc<Activity>);
+
+impl PendingResponse {
+    fn new(activity: Arc<Activity>) -> Self {
+        activity.response_started();
+        Self(activity)
+    }
+}
+
+impl Drop for PendingResponse {
+    fn drop(&mut self) {
+        self.0.response_ended();
+    }
+}
+
+/// A response body that keeps its request open until it is sent or dropped, and tells
+/// [`Activity`] each time it is read for sending.
 #[derive(Debug)]
 struct TrackedBody {
     body: Body,
+    pending: PendingResponse,
     _open: OpenRequest,
 }
 
@@ -384,7 +561,14 @@ impl http_body::Body for TrackedBody {
     type Error = axum::Error;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        self.pending.0.response_progressed();
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && let Some(data) = frame.data_ref()
+        {
+            self.pending.0.body_handed_over(data.len() as u64);
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -397,49 +581,5 @@ impl http_body::Body for TrackedBody {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_read_buffer_fits_the_request_head_limits() {
-        assert_eq!(http1_read_buffer_bytes(4096, 16 * 1024), MIN_HTTP1_READ_BUFFER_BYTES);
-        assert_eq!(http1_read_buffer_bytes(4096, 60 * 1024), 2 * (4096 + 60 * 1024));
-    }
-
-    fn limits() -> ConnectionLimits {
-        ConnectionLimits {
-            read_buffer_bytes: MIN_HTTP1_READ_BUFFER_BYTES,
-            max_connections: 1,
-            header_read_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn idle_connections_and_slow_heads_time_out_open_requests_never() {
-        let activity = Activity::new();
-        assert_eq!(activity.deadline(&limits()), Some(activity.lock().waiting_since + Duration::from_secs(60)));
-        tokio::time::advance(Duration::from_secs(61)).await;
-        assert_eq!(activity.expired(&limits()), Some("idle_timeout"));
-        activity.read(b"GET / HTTP/1.1\r\n");
-        assert_eq!(activity.expired(&limits()), None, "a head has started: it has ten seconds");
-        tokio::time::advance(Duration::from_secs(11)).await;
-        assert_eq!(activity.expired(&limits()), Some("header_timeout"));
-        activity.request_opened();
-        tokio::time::advance(Duration::from_secs(3600)).await;
-        assert_eq!(activity.deadline(&limits()), None, "an open request never times out here");
-        activity.request_closed();
-        assert_eq!(activity.expired(&limits()), None, "idle again, from now");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn http2_frames_without_a_request_are_idleness() {
-        let activity = Activity::new();
-        activity.read(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
-        activity.read(b"ping");
-        tokio::time::advance(Duration::from_secs(11)).await;
-        assert_eq!(activity.expired(&limits()), None, "not a slow head");
-        tokio::time::advance(Duration::from_secs(50)).await;
-        assert_eq!(activity.expired(&limits()), Some("idle_timeout"));
-    }
-}
+#[path = "server_tests.rs"]
+mod tests;

@@ -170,6 +170,8 @@ struct Seen {
     names: HashSet<String>,
     digests: HashSet<[u8; 32]>,
     emails: HashSet<String>,
+    /// (run-id prefix, principal): a run id must select one principal's prefix at most.
+    prefixes: Vec<(String, String)>,
 }
 
 impl Seen {
@@ -185,6 +187,17 @@ impl Seen {
         }
         if let Some(email) = principal.google_service_accounts.iter().find(|e| !self.emails.insert((*e).clone())) {
             return Err(format!("principal {name:?}: service account {email} is listed twice"));
+        }
+        if let Some(prefix) = &principal.run_id_prefix {
+            // Overlapping prefixes let one principal probe or squat the other's run ids.
+            let overlapping =
+                self.prefixes.iter().find(|(other, _)| other.starts_with(prefix) || prefix.starts_with(other));
+            if let Some((other, owner)) = overlapping {
+                return Err(format!(
+                    "principal {name:?}: run_id_prefix {prefix:?} overlaps principal {owner:?}'s {other:?} (one may not be a prefix of the other)"
+                ));
+            }
+            self.prefixes.push((prefix.clone(), name.to_string()));
         }
         Ok(())
     }
@@ -237,6 +250,27 @@ mod tests {
         let no_credential = "[[principal]]\nname = \"a\"\ndestinations = [\"p.d\"]\n";
         assert!(parse(no_credential, true).unwrap_err().message.contains("usable"));
         assert!(parse(&entry("a", "max_buffered_bytes = 0"), true).unwrap_err().message.contains("at least 1"));
+    }
+
+    #[test]
+    fn run_id_prefixes_where_one_is_a_prefix_of_another_are_refused() {
+        let second = |name: &str, tokens: &str, prefix: &str| {
+            format!(
+                "[[principal]]\nname = \"{name}\"\ntoken_sha256 = [\"{tokens}\"]\ndestinations = [\"p.d\"]\nrun_id_prefix = \"{prefix}\"\n"
+            )
+        };
+        let other_digest = "a".repeat(64);
+        for (first, other) in [("acme-", "acme-eu-"), ("acme-eu-", "acme-"), ("acme-", "acme-")] {
+            let text = format!(
+                "{}{}",
+                entry("acme", &format!("run_id_prefix = \"{first}\"")),
+                second("b", &other_digest, other)
+            );
+            let refused = parse(&text, true).unwrap_err();
+            assert!(refused.message.contains("overlaps principal \"acme\""), "{first} / {other}: {refused}");
+        }
+        let text = format!("{}{}", entry("acme", "run_id_prefix = \"acme-\""), second("b", &other_digest, "beta-"));
+        assert_eq!(parse(&text, true).unwrap().len(), 2, "disjoint prefixes");
     }
 
     #[test]

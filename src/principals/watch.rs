@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
 
 use super::file::{self, FileRefused};
-use super::{Principal, PrincipalSet, Principals};
+use super::{Action, Principal, PrincipalSet, Principals};
 
 /// How often the file's modification is checked.
 pub(crate) const CHECK_INTERVAL: Duration = Duration::from_secs(2);
@@ -61,7 +61,20 @@ impl PrincipalSources {
             }
             principals.extend(declared);
         }
+        warn_of_unprefixed_beside_prefixed(&principals);
         Ok(PrincipalSet::new(principals))
+    }
+}
+
+/// A principal without a run-id prefix may name runs in every other principal's prefix: it
+/// cannot read them (another's run answers as missing), but it can take those ids first.
+fn warn_of_unprefixed_beside_prefixed(principals: &[Principal]) {
+    let (prefixed, unprefixed): (Vec<&Principal>, Vec<&Principal>) =
+        principals.iter().filter(|p| p.may(Action::Write)).partition(|p| p.run_id_prefix.is_some());
+    if !prefixed.is_empty() && !unprefixed.is_empty() {
+        let names: Vec<&str> = unprefixed.iter().map(|p| p.name.as_str()).collect();
+        tracing::warn!(principals = %names.join(","),
+            "principals.unprefixed: these principals have no run_id_prefix beside others that do; they can create run ids in the others' prefixes");
     }
 }
 

@@ -32,6 +32,7 @@ mod reliability;
 mod replicas;
 mod rest_conformance;
 mod run_list;
+mod stalled_readers;
 mod table_layout;
 mod timeline;
 mod tls;

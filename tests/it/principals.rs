@@ -461,3 +461,85 @@ async fn a_sighup_without_a_principals_file_keeps_the_gateway_serving() {
     let (status, page) = gw.json(Method::GET, "/v1/runs", None).await;
     assert_eq!(status, StatusCode::OK, "still serving after SIGHUP: {page}");
 }
+
+/// A generated development token is the all-powerful `default` principal's: the gateway
+/// refuses to start with one beside configured tokens or a principals file, naming both.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_development_token_beside_real_credentials_is_refused_at_start() {
+    let file = PrincipalsFile::new(&[entry("ops", &[&new_token()], "actions = [\"read_all\"]")]);
+    let (name, path) = file.env();
+    let settings: [(&str, String); 2] = [(name, path), ("FILAMENT_API_TOKENS", new_token())];
+    for (setting, value) in settings {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_filament-bigquery"))
+            .args(["serve", "--dev-generate-token"])
+            .env_clear()
+            .env("DATABASE_URL", "postgres://127.0.0.1:1/none")
+            .env(setting, value)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{setting}: it started");
+        assert!(
+            stderr.contains("FILAMENT_API_TOKENS") && stderr.contains("FILAMENT_PRINCIPALS_FILE"),
+            "{setting}: {stderr}"
+        );
+        assert!(!String::from_utf8_lossy(&output.stdout).contains("development token"), "{setting}: no token printed");
+    }
+}
+
+/// `/metrics` needs no credential: after a run, a commit and a denial it names no principal,
+/// run, dataset or table (the audit log and the timing events do).
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_name_no_principal_run_dataset_or_table() {
+    let tokens = Tokens::new();
+    let (gw, _file, run, dataset) = gateway_with_acme_run(&tokens).await;
+    let (status, _) = as_principal(&gw, &tokens.other, Method::GET, &format!("/v1/runs/{run}"), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "a denial was recorded");
+    let commit = format!("/v1/runs/{run}/executions/e/commit?wait=true");
+    let (status, committed) = as_principal(&gw, &tokens.acme, Method::POST, &commit, None).await;
+    assert_eq!((status, committed["state"].as_str()), (StatusCode::OK, Some("committed")), "{committed}");
+    let metrics = gw.metrics().await;
+    assert!(metrics.contains("filament_audit_denials_total{reason="), "{metrics}");
+    for name in ["acme", "\"other\"", &run, &dataset, "principal=", "dataset=", "table=", "resource="] {
+        assert!(!metrics.contains(name), "/metrics names {name:?}:\n{metrics}");
+    }
+}
+
+/// Scopes are the principal's current ones on every changing request: once the operator
+/// narrows acme (another run-id prefix, then another dataset), every changing route of its old
+/// run is refused with the scope's code and nothing changes; reading it still works.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_narrowed_principal_is_refused_on_every_changing_route_of_its_old_run_and_nothing_changes() {
+    let tokens = Tokens::new();
+    let (gw, file, run, _) = gateway_with_acme_run(&tokens).await;
+    let redeclare = format!("/v1/runs/{run}/resources/t");
+    let narrowings = [
+        ("destinations = [\"filament-demo.acme_*\"]\nrun_id_prefix = \"acme2-\"", "run_id_not_permitted"),
+        ("destinations = [\"filament-demo.elsewhere_*\"]\nrun_id_prefix = \"acme-\"", "destination_not_permitted"),
+    ];
+    for (scopes, code) in narrowings {
+        let mut entries = tokens.entries();
+        entries[0] = entry("acme", &[&tokens.acme], scopes);
+        file.write(&entries);
+        eventually(Duration::from_secs(15), "the narrowed scopes to apply", || async {
+            let declaration = json!({"write_mode": "full_append"});
+            let (_, refused) = as_principal(&gw, &tokens.acme, Method::PUT, &redeclare, Some(declaration)).await;
+            (refused["code"] == code).then_some(())
+        })
+        .await;
+        let before = gw.db_snapshot().await;
+        for (method, path, body) in run_routes(&run).into_iter().filter(|(method, ..)| *method != Method::GET) {
+            let refused = as_principal(&gw, &tokens.acme, method.clone(), &path, body).await;
+            assert_problem(refused, StatusCode::FORBIDDEN, code);
+        }
+        let batch = format!("/v1/runs/{run}/executions/e/resources/t/batches?seq=1");
+        assert_problem(
+            post_batch_as(&gw, &tokens.acme, &batch, ipc_stream(&[ids(10..20)])).await,
+            StatusCode::FORBIDDEN,
+            code,
+        );
+        assert_eq!(gw.db_snapshot().await, before, "{code}: refusals changed nothing");
+        let (status, view) = as_principal(&gw, &tokens.acme, Method::GET, &format!("/v1/runs/{run}"), None).await;
+        assert_eq!(status, StatusCode::OK, "reading its old run still works: {view}");
+    }
+}
