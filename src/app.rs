@@ -111,15 +111,15 @@ pub fn new_token(principal: &str) -> Result<String, String> {
 }
 
 /// The console's sessions, signed with the key file's key (or a random one of this process),
-/// `Secure` when the gateway serves HTTPS.
-fn console_sessions(config: &ServeConfig, serves_tls: bool) -> anyhow::Result<ConsoleSessions> {
+/// `Secure` (and `__Host-` prefixed) when clients reach the gateway over TLS.
+fn console_sessions(config: &ServeConfig, over_tls: bool) -> anyhow::Result<ConsoleSessions> {
     let lifetime = Duration::from_secs(config.console_session_secs);
     let Some(path) = &config.console_session_key_file else {
         tracing::warn!(
             "console sessions are signed with a random key of this process (FILAMENT_CONSOLE_SESSION_KEY_FILE \
              unset): another replica, or this one after a restart, asks to sign in again"
         );
-        return Ok(ConsoleSessions::new(None, lifetime, serves_tls));
+        return Ok(ConsoleSessions::new(None, lifetime, over_tls));
     };
     let material =
         std::fs::read(path).with_context(|| format!("reading FILAMENT_CONSOLE_SESSION_KEY_FILE {}", path.display()))?;
@@ -131,7 +131,7 @@ fn console_sessions(config: &ServeConfig, serves_tls: bool) -> anyhow::Result<Co
             material.len()
         );
     }
-    Ok(ConsoleSessions::new(Some(&material), lifetime, serves_tls))
+    Ok(ConsoleSessions::new(Some(&material), lifetime, over_tls))
 }
 
 fn api_settings(config: &ServeConfig) -> ApiSettings {
@@ -190,7 +190,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         request_slots: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_requests as usize)),
         replica: replica.clone(),
         forwarder: forwarder(&config)?,
-        console: console_sessions(&config, tls.is_some())?,
+        console: console_sessions(&config, tls.is_some() || config.behind_tls)?,
         readiness: crate::api::health::ReadinessProbe::default(),
     });
     let stop_heartbeat = tokio_util::sync::CancellationToken::new();

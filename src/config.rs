@@ -337,6 +337,12 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_IDLE_TIMEOUT_SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub idle_timeout_secs: u64,
 
+    /// The gateway sits behind a TLS-terminating load balancer (clients reach it over HTTPS):
+    /// console cookies are `Secure` and `__Host-` prefixed and answers carry HSTS, as when it
+    /// serves HTTPS itself.
+    #[arg(long, env = "FILAMENT_BEHIND_TLS", default_value_t = false)]
+    pub behind_tls: bool,
+
     /// How long a connection with a response to send may go without that response making
     /// progress, in seconds: no byte taken by the socket while a write waits (HTTP/1.1, and
     /// HTTP/2 when the socket is full), or a response body not read for sending (an HTTP/2 peer

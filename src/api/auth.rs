@@ -20,7 +20,7 @@ use super::SharedState;
 use crate::audit;
 use crate::error::{ErrorCode, Problem};
 use crate::principals::id_token::{IdTokenVerifier, looks_like_jwt};
-use crate::principals::{Action, Principal, Principals};
+use crate::principals::{Action, Credential, Principal, Principals, token_digest};
 use crate::store::RunRecord;
 
 /// Turns credentials into principals.
@@ -72,6 +72,15 @@ impl Authenticator {
     /// The principal a bearer credential (an opaque token or a Google ID token) selects: the
     /// `Authorization` header's, or the token pasted into the console's sign-in form.
     pub(crate) async fn authenticate_bearer(&self, bearer: &str) -> Result<Arc<Principal>, NoPrincipal> {
+        self.authenticate_credential(bearer).await.map(|(principal, _)| principal)
+    }
+
+    /// The principal a bearer credential selects, and which of its credentials it is (what a
+    /// console session is bound to).
+    pub(crate) async fn authenticate_credential(
+        &self,
+        bearer: &str,
+    ) -> Result<(Arc<Principal>, Credential), NoPrincipal> {
         let bearer = bearer.trim();
         if bearer.is_empty() {
             return Err(NoPrincipal::NoCredentials);
@@ -80,9 +89,17 @@ impl Authenticator {
         match &self.id_tokens {
             Some(verifier) if looks_like_jwt(bearer) => {
                 let identity = verifier.verify(bearer).await.map_err(NoPrincipal::IdToken)?;
-                set.by_email(&identity.email).ok_or(NoPrincipal::UnknownServiceAccount)
+                let principal = set.by_email(&identity.email).ok_or(NoPrincipal::UnknownServiceAccount)?;
+                let credential = Credential::ServiceAccount {
+                    email: identity.email,
+                    expires_at_unix_secs: identity.expires_at_unix_secs,
+                };
+                Ok((principal, credential))
             }
-            _ => set.by_token(bearer).ok_or(NoPrincipal::UnknownToken),
+            _ => {
+                let principal = set.by_token(bearer).ok_or(NoPrincipal::UnknownToken)?;
+                Ok((principal, Credential::Token { digest: token_digest(bearer) }))
+            }
         }
     }
 }

@@ -191,7 +191,19 @@ pub(crate) fn router(state: SharedState) -> axum::Router {
         .layer(middleware::from_fn_with_state(Arc::clone(&state), protect))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), early_answer::answer_after_reading_body))
         .layer(tower_http::trace::TraceLayer::new_for_http())
+        .layer(middleware::map_response_with_state(Arc::clone(&state), strict_transport_security))
         .with_state(state)
+}
+
+/// `Strict-Transport-Security` on every answer of a gateway reached over TLS (it serves HTTPS
+/// or sits behind a TLS-terminating load balancer, `FILAMENT_BEHIND_TLS`).
+async fn strict_transport_security(State(state): State<SharedState>, mut response: Response) -> Response {
+    if state.console.is_secure() {
+        response
+            .headers_mut()
+            .insert(axum::http::header::STRICT_TRANSPORT_SECURITY, axum::http::HeaderValue::from_static(console::HSTS));
+    }
+    response
 }
 
 /// Limits that protect the service, checked before anything else: a `Host` on HTTP/1.1 (RFC

@@ -53,6 +53,8 @@ struct PrincipalEntry {
     actions: Option<Vec<String>>,
     max_buffered_bytes: Option<u64>,
     max_concurrent_requests: Option<u64>,
+    /// RFC 3339: console sessions opened before it are refused.
+    sessions_not_before: Option<String>,
 }
 
 /// The principals `text` declares, each checked, and unique in names, digests and e-mails.
@@ -136,6 +138,15 @@ fn check(entry: PrincipalEntry, reserved_default: bool) -> Result<Principal, Str
         max_buffered_bytes: positive(entry.max_buffered_bytes, "max_buffered_bytes").map_err(|e| within(&e))?,
         max_concurrent_requests: positive(entry.max_concurrent_requests, "max_concurrent_requests")
             .map_err(|e| within(&e))?,
+        sessions_not_before: entry
+            .sessions_not_before
+            .as_deref()
+            .map(|text| {
+                chrono::DateTime::parse_from_rfc3339(text)
+                    .map(|at| at.with_timezone(&chrono::Utc))
+                    .map_err(|_| within(&format!("sessions_not_before {text:?} is not an RFC 3339 instant")))
+            })
+            .transpose()?,
     })
 }
 

@@ -77,6 +77,8 @@ pub(crate) struct IdTokenVerifier {
 pub(crate) struct VerifiedIdentity {
     /// The token's `email`, lowercased.
     pub(crate) email: String,
+    /// When the token expires (`exp`, Unix seconds): a console session it opens ends then.
+    pub(crate) expires_at_unix_secs: u64,
 }
 
 /// Why a token was refused: never carries the token or its claims beyond what is safe to log.
@@ -226,6 +228,7 @@ struct GoogleIdTokenClaims {
     iss: Option<Value>,
     aud: Option<Value>,
     iat: Option<Value>,
+    exp: Option<Value>,
     email: Option<Value>,
     email_verified: Option<Value>,
 }
@@ -250,7 +253,8 @@ impl GoogleIdTokenClaims {
         if self.email_verified != Some(Value::Bool(true)) {
             return Err(IdTokenRejected::EmailNotVerified);
         }
-        Ok(VerifiedIdentity { email: email.to_lowercase() })
+        let expires_at_unix_secs = self.exp.as_ref().and_then(Value::as_u64).ok_or(IdTokenRejected::Malformed)?;
+        Ok(VerifiedIdentity { email: email.to_lowercase(), expires_at_unix_secs })
     }
 }
 
@@ -625,7 +629,10 @@ mod tests {
         let jwks = FakeJwks::start(&[&key], "public, max-age=3600").await;
         let verifier = jwks.verifier();
         let mixed_case = key.token(&claims_with(json!({"email": "Loader@ACME-prod.iam.gserviceaccount.com"})));
-        assert_eq!(verifier.verify(&mixed_case).await, Ok(VerifiedIdentity { email: EMAIL.to_string() }));
+        let verified = verifier.verify(&mixed_case).await.expect("verified");
+        assert_eq!(verified.email, EMAIL);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        assert!(verified.expires_at_unix_secs.abs_diff(now + 3600) <= 5, "its exp: {verified:?}");
         let short_issuer = key.token(&claims_with(json!({"iss": "accounts.google.com"})));
         assert!(verifier.verify(&short_issuer).await.is_ok());
         assert_eq!((verifier.jwks_fetches(), jwks.requests()), (1, 1), "one fetch, then the cache");

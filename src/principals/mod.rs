@@ -201,9 +201,51 @@ pub(crate) struct Principal {
     /// Its share of the upload budget and of concurrent requests.
     pub(crate) max_buffered_bytes: Option<usize>,
     pub(crate) max_concurrent_requests: Option<usize>,
+    /// Console sessions opened before this instant are refused (an operator ends them all).
+    pub(crate) sessions_not_before: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// The credential a request authenticated with: what a console session is bound to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Credential {
+    /// An opaque token, by its SHA-256 digest.
+    Token { digest: [u8; 32] },
+    /// A Google ID token of this service account, valid until `expires_at_unix_secs`.
+    ServiceAccount { email: String, expires_at_unix_secs: u64 },
+}
+
+impl Credential {
+    /// A fingerprint of the credential (not of the token: of its digest, or of the e-mail),
+    /// short and one-way, to carry in a session cookie: 128 bits of SHA-256 over a domain tag.
+    pub(crate) fn fingerprint(&self) -> String {
+        let mut hasher = Sha256::new();
+        hasher.update(b"filament-console-session\0");
+        match self {
+            Credential::Token { digest } => {
+                hasher.update(b"token\0");
+                hasher.update(digest);
+            }
+            Credential::ServiceAccount { email, .. } => {
+                hasher.update(b"service-account\0");
+                hasher.update(email.as_bytes());
+            }
+        }
+        hex::encode(&hasher.finalize()[..16])
+    }
 }
 
 impl Principal {
+    /// Whether the credential of `fingerprint` is still one of the principal's (a rotated
+    /// token or a removed service account no longer is).
+    pub(crate) fn lists_credential(&self, fingerprint: &str) -> bool {
+        let tokens = self.token_sha256.iter().map(|digest| Credential::Token { digest: *digest });
+        let accounts = self
+            .google_service_accounts
+            .iter()
+            .map(|email| Credential::ServiceAccount { email: email.clone(), expires_at_unix_secs: 0 });
+        tokens.chain(accounts).any(|credential| credential.fingerprint() == fingerprint)
+    }
+
     /// The simple mode's principal: the tokens of `FILAMENT_API_TOKENS`, every action and
     /// destination.
     pub(crate) fn default_with_tokens(tokens: &[String]) -> Self {
@@ -216,6 +258,7 @@ impl Principal {
             actions: Actions::all(),
             max_buffered_bytes: None,
             max_concurrent_requests: None,
+            sessions_not_before: None,
         }
     }
 

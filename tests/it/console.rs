@@ -239,3 +239,82 @@ async fn console_pages_are_scoped_to_the_principal_signed_in_and_change_nothing(
     assert_eq!(posted.status(), StatusCode::METHOD_NOT_ALLOWED, "the console never writes");
     assert_eq!(gw.db_snapshot().await, before, "browsing the console changed the database");
 }
+
+/// A console session is bound to the credential that opened it: rotating that token out of the
+/// principals file ends it at its next page (a session of the token kept stands), and
+/// `sessions_not_before` ends every session the principal opened before it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_ends_with_its_token_and_when_the_operator_ends_the_principals_sessions() {
+    let (old, kept) = (new_token(), new_token());
+    let scopes = "destinations = [\"filament-demo.*\"]";
+    let file = PrincipalsFile::new(&[entry("acme", &[&old, &kept], scopes)]);
+    let (name, path) = file.env();
+    let gw = GatewayOptions::new().env(name, &path).spawn().await;
+    let (with_old, with_kept) = (session(&gw, &old).await, session(&gw, &kept).await);
+    assert_eq!(page(&gw, "/ui/", Some(&with_old)).await.0, StatusCode::OK);
+    assert_eq!(page(&gw, "/ui/", Some(&with_kept)).await.0, StatusCode::OK);
+
+    file.write(&[entry("acme", &[&kept], scopes)]);
+    eventually(Duration::from_secs(15), "the rotated token's session to end", || async {
+        (page(&gw, "/ui/", Some(&with_old)).await.0 == StatusCode::UNAUTHORIZED).then_some(())
+    })
+    .await;
+    assert_eq!(page(&gw, "/ui/", Some(&with_kept)).await.0, StatusCode::OK, "the kept token's session stands");
+    assert!(gw.logs().contains("session_credential_removed"), "the refusal is audited");
+
+    // The operator ends every session of acme opened before the next whole second.
+    let cut_off = chrono::DateTime::from_timestamp(chrono::Utc::now().timestamp() + 1, 0).unwrap();
+    let ended = format!("{scopes}\nsessions_not_before = \"{}\"", cut_off.to_rfc3339());
+    file.write(&[entry("acme", &[&kept], &ended)]);
+    eventually(Duration::from_secs(15), "the operator's cut-off to end the session", || async {
+        (page(&gw, "/ui/", Some(&with_kept)).await.0 == StatusCode::UNAUTHORIZED).then_some(())
+    })
+    .await;
+    eventually(Duration::from_secs(15), "a session opened after the cut-off to stand", || async {
+        let fresh = session(&gw, &kept).await;
+        (page(&gw, "/ui/", Some(&fresh)).await.0 == StatusCode::OK).then_some(())
+    })
+    .await;
+}
+
+/// A sign-in form posted by a browser that sends no `Sec-Fetch-Site` is judged by `Origin`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sign_in_without_sec_fetch_site_from_another_origin_is_refused() {
+    let gw = Gateway::spawn().await;
+    let host = gw.base_url.trim_start_matches("http://").to_string();
+    let sign_in = |origin: String| {
+        client()
+            .post(gw.url("/ui/sign-in"))
+            .header("origin", origin)
+            .form(&[("token", gw.token.as_str()), ("next", "/ui/")])
+            .send()
+    };
+    let refused = sign_in("https://evil.example".into()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    assert!(refused.headers().get(SET_COOKIE).is_none(), "no session for a cross-site form");
+    let same_origin = sign_in(format!("http://{host}")).await.unwrap();
+    assert_eq!(same_origin.status(), StatusCode::SEE_OTHER, "the console's own form");
+}
+
+/// Behind a TLS-terminating load balancer (`FILAMENT_BEHIND_TLS`) the session cookie is
+/// `Secure` and `__Host-` prefixed (path `/`), and every answer carries HSTS.
+#[tokio::test(flavor = "multi_thread")]
+async fn behind_tls_the_session_cookie_is_host_prefixed_and_secure_and_answers_carry_hsts() {
+    let gw = GatewayOptions::new().env("FILAMENT_BEHIND_TLS", "true").spawn().await;
+    let answer = client()
+        .post(gw.url("/ui/sign-in"))
+        .form(&[("token", gw.token.as_str()), ("next", "/ui/")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::SEE_OTHER);
+    let set_cookie = answer.headers()[SET_COOKIE].to_str().unwrap().to_string();
+    let attributes: Vec<&str> = set_cookie.split("; ").collect();
+    assert!(set_cookie.starts_with("__Host-filament_session="), "{set_cookie}");
+    assert!(attributes.contains(&"Secure") && attributes.contains(&"Path=/"), "{set_cookie}");
+    assert!(!set_cookie.contains("Domain"), "{set_cookie}");
+    for answer in [answer, client().get(gw.url("/healthz")).send().await.unwrap()] {
+        let hsts = answer.headers().get("strict-transport-security").map(|v| v.to_str().unwrap().to_string());
+        assert_eq!(hsts.as_deref(), Some("max-age=31536000"));
+    }
+}

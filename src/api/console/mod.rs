@@ -60,6 +60,10 @@ pub(crate) fn routes() -> axum::Router<SharedState> {
         .layer(axum::middleware::map_response(security_headers))
 }
 
+/// `Strict-Transport-Security` of a gateway reached over TLS: browsers use HTTPS only, for a
+/// year.
+pub(crate) const HSTS: &str = "max-age=31536000";
+
 async fn security_headers(mut response: Response) -> Response {
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CONTENT_SECURITY_POLICY));
@@ -78,14 +82,19 @@ async fn stylesheet() -> Response {
         .into_response()
 }
 
-/// Whether a browser says the request came from another site (`Sec-Fetch-Site`): such a form
-/// may not open or close a session here (login CSRF). Clients that send no such header (curl,
-/// scripts) are not browsers tricked by a page.
+/// Whether a browser says the request came from another site: such a form may not open or
+/// close a session here (login CSRF). `Sec-Fetch-Site` says it; a browser that sends none
+/// (older ones) is judged by `Origin`, which must name this host. Clients that send neither
+/// (curl, scripts) are not browsers tricked by a page.
 fn sent_from_another_site(headers: &HeaderMap) -> bool {
-    headers
-        .get("sec-fetch-site")
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|site| !matches!(site, "same-origin" | "none"))
+    let text = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
+    if let Some(site) = text("sec-fetch-site") {
+        return !matches!(site, "same-origin" | "none");
+    }
+    let Some(origin) = text(header::ORIGIN.as_str()) else { return false };
+    // `Origin: null` (a sandboxed or privacy-sensitive context) names no site: refused too.
+    let origin_host = origin.split_once("://").map(|(_, host)| host.trim_end_matches('/'));
+    origin_host.is_none_or(|host| Some(host) != text(header::HOST.as_str()))
 }
 
 fn cross_site_refusal() -> Response {
@@ -148,7 +157,7 @@ impl FromRequestParts<SharedState> for SignedIn {
             origin.denied(audit::ANONYMOUS, reason);
             (StatusCode::UNAUTHORIZED, pages::sign_in(&next, Some(message))).into_response()
         };
-        let name = state.console.principal_of(&parts.headers, Utc::now()).map_err(|refused| {
+        let claims = state.console.claims_of(&parts.headers, Utc::now()).map_err(|refused| {
             let message = match refused {
                 session::NoSession::Absent => "Sign in to see the console.",
                 session::NoSession::Expired => "Your session ended: sign in again.",
@@ -156,9 +165,15 @@ impl FromRequestParts<SharedState> for SignedIn {
             };
             refuse(refused.reason(), message)
         })?;
-        let Some(principal) = state.auth.principals.current().by_name(&name) else {
+        let Some(principal) = state.auth.principals.current().by_name(&claims.principal) else {
             return Err(refuse("unknown_principal", "Your principal is no longer configured: sign in again."));
         };
+        if let Err(revoked) = claims.check(&principal) {
+            return Err(refuse(
+                revoked.reason(),
+                "Your session ended with the credential it was opened with: sign in again.",
+            ));
+        }
         let caller = Caller::new(principal, origin.method.clone(), origin.route.clone(), origin.client);
         caller.require_read().map_err(|problem| problem_page(Some(caller.name()), &problem))?;
         let Ok(slot) = state.auth.request_slot(&caller.principal) else {
@@ -344,8 +359,8 @@ async fn sign_in(
         return (StatusCode::BAD_REQUEST, pages::sign_in("/ui/", Some("Paste a token to sign in."))).into_response();
     };
     let next = console_path(form.next.as_deref()).to_string();
-    let principal = match state.auth.authenticate_bearer(&form.token).await {
-        Ok(principal) => principal,
+    let (principal, credential) = match state.auth.authenticate_credential(&form.token).await {
+        Ok(authenticated) => authenticated,
         Err(refusal) => {
             let reason = refusal.reason();
             audit::Denied { principal: audit::ANONYMOUS, method: "POST", route: "/ui/sign-in", reason, client }.emit();
@@ -361,7 +376,7 @@ async fn sign_in(
     let name = caller.name();
     audit::console_signed_in(name, client);
     let mut headers = HeaderMap::new();
-    headers.insert(header::SET_COOKIE, state.console.open(name, Utc::now()));
+    headers.insert(header::SET_COOKIE, state.console.open(name, &credential, Utc::now()));
     (headers, Redirect::to(&next)).into_response()
 }
 
@@ -369,8 +384,8 @@ async fn sign_out(State(state): State<SharedState>, request_headers: HeaderMap) 
     if sent_from_another_site(&request_headers) {
         return cross_site_refusal();
     }
-    if let Ok(name) = state.console.principal_of(&request_headers, Utc::now()) {
-        audit::console_signed_out(&name);
+    if let Ok(claims) = state.console.claims_of(&request_headers, Utc::now()) {
+        audit::console_signed_out(&claims.principal);
     }
     let mut headers = HeaderMap::new();
     headers.insert(header::SET_COOKIE, state.console.close());
