@@ -148,6 +148,7 @@ fn api_settings(config: &ServeConfig) -> ApiSettings {
             min_rate_bytes_per_sec: config.body_min_rate_bytes_per_sec,
             max_duration: Duration::from_secs(config.body_max_read_secs),
         },
+        metrics_token_sha256: config.metrics_token.as_deref().map(crate::principals::token_digest),
     }
 }
 

@@ -337,6 +337,12 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_IDLE_TIMEOUT_SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub idle_timeout_secs: u64,
 
+    /// When set, `/metrics` answers only a scraper presenting `Authorization: Bearer <this>`
+    /// (at least 16 characters; Prometheus: `authorization: {credentials_file: ...}`); 401
+    /// otherwise. Unset, `/metrics` needs no credential (it names no tenant either way).
+    #[arg(long, env = "FILAMENT_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<String>,
+
     /// The gateway sits behind a TLS-terminating load balancer (clients reach it over HTTPS):
     /// console cookies are `Secure` and `__Host-` prefixed and answers carry HSTS, as when it
     /// serves HTTPS itself.
@@ -419,6 +425,9 @@ impl ServeConfig {
         let given = |host: &Option<String>| host.as_deref().is_some_and(|h| !h.is_empty());
         if given(&self.bigquery_emulator_host) != given(&self.bigquery_storage_emulator_host) {
             return Err("set both BIGQUERY_EMULATOR_HOST and BIGQUERY_STORAGE_EMULATOR_HOST, or neither".into());
+        }
+        if self.metrics_token.as_deref().is_some_and(|token| token.trim().len() < 16) {
+            return Err("FILAMENT_METRICS_TOKEN must be at least 16 characters long".into());
         }
         if self.api_tokens.iter().any(|t| t.trim().len() < 16) {
             return Err("every API token must be at least 16 characters long".into());

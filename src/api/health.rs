@@ -98,8 +98,32 @@ impl ReadinessProbe {
 }
 
 /// Prometheus text exposition.
-#[utoipa::path(get, path = "/metrics", tag = "operations", responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
-pub(crate) async fn metrics(State(state): State<SharedState>) -> Response {
+#[utoipa::path(
+    get, path = "/metrics", tag = "operations",
+    responses(
+        (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"),
+        problems::MetricsProblems,
+    )
+)]
+pub(crate) async fn metrics(State(state): State<SharedState>, headers: axum::http::HeaderMap) -> Response {
+    if let Some(expected) = &state.settings.metrics_token_sha256 {
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .map(crate::principals::token_digest);
+        let admitted =
+            presented.is_some_and(|digest| bool::from(subtle::ConstantTimeEq::ct_eq(&digest[..], &expected[..])));
+        if !admitted {
+            let problem = Problem::new(
+                crate::error::ErrorCode::Unauthorized,
+                "/metrics needs the scrape token (FILAMENT_METRICS_TOKEN) as Authorization: Bearer <token>",
+            );
+            let mut response = problem.into_response();
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
+            return response;
+        }
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
 }
 

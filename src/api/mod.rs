@@ -55,6 +55,9 @@ pub(crate) struct ApiSettings {
     pub(crate) max_header_count: usize,
     /// How fast request bodies must arrive (408 `body_timeout` otherwise).
     pub(crate) body_rate: body_deadline::BodyRate,
+    /// `/metrics` answers only a scraper presenting the token of this digest, when set
+    /// (`FILAMENT_METRICS_TOKEN`).
+    pub(crate) metrics_token_sha256: Option<[u8; 32]>,
 }
 
 /// Shared state of every handler.

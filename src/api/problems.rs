@@ -157,6 +157,8 @@ problems! {
     ConnectionTestProblems = [EVERY_ROUTE, JSON_BODY, &[InvalidIdentifier, DestinationNotPermitted], BIGQUERY_ANSWERS];
     /// `GET /openapi.json`.
     OpenApiDocumentProblems = [&[InternalError]];
+    /// `GET /metrics` (401 when `FILAMENT_METRICS_TOKEN` is set and not presented).
+    MetricsProblems = [&[Unauthorized]];
 }
 
 #[cfg(test)]

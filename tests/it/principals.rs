@@ -543,3 +543,24 @@ async fn a_narrowed_principal_is_refused_on_every_changing_route_of_its_old_run_
         assert_eq!(status, StatusCode::OK, "reading its old run still works: {view}");
     }
 }
+
+/// With `FILAMENT_METRICS_TOKEN`, `/metrics` answers only a scraper presenting it.
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_behind_a_scrape_token_answer_only_the_scraper() {
+    let scrape = new_token();
+    let gw = GatewayOptions::new().env("FILAMENT_METRICS_TOKEN", &scrape).spawn().await;
+    let scraped = |token: Option<String>| {
+        let mut request = gw.unauthenticated(Method::GET, "/metrics");
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        async move { request.send().await.unwrap() }
+    };
+    let refused = scraped(None).await;
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(refused.headers()["www-authenticate"], "Bearer");
+    assert_eq!(scraped(Some(gw.token.clone())).await.status(), StatusCode::UNAUTHORIZED, "an API token is not it");
+    let answered = scraped(Some(scrape)).await;
+    assert_eq!(answered.status(), StatusCode::OK);
+    assert!(answered.text().await.unwrap().contains("filament_http_requests_total"));
+}
