@@ -90,11 +90,25 @@ fn pipeline_limits(config: &ServeConfig) -> anyhow::Result<PipelineLimits> {
     })
 }
 
-/// The Google ID-token verifier, when an audience is configured.
-fn id_token_verifier(config: &ServeConfig) -> Option<IdTokenVerifier> {
-    let audience = config.google_id_token_audience.as_deref()?.trim().to_string();
-    let settings = IdTokenSettings { audience, jwks_url: config.google_jwks_url.clone() };
-    Some(IdTokenVerifier::new(settings, reqwest::Client::new()))
+/// The Google ID-token verifier, when an audience is configured. Its keys are fetched over
+/// HTTPS only (plain HTTP to a loopback address, for tests and local development), following no
+/// redirect and ignoring ambient proxy variables: whoever could answer the fetch could mint
+/// identities.
+fn id_token_verifier(config: &ServeConfig) -> anyhow::Result<Option<IdTokenVerifier>> {
+    let Some(audience) = config.google_id_token_audience.as_deref() else { return Ok(None) };
+    let jwks_url = reqwest::Url::parse(&config.google_jwks_url).context("FILAMENT_GOOGLE_JWKS_URL")?;
+    let host = jwks_url.host_str().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
+    let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if jwks_url.scheme() != "https" && !(jwks_url.scheme() == "http" && loopback) {
+        anyhow::bail!("FILAMENT_GOOGLE_JWKS_URL must be https:// (plain http only to a loopback address)");
+    }
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .build()
+        .context("building the JWKS client")?;
+    let settings = IdTokenSettings { audience: audience.trim().to_string(), jwks_url: config.google_jwks_url.clone() };
+    Ok(Some(IdTokenVerifier::new(settings, client)))
 }
 
 /// `token new --principal NAME`: a new random token (256 bits, prefixed `fbq_` so scanners and
@@ -162,6 +176,10 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let tls = tls_certificate(&config)?;
     let scheme = tls.as_ref().map_or("http", |_| "https");
     let advertise_url = advertised_url(config.advertise_url.as_deref(), address, scheme);
+    if tls.is_some() && advertise_url.as_deref().is_some_and(|url| url.to_ascii_lowercase().starts_with("http://")) {
+        // Forwarded requests carry the caller's credential: never in clear from a TLS fleet.
+        anyhow::bail!("FILAMENT_ADVERTISE_URL is http:// while the gateway serves HTTPS: advertise its https:// URL");
+    }
     let replica = Replica::new(store.clone(), Duration::from_secs(config.replica_lease_secs), advertise_url);
     // Only executions whose replica stopped renewing its lease fail: live replicas keep theirs.
     replica.sweep().await;
@@ -185,7 +203,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         pipeline,
         publisher,
         settings: api_settings(&config),
-        auth: Authenticator::new(principals.clone(), id_token_verifier(&config)),
+        auth: Authenticator::new(principals.clone(), id_token_verifier(&config)?),
         metrics: telemetry::metrics_handle(),
         commits: commits.clone(),
         request_slots: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_requests as usize)),

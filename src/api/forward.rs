@@ -25,6 +25,7 @@ use hyper_util::rt::TokioExecutor;
 use super::SharedState;
 use crate::error::{ErrorCode, Problem};
 use crate::model::{ExecutionId, ExecutionKey, RunId};
+use crate::principals::Action;
 
 /// Marks a forwarded request (its value: the forwarding replica's id).
 pub(crate) const FORWARDED_BY: HeaderName = HeaderName::from_static("x-filament-forwarded-by");
@@ -90,9 +91,10 @@ pub(crate) async fn forward_to_owner(State(state): State<SharedState>, request: 
     // Unauthenticated requests are refused by the handlers' guard, without a lookup here. The
     // owner authenticates a forwarded request again from its own credential (sent unchanged):
     // it is never trusted more than a direct one.
-    if request.headers().contains_key(&FORWARDED_BY) || state.auth.authenticate(request.headers()).await.is_err() {
+    if request.headers().contains_key(&FORWARDED_BY) {
         return next.run(request).await;
     }
+    let Ok(principal) = state.auth.authenticate(request.headers()).await else { return next.run(request).await };
     let (key, request) = match addressed(request.method(), request.uri()) {
         Addressed::Other => return next.run(request).await,
         Addressed::Execution(key) => (key, request),
@@ -103,6 +105,15 @@ pub(crate) async fn forward_to_owner(State(state): State<SharedState>, request: 
     };
     // Uploads held here: this replica serves it (no lookup on the affinity path).
     if state.pipeline.holds(&key) {
+        return next.run(request).await;
+    }
+    // Only a run the caller sees is forwarded: another principal's is answered here, as a
+    // missing one, by the handlers (no timing or answer of another replica tells it apart).
+    let sees_run = match state.store.get_run(&key.run_id).await {
+        Ok(Some(run)) => run.principal == principal.name.as_str() || principal.may(Action::ReadAll),
+        _ => false,
+    };
+    if !sees_run {
         return next.run(request).await;
     }
     let owner_url = match state.store.get_execution(&key).await {
@@ -154,15 +165,14 @@ async fn forward(state: &SharedState, owner_url: &str, request: Request) -> Resp
     }
 }
 
+/// The client's answer names neither the replica's internal URL nor the transport's error
+/// (both are logged).
 fn unreachable_owner(owner_url: &str, error: &str) -> Response {
     tracing::warn!(owner_url, error, "could not forward to the replica serving the execution");
-    Problem::new(
-        ErrorCode::ExecutionOwnedElsewhere,
-        format!("the gateway replica serving this execution ({owner_url}) could not be reached: {error}"),
-    )
-    .with_hint("retry after Retry-After; if that replica is gone, the execution fails once its lease expires")
-    .with_retry_after(1)
-    .into_response()
+    Problem::new(ErrorCode::ExecutionOwnedElsewhere, "the gateway replica serving this execution could not be reached")
+        .with_hint("retry after Retry-After; if that replica is gone, the execution fails once its lease expires")
+        .with_retry_after(1)
+        .into_response()
 }
 
 #[cfg(test)]

@@ -119,10 +119,15 @@ impl ResolvesServerCert for ReloadingCertificate {
     }
 }
 
-/// The TLS client configuration replicas forward with: the public web roots, plus the
-/// certificates of `ca_file` (`FILAMENT_FORWARD_CA_FILE`) when given.
+/// The TLS client configuration replicas forward with: the certificates of `ca_file`
+/// (`FILAMENT_FORWARD_CA_FILE`) alone when given, else the public web roots.
 pub(crate) fn forwarding_client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
-    let mut roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
+    // A private CA is trusted alone: a replica's certificate from a public CA, for a name an
+    // attacker could get one for, must not pass for one of the fleet's.
+    let mut roots = match ca_file {
+        Some(_) => rustls::RootCertStore::empty(),
+        None => rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() },
+    };
     if let Some(path) = ca_file {
         let certs = CertificateDer::pem_file_iter(path)
             .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())

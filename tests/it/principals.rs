@@ -353,9 +353,9 @@ async fn a_principal_over_its_share_is_refused_while_another_is_served() {
 
 /// A batch posted to a replica that does not serve the execution is forwarded with the
 /// caller's credential, and the serving replica decides as the principal: acme's batch is
-/// accepted through the second replica, another principal's is answered (by the serving
-/// replica, which decides) as for a missing run, and a token no principal holds is refused by
-/// the second replica itself, forwarding nothing.
+/// accepted through the second replica. Only a run the caller sees is forwarded: another
+/// principal's batch is answered by the second replica itself as for a missing run, and a
+/// token no principal holds is refused there too, forwarding nothing.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_forwarded_batch_keeps_its_principal() {
     let tokens = Tokens::new();
@@ -373,10 +373,10 @@ async fn a_forwarded_batch_keeps_its_principal() {
     let unknown = post_batch_as(&second, "fbq_nobody-holds-this-token", &batch, ipc_stream(&[ids(10..20)])).await;
     assert_problem(unknown, StatusCode::UNAUTHORIZED, "unauthorized");
     let forwarded = second.metric("filament_requests_forwarded_total").await;
-    assert_eq!(forwarded, Some(1.0), "only the authenticated request was forwarded");
+    assert_eq!(forwarded, None, "neither another principal's nor an unknown token's request was forwarded");
     let (status, receipt) = post_batch_as(&second, &tokens.acme, &batch, ipc_stream(&[ids(10..20)])).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{receipt}");
-    assert_eq!(second.metric("filament_requests_forwarded_total").await, Some(2.0), "served by the first replica");
+    assert_eq!(second.metric("filament_requests_forwarded_total").await, Some(1.0), "served by the first replica");
     let commit = format!("/v1/runs/{run}/executions/e/commit?wait=true");
     let (status, committed) = as_principal(&second, &tokens.acme, Method::POST, &commit, None).await;
     assert_eq!((status, committed["state"].as_str()), (StatusCode::OK, Some("committed")), "{committed}");
