@@ -30,17 +30,21 @@ pub enum CliError {
     NotJson(reqwest::Error),
     #[error("the gateway URL {0:?} is not an http(s) URL")]
     InvalidUrl(String),
+    #[error("no token: {0}")]
+    NoToken(String),
 }
 
 struct Api {
     http: reqwest::Client,
     connection: GatewayConnection,
+    token: String,
 }
 
 impl Api {
-    fn new(connection: GatewayConnection) -> Self {
+    fn new(connection: GatewayConnection) -> Result<Self, CliError> {
         let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap_or_default();
-        Self { http, connection }
+        let token = connection.bearer().map_err(CliError::NoToken)?;
+        Ok(Self { http, connection, token })
     }
 
     /// The URL of the API path made of `segments` (each percent-encoded as one segment).
@@ -56,7 +60,7 @@ impl Api {
         let response = self
             .http
             .get(url.clone())
-            .bearer_auth(&self.connection.token)
+            .bearer_auth(&self.token)
             .query(query)
             .send()
             .await
@@ -64,7 +68,7 @@ impl Api {
         let status = response.status();
         let body: Value = response.json().await.map_err(CliError::NotJson)?;
         if !status.is_success() {
-            let text = |field: &str| body[field].as_str().unwrap_or_default().to_string();
+            let text = |field: &str| printable(body[field].as_str().unwrap_or_default());
             return Err(CliError::Refused { status: status.as_u16(), code: text("code"), detail: text("detail") });
         }
         Ok(body)
@@ -76,7 +80,7 @@ pub async fn run(command: RunsCommand) -> Result<Outcome, CliError> {
     match command {
         RunsCommand::List { gateway, state, dataset, principal, limit, json } => {
             let runs = list_runs(
-                &Api::new(gateway),
+                &Api::new(gateway)?,
                 [("state", state), ("dataset", dataset), ("principal", principal)],
                 limit,
             )
@@ -85,16 +89,16 @@ pub async fn run(command: RunsCommand) -> Result<Outcome, CliError> {
             Ok(Outcome::Succeeded)
         }
         RunsCommand::Show { gateway, run, json } => {
-            let view = Api::new(gateway).get(&["v1", "runs", &run], &[]).await?;
+            let view = Api::new(gateway)?.get(&["v1", "runs", &run], &[]).await?;
             print!("{}", if json { pretty(&view) } else { run_text(&view) });
             Ok(Outcome::Succeeded)
         }
         RunsCommand::Events { gateway, run, execution, follow, json } => {
-            events(&Api::new(gateway), &run, &execution, follow, json).await?;
+            events(&Api::new(gateway)?, &run, &execution, follow, json).await?;
             Ok(Outcome::Succeeded)
         }
         RunsCommand::Watch { gateway, run, execution, interval_secs } => {
-            watch(&Api::new(gateway), &run, &execution, Duration::from_secs(interval_secs.max(1))).await
+            watch(&Api::new(gateway)?, &run, &execution, Duration::from_secs(interval_secs.max(1))).await
         }
     }
 }
@@ -132,10 +136,10 @@ async fn watch(api: &Api, run: &str, execution: &str, interval: Duration) -> Res
             "failed" | "aborted" => {
                 let error = &view["error"];
                 if let Some(code) = error["code"].as_str() {
-                    println!("error: {code}: {}", error["detail"].as_str().unwrap_or_default());
+                    println!("error: {}: {}", printable(code), text(&error["detail"]));
                 }
                 if let Some(hint) = error["hint"].as_str() {
-                    println!("hint: {hint}");
+                    println!("hint: {}", printable(hint));
                 }
                 return Ok(Outcome::Failed);
             }
@@ -184,7 +188,7 @@ fn event_line(event: &Value) -> String {
         "{}  {:<20} {:<16}{count}  {}",
         text(&event["at"]),
         text(&event["kind"]),
-        event["resource"].as_str().unwrap_or(""),
+        printable(event["resource"].as_str().unwrap_or("")),
         event["detail"]
     )
 }
@@ -193,12 +197,19 @@ fn pretty(value: &Value) -> String {
     format!("{}\n", serde_json::to_string_pretty(value).unwrap_or_default())
 }
 
+/// A value of the gateway's answer as terminal text: strings with their control characters
+/// escaped (`\n`, `\u{1b}`), so no answer moves the cursor, rewrites a line or fakes one.
 fn text(value: &Value) -> String {
     match value {
         Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
+        Value::String(s) => printable(s),
         other => other.to_string(),
     }
+}
+
+/// `s` with every control character escaped (the rest, any language's letters included, kept).
+fn printable(s: &str) -> String {
+    s.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
 }
 
 /// Rows under a header, each column as wide as its widest cell, two spaces apart.
@@ -298,6 +309,13 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn control_characters_of_an_answer_are_escaped_and_letters_kept() {
+        let hostile = json!("run\u{1b}[2J\nerror: forged line\tGröße");
+        assert_eq!(text(&hostile), "run\\u{1b}[2J\\nerror: forged line\\tGröße");
+        assert!(!runs_table(&[json!({"run_id": "a\u{7}b"})]).contains('\u{7}'));
+    }
 
     #[test]
     fn tables_align_every_column_to_its_widest_cell() {

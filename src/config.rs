@@ -39,9 +39,30 @@ pub struct GatewayConnection {
     /// Base URL of the gateway (any replica, or the load balancer in front of them).
     #[arg(long, env = "FILAMENT_URL", default_value = "http://127.0.0.1:8080")]
     pub url: String,
-    /// Bearer token (a principal's, or a Google ID token) sent with each request.
-    #[arg(long, env = "FILAMENT_TOKEN", hide_env_values = true)]
-    pub token: String,
+    /// Bearer token (a principal's, or a Google ID token) sent with each request. Prefer the
+    /// environment variable or `--token-file`: a token on the command line shows in `ps` and in
+    /// shell history (it still works, with a warning).
+    #[arg(long, env = "FILAMENT_TOKEN", hide_env_values = true, required_unless_present = "token_file")]
+    pub token: Option<String>,
+    /// A file whose first line is the bearer token.
+    #[arg(long, env = "FILAMENT_TOKEN_FILE", conflicts_with = "token")]
+    pub token_file: Option<std::path::PathBuf>,
+}
+
+impl GatewayConnection {
+    /// The bearer token: `--token`/`FILAMENT_TOKEN`, or the first line of the token file.
+    pub fn bearer(&self) -> Result<String, String> {
+        if let Some(token) = &self.token {
+            return Ok(token.trim().to_string());
+        }
+        let path = self.token_file.as_ref().ok_or("set FILAMENT_TOKEN or FILAMENT_TOKEN_FILE")?;
+        let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let token = text.lines().next().unwrap_or_default().trim().to_string();
+        if token.is_empty() {
+            return Err(format!("{} holds no token on its first line", path.display()));
+        }
+        Ok(token)
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -43,7 +43,7 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
             print!("{}", filament_bigquery::app::new_token(&principal).map_err(anyhow::Error::msg)?);
             Ok(std::process::ExitCode::SUCCESS)
         }
-        Command::Runs(command) => match filament_bigquery::cli::run(command).await {
+        Command::Runs(command) => match filament_bigquery::cli::run(warn_of_a_token_in_argv(command)).await {
             Ok(filament_bigquery::cli::Outcome::Succeeded) => Ok(std::process::ExitCode::SUCCESS),
             Ok(filament_bigquery::cli::Outcome::Failed) => Ok(std::process::ExitCode::from(1)),
             Err(error) => {
@@ -52,4 +52,14 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
             }
         },
     }
+}
+
+/// A token given as `--token` shows in `ps` and in shell history: it works, with a warning.
+fn warn_of_a_token_in_argv(command: filament_bigquery::config::RunsCommand) -> filament_bigquery::config::RunsCommand {
+    if std::env::args().any(|arg| arg == "--token" || arg.starts_with("--token=")) {
+        eprintln!(
+            "warning: a token on the command line shows in `ps` and shell history; set FILAMENT_TOKEN or pass --token-file"
+        );
+    }
+    command
 }

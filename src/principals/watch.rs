@@ -44,7 +44,7 @@ impl PrincipalSources {
         }
         if let Some(path) = &self.file {
             let shown = path.display().to_string();
-            let text = std::fs::read_to_string(path).map_err(|error| LoadError::Read { path: shown.clone(), error })?;
+            let text = read_settled(path).map_err(|error| LoadError::Read { path: shown.clone(), error })?;
             let declared = file::parse(&text, !self.api_tokens.is_empty())
                 .map_err(|refused| LoadError::Refused { path: shown, refused })?;
             // A digest in both FILAMENT_API_TOKENS and the file would select two principals.
@@ -138,6 +138,23 @@ pub(crate) fn reload(sources: &PrincipalSources, principals: &Principals) {
             tracing::error!(%error, "principals.reload_refused: the previous principals stay in force");
         }
     }
+}
+
+/// Reads of a file that keeps changing while it is read, before the load gives up.
+const SETTLED_READ_ATTEMPTS: usize = 3;
+
+/// The file's text, read whole, once it did not change while it was read (its modification
+/// time and size the same before and after): an editor writing in place could otherwise hand
+/// over a half-written file that parses, its missing lines falling back to defaults.
+fn read_settled(path: &Path) -> std::io::Result<String> {
+    for _ in 0..SETTLED_READ_ATTEMPTS {
+        let before = modification(path);
+        let text = std::fs::read_to_string(path)?;
+        if before.is_some() && modification(path) == before {
+            return Ok(text);
+        }
+    }
+    Err(std::io::Error::other("the file kept changing while it was read; the next check reads it again"))
 }
 
 /// The file's modification time and size (a rewrite within the same second changes the size

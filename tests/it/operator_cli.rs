@@ -93,3 +93,35 @@ async fn runs_watch_exits_1_with_the_code_and_hint_of_a_failed_execution() {
     assert_eq!(code, 0);
     assert!(table.lines().nth(1).is_some_and(|line| line.starts_with("run") && line.contains(error_code)), "{table}");
 }
+
+/// The token comes from `FILAMENT_TOKEN` or a file; one on the command line still works, with
+/// a warning (it shows in `ps` and shell history).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_token_comes_from_a_file_and_one_in_argv_is_warned_about() {
+    let gw = Gateway::spawn().await;
+    gw.create_run("cli-token").await;
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), format!("{}\n", gw.token)).unwrap();
+    let cli = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_filament-bigquery"))
+            .arg("runs")
+            .args(args)
+            .env_clear()
+            .env("FILAMENT_URL", &gw.base_url)
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let path = file.path().to_str().unwrap();
+    let (code, listed, stderr) = cli(&["list", "--token-file", path]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(listed.contains("cli-token") && !stderr.contains("warning"), "{listed}{stderr}");
+    let (code, listed, stderr) = cli(&["list", "--token", &gw.token]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(listed.contains("cli-token"), "{listed}");
+    assert!(stderr.contains("warning: a token on the command line"), "{stderr}");
+}
