@@ -15,6 +15,7 @@ pub(crate) mod jobs;
 pub(crate) mod known_datasets;
 pub(crate) mod metadata;
 pub(crate) mod retry;
+pub(crate) mod row_errors;
 pub(crate) mod write;
 
 pub(crate) use error::{BigQueryError, BigQueryResult};

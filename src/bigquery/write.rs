@@ -415,8 +415,12 @@ pub(crate) fn append_request(
 /// Judges an AppendRows response: errors inside an OK response are errors.
 pub(crate) fn judge_append_response(offset: i64, response: AppendRowsResponse) -> BigQueryResult<AppendAck> {
     if !response.row_errors.is_empty() {
-        let rows: Vec<String> =
-            response.row_errors.iter().take(5).map(|e| format!("row {}: {}", e.index, e.message)).collect();
+        let rows: Vec<String> = response
+            .row_errors
+            .iter()
+            .take(5)
+            .map(|e| format!("row {}: {}", e.index, super::row_errors::without_row_values(&e.message)))
+            .collect();
         return Err(BigQueryError::InResponse {
             operation: "AppendRows",
             code: tonic::Code::InvalidArgument,
@@ -435,7 +439,11 @@ pub(crate) fn judge_append_response(offset: i64, response: AppendRowsResponse) -
         Some(append_rows_response::Response::Error(status)) => Err(BigQueryError::InResponse {
             operation: "AppendRows",
             code: tonic::Code::from_i32(status.code),
-            message: format!("append at offset {offset} failed (code {}): {}", status.code, status.message),
+            message: format!(
+                "append at offset {offset} failed (code {}): {}",
+                status.code,
+                super::row_errors::without_row_values(&status.message)
+            ),
         }),
         None => Err(BigQueryError::Inconsistent(format!("empty AppendRows response at offset {offset}"))),
     }
