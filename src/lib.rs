@@ -13,8 +13,10 @@
 //! - `pipeline`: admission under the byte budget, then per execution and resource upload
 //!   lanes that batch payloads and append them to PENDING write streams (windows, retries).
 //! - `bigquery`: Storage Write client (tonic), datasets/tables/jobs (REST), credentials.
-//! - `publish`: commit: finalize and commit streams, then one query job per destination;
-//!   pure SQL generation, deterministic job ids, fingerprints and the redelivery decision.
+//! - `publish`: commit in phases: every stream finalized and committed to staging, then (the
+//!   barrier) one query job per resource, eight tables at a time by default; its decisions
+//!   pure (`publish::decide`), SQL generation, deterministic job ids, fingerprints and the
+//!   redelivery decision.
 //! - `store`: the only module that talks to Postgres (sqlx).
 //! - `replica`: this process as one replica of a fleet: leases on the executions it serves.
 //! - [`model`]: identifiers and keys, columns, the staging contract, write modes and states

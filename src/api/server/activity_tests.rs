@@ -1,5 +1,8 @@
 //! The connection limits' clock, with paused time.
 
+use std::time::Duration;
+
+use super::super::{ConnectionLimits, MIN_HTTP1_READ_BUFFER_BYTES, http1_read_buffer_bytes};
 use super::*;
 
 #[test]

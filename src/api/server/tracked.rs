@@ -1,0 +1,203 @@
+//! The connection's stream, router and response bodies, each telling [`Activity`] what it
+//! sees: bytes read (a request head starting), writes the socket takes or not (and the HTTP/2
+//! DATA among them), requests opened and closed, response bodies handed over for sending.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::response::Response;
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::activity::Activity;
+use crate::api::http2_frames::DataFrameCounter;
+
+/// The TCP stream, telling [`Activity`] what it reads.
+#[derive(Debug)]
+pub(super) struct TrackedStream<S> {
+    inner: S,
+    activity: Arc<Activity>,
+    /// HTTP/2: the DATA payload in what the connection writes.
+    frames: DataFrameCounter,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for TrackedStream<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.read(&buf.filled()[before..]);
+        }
+        polled
+    }
+}
+
+impl<S> TrackedStream<S> {
+    pub(super) fn new(inner: S, activity: Arc<Activity>) -> Self {
+        Self { inner, activity, frames: DataFrameCounter::default() }
+    }
+
+    /// Tells [`Activity`] whether a write is waiting for the socket.
+    fn track_write<T>(&self, polled: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        self.activity.write_blocked(polled.is_pending());
+        polled
+    }
+
+    /// Tells [`Activity`] of the HTTP/2 DATA among `written` (the bytes the socket took).
+    fn track_data(&mut self, written: &[u8]) {
+        if !written.is_empty() && self.activity.is_http2() {
+            let data = self.frames.data_bytes(written);
+            if data > 0 {
+                self.activity.data_written(data);
+            }
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for TrackedStream<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(written)) = polled {
+            self.track_data(&buf[..written]);
+        }
+        self.track_write(polled)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.track_write(polled)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(mut written)) = polled {
+            for buf in bufs {
+                let taken = written.min(buf.len());
+                self.track_data(&buf[..taken]);
+                written -= taken;
+                if written == 0 {
+                    break;
+                }
+            }
+        }
+        self.track_write(polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// The router, telling [`Activity`] which requests are open: from the call until its response
+/// body has been sent (or dropped).
+#[derive(Debug, Clone)]
+pub(super) struct TrackedRouter {
+    pub(super) router: Router,
+    pub(super) activity: Arc<Activity>,
+    /// The client's address, for the handlers (`ConnectInfo`) and the audit trail.
+    pub(super) peer: SocketAddr,
+}
+
+impl tower::Service<Request<hyper::body::Incoming>> for TrackedRouter {
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, std::convert::Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut request: Request<hyper::body::Incoming>) -> Self::Future {
+        let open = OpenRequest::new(Arc::clone(&self.activity));
+        request.extensions_mut().insert(axum::extract::ConnectInfo(self.peer));
+        let mut router = self.router.clone();
+        Box::pin(async move {
+            let response = tower::Service::call(&mut router, request.map(Body::new)).await?;
+            let pending = PendingResponse::new(Arc::clone(&open.0));
+            Ok(response.map(|body| Body::new(TrackedBody { body, pending, _open: open })))
+        })
+    }
+}
+
+/// One open request; closed when dropped (with its response body).
+#[derive(Debug)]
+struct OpenRequest(Arc<Activity>);
+
+impl OpenRequest {
+    fn new(activity: Arc<Activity>) -> Self {
+        activity.request_opened();
+        Self(activity)
+    }
+}
+
+impl Drop for OpenRequest {
+    fn drop(&mut self) {
+        self.0.request_closed();
+    }
+}
+
+/// A response produced and not yet sent; ended when dropped (with its body).
+#[derive(Debug)]
+struct PendingResponse(Arc<Activity>);
+
+impl PendingResponse {
+    fn new(activity: Arc<Activity>) -> Self {
+        activity.response_started();
+        Self(activity)
+    }
+}
+
+impl Drop for PendingResponse {
+    fn drop(&mut self) {
+        self.0.response_ended();
+    }
+}
+
+/// A response body that keeps its request open until it is sent or dropped, and tells
+/// [`Activity`] each time it is read for sending.
+#[derive(Debug)]
+struct TrackedBody {
+    body: Body,
+    pending: PendingResponse,
+    _open: OpenRequest,
+}
+
+impl http_body::Body for TrackedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        self.pending.0.response_progressed();
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && let Some(data) = frame.data_ref()
+        {
+            self.pending.0.body_handed_over(data.len() as u64);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
