@@ -157,6 +157,14 @@ mod tests {
         StreamReader::try_new(std::io::Cursor::new(stream), None).unwrap().map(|b| b.unwrap()).collect()
     }
 
+    /// The first (Int64) column of every payload, read back in order.
+    fn ids_read_back(input: &RecordBatch, payloads: &[AppendPayload]) -> Vec<i64> {
+        read_back(&input.schema(), payloads)
+            .iter()
+            .flat_map(|b| b.column(0).as_any().downcast_ref::<Int64Array>().unwrap().values().to_vec())
+            .collect()
+    }
+
     #[test]
     fn splits_below_the_budget_and_keeps_every_row_in_order() {
         let input = batch((0..1000).map(|i| format!("value-{i}-{}", "x".repeat(i % 50))).collect());
@@ -165,12 +173,7 @@ mod tests {
         assert!(payloads.len() > 1);
         assert!(payloads.iter().all(|p| p.serialized_record_batch.len() <= 8 * 1024));
         assert_eq!(payloads.iter().map(|p| p.rows).sum::<usize>(), 1000);
-        let decoded = read_back(&input.schema(), &payloads);
-        let ids: Vec<i64> = decoded
-            .iter()
-            .flat_map(|b| b.column(0).as_any().downcast_ref::<Int64Array>().unwrap().values().to_vec())
-            .collect();
-        assert_eq!(ids, (0..1000).collect::<Vec<_>>());
+        assert_eq!(ids_read_back(&input, &payloads), (0..1000).collect::<Vec<_>>());
     }
 
     #[test]
@@ -188,12 +191,7 @@ mod tests {
         let mut payloads = Vec::new();
         split_into_payloads(&input, 0, PayloadLimits { max_bytes: 8 << 20, max_rows: 1_000 }, &mut payloads).unwrap();
         assert_eq!(payloads.iter().map(|p| p.rows).collect::<Vec<_>>(), [1_000, 1_000, 500]);
-        let decoded = read_back(&input.schema(), &payloads);
-        let ids: Vec<i64> = decoded
-            .iter()
-            .flat_map(|b| b.column(0).as_any().downcast_ref::<Int64Array>().unwrap().values().to_vec())
-            .collect();
-        assert_eq!(ids, (0..2_500).collect::<Vec<_>>());
+        assert_eq!(ids_read_back(&input, &payloads), (0..2_500).collect::<Vec<_>>());
     }
 
     #[test]

@@ -47,8 +47,7 @@ pub enum WriteMode {
 
 impl WriteMode {
     /// Every write mode, in declaration order.
-    #[cfg(test)]
-    pub(crate) const ALL: [WriteMode; 9] = [
+    pub const ALL: [WriteMode; 9] = [
         WriteMode::FullReplace,
         WriteMode::FullAppend,
         WriteMode::FullUpsert,

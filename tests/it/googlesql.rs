@@ -228,18 +228,6 @@ fn unique<T>(named: Vec<(String, T)>) -> Vec<(String, T)> {
     named.into_iter().filter(|(name, _)| seen.insert(name.to_ascii_lowercase())).collect()
 }
 
-const WRITE_MODES: [WriteMode; 9] = [
-    WriteMode::FullReplace,
-    WriteMode::FullAppend,
-    WriteMode::FullUpsert,
-    WriteMode::IncrementalAppend,
-    WriteMode::IncrementalUpsert,
-    WriteMode::IncrementalDelete,
-    WriteMode::CdcAppend,
-    WriteMode::CdcMerge,
-    WriteMode::History,
-];
-
 /// BigQuery's DATE range, 0001-01-01 to 9999-12-31, in days from 1970-01-01, and its
 /// TIMESTAMP and DATETIME range in microseconds (the gateway refuses values outside them).
 const DATE_DAYS: (i64, i64) = (-719_162, 2_932_896);
@@ -317,7 +305,7 @@ fn generated_case() -> impl Strategy<Value = GeneratedCase> {
     let key = proptest::collection::vec((name(), key_type(), any::<bool>(), any::<(u8, u8, i64, i64)>()), 1..4);
     let others = proptest::collection::vec((name(), any_type()), 0..5);
     let metadata = proptest::sample::subsequence(MetadataColumn::ALL.to_vec(), 0..=MetadataColumn::ALL.len());
-    let modes = proptest::sample::select(WRITE_MODES.to_vec());
+    let modes = proptest::sample::select(WriteMode::ALL.to_vec());
     let order = proptest::collection::vec((name(), order_type()), 0..3);
     let (soft, snapshot) = (any::<bool>(), any::<bool>());
     (modes, key, others, metadata, order, (soft, snapshot)).prop_map(
@@ -435,7 +423,7 @@ fn generated_case() -> impl Strategy<Value = GeneratedCase> {
 /// What every run must have covered.
 fn required_features() -> BTreeSet<String> {
     let mut required = BTreeSet::new();
-    for mode in WRITE_MODES {
+    for mode in WriteMode::ALL {
         required.insert(format!("write mode {mode}"));
         for column in MetadataColumn::ALL {
             required.insert(format!("{mode} with {}", column.column_name()));
