@@ -9,7 +9,7 @@ use reqwest::{Method, StatusCode};
 
 use crate::support::jwks::{IdTokenClaims, JwksServer};
 use crate::support::principals::{PrincipalsFile, new_token};
-use crate::support::{Gateway, GatewayOptions, assert_problem, send};
+use crate::support::{Gateway, GatewayOptions, assert_problem, eventually, send};
 
 const AUDIENCE: &str = "https://filament-bigquery.test";
 const EMAIL: &str = "loader@acme-prod.iam.gserviceaccount.com";
@@ -120,20 +120,32 @@ async fn two_hundred_concurrent_valid_tokens_during_a_key_rotation_all_succeed()
 }
 
 /// The console's sign-in form takes an ID token as well: its e-mail's principal gets the
-/// session, and an expired one is refused with the reason.
+/// session, for no longer than the token lasts, and only while the principal lists the service
+/// account; an expired one is refused with the reason.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_id_token_signs_in_to_the_console_as_its_principal() {
     let jwks = JwksServer::start().await;
-    let (gw, _file) = gateway(&jwks).await;
+    let (gw, file) = gateway(&jwks).await;
     let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
     let sign_in = |token: String| http.post(gw.url("/ui/sign-in")).form(&[("token", token)]).send();
     let answer = sign_in(jwks.sign_rs256(&valid())).await.unwrap();
     assert_eq!(answer.status(), StatusCode::SEE_OTHER);
-    let cookie = answer.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_string();
+    let set_cookie = answer.headers()["set-cookie"].to_str().unwrap().to_string();
+    let max_age: u64 = set_cookie.split("Max-Age=").nth(1).unwrap().split(';').next().unwrap().parse().unwrap();
+    assert!(max_age <= 3600, "the session ends when the ID token would, not after 8 h: {set_cookie}");
+    let cookie = set_cookie.split(';').next().unwrap().to_string();
     assert!(cookie.ends_with(".loader"), "the session names the principal: {cookie}");
     let page = http.get(gw.url("/ui/")).header("cookie", &cookie).send().await.unwrap();
     assert_eq!(page.status(), StatusCode::OK);
     assert!(page.text().await.unwrap().contains("signed in as"));
+    // The operator removes the service account from the principal: its session ends.
+    let token_only = "[[principal]]\nname = \"loader\"\ntoken_sha256 = [\"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\"]\ndestinations = [\"filament-demo.*\"]\n";
+    file.write_text(token_only);
+    eventually(Duration::from_secs(15), "the removed service account's session to end", || async {
+        let page = http.get(gw.url("/ui/")).header("cookie", &cookie).send().await.unwrap();
+        (page.status() == StatusCode::UNAUTHORIZED).then_some(())
+    })
+    .await;
     let expired = jwks.sign_rs256(&IdTokenClaims { exp_offset_secs: -120, iat_offset_secs: -3720, ..valid() });
     let refused = sign_in(expired).await.unwrap();
     assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
