@@ -218,32 +218,38 @@ impl Credential {
     /// A fingerprint of the credential (not of the token: of its digest, or of the e-mail),
     /// short and one-way, to carry in a session cookie: 128 bits of SHA-256 over a domain tag.
     pub(crate) fn fingerprint(&self) -> String {
-        let mut hasher = Sha256::new();
-        hasher.update(b"filament-console-session\0");
         match self {
-            Credential::Token { digest } => {
-                hasher.update(b"token\0");
-                hasher.update(digest);
-            }
-            Credential::ServiceAccount { email, .. } => {
-                hasher.update(b"service-account\0");
-                hasher.update(email.as_bytes());
-            }
+            Credential::Token { digest } => token_fingerprint(digest),
+            Credential::ServiceAccount { email, .. } => service_account_fingerprint(email),
         }
-        hex::encode(&hasher.finalize()[..16])
     }
+}
+
+fn token_fingerprint(digest: &[u8; 32]) -> String {
+    fingerprint(b"token", digest)
+}
+
+fn service_account_fingerprint(email: &str) -> String {
+    fingerprint(b"service-account", email.as_bytes())
+}
+
+fn fingerprint(kind: &[u8], identity: &[u8]) -> String {
+    let digest = Sha256::new()
+        .chain_update(b"filament-console-session\0")
+        .chain_update(kind)
+        .chain_update(b"\0")
+        .chain_update(identity)
+        .finalize();
+    hex::encode(&digest[..16])
 }
 
 impl Principal {
     /// Whether the credential of `fingerprint` is still one of the principal's (a rotated
     /// token or a removed service account no longer is).
     pub(crate) fn lists_credential(&self, fingerprint: &str) -> bool {
-        let tokens = self.token_sha256.iter().map(|digest| Credential::Token { digest: *digest });
-        let accounts = self
-            .google_service_accounts
-            .iter()
-            .map(|email| Credential::ServiceAccount { email: email.clone(), expires_at_unix_secs: 0 });
-        tokens.chain(accounts).any(|credential| credential.fingerprint() == fingerprint)
+        let tokens = self.token_sha256.iter().map(token_fingerprint);
+        let accounts = self.google_service_accounts.iter().map(|email| service_account_fingerprint(email));
+        tokens.chain(accounts).any(|listed| listed == fingerprint)
     }
 
     /// The simple mode's principal: the tokens of `FILAMENT_API_TOKENS`, every action and

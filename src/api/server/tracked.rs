@@ -129,43 +129,40 @@ impl tower::Service<Request<hyper::body::Incoming>> for TrackedRouter {
         let mut router = self.router.clone();
         Box::pin(async move {
             let response = tower::Service::call(&mut router, request.map(Body::new)).await?;
-            let pending = PendingResponse::new(Arc::clone(&open.0));
-            Ok(response.map(|body| Body::new(TrackedBody { body, pending, _open: open })))
+            let open = open.responding();
+            Ok(response.map(|body| Body::new(TrackedBody { body, open })))
         })
     }
 }
 
-/// One open request; closed when dropped (with its response body).
+/// One open request, and once its handler answered, its pending response; both end when it
+/// is dropped (with its response body).
 #[derive(Debug)]
-struct OpenRequest(Arc<Activity>);
+struct OpenRequest {
+    activity: Arc<Activity>,
+    responding: bool,
+}
 
 impl OpenRequest {
     fn new(activity: Arc<Activity>) -> Self {
         activity.request_opened();
-        Self(activity)
+        Self { activity, responding: false }
+    }
+
+    /// The handler answered: the response is to be sent from now.
+    fn responding(mut self) -> Self {
+        self.activity.response_started();
+        self.responding = true;
+        self
     }
 }
 
 impl Drop for OpenRequest {
     fn drop(&mut self) {
-        self.0.request_closed();
-    }
-}
-
-/// A response produced and not yet sent; ended when dropped (with its body).
-#[derive(Debug)]
-struct PendingResponse(Arc<Activity>);
-
-impl PendingResponse {
-    fn new(activity: Arc<Activity>) -> Self {
-        activity.response_started();
-        Self(activity)
-    }
-}
-
-impl Drop for PendingResponse {
-    fn drop(&mut self) {
-        self.0.response_ended();
+        if self.responding {
+            self.activity.response_ended();
+        }
+        self.activity.request_closed();
     }
 }
 
@@ -174,8 +171,7 @@ impl Drop for PendingResponse {
 #[derive(Debug)]
 struct TrackedBody {
     body: Body,
-    pending: PendingResponse,
-    _open: OpenRequest,
+    open: OpenRequest,
 }
 
 impl http_body::Body for TrackedBody {
@@ -183,12 +179,12 @@ impl http_body::Body for TrackedBody {
     type Error = axum::Error;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        self.pending.0.response_progressed();
+        self.open.activity.response_progressed();
         let polled = Pin::new(&mut self.body).poll_frame(cx);
         if let Poll::Ready(Some(Ok(frame))) = &polled
             && let Some(data) = frame.data_ref()
         {
-            self.pending.0.body_handed_over(data.len() as u64);
+            self.open.activity.body_handed_over(data.len() as u64);
         }
         polled
     }
