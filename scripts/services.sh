@@ -69,26 +69,39 @@ ensure_pg_binaries() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql >/dev/null
 }
 
+# The cluster's directory: build/pg, or, as root in a checkout the postgres user cannot reach
+# (one under a private directory, such as `mktemp -d` makes), a directory of this checkout's
+# own under /var/tmp (named by a hash of its path, so checkouts still get one cluster each).
+pg_dir() {
+  mkdir -p "$BUILD"
+  if [ "$(id -u)" != 0 ] || runuser -u postgres -- test -x "$BUILD" 2>/dev/null; then
+    echo "$BUILD/pg"
+  else
+    echo "/var/tmp/filament-pg-$(printf '%s' "$ROOT" | sha256sum | cut -c1-16)"
+  fi
+}
+
 start_postgres() { # env-file
   ensure_pg_binaries
-  local bin data port
+  local bin data port pg
   bin=$(find_pg_bin)
-  data="$BUILD/pg/data"
-  mkdir -p "$BUILD/pg"
-  if [ "$(id -u)" = 0 ]; then chown postgres "$BUILD/pg"; fi
+  pg=$(pg_dir)
+  data="$pg/data"
+  mkdir -p "$pg"
+  if [ "$(id -u)" = 0 ]; then chown postgres "$pg"; fi
   if [ ! -f "$data/PG_VERSION" ]; then
     log "initdb $data"
-    as_pg_user "$bin/initdb" -D "$data" -U postgres --auth=trust -E UTF8 --no-sync >"$BUILD/pg/initdb.log"
+    as_pg_user "$bin/initdb" -D "$data" -U postgres --auth=trust -E UTF8 --no-sync >"$pg/initdb.log"
   fi
   if as_pg_user "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then
     # Another environment (make run, make test, make bench) started the cluster: it stops it.
-    port=$(cat "$BUILD/pg/port")
+    port=$(cat "$pg/port")
     echo "export FILAMENT_LOCAL_PG_BORROWED=1" >>"$1"
   else
     port=$(free_port)
-    echo "$port" >"$BUILD/pg/port"
-    as_pg_user "$bin/pg_ctl" -D "$data" -l "$BUILD/pg/server.log" -w -t 60 \
-      -o "-p $port -k $BUILD/pg -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c max_connections=300" \
+    echo "$port" >"$pg/port"
+    as_pg_user "$bin/pg_ctl" -D "$data" -l "$pg/server.log" -w -t 60 \
+      -o "-p $port -k $pg -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c max_connections=300" \
       start >/dev/null
   fi
   log "postgres on 127.0.0.1:$port (data in $data)"
