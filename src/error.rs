@@ -85,6 +85,7 @@ error_codes! {
     UploadFailed => "upload_failed", BAD_GATEWAY, "Upload to BigQuery failed";
     RowCountMismatch => "row_count_mismatch", BAD_GATEWAY, "Row count mismatch";
     IncompatibleSchema => "incompatible_schema", UNPROCESSABLE_ENTITY, "Incompatible destination schema";
+    RequiredColumnMissing => "required_column_missing", UNPROCESSABLE_ENTITY, "Required destination column missing";
     PendingStreamExpired => "pending_stream_expired", CONFLICT, "Pending stream expired";
     GatewayRestarted => "gateway_restarted", SERVICE_UNAVAILABLE, "Gateway restarted during the execution";
     ExecutionOwnedElsewhere => "execution_owned_elsewhere", SERVICE_UNAVAILABLE, "Execution served by another replica";

@@ -6,7 +6,7 @@
 
 use google_cloud_bigquery_v2::model::{
     Clustering, Dataset, DatasetReference, RangePartitioning, Table, TableFieldSchema, TableReference, TableSchema,
-    TimePartitioning, range_partitioning,
+    TimePartitioning, range_partitioning, table_field_schema::FieldElementType,
 };
 
 use super::known_datasets::KnownDataset;
@@ -19,22 +19,30 @@ const MILLIS_PER_DAY: i64 = 86_400_000;
 
 /// The field schema `tables.insert` / `tables.patch` take for a column (nested for STRUCTs).
 pub(crate) fn field_schema(column: &Column) -> TableFieldSchema {
-    let field = TableFieldSchema::new()
-        .set_name(&column.name)
-        .set_type(column.bigquery_type.type_name())
-        .set_mode(column.mode());
+    let field = typed_field(column);
     match &column.bigquery_type {
         BigQueryType::Struct(fields) => field.set_fields(fields.iter().map(field_schema)),
         _ => field,
     }
 }
 
-/// [`field_schema`] with the column's description (and its STRUCT fields' descriptions).
-fn described_field_schema(column: &Column, descriptions: &ColumnDescriptions) -> TableFieldSchema {
-    let mut field = TableFieldSchema::new()
+/// A column's name, type and mode (and a RANGE's element type), without STRUCT fields.
+fn typed_field(column: &Column) -> TableFieldSchema {
+    let field = TableFieldSchema::new()
         .set_name(&column.name)
         .set_type(column.bigquery_type.type_name())
         .set_mode(column.mode());
+    match &column.bigquery_type {
+        BigQueryType::Range(element) => {
+            field.set_range_element_type(FieldElementType::new().set_type(element.type_name()))
+        }
+        _ => field,
+    }
+}
+
+/// [`field_schema`] with the column's description (and its STRUCT fields' descriptions).
+fn described_field_schema(column: &Column, descriptions: &ColumnDescriptions) -> TableFieldSchema {
+    let mut field = typed_field(column);
     if let Some(text) = descriptions.text(&column.name) {
         field = field.set_description(text);
     }
@@ -160,26 +168,71 @@ pub(crate) fn describe_field(field: &TableFieldSchema) -> String {
     text
 }
 
-/// Whether rows of `wanted` can be inserted into the existing field as they are: same type,
-/// same repetition, and for STRUCTs the same fields in the same order (BigQuery assigns struct
-/// values by position).
-pub(crate) fn field_accepts(existing: &TableFieldSchema, wanted: &Column) -> bool {
-    if existing.mode.eq_ignore_ascii_case("REPEATED") != wanted.repeated
-        || !wanted.bigquery_type.is_named(&existing.r#type)
-    {
-        return false;
+/// `wanted` as the existing field takes it: as it is (same type, same repetition, a RANGE of
+/// the same element type, and for STRUCTs the same fields in the same order, as BigQuery
+/// assigns struct values by position), or cast into the field's wider type where BigQuery
+/// coerces without changing a value's meaning ([`BigQueryType::coerces_into`]; the column
+/// comes back with `published_as`); `None` when the field cannot take it.
+pub(crate) fn as_published_into(existing: &TableFieldSchema, wanted: &Column) -> Option<Column> {
+    if existing.mode.eq_ignore_ascii_case("REPEATED") != wanted.repeated {
+        return None;
+    }
+    if !wanted.bigquery_type.is_named(&existing.r#type) {
+        let wider = BigQueryType::numeric_named(&existing.r#type)?;
+        return wanted
+            .bigquery_type
+            .coerces_into()
+            .contains(&wider)
+            .then(|| Column { published_as: Some(wider), ..wanted.clone() });
     }
     match &wanted.bigquery_type {
         BigQueryType::Struct(fields) => {
-            existing.fields.len() == fields.len()
-                && existing
-                    .fields
-                    .iter()
-                    .zip(fields)
-                    .all(|(e, w)| e.name.eq_ignore_ascii_case(&w.name) && field_accepts(e, w))
+            if existing.fields.len() != fields.len() {
+                return None;
+            }
+            let published = existing
+                .fields
+                .iter()
+                .zip(fields)
+                .map(|(e, w)| e.name.eq_ignore_ascii_case(&w.name).then(|| as_published_into(e, w)).flatten())
+                .collect::<Option<Vec<_>>>()?;
+            Some(Column { bigquery_type: BigQueryType::Struct(published), ..wanted.clone() })
         }
-        _ => true,
+        BigQueryType::Range(element) => {
+            let held = existing.range_element_type.as_ref().map(|e| e.r#type.as_str());
+            held.is_some_and(|held| held.eq_ignore_ascii_case(element.type_name())).then(|| wanted.clone())
+        }
+        _ => Some(wanted.clone()),
     }
+}
+
+/// Whether rows of `wanted` can be inserted into the existing field ([`as_published_into`]).
+pub(crate) fn field_accepts(existing: &TableFieldSchema, wanted: &Column) -> bool {
+    as_published_into(existing, wanted).is_some()
+}
+
+/// `wanted` as the existing table takes each column: columns the table holds with a wider type
+/// are cast into it by the publication; the others (the table's own types, or new columns)
+/// as they are. Columns the table cannot take are [`type_conflicts`].
+pub(crate) fn published_columns(existing: &[TableFieldSchema], wanted: &[Column]) -> Vec<Column> {
+    wanted
+        .iter()
+        .map(|w| {
+            let held = existing.iter().find(|e| e.name.eq_ignore_ascii_case(&w.name));
+            held.and_then(|e| as_published_into(e, w)).unwrap_or_else(|| w.clone())
+        })
+        .collect()
+}
+
+/// The existing table's REQUIRED columns that `wanted` does not hold: rows published without
+/// them would be refused by BigQuery.
+pub(crate) fn required_columns_missing<'a>(existing: &'a [TableFieldSchema], wanted: &[Column]) -> Vec<&'a str> {
+    existing
+        .iter()
+        .filter(|e| e.mode.eq_ignore_ascii_case("REQUIRED"))
+        .filter(|e| !wanted.iter().any(|w| w.name.eq_ignore_ascii_case(&e.name)))
+        .map(|e| e.name.as_str())
+        .collect()
 }
 
 impl BigQuery {

@@ -4,8 +4,11 @@
 //!
 //! Conversions: integers, floats, binaries and strings widen; timestamps become microseconds in
 //! UTC (DATETIME without zone); TIME, NUMERIC and BIGNUMERIC become exact strings
-//! (`HH:MM:SS.ffffff`, the decimal's digits); JSON strings are checked to parse; lists, large
-//! and fixed-size lists and maps become lists, a null list an empty one.
+//! (`HH:MM:SS.ffffff`, the decimal's digits); JSON strings are checked to parse; GEOGRAPHY,
+//! RANGE and INTERVAL values are checked and staged by [`super::geography`],
+//! [`super::range_values`] and [`super::interval`]; lists, large and fixed-size lists and maps
+//! become lists, a null list an empty one. Columns are staged under their staged names
+//! (`Column::staged_name`).
 
 use std::sync::Arc;
 
@@ -21,15 +24,15 @@ use arrow_buffer::OffsetBuffer;
 use arrow_cast::{CastOptions, cast_with_options};
 use arrow_schema::{DataType, Field, TimeUnit};
 
-use super::IngestError;
 use super::schema::MappedSchema;
+use super::{IngestError, geography, interval, range_values};
 use crate::model::columns::{BigQueryType, Column};
 use crate::model::staging::{OPERATIONS, staged_order};
 
 const MILLIS_PER_DAY: i64 = 86_400_000;
 const MICROS_PER_DAY: i64 = 86_400_000_000;
 /// Maps an index of the array being converted to the row of the request body.
-type RowOf<'a> = &'a dyn Fn(usize) -> usize;
+pub(super) type RowOf<'a> = &'a dyn Fn(usize) -> usize;
 
 /// Converts one incoming batch; `first_row` is the index of its first row within the request
 /// body, so errors name the row as the client numbered it. `_filament_seq` (when staged) holds
@@ -94,17 +97,17 @@ fn operations(array: &ArrayRef, first_row: usize) -> Result<ArrayRef, IngestErro
     Ok(strings)
 }
 
-fn cast_strict(array: &ArrayRef, to: &DataType) -> Result<ArrayRef, IngestError> {
+pub(super) fn cast_strict(array: &ArrayRef, to: &DataType) -> Result<ArrayRef, IngestError> {
     let strict = CastOptions { safe: false, ..Default::default() };
     cast_with_options(array, to, &strict).map_err(|e| IngestError::Arrow(e.to_string()))
 }
 
-fn invalid_value(path: &str, row: usize, reason: impl Into<String>) -> IngestError {
+pub(super) fn invalid_value(path: &str, row: usize, reason: impl Into<String>) -> IngestError {
     IngestError::InvalidValue { column: path.to_string(), row, reason: reason.into() }
 }
 
 /// Converts one column (or nested field) to its staged representation.
-fn stage(array: &ArrayRef, column: &Column, path: &str, row_of: RowOf<'_>) -> Result<ArrayRef, IngestError> {
+pub(super) fn stage(array: &ArrayRef, column: &Column, path: &str, row_of: RowOf<'_>) -> Result<ArrayRef, IngestError> {
     let array = match array.data_type() {
         DataType::Dictionary(_, value_type) => cast_strict(array, value_type)?,
         _ => Arc::clone(array),
@@ -116,6 +119,9 @@ fn stage(array: &ArrayRef, column: &Column, path: &str, row_of: RowOf<'_>) -> Re
         BigQueryType::Struct(fields) => stage_struct(&array, fields, path, row_of),
         BigQueryType::Time => time_strings(&array, path, row_of),
         BigQueryType::Numeric | BigQueryType::BigNumeric => cast_strict(&array, &DataType::Utf8),
+        BigQueryType::Geography(encoding) => geography::stage_geographies(&array, *encoding, path, row_of),
+        BigQueryType::Range(element) => range_values::stage_ranges(&array, *element, path, row_of),
+        BigQueryType::Interval => interval::stage_intervals(&array, path, row_of),
         BigQueryType::Json => {
             let strings = cast_strict(&array, &DataType::Utf8)?;
             for (index, value) in strings.as_string::<i32>().iter().enumerate() {
@@ -238,8 +244,7 @@ fn stage_list(array: &ArrayRef, column: &Column, path: &str, row_of: RowOf<'_>) 
         let row = new_offsets.partition_point(|&o| o as usize <= index).saturating_sub(1);
         row_of(row)
     };
-    let element = Column { name: column.name.clone(), bigquery_type: column.bigquery_type.clone(), repeated: false };
-    let staged_values = stage(&kept, &element, path, &element_row)?;
+    let staged_values = stage(&kept, &column.element(), path, &element_row)?;
     let item = Field::new_list_field(staged_values.data_type().clone(), true);
     let output = ListArray::try_new(Arc::new(item), new_offsets, staged_values, None)
         .map_err(|e| IngestError::Arrow(e.to_string()))?;

@@ -13,7 +13,10 @@ pub(crate) mod convert;
 pub mod decode;
 pub mod encode;
 mod framing;
+mod geography;
+mod interval;
 pub(crate) mod prepare;
+mod range_values;
 pub mod schema;
 pub(crate) mod staged_size;
 

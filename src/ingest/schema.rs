@@ -14,6 +14,7 @@ use std::sync::Arc;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use sha2::{Digest as _, Sha256};
 
+use self::typed::Marked;
 use super::IngestError;
 use crate::model::WriteMode;
 use crate::model::columns::{BigQueryType, Column, MAX_COLUMNS, MAX_KEY_COLUMNS, MAX_RECORD_DEPTH};
@@ -26,12 +27,6 @@ const NUMERIC_INTEGER_DIGITS: i16 = 29;
 const NUMERIC_SCALE: i8 = 9;
 const BIGNUMERIC_INTEGER_DIGITS: i16 = 38;
 const BIGNUMERIC_SCALE: i8 = 38;
-
-/// Field metadata that marks a string column as JSON: the canonical extension type, or
-/// `bigquery_type: JSON` for writers that cannot set extension types.
-const EXTENSION_NAME_KEY: &str = "ARROW:extension:name";
-const JSON_EXTENSION: &str = "arrow.json";
-const BIGQUERY_TYPE_KEY: &str = "bigquery_type";
 
 /// What a resource declares that shapes its staging: the write mode, the primary key and the
 /// columns ordering its changes (`order_by`, keyed modes; empty: arrival order).
@@ -86,8 +81,10 @@ pub(crate) fn canonical_schema_json(schema: &Schema) -> serde_json::Value {
             .iter()
             .map(|f| {
                 let mut entry = serde_json::json!({"name": f.name(), "type": f.data_type().to_string(), "nullable": f.is_nullable()});
-                if is_json_field(f) {
-                    entry["json"] = serde_json::Value::Bool(true);
+                match typed::marked(f.name(), f) {
+                    Ok(Some(Marked::Json)) => entry["json"] = serde_json::Value::Bool(true),
+                    Ok(Some(other)) => entry["marked"] = other.canonical_name().into(),
+                    Ok(None) | Err(_) => {}
                 }
                 entry
             })
@@ -100,13 +97,7 @@ pub(crate) fn schema_sha256(canonical: &serde_json::Value) -> String {
     hex::encode(Sha256::digest(canonical.to_string().as_bytes()))
 }
 
-fn is_json_field(field: &Field) -> bool {
-    let metadata = field.metadata();
-    metadata.get(EXTENSION_NAME_KEY).is_some_and(|v| v == JSON_EXTENSION)
-        || metadata.get(BIGQUERY_TYPE_KEY).is_some_and(|v| v.eq_ignore_ascii_case("JSON"))
-}
-
-fn unsupported(column: &str, data_type: &DataType, reason: impl Into<String>) -> IngestError {
+pub(super) fn unsupported(column: &str, data_type: &DataType, reason: impl Into<String>) -> IngestError {
     IngestError::UnsupportedType {
         column: column.to_string(),
         arrow_type: data_type.to_string(),
@@ -138,6 +129,7 @@ fn decimal_type(column: &str, data_type: &DataType, precision: u8, scale: i8) ->
 pub(crate) fn bigquery_column(path: &str, field: &Field) -> Result<Column, IngestError> {
     let data_type = field.data_type();
     let name = field.name().clone();
+    let marked = typed::marked(path, field)?;
     let value_field = |data_type: &DataType| {
         Field::new(field.name(), data_type.clone(), true).with_metadata(field.metadata().clone())
     };
@@ -168,6 +160,9 @@ pub(crate) fn bigquery_column(path: &str, field: &Field) -> Result<Column, Inges
             }
             Ok(Column::repeated(name, BigQueryType::Struct(fields)))
         }
+        DataType::Struct(children) if marked == Some(Marked::Range) => {
+            Ok(Column::new(name, typed::range_type(path, data_type, children)?))
+        }
         DataType::Struct(children) => {
             if children.is_empty() {
                 return Err(unsupported(path, data_type, "BigQuery has no STRUCT without fields"));
@@ -177,21 +172,22 @@ pub(crate) fn bigquery_column(path: &str, field: &Field) -> Result<Column, Inges
             for child in children {
                 let child_path = format!("{path}.{}", child.name());
                 validate_column_name(child.name()).map_err(|p| IngestError::InvalidColumn(p.detail))?;
-                if !seen.insert(child.name().to_ascii_lowercase()) {
+                if !seen.insert(child.name().to_lowercase()) {
                     return Err(IngestError::InvalidColumn(format!("field {child_path:?} appears twice")));
                 }
                 fields.push(bigquery_column(&child_path, child)?);
             }
             Ok(Column::new(name, BigQueryType::Struct(fields)))
         }
-        scalar => Ok(Column::new(name, scalar_type(path, scalar, is_json_field(field))?)),
+        scalar => match marked {
+            Some(marked) => Ok(Column::new(name, typed::marked_scalar(path, scalar, marked)?)),
+            None => Ok(Column::new(name, scalar_type(path, scalar)?)),
+        },
     }
 }
 
-fn scalar_type(path: &str, data_type: &DataType, json: bool) -> Result<BigQueryType, IngestError> {
+fn scalar_type(path: &str, data_type: &DataType) -> Result<BigQueryType, IngestError> {
     Ok(match data_type {
-        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View if json => BigQueryType::Json,
-        _ if json => return Err(unsupported(path, data_type, "JSON columns must be strings")),
         DataType::Boolean => BigQueryType::Bool,
         DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => BigQueryType::Int64,
         DataType::UInt8 | DataType::UInt16 | DataType::UInt32 => BigQueryType::Int64,
@@ -212,6 +208,7 @@ fn scalar_type(path: &str, data_type: &DataType, json: bool) -> Result<BigQueryT
         | DataType::Decimal64(precision, scale)
         | DataType::Decimal128(precision, scale)
         | DataType::Decimal256(precision, scale) => decimal_type(path, data_type, *precision, *scale)?,
+        DataType::Interval(_) | DataType::Duration(_) => BigQueryType::Interval,
         DataType::ListView(_) | DataType::LargeListView(_) => {
             return Err(unsupported(path, data_type, "list views are not supported; send a List"));
         }
@@ -285,7 +282,7 @@ fn incoming_columns(schema: &Schema, write_mode: WriteMode) -> Result<IncomingCo
             continue;
         }
         validate_column_name(field.name()).map_err(|p| IngestError::InvalidColumn(p.detail))?;
-        if !seen.insert(field.name().to_ascii_lowercase()) {
+        if !seen.insert(field.name().to_lowercase()) {
             return Err(IngestError::InvalidColumn(format!(
                 "column {:?} appears twice (BigQuery column names are case-insensitive)",
                 field.name()
@@ -424,3 +421,4 @@ fn order_columns(
 
 #[cfg(test)]
 mod tests;
+pub(crate) mod typed;

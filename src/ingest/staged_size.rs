@@ -23,6 +23,10 @@ use crate::model::columns::{BigQueryType, Column};
 const OFFSET_BYTES: usize = 4;
 /// `HH:MM:SS.ffffff`, as TIME values are staged.
 const TIME_STRING_BYTES: usize = 15;
+/// The longest staged RANGE: `[` two `YYYY-MM-DD HH:MM:SS.ffffff+00` bounds `, ` `)`.
+const RANGE_STRING_BYTES: usize = 1 + 2 * 29 + 2 + 1;
+/// The longest staged INTERVAL: `months days microseconds` (7, 8 and 19 characters with signs).
+const INTERVAL_STRING_BYTES: usize = 7 + 1 + 8 + 1 + 19;
 /// IPC framing of one staged batch beyond its buffers (flatbuffer metadata, padding), per column.
 const ENCODING_BYTES_PER_COLUMN: usize = 128;
 
@@ -94,6 +98,10 @@ fn staged_bytes(array: &ArrayRef, column: &Column) -> usize {
         BigQueryType::String | BigQueryType::Bytes | BigQueryType::Json => string_bytes(array),
         BigQueryType::Numeric | BigQueryType::BigNumeric => decimal_string_bytes(array),
         BigQueryType::Time => array.len() * (TIME_STRING_BYTES + OFFSET_BYTES),
+        // Staged as received: WKB bytes, WKT or GeoJSON text.
+        BigQueryType::Geography(_) => string_bytes(array),
+        BigQueryType::Range(_) => array.len() * (RANGE_STRING_BYTES + OFFSET_BYTES),
+        BigQueryType::Interval => array.len() * (INTERVAL_STRING_BYTES + OFFSET_BYTES),
         BigQueryType::Bool => array.len().div_ceil(8),
         BigQueryType::Date => array.len() * 4,
         BigQueryType::Int64 | BigQueryType::Float64 | BigQueryType::Datetime | BigQueryType::Timestamp => {

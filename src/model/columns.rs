@@ -3,11 +3,13 @@
 //! mapping from Arrow schemas lives in `ingest::schema`; `bigquery` turns columns into table
 //! schemas and `publish` into SQL.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
 use arrow_schema::{DataType, Field, TimeUnit};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
 
 /// BigQuery's limit on columns per table: "A table, query result, or view definition can have up
 /// to 10,000 columns. This includes nested and repeated columns"
@@ -19,6 +21,15 @@ pub(crate) const MAX_COLUMNS: usize = 10_000;
 pub(crate) const MAX_RECORD_DEPTH: usize = 15;
 /// BigQuery's limit on primary-key columns.
 pub(crate) const MAX_KEY_COLUMNS: usize = 16;
+/// Staged names of columns whose own names are flexible ([`Column::staged_name`]).
+const STAGED_NAME_PREFIX: &str = "_filament_col_";
+
+/// A name BigQuery takes everywhere, the Storage Write API included: `[A-Za-z_][A-Za-z0-9_]*`.
+pub(crate) fn is_plain_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
 
 /// A BigQuery column type.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,7 +46,41 @@ pub(crate) enum BigQueryType {
     Datetime,
     Timestamp,
     Json,
+    Geography(GeographyEncoding),
+    Range(RangeElement),
+    Interval,
     Struct(Vec<Column>),
+}
+
+/// How a GEOGRAPHY column's values arrive, which is how they are staged (unchanged, checked to
+/// parse) and which of BigQuery's constructors publishes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum GeographyEncoding {
+    /// Well-known binary, staged as BYTES, published with `ST_GEOGFROMWKB`.
+    Wkb,
+    /// Well-known text, staged as STRING, published with `ST_GEOGFROMTEXT`.
+    Wkt,
+    /// WKT or GeoJSON, told apart per value (GeoJSON starts with `{`), staged as STRING and
+    /// published with `ST_GEOGFROMGEOJSON` or `ST_GEOGFROMTEXT`.
+    WktOrGeoJson,
+}
+
+/// The element type of a RANGE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum RangeElement {
+    Date,
+    Datetime,
+    Timestamp,
+}
+
+impl RangeElement {
+    pub(crate) fn type_name(self) -> &'static str {
+        match self {
+            RangeElement::Date => "DATE",
+            RangeElement::Datetime => "DATETIME",
+            RangeElement::Timestamp => "TIMESTAMP",
+        }
+    }
 }
 
 impl BigQueryType {
@@ -54,8 +99,31 @@ impl BigQueryType {
             BigQueryType::Datetime => "DATETIME",
             BigQueryType::Timestamp => "TIMESTAMP",
             BigQueryType::Json => "JSON",
+            BigQueryType::Geography(_) => "GEOGRAPHY",
+            BigQueryType::Range(_) => "RANGE",
+            BigQueryType::Interval => "INTERVAL",
             BigQueryType::Struct(_) => "RECORD",
         }
+    }
+
+    /// The types an existing destination column of this type accepts by coercion, as BigQuery's
+    /// conversion rules coerce them without changing what a value means ("Conversion rules",
+    /// GoogleSQL reference: INT64 coerces to NUMERIC, BIGNUMERIC and FLOAT64; NUMERIC to
+    /// BIGNUMERIC and FLOAT64). The publication casts the staged value into the column's type.
+    pub(crate) fn coerces_into(&self) -> &'static [BigQueryType] {
+        match self {
+            BigQueryType::Int64 => &[BigQueryType::Numeric, BigQueryType::BigNumeric, BigQueryType::Float64],
+            BigQueryType::Numeric => &[BigQueryType::BigNumeric, BigQueryType::Float64],
+            _ => &[],
+        }
+    }
+
+    /// The scalar type `tables.get` names `name` (legacy or standard spelling), for the types
+    /// coercion and widening consider.
+    pub(crate) fn numeric_named(name: &str) -> Option<BigQueryType> {
+        [BigQueryType::Int64, BigQueryType::Numeric, BigQueryType::BigNumeric, BigQueryType::Float64]
+            .into_iter()
+            .find(|t| t.is_named(name))
     }
 
     /// Whether `name`, as `tables.get` reports a type (legacy or standard spelling), is this type.
@@ -76,20 +144,40 @@ impl BigQueryType {
 
     /// Values staged as strings and converted by the publication query.
     pub(crate) fn is_staged_as_string(&self) -> bool {
-        matches!(self, BigQueryType::Numeric | BigQueryType::BigNumeric | BigQueryType::Time | BigQueryType::Json)
+        matches!(
+            self,
+            BigQueryType::Numeric
+                | BigQueryType::BigNumeric
+                | BigQueryType::Time
+                | BigQueryType::Json
+                | BigQueryType::Range(_)
+                | BigQueryType::Interval
+                | BigQueryType::Geography(GeographyEncoding::Wkt | GeographyEncoding::WktOrGeoJson)
+        )
     }
 
-    /// Whether the publication query must convert the staged value (here or in a nested field).
+    /// Whether the publication query must convert the staged value: a type staged in another
+    /// form, or a STRUCT with such a field or with a field staged under another name.
     pub(crate) fn needs_conversion(&self) -> bool {
         match self {
-            BigQueryType::Struct(fields) => fields.iter().any(|f| f.bigquery_type.needs_conversion()),
+            BigQueryType::Struct(fields) => fields.iter().any(|f| f.needs_conversion()),
+            BigQueryType::Geography(_) => true,
             other => other.is_staged_as_string(),
         }
     }
 
-    /// BigQuery allows these in primary keys (BYTES and TIME compare fine too).
+    /// BigQuery allows these in primary keys (BYTES and TIME compare fine too); never FLOAT64,
+    /// JSON, GEOGRAPHY, RANGE, INTERVAL, STRUCT.
     pub(crate) fn is_key_eligible(&self) -> bool {
-        !matches!(self, BigQueryType::Float64 | BigQueryType::Json | BigQueryType::Struct(_))
+        !matches!(
+            self,
+            BigQueryType::Float64
+                | BigQueryType::Json
+                | BigQueryType::Geography(_)
+                | BigQueryType::Range(_)
+                | BigQueryType::Interval
+                | BigQueryType::Struct(_)
+        )
     }
 
     /// The types `order_by` takes (the issue's ordered key types: no BOOL, BYTES or TIME,
@@ -107,10 +195,11 @@ impl BigQueryType {
         )
     }
 
-    /// The type rows are staged with.
+    /// The type rows are staged with (STRUCT fields under their staged names).
     pub(crate) fn staged(&self) -> BigQueryType {
         match self {
             BigQueryType::Struct(fields) => BigQueryType::Struct(fields.iter().map(Column::staged).collect()),
+            BigQueryType::Geography(GeographyEncoding::Wkb) => BigQueryType::Bytes,
             other if other.is_staged_as_string() => BigQueryType::String,
             other => other.clone(),
         }
@@ -122,7 +211,7 @@ impl BigQueryType {
             BigQueryType::Bool => DataType::Boolean,
             BigQueryType::Int64 => DataType::Int64,
             BigQueryType::Float64 => DataType::Float64,
-            BigQueryType::Bytes => DataType::Binary,
+            BigQueryType::Bytes | BigQueryType::Geography(GeographyEncoding::Wkb) => DataType::Binary,
             BigQueryType::Date => DataType::Date32,
             BigQueryType::Datetime => DataType::Timestamp(TimeUnit::Microsecond, None),
             BigQueryType::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
@@ -131,7 +220,10 @@ impl BigQueryType {
             | BigQueryType::Numeric
             | BigQueryType::BigNumeric
             | BigQueryType::Time
-            | BigQueryType::Json => DataType::Utf8,
+            | BigQueryType::Json
+            | BigQueryType::Range(_)
+            | BigQueryType::Interval
+            | BigQueryType::Geography(GeographyEncoding::Wkt | GeographyEncoding::WktOrGeoJson) => DataType::Utf8,
         }
     }
 }
@@ -149,6 +241,7 @@ impl fmt::Display for BigQueryType {
                 }
                 f.write_str(">")
             }
+            BigQueryType::Range(element) => write!(f, "RANGE<{}>", element.type_name()),
             other => f.write_str(other.type_name()),
         }
     }
@@ -161,33 +254,68 @@ pub(crate) struct Column {
     pub(crate) bigquery_type: BigQueryType,
     /// An ARRAY (`REPEATED` mode); otherwise `NULLABLE`.
     pub(crate) repeated: bool,
+    /// The wider type the existing destination column holds, into which the publication casts
+    /// this column's values ([`BigQueryType::coerces_into`]); set by set-up, never by the
+    /// schema mapping.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) published_as: Option<BigQueryType>,
 }
 
 impl Column {
     pub(crate) fn new(name: impl Into<String>, bigquery_type: BigQueryType) -> Self {
-        Self { name: name.into(), bigquery_type, repeated: false }
+        Self { name: name.into(), bigquery_type, repeated: false, published_as: None }
     }
 
     pub(crate) fn repeated(name: impl Into<String>, bigquery_type: BigQueryType) -> Self {
-        Self { name: name.into(), bigquery_type, repeated: true }
+        Self { name: name.into(), bigquery_type, repeated: true, published_as: None }
+    }
+
+    /// The name the staging table holds the column under: its own when it is a plain name
+    /// (`[A-Za-z_][A-Za-z0-9_]*`), otherwise one made from its hash under the reserved prefix
+    /// (which no client column may start with), so the Storage Write API never sees a flexible
+    /// column name. The publication maps it back ([`crate::publish`]'s SQL).
+    pub(crate) fn staged_name(&self) -> Cow<'_, str> {
+        if is_plain_name(&self.name) {
+            return Cow::Borrowed(&self.name);
+        }
+        let digest = Sha256::digest(self.name.as_bytes());
+        Cow::Owned(format!("{STAGED_NAME_PREFIX}{}", &hex::encode(digest)[..16]))
+    }
+
+    /// Whether the publication converts the staged value: its type ([`BigQueryType::needs_conversion`]),
+    /// or a cast into the destination's wider type.
+    pub(crate) fn needs_conversion(&self) -> bool {
+        self.published_as.is_some() || self.bigquery_type.needs_conversion() || self.staged_name() != self.name
     }
 
     pub(crate) fn mode(&self) -> &'static str {
         if self.repeated { "REPEATED" } else { "NULLABLE" }
     }
 
+    /// The column as the staging table holds it: staged name, staged type.
     pub(crate) fn staged(&self) -> Column {
-        Column { name: self.name.clone(), bigquery_type: self.bigquery_type.staged(), repeated: self.repeated }
+        Column {
+            name: self.staged_name().into_owned(),
+            bigquery_type: self.bigquery_type.staged(),
+            repeated: self.repeated,
+            published_as: None,
+        }
     }
 
-    /// The Arrow field of the staged column: lists for REPEATED columns.
+    /// The Arrow field of the staged column (under its staged name): lists for REPEATED columns.
     pub(crate) fn staging_field(&self) -> Field {
         let value_type = self.bigquery_type.staged().staging_arrow_type();
+        let name = self.staged_name();
         if self.repeated {
-            Field::new(&self.name, DataType::List(Arc::new(Field::new_list_field(value_type, true))), true)
+            Field::new(name, DataType::List(Arc::new(Field::new_list_field(value_type, true))), true)
         } else {
-            Field::new(&self.name, value_type, true)
+            Field::new(name, value_type, true)
         }
+    }
+
+    /// The same column holding one element of the array (for a REPEATED column).
+    pub(crate) fn element(&self) -> Column {
+        Column { repeated: false, ..self.clone() }
     }
 
     /// How many RECORDs nest here: 0 for a scalar or an ARRAY of scalars, 1 for a STRUCT (or

@@ -200,23 +200,41 @@ pub(crate) const BIGQUERY_RESERVED_COLUMN_PREFIXES: [&str; 9] = [
 /// (BigQuery documentation, Specifying a schema, Column names).
 pub(crate) const MAX_COLUMN_NAME_CHARS: usize = 300;
 
-/// Column names (and STRUCT field names): `[A-Za-z_][A-Za-z0-9_]{0,299}`, BigQuery's standard
-/// column names ("A column name can contain letters (a-z, A-Z), numbers (0-9), or underscores
-/// (_), and it must start with a letter or underscore", same page; flexible column names need
-/// field annotations on the Storage Write path and are refused), none of BigQuery's reserved
-/// prefixes, and not the gateway's reserved `_filament_`.
+/// The characters of BigQuery's flexible column names (BigQuery documentation, Specifying a
+/// schema, Flexible column names): "any letter in any language" (`\p{L}`), "any numeric
+/// character in any language" (`\p{N}`), "any connector punctuation character, including
+/// underscores" (`\p{Pc}`), "a hyphen or dash" (`\p{Pd}`), "any mark intended to accompany
+/// another character" (`\p{M}`), and the special characters `&`, `%`, `=`, `+`, `:`, `'`, `<`,
+/// `>`, `#`, `|` and whitespace (taken here as the space, U+0020: tabs and line breaks are
+/// refused). Everything else (`!`, `"`, `$`, `(`, `)`, `*`, `,`, `.`, `/`, `;`, `?`, `@`, `[`,
+/// `]`, `\`, `^`, `` ` ``, `{`, `}`, `~`, control characters) is not a column name character.
+static FLEXIBLE_NAME_CHARS: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+    regex::Regex::new(r"^[\p{L}\p{N}\p{Pc}\p{Pd}\p{M}&%=+:'<>#| ]+$").expect("a valid pattern")
+});
+
+/// Column names (and STRUCT field names): BigQuery's flexible column names (1 to
+/// [`MAX_COLUMN_NAME_CHARS`] characters of [`FLEXIBLE_NAME_CHARS`], a leading digit allowed),
+/// none of BigQuery's reserved prefixes, and not the gateway's reserved `_filament_`, all
+/// compared without regard to case. Names other than `[A-Za-z_][A-Za-z0-9_]*` are staged under
+/// generated names (`Column::staged_name`): the Storage Write API never sees them.
 pub(crate) fn validate_column_name(value: &str) -> Result<(), Problem> {
-    let mut chars = value.chars();
-    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
-    let ok = first_ok && value.len() <= MAX_COLUMN_NAME_CHARS && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if !ok {
-        return Err(invalid("column", value, "start with a letter or _, then up to 299 of A-Z a-z 0-9 _"));
+    let length = value.chars().count();
+    if length == 0 || length > MAX_COLUMN_NAME_CHARS {
+        return Err(invalid("column", value, "have 1 to 300 characters"));
     }
-    let upper = value.to_ascii_uppercase();
+    if !FLEXIBLE_NAME_CHARS.is_match(value) {
+        return Err(invalid(
+            "column",
+            value,
+            "hold only letters, marks, numbers, connectors such as _, dashes, spaces and & % = + : ' < > # | \
+             (BigQuery's flexible column names)",
+        ));
+    }
+    let upper = value.to_uppercase();
     if let Some(prefix) = BIGQUERY_RESERVED_COLUMN_PREFIXES.iter().find(|prefix| upper.starts_with(*prefix)) {
         return Err(invalid("column", value, &format!("BigQuery reserves the prefix {prefix} for its own columns")));
     }
-    if value.to_ascii_lowercase().starts_with(RESERVED_PREFIX) {
+    if value.to_lowercase().starts_with(RESERVED_PREFIX) {
         return Err(invalid("column", value, "the prefix _filament_ is reserved for the gateway"));
     }
     Ok(())
@@ -305,9 +323,28 @@ mod tests {
         assert!(validate_table_name("users`; DROP").is_err());
         assert!(validate_table_name("_filament_x").is_err());
         assert!(validate_column_name("_id").is_ok());
-        assert!(validate_column_name("1abc").is_err());
+        for flexible in [
+            "1abc",
+            "a-b",
+            "first name",
+            "Größe",
+            "revenue-2024",
+            "a&b",
+            "x%=+:'<>#|y",
+            "名前",
+            "é".repeat(300).as_str(),
+        ] {
+            assert!(validate_column_name(flexible).is_ok(), "{flexible}");
+        }
+        for forbidden in [
+            "", "a.b", "a!b", "a\"b", "a$b", "(a)", "a*b", "a,b", "a/b", "a;b", "a?b", "a@b", "[a]", "a\\b", "a^b",
+            "a`b", "{a}", "a~b", "a\tb", "a\nb",
+        ] {
+            assert!(validate_column_name(forbidden).is_err(), "{forbidden:?}");
+        }
+        assert!(validate_column_name(&"é".repeat(301)).is_err(), "301 characters");
         assert!(validate_column_name("_FILAMENT_seq").is_err());
-        assert!(validate_column_name("a-b").is_err());
+        assert!(validate_column_name("_partitiontime x").is_err(), "BigQuery's reserved prefixes, any case");
     }
 
     #[test]

@@ -294,7 +294,7 @@ mod tests {
         assert!(refused(WriteMode::CdcMerge, serde_json::json!([])).contains("1 to 16"));
         assert!(refused(WriteMode::CdcMerge, serde_json::json!(["a", "A"])).contains("twice"));
         refused(WriteMode::CdcMerge, serde_json::json!("_filament_seq"));
-        refused(WriteMode::CdcMerge, serde_json::json!("no spaces"));
+        refused(WriteMode::CdcMerge, serde_json::json!("no.dots"));
     }
 
     #[test]

@@ -26,13 +26,14 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use super::accumulator::UploadBatch;
 use super::lane::{LaneContext, LaneReport, LaneTarget};
-use super::prepare::prepare;
+use super::prepare::{SetUp, prepare};
 use super::retry::{FailureStreak, RetryAction};
 use crate::bigquery::BigQueryError;
 use crate::bigquery::error::Stage;
 use crate::bigquery::retry::Retried;
 use crate::bigquery::write::{AppendAck, AppendConnection, append_request, judge_append_response};
 use crate::error::Problem;
+use crate::model::columns::Column;
 use crate::store::EventKind;
 use crate::telemetry::{self, AppendAcknowledged};
 
@@ -96,6 +97,8 @@ pub(super) struct Appender<'a> {
     context: &'a LaneContext,
     target: &'a LaneTarget,
     stream_name: String,
+    /// The staged columns as the destination takes them (set-up's, or the handed-over stream's).
+    destination_columns: Vec<Column>,
     /// Outstanding requests on this stream at most (`inflight_per_stream`).
     window: usize,
     /// Outstanding requests allowed now: one after a failure, growing per acknowledgement.
@@ -131,16 +134,21 @@ impl<'a> Appender<'a> {
         target: &'a LaneTarget,
         mut upload_batches: mpsc::UnboundedReceiver<UploadBatch>,
     ) -> Result<LaneReport, Problem> {
-        let (stream_name, start_offset) = match context.store.handed_over_stream(&target.resource).await? {
+        let (set_up, start_offset) = match context.store.handed_over_stream(&target.resource).await? {
             // Another replica drained this stream and shut down: go on at its recorded offset.
-            Some(stream) => (stream.stream_name, stream.rows_acknowledged),
+            Some(stream) => {
+                let set_up = SetUp { stream_name: stream.stream_name, destination_columns: stream.destination_columns };
+                (set_up, stream.rows_acknowledged)
+            }
             None => (prepare(context, target).await?, 0),
         };
+        let SetUp { stream_name, destination_columns } = set_up;
         let window = context.inflight_per_stream.max(1);
         let mut appender = Appender {
             context,
             target,
             stream_name,
+            destination_columns,
             window,
             congestion_window: window,
             replay: VecDeque::new(),
@@ -240,7 +248,7 @@ impl<'a> Appender<'a> {
         LaneReport {
             resource: self.target.resource.resource.clone(),
             staging_table: self.target.staging_table.clone(),
-            destination_columns: self.target.destination_columns.clone(),
+            destination_columns: self.destination_columns,
             stream_name: self.stream_name,
             rows_acknowledged: self.acknowledged_rows,
         }

@@ -12,10 +12,13 @@ use google_cloud_bigquery_v2::model::{Table, TableFieldSchema};
 use super::lane::{LaneContext, LaneTarget};
 use super::retry::{FailureStreak, RetryAction};
 use crate::bigquery::error::{Stage, dataset_location_mismatch};
-use crate::bigquery::metadata::{layout_differences, missing_columns, type_conflicts};
+use crate::bigquery::metadata::{
+    layout_differences, missing_columns, published_columns, required_columns_missing, type_conflicts,
+};
 use crate::bigquery::retry::{Retried, RetryClass};
 use crate::bigquery::{BigQuery, BigQueryError, table_path};
 use crate::error::{ErrorCode, Problem};
+use crate::model::columns::Column;
 use crate::model::staging::STAGING_TABLE_TTL;
 use crate::store::StreamChange;
 use crate::telemetry::{LayoutMismatch, PhaseTiming};
@@ -23,11 +26,11 @@ use crate::telemetry::{LayoutMismatch, PhaseTiming};
 /// Prepares the lane's tables and stream under the adaptive set-up limit
 /// ([`crate::bigquery::adaptive`], at most `max_concurrent_prepares` at once gateway-wide;
 /// `CreateWriteStream` under a limit of its own within it);
-/// returns the PENDING stream's name. BigQuery's pushback that outlasts a call's own retries
+/// returns the PENDING stream's name and the columns as the destination takes them. BigQuery's pushback that outlasts a call's own retries
 /// (`quota_exceeded`) is waited out, the set-up starting again (every step is idempotent)
 /// until it has lasted the retry policy's `quota_wait`: a quota slows a run down, it does not
 /// fail one a slower pace completes.
-pub(super) async fn prepare(context: &LaneContext, target: &LaneTarget) -> Result<String, Problem> {
+pub(super) async fn prepare(context: &LaneContext, target: &LaneTarget) -> Result<SetUp, Problem> {
     let mut refusals = FailureStreak::default();
     loop {
         let problem = match context.prepares.run(prepare_once(context, target)).await {
@@ -53,9 +56,19 @@ pub(super) async fn prepare(context: &LaneContext, target: &LaneTarget) -> Resul
     }
 }
 
+/// What set-up hands the appender.
+#[derive(Debug, Clone)]
+pub(super) struct SetUp {
+    /// The PENDING stream the lane appends to.
+    pub(super) stream_name: String,
+    /// The staged columns as the destination takes them: the lane's, with the casts into an
+    /// existing table's wider types (`Column::published_as`).
+    pub(super) destination_columns: Vec<Column>,
+}
+
 /// One attempt at the lane's set-up: the dataset, the destination, the staging table, the
 /// stream (its name recorded in Postgres before any row is sent).
-async fn prepare_once(context: &LaneContext, target: &LaneTarget) -> Result<String, Problem> {
+async fn prepare_once(context: &LaneContext, target: &LaneTarget) -> Result<SetUp, Problem> {
     let started = Instant::now();
     let resource = &target.resource;
     tracing::info!(run_id = %resource.delivery.run_id(), execution_id = %resource.delivery.execution_id(),
@@ -66,7 +79,7 @@ async fn prepare_once(context: &LaneContext, target: &LaneTarget) -> Result<Stri
     let existing_location =
         bigquery.ensure_dataset(project, dataset, target.location.as_deref()).await.map_err(fail)?;
     check_location(target, existing_location.as_deref())?;
-    prepare_destination(context, target).await?;
+    let destination_columns = prepare_destination(context, target).await?;
     let expires_at_ms = chrono::Utc::now().timestamp_millis() + STAGING_TABLE_TTL.as_millis() as i64;
     bigquery
         .create_staging_table(project, dataset, &target.staging_table, &target.staging_columns, Some(expires_at_ms))
@@ -83,7 +96,7 @@ async fn prepare_once(context: &LaneContext, target: &LaneTarget) -> Result<Stri
     let created = StreamChange::Created { stream_name: &stream_name };
     context.store.change_stream(resource, created, prepared).await?;
     PhaseTiming { resource: &resource.resource, phase: "prepare", duration }.emit();
-    Ok(stream_name)
+    Ok(SetUp { stream_name, destination_columns })
 }
 
 /// Runs `CreateWriteStream` again after retryable failures, as the retry policy decides (a
@@ -138,8 +151,8 @@ fn check_location(target: &LaneTarget, existing: Option<&str>) -> Result<(), Pro
 
 /// Creates the destination table with its layout, or checks that the existing one takes the
 /// batches' columns (existing columns are never altered), adds the missing ones and reports a
-/// layout other than the declared one.
-async fn prepare_destination(context: &LaneContext, target: &LaneTarget) -> Result<(), Problem> {
+/// layout other than the declared one. Returns the staged columns as the destination takes them.
+async fn prepare_destination(context: &LaneContext, target: &LaneTarget) -> Result<Vec<Column>, Problem> {
     let (bigquery, layout) = (&context.bigquery, &target.destination_layout);
     let fail = |e: BigQueryError| e.problem(Stage::Setup);
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
@@ -147,11 +160,12 @@ async fn prepare_destination(context: &LaneContext, target: &LaneTarget) -> Resu
     let Some(existing_table) = bigquery.get_table(project, dataset, table).await.map_err(fail)? else {
         bigquery.create_destination_table(project, dataset, table, wanted, layout).await.map_err(fail)?;
         context.store.set_layout_mismatch(&target.resource, &[]).await?;
-        return Ok(());
+        return Ok(target.destination_columns.clone());
     };
     report_layout(context, target, &existing_table).await?;
     let existing = existing_table.schema.map(|s| s.fields).unwrap_or_default();
-    extend_destination(bigquery, target, &existing).await
+    extend_destination(bigquery, target, &existing).await?;
+    Ok(published_columns(&existing, &target.destination_columns))
 }
 
 /// Compares the existing table's layout with the declared one and records (and logs) how it
@@ -195,7 +209,19 @@ async fn extend_destination(
             ErrorCode::IncompatibleSchema,
             format!("table {dataset}.{table}: {}", list.join("; ")),
         )
-        .with_hint("existing columns are never altered: send the table's type, or load into a new table"));
+        .with_hint(
+            "existing columns are never altered: send the table's type (or a narrower one it coerces \
+             from: INT64 into NUMERIC, BIGNUMERIC or FLOAT64, NUMERIC into BIGNUMERIC or FLOAT64), or load \
+             into a new table",
+        ));
+    }
+    let required = required_columns_missing(existing, wanted);
+    if !required.is_empty() {
+        return Err(Problem::new(
+            ErrorCode::RequiredColumnMissing,
+            format!("table {dataset}.{table}: REQUIRED column(s) {} missing from the batches", required.join(", ")),
+        )
+        .with_hint("send every REQUIRED column of the existing table, with a value in every row"));
     }
     let missing = missing_columns(existing, wanted);
     if !missing.is_empty() {

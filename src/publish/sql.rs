@@ -2,10 +2,13 @@
 //! per write mode. Every identifier is validated upstream (`model`, `ingest::schema`) and quoted
 //! here with backticks; a backtick or backslash that slipped through is escaped, not trusted.
 //!
-//! Staged strings become their final types here (`PARSE_NUMERIC`, `PARSE_BIGNUMERIC`,
-//! `CAST(... AS TIME)`, `PARSE_JSON`), inside STRUCTs and ARRAYs too.
+//! Staged values become their final types here (`PARSE_NUMERIC`, `PARSE_BIGNUMERIC`,
+//! `CAST(... AS TIME)`, `PARSE_JSON`, GEOGRAPHY, RANGE and INTERVAL constructors: [`typed`]),
+//! inside STRUCTs and ARRAYs too; columns staged under generated names (flexible column names,
+//! `Column::staged_name`) are read under those names and written under their own.
 
 mod history;
+mod typed;
 
 use crate::model::WriteMode;
 use crate::model::bounds::{KeyRange, string_literal};
@@ -178,45 +181,50 @@ fn qualified(alias: &str, column: &str) -> String {
     format!("{alias}.{}", quote_identifier(column))
 }
 
-/// The staged value of `column` (at SQL expression `expr`) converted to its destination type.
+/// The staged value of `column` (at SQL expression `expr`) converted to its destination type,
+/// and cast into the existing destination column's wider type where set-up found one.
 /// Array elements are named `_filament_e{depth}` (offsets `_filament_o{depth}`): reserved, so
 /// they cannot shadow a column or field of the same name.
 fn converted(expr: &str, column: &Column, depth: usize) -> String {
-    if !column.bigquery_type.needs_conversion() {
+    if !column.needs_conversion() {
         return expr.to_string();
     }
     if column.repeated {
-        let element = Column { repeated: false, ..column.clone() };
         let (alias, offset) = (format!("_filament_e{depth}"), format!("_filament_o{depth}"));
         return format!(
             "ARRAY(SELECT {} FROM UNNEST({expr}) AS {alias} WITH OFFSET AS {offset} ORDER BY {offset})",
-            converted(&alias, &element, depth + 1)
+            converted(&alias, &column.element(), depth + 1)
         );
     }
-    match &column.bigquery_type {
-        BigQueryType::Numeric => format!("PARSE_NUMERIC({expr})"),
-        BigQueryType::BigNumeric => format!("PARSE_BIGNUMERIC({expr})"),
-        BigQueryType::Time => format!("CAST({expr} AS TIME)"),
-        BigQueryType::Json => format!("PARSE_JSON({expr})"),
+    let value = match &column.bigquery_type {
         BigQueryType::Struct(fields) => {
             let parts: Vec<String> = fields
                 .iter()
                 .map(|f| {
-                    let field_expr = format!("{expr}.{}", quote_identifier(&f.name));
+                    let field_expr = format!("{expr}.{}", quote_identifier(&f.staged_name()));
                     format!("{} AS {}", converted(&field_expr, f, depth), quote_identifier(&f.name))
                 })
                 .collect();
             format!("IF({expr} IS NULL, NULL, STRUCT({}))", parts.join(", "))
         }
-        other => unreachable!("{other} needs no conversion"),
+        other => typed::from_staged(expr, other),
+    };
+    match &column.published_as {
+        Some(wider) => format!("CAST({value} AS {})", wider.type_name()),
+        None => value,
     }
 }
 
-/// One select item over the staging table: the staged column, converted where needed, under
-/// its own name.
+/// The staged value of a top-level column, converted: what a SELECT over the staging table
+/// reads for it.
+fn staged_value(column: &Column) -> String {
+    converted(&qualified(STAGED_ALIAS, &column.staged_name()), column, 0)
+}
+
+/// One select item over the staging table: the staged column (under its staged name),
+/// converted where needed, under its own name.
 fn select_item(column: &Column) -> String {
-    let staged = qualified(STAGED_ALIAS, &column.name);
-    format!("{} AS {}", converted(&staged, column, 0), quote_identifier(&column.name))
+    format!("{} AS {}", staged_value(column), quote_identifier(&column.name))
 }
 
 /// The destination columns a publication writes: the staged ones, then the metadata columns.
@@ -251,7 +259,7 @@ fn replace(p: &Publication<'_>) -> String {
 /// destination's collation where it has one (a key `'A'` and a later `'a'` are one key to an
 /// `und:ci` column, so only the later row may reach the MERGE).
 fn fold_key(key: &Column, collations: &[(String, Collation)]) -> String {
-    let converted = converted(&qualified(STAGED_ALIAS, &key.name), key, 0);
+    let converted = staged_value(key);
     match collations.iter().find(|(column, _)| column.eq_ignore_ascii_case(&key.name)) {
         Some((_, collation)) => format!("COLLATE({converted}, '{}')", collation.as_str()),
         None => converted,
@@ -438,11 +446,7 @@ fn merge_source(p: &Publication<'_>, shape: &MergeShape<'_>) -> String {
         select.push(qualified(STAGED_ALIAS, OP_COLUMN));
     }
     let partition: Vec<String> = shape.key_columns.iter().map(|k| fold_key(k, p.key_collations)).collect();
-    let mut fold_order: Vec<String> = shape
-        .order_columns
-        .iter()
-        .map(|c| format!("{} DESC", converted(&qualified(STAGED_ALIAS, &c.name), c, 0)))
-        .collect();
+    let mut fold_order: Vec<String> = shape.order_columns.iter().map(|c| format!("{} DESC", staged_value(c))).collect();
     fold_order.push(format!("{} DESC", qualified(STAGED_ALIAS, SEQ_COLUMN)));
     let mut on: Vec<String> =
         shape.key_columns.iter().map(|k| format!("{} = {}", target(&k.name), source(&k.name))).collect();
@@ -630,6 +634,51 @@ mod tests {
         let sql = statement(WriteMode::IncrementalUpsert, &columns()[..1], &key, false);
         assert!(!sql.contains("UPDATE SET"), "{sql}");
         assert!(sql.contains("WHEN NOT MATCHED THEN INSERT (`id`) VALUES (_filament_source.`id`)"), "{sql}");
+    }
+
+    #[test]
+    fn geography_range_and_interval_are_built_by_their_constructors() {
+        use crate::model::columns::{GeographyEncoding, RangeElement};
+        let columns = vec![
+            Column::new("id", BigQueryType::Int64),
+            Column::new("shape", BigQueryType::Geography(GeographyEncoding::Wkb)),
+            Column::new("outline", BigQueryType::Geography(GeographyEncoding::Wkt)),
+            Column::repeated("places", BigQueryType::Geography(GeographyEncoding::WktOrGeoJson)),
+            Column::new("stay", BigQueryType::Range(RangeElement::Date)),
+            Column::new("open", BigQueryType::Range(RangeElement::Timestamp)),
+            Column::new("wait", BigQueryType::Interval),
+        ];
+        insta::assert_snapshot!(statement(WriteMode::FullAppend, &columns, &[], false));
+    }
+
+    #[test]
+    fn flexible_names_are_read_under_their_staged_names_and_written_under_their_own() {
+        let columns = vec![
+            Column::new("first name", BigQueryType::String),
+            Column::new("Größe", BigQueryType::Int64),
+            Column::new("plain", BigQueryType::Struct(vec![Column::new("a&b", BigQueryType::Numeric)])),
+            Column::new("revenue-2024", BigQueryType::Float64),
+        ];
+        let key = ["first name".to_string()];
+        let merged = with_metadata(WriteMode::IncrementalUpsert, &columns, &key, false);
+        assert!(merged.contains(&format!("_filament_staged.`{}` AS `first name`", columns[0].staged_name())));
+        assert!(!merged.contains("_filament_staged.`first name`"), "the staging table has no flexible name");
+        insta::assert_snapshot!(merged);
+    }
+
+    #[test]
+    fn columns_an_existing_table_holds_wider_are_cast_into_its_type() {
+        let mut count = Column::new("count", BigQueryType::Int64);
+        count.published_as = Some(BigQueryType::Float64);
+        let mut price = Column::repeated("prices", BigQueryType::Numeric);
+        price.published_as = Some(BigQueryType::BigNumeric);
+        let mut id = Column::new("id", BigQueryType::Int64);
+        id.published_as = Some(BigQueryType::Numeric);
+        let merged = statement(WriteMode::IncrementalUpsert, &[id, count, price], &["id".to_string()], false);
+        assert!(merged.contains("CAST(_filament_staged.`id` AS NUMERIC) AS `id`"), "{merged}");
+        assert!(merged.contains("PARTITION BY CAST(_filament_staged.`id` AS NUMERIC)"), "{merged}");
+        assert!(merged.contains("CAST(_filament_staged.`count` AS FLOAT64) AS `count`"), "{merged}");
+        assert!(merged.contains("CAST(PARSE_NUMERIC(_filament_e0) AS BIGNUMERIC)"), "{merged}");
     }
 
     #[test]

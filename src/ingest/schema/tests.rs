@@ -4,6 +4,7 @@ use arrow_schema::TimeUnit;
 
 use crate::error::ErrorCode;
 
+use super::typed::{BIGQUERY_TYPE_KEY, EXTENSION_NAME_KEY, JSON_EXTENSION};
 use super::*;
 
 fn schema(fields: Vec<Field>) -> SchemaRef {
@@ -113,12 +114,10 @@ fn rejects_unsupported_types_naming_the_column() {
     let list_of_list = DataType::List(item(DataType::List(item(DataType::Int64))));
     for (data_type, column) in [
         (DataType::Null, "weird"),
-        (DataType::Duration(TimeUnit::Second), "weird"),
-        (DataType::Interval(arrow_schema::IntervalUnit::DayTime), "weird"),
         (DataType::Decimal256(76, 0), "weird"),
         (list_of_list, "weird"),
         (DataType::ListView(item(DataType::Int64)), "weird"),
-        (DataType::Struct(vec![Field::new("d", DataType::Duration(TimeUnit::Second), true)].into()), "weird.d"),
+        (DataType::Struct(vec![Field::new("d", DataType::Null, true)].into()), "weird.d"),
         (DataType::Struct(arrow_schema::Fields::empty()), "weird"),
         (
             DataType::Union(
@@ -143,9 +142,12 @@ fn rejects_unsupported_types_naming_the_column() {
 fn rejects_bad_reserved_and_duplicate_names() {
     for fields in [
         vec![Field::new("_filament_seq", DataType::Int64, true)],
-        vec![Field::new("has space", DataType::Utf8, true)],
+        vec![Field::new("has.dot", DataType::Utf8, true)],
+        vec![Field::new("tab\there", DataType::Utf8, true)],
         vec![Field::new("a", DataType::Utf8, true), Field::new("A", DataType::Utf8, true)],
-        vec![Field::new("s", DataType::Struct(vec![Field::new("bad-name", DataType::Utf8, true)].into()), true)],
+        vec![Field::new("größe", DataType::Utf8, true), Field::new("GRÖßE", DataType::Utf8, true)],
+        vec![Field::new("s", DataType::Struct(vec![Field::new("bad(name)", DataType::Utf8, true)].into()), true)],
+        vec![Field::new(&"é".repeat(301), DataType::Utf8, true)],
         vec![],
     ] {
         assert!(matches!(map_schema(&schema(fields), append()), Err(IngestError::InvalidColumn(_))));
@@ -269,4 +271,89 @@ fn bigquery_table_limits_are_refused_before_anything_is_staged() {
     assert!(refused.to_string().contains("BigQuery reserves the prefix _PARTITION"), "{refused}");
     let refused = map_schema(&schema(vec![Field::new("_table_suffix", DataType::Int64, true)]), append()).unwrap_err();
     assert_eq!(refused.code(), ErrorCode::InvalidIdentifier, "{refused}");
+}
+
+fn marked(name: &str, data_type: DataType, key: &str, value: &str) -> Field {
+    Field::new(name, data_type, true).with_metadata(HashMap::from([(key.to_string(), value.to_string())]))
+}
+
+fn range_struct(element: DataType) -> DataType {
+    DataType::Struct(vec![Field::new("start", element.clone(), true), Field::new("end", element, true)].into())
+}
+
+#[test]
+fn geography_range_and_interval_columns_map_to_their_types() {
+    let utc = DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into()));
+    let fields = vec![
+        marked("wkb", DataType::Binary, EXTENSION_NAME_KEY, "geoarrow.wkb"),
+        marked("wkb_view", DataType::BinaryView, EXTENSION_NAME_KEY, "geoarrow.wkb"),
+        marked("wkt", DataType::LargeUtf8, EXTENSION_NAME_KEY, "geoarrow.wkt"),
+        marked("text", DataType::Utf8, BIGQUERY_TYPE_KEY, "geography"),
+        marked("bytes", DataType::LargeBinary, BIGQUERY_TYPE_KEY, "GEOGRAPHY"),
+        marked("days", range_struct(DataType::Date32), BIGQUERY_TYPE_KEY, "RANGE"),
+        marked("local", range_struct(DataType::Timestamp(TimeUnit::Microsecond, None)), BIGQUERY_TYPE_KEY, "RANGE"),
+        marked("at", range_struct(utc), BIGQUERY_TYPE_KEY, "RANGE"),
+        Field::new("mdn", DataType::Interval(arrow_schema::IntervalUnit::MonthDayNano), true),
+        Field::new("took", DataType::Duration(TimeUnit::Millisecond), true),
+        Field::new_list("trail", marked("item", DataType::Utf8, EXTENSION_NAME_KEY, "geoarrow.wkt"), true),
+    ];
+    assert_eq!(
+        sql_types(fields),
+        [
+            "GEOGRAPHY",
+            "GEOGRAPHY",
+            "GEOGRAPHY",
+            "GEOGRAPHY",
+            "GEOGRAPHY",
+            "RANGE<DATE>",
+            "RANGE<DATETIME>",
+            "RANGE<TIMESTAMP>",
+            "INTERVAL",
+            "INTERVAL",
+            "ARRAY<GEOGRAPHY>"
+        ]
+    );
+}
+
+#[test]
+fn misshapen_typed_columns_and_unknown_marks_are_unsupported_and_never_keys() {
+    for field in [
+        marked("g", DataType::Int64, BIGQUERY_TYPE_KEY, "GEOGRAPHY"),
+        marked("g", DataType::Utf8, EXTENSION_NAME_KEY, "geoarrow.wkb"),
+        marked("g", DataType::Utf8, EXTENSION_NAME_KEY, "geoarrow.point"),
+        marked("r", DataType::Date32, BIGQUERY_TYPE_KEY, "RANGE"),
+        marked("r", range_struct(DataType::Int64), BIGQUERY_TYPE_KEY, "RANGE"),
+        marked(
+            "r",
+            DataType::Struct(
+                vec![Field::new("end", DataType::Date32, true), Field::new("start", DataType::Date32, true)].into(),
+            ),
+            BIGQUERY_TYPE_KEY,
+            "RANGE",
+        ),
+        marked("x", DataType::Utf8, BIGQUERY_TYPE_KEY, "BLOB"),
+    ] {
+        let refused = map_schema(&schema(vec![field.clone()]), append());
+        assert!(matches!(refused, Err(IngestError::UnsupportedType { .. })), "{field:?}: {refused:?}");
+    }
+    let key = ["shape".to_string()];
+    let spec = LoadSpec { write_mode: WriteMode::IncrementalUpsert, primary_key: &key, order_by: &[] };
+    let fields = vec![marked("shape", DataType::Binary, EXTENSION_NAME_KEY, "geoarrow.wkb")];
+    assert!(matches!(map_schema(&schema(fields), spec), Err(IngestError::InvalidPrimaryKey(_))));
+}
+
+#[test]
+fn flexible_names_are_staged_under_generated_plain_names() {
+    let fields = vec![
+        Field::new("first name", DataType::Utf8, true),
+        Field::new("id", DataType::Int64, true),
+        Field::new("s", DataType::Struct(vec![Field::new("Größe", DataType::Int64, true)].into()), true),
+    ];
+    let mapped = map_schema(&schema(fields), append()).unwrap();
+    let staged: Vec<&str> = mapped.staging.fields().iter().map(|f| f.name().as_str()).collect();
+    assert!(staged[0].starts_with("_filament_col_") && staged[1] == "id" && staged[2] == "s", "{staged:?}");
+    let DataType::Struct(inner) = mapped.staging.field(2).data_type() else { panic!("a struct") };
+    assert!(inner[0].name().starts_with("_filament_col_"));
+    assert!(staged.iter().chain([inner[0].name().as_str()].iter()).all(|n| crate::model::columns::is_plain_name(n)));
+    assert_eq!(mapped.destination_columns[0].name, "first name");
 }

@@ -62,7 +62,7 @@ fn invalid_partitioning_is_refused_with_its_own_code() {
         json!({"partitioning": {"field": "created_at", "granularity": "day"}}),
         json!({"partitioning": {}}),
         json!({"partitioning": {"field": "created_at"}}),
-        json!({"partitioning": {"field": "1bad", "granularity": "DAY"}}),
+        json!({"partitioning": {"field": "bad.name", "granularity": "DAY"}}),
         json!({"partitioning": {"field": "id", "granularity": "DAY", "range": {"start": 0, "end": 10, "interval": 1}}}),
         json!({"partitioning": {"range": {"start": 0, "end": 10, "interval": 1}}}),
         json!({"partitioning": {"field": "id", "range": {"start": 10, "end": 10, "interval": 1}}}),

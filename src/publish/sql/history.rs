@@ -2,8 +2,8 @@
 //! from the same quoting and conversions as the other statements ([`super`]).
 
 use super::{
-    Publication, SOURCE_ALIAS, STAGED_ALIAS, TARGET_ALIAS, converted, key_range_bounds, named, qualified,
-    quote_identifier, select_item,
+    Publication, SOURCE_ALIAS, STAGED_ALIAS, TARGET_ALIAS, key_range_bounds, named, qualified, quote_identifier,
+    select_item, staged_value,
 };
 use crate::model::columns::Column;
 use crate::model::staging::{OP_COLUMN, SEQ_COLUMN};
@@ -29,7 +29,7 @@ pub(super) fn history(p: &Publication<'_>) -> String {
     };
     let mut changes: Vec<String> = p.columns.iter().map(select_item).chain(p.metadata.select_items()).collect();
     changes.push(format!("IFNULL({}, 'upsert') AS _filament_op", qualified(STAGED_ALIAS, OP_COLUMN)));
-    let from = order.map_or("CURRENT_TIMESTAMP()".to_string(), |o| converted(&qualified(STAGED_ALIAS, &o.name), o, 0));
+    let from = order.map_or("CURRENT_TIMESTAMP()".to_string(), |o| staged_value(o));
     changes.push(format!("{from} AS _filament_from"));
     changes.push(format!("{} AS _filament_seq", qualified(STAGED_ALIAS, SEQ_COLUMN)));
     let mut latest_filter = vec!["TRUE".to_string()];

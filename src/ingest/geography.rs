@@ -1,0 +1,176 @@
+//! GEOGRAPHY values checked at ingestion: each one must parse in its encoding (WKB, WKT or a
+//! GeoJSON geometry) and hold longitude/latitude coordinates BigQuery accepts (finite,
+//! longitude in [-180, 180], latitude in [-90, 90]: a projected geometry, such as one in
+//! Web Mercator metres, is refused here, naming its row, rather than failing the publication).
+//! The value is staged as sent; `publish::sql` constructs the GEOGRAPHY from it.
+
+use std::str::FromStr as _;
+
+use arrow_array::ArrayRef;
+use arrow_array::cast::AsArray as _;
+use arrow_schema::DataType;
+
+use geo_traits::{
+    CoordTrait, GeometryCollectionTrait, GeometryTrait, GeometryType, LineStringTrait, LineTrait, MultiLineStringTrait,
+    MultiPointTrait, MultiPolygonTrait, PointTrait, PolygonTrait, RectTrait, TriangleTrait,
+};
+
+use super::IngestError;
+use super::convert::{RowOf, cast_strict, invalid_value};
+use crate::model::columns::GeographyEncoding;
+
+/// Why a value is not a geography BigQuery takes.
+pub(crate) type GeographyProblem = String;
+
+/// A GEOGRAPHY column's values as staged (BYTES for WKB, STRING otherwise), each checked.
+pub(crate) fn stage_geographies(
+    array: &ArrayRef,
+    encoding: GeographyEncoding,
+    path: &str,
+    row_of: RowOf<'_>,
+) -> Result<ArrayRef, IngestError> {
+    let refuse = |index: usize, problem: GeographyProblem| invalid_value(path, row_of(index), problem);
+    if encoding == GeographyEncoding::Wkb {
+        let staged = cast_strict(array, &DataType::Binary)?;
+        for (index, value) in staged.as_binary::<i32>().iter().enumerate() {
+            if let Some(bytes) = value {
+                check_wkb(bytes).map_err(|problem| refuse(index, problem))?;
+            }
+        }
+        return Ok(staged);
+    }
+    let check = if encoding == GeographyEncoding::Wkt { check_wkt } else { check_text };
+    let staged = cast_strict(array, &DataType::Utf8)?;
+    for (index, value) in staged.as_string::<i32>().iter().enumerate() {
+        if let Some(text) = value {
+            check(text).map_err(|problem| refuse(index, problem))?;
+        }
+    }
+    Ok(staged)
+}
+
+/// A WKB value.
+pub(crate) fn check_wkb(bytes: &[u8]) -> Result<(), GeographyProblem> {
+    let geometry = wkb::reader::read_wkb(bytes).map_err(|e| format!("not valid WKB: {e}"))?;
+    coordinates_in_range(&geometry)
+}
+
+/// A WKT value.
+pub(crate) fn check_wkt(text: &str) -> Result<(), GeographyProblem> {
+    let geometry = wkt::Wkt::<f64>::from_str(text).map_err(|e| format!("not valid WKT: {e}"))?;
+    coordinates_in_range(&geometry)
+}
+
+/// Whether a text value is GeoJSON (it starts with `{`), as the publication tells them apart.
+pub(crate) fn is_geojson(text: &str) -> bool {
+    text.trim_start().starts_with('{')
+}
+
+/// A GeoJSON geometry (not a Feature or FeatureCollection, which BigQuery does not take).
+pub(crate) fn check_geojson(text: &str) -> Result<(), GeographyProblem> {
+    let parsed: geojson::GeoJson = text.parse().map_err(|e| format!("not valid GeoJSON: {e}"))?;
+    match parsed {
+        geojson::GeoJson::Geometry(geometry) => geojson_in_range(&geometry.value),
+        geojson::GeoJson::Feature(_) => Err("a GeoJSON Feature is not a geometry; send its geometry".into()),
+        geojson::GeoJson::FeatureCollection(_) => {
+            Err("a GeoJSON FeatureCollection is not a geometry; send each feature's geometry".into())
+        }
+    }
+}
+
+/// WKT or GeoJSON, told apart by [`is_geojson`].
+pub(crate) fn check_text(text: &str) -> Result<(), GeographyProblem> {
+    if is_geojson(text) { check_geojson(text) } else { check_wkt(text) }
+}
+
+fn lon_lat(x: f64, y: f64) -> Result<(), GeographyProblem> {
+    if (-180.0..=180.0).contains(&x) && (-90.0..=90.0).contains(&y) {
+        Ok(())
+    } else {
+        Err(format!(
+            "coordinate ({x}, {y}) is not a longitude in [-180, 180] and a latitude in [-90, 90]; \
+             BigQuery GEOGRAPHY takes WGS84 longitude/latitude"
+        ))
+    }
+}
+
+fn coord_in_range(coord: &impl CoordTrait<T = f64>) -> Result<(), GeographyProblem> {
+    lon_lat(coord.x(), coord.y())
+}
+
+fn line_in_range(line: &impl LineStringTrait<T = f64>) -> Result<(), GeographyProblem> {
+    line.coords().try_for_each(|c| coord_in_range(&c))
+}
+
+fn polygon_in_range(polygon: &impl PolygonTrait<T = f64>) -> Result<(), GeographyProblem> {
+    if let Some(exterior) = polygon.exterior() {
+        line_in_range(&exterior)?;
+    }
+    polygon.interiors().try_for_each(|ring| line_in_range(&ring))
+}
+
+fn coordinates_in_range(geometry: &impl GeometryTrait<T = f64>) -> Result<(), GeographyProblem> {
+    match geometry.as_type() {
+        GeometryType::Point(point) => point.coord().map_or(Ok(()), |c| coord_in_range(&c)),
+        GeometryType::LineString(line) => line_in_range(line),
+        GeometryType::Polygon(polygon) => polygon_in_range(polygon),
+        GeometryType::MultiPoint(points) => {
+            points.points().try_for_each(|p| p.coord().map_or(Ok(()), |c| coord_in_range(&c)))
+        }
+        GeometryType::MultiLineString(lines) => lines.line_strings().try_for_each(|l| line_in_range(&l)),
+        GeometryType::MultiPolygon(polygons) => polygons.polygons().try_for_each(|p| polygon_in_range(&p)),
+        GeometryType::GeometryCollection(collection) => {
+            collection.geometries().try_for_each(|g| coordinates_in_range(&g))
+        }
+        GeometryType::Rect(rect) => coord_in_range(&rect.min()).and_then(|()| coord_in_range(&rect.max())),
+        GeometryType::Triangle(triangle) => triangle.coords().iter().try_for_each(coord_in_range),
+        GeometryType::Line(line) => coord_in_range(&line.start()).and_then(|()| coord_in_range(&line.end())),
+    }
+}
+
+fn geojson_in_range(value: &geojson::GeometryValue) -> Result<(), GeographyProblem> {
+    use geojson::GeometryValue as V;
+    let position = |p: &geojson::Position| match p.as_slice() {
+        [x, y, ..] => lon_lat(*x, *y),
+        _ => Err("a GeoJSON position has fewer than two numbers".to_string()),
+    };
+    let line = |positions: &[geojson::Position]| positions.iter().try_for_each(position);
+    let polygon = |rings: &[Vec<geojson::Position>]| rings.iter().try_for_each(|ring| line(ring));
+    match value {
+        V::Point { coordinates } => position(coordinates),
+        V::MultiPoint { coordinates } | V::LineString { coordinates } => line(coordinates),
+        V::MultiLineString { coordinates } | V::Polygon { coordinates } => polygon(coordinates),
+        V::MultiPolygon { coordinates } => coordinates.iter().try_for_each(|p| polygon(p)),
+        V::GeometryCollection { geometries } => geometries.iter().try_for_each(|g| geojson_in_range(&g.value)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `POINT(1 2)` as little-endian WKB.
+    const POINT_WKB: &str = "0101000000000000000000f03f0000000000000040";
+
+    #[test]
+    fn each_encoding_parses_and_is_told_apart() {
+        assert_eq!(check_wkb(&hex::decode(POINT_WKB).unwrap()), Ok(()));
+        assert_eq!(check_text("POLYGON((0 0, 1 0, 1 1, 0 0))"), Ok(()));
+        assert_eq!(check_text(r#" {"type": "LineString", "coordinates": [[1, 2], [3, 4]]}"#), Ok(()));
+        assert_eq!(check_text("GEOMETRYCOLLECTION(POINT(1 2), LINESTRING(0 0, 1 1))"), Ok(()));
+        assert!(is_geojson("\n {}") && !is_geojson("POINT(1 2)"));
+    }
+
+    #[test]
+    fn malformed_values_and_projected_coordinates_are_refused() {
+        assert!(check_wkb(&[1, 2, 3]).unwrap_err().starts_with("not valid WKB"));
+        assert!(check_text("POINT(1 2").unwrap_err().starts_with("not valid WKT"));
+        assert!(check_text("{\"type\": \"Point\"").unwrap_err().starts_with("not valid GeoJSON"));
+        let feature = r#"{"type": "Feature", "geometry": null, "properties": {}}"#;
+        assert!(check_text(feature).unwrap_err().contains("not a geometry"), "{:?}", check_text(feature));
+        assert!(check_text("POINT(1113194.9 2273030.9)").unwrap_err().contains("longitude"));
+        assert!(check_text("LINESTRING(0 0, 10 95)").is_err(), "latitude beyond the pole");
+        assert!(check_text(r#"{"type": "Polygon", "coordinates": [[[0, 0], [181, 0], [0, 1], [0, 0]]]}"#).is_err());
+        assert!(check_text("POINT(NaN 1)").is_err(), "NaN is not a longitude");
+    }
+}

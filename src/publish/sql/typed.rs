@@ -1,0 +1,44 @@
+//! The expressions that turn a staged scalar into its destination type: lossless strings into
+//! NUMERIC, BIGNUMERIC, TIME, JSON, RANGE and INTERVAL, and the geometry a client sent into a
+//! GEOGRAPHY with BigQuery's own constructors.
+//!
+//! GEOGRAPHY constructors run with BigQuery's defaults: geodesic edges (`planar => FALSE`, the
+//! only reading GeoJSON has) and no repair (`make_valid => FALSE`), so the published value is
+//! the geometry sent, never a silently altered one; ingestion already refused what does not
+//! parse or lies outside longitude/latitude (`ingest::geography`).
+//!
+//! INTERVAL is staged as `months days microseconds` (three exact integers) and rebuilt with
+//! `MAKE_INTERVAL` plus an `INTERVAL ... MICROSECOND`: BigQuery reads that form exactly, and the
+//! emulator, which cannot `CAST` a string to INTERVAL (`docs/testing.md`), runs it too.
+
+use crate::model::columns::{BigQueryType, GeographyEncoding};
+
+/// `expr`, a staged value of a top-level or nested scalar of type `bigquery_type`, as that type.
+pub(super) fn from_staged(expr: &str, bigquery_type: &BigQueryType) -> String {
+    match bigquery_type {
+        BigQueryType::Numeric => format!("PARSE_NUMERIC({expr})"),
+        BigQueryType::BigNumeric => format!("PARSE_BIGNUMERIC({expr})"),
+        BigQueryType::Time => format!("CAST({expr} AS TIME)"),
+        BigQueryType::Json => format!("PARSE_JSON({expr})"),
+        BigQueryType::Range(element) => format!("CAST({expr} AS RANGE<{}>)", element.type_name()),
+        BigQueryType::Interval => interval(expr),
+        BigQueryType::Geography(GeographyEncoding::Wkb) => format!("ST_GEOGFROMWKB({expr})"),
+        BigQueryType::Geography(GeographyEncoding::Wkt) => format!("ST_GEOGFROMTEXT({expr})"),
+        BigQueryType::Geography(GeographyEncoding::WktOrGeoJson) => {
+            format!("IF(STARTS_WITH(LTRIM({expr}), '{{'), ST_GEOGFROMGEOJSON({expr}), ST_GEOGFROMTEXT({expr}))")
+        }
+        // Staged in its own type: only a cast into a wider destination column, if any.
+        _ => expr.to_string(),
+    }
+}
+
+/// An INTERVAL from its staged `months days microseconds`.
+fn interval(expr: &str) -> String {
+    let part = |i: usize| format!("CAST(SPLIT({expr}, ' ')[OFFSET({i})] AS INT64)");
+    format!(
+        "IF({expr} IS NULL, NULL, MAKE_INTERVAL(month => {}, day => {}) + INTERVAL {} MICROSECOND)",
+        part(0),
+        part(1),
+        part(2)
+    )
+}
