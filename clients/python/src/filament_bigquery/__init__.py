@@ -39,6 +39,7 @@ from ._types import (
     RunView,
     WriteMode,
 )
+from .arrow_types import GEOGRAPHY_ENCODINGS, MARKABLE_TYPES, geography_field, json_field, mark, range_field
 
 __version__ = "0.1.0"
 
@@ -58,6 +59,7 @@ __all__ = [
     "ExecutionView",
     "FilamentError",
     "GatewayUnreachable",
+    "GEOGRAPHY_ENCODINGS",
     "InvalidInput",
     "NotFound",
     "Problem",
@@ -70,6 +72,7 @@ __all__ = [
     "RunView",
     "RunListItem",
     "LatestExecution",
+    "MARKABLE_TYPES",
     "MetadataColumn",
     "Stats",
     "Unauthorized",
@@ -78,4 +81,8 @@ __all__ = [
     "WriteResult",
     "__version__",
     "bodies",
+    "geography_field",
+    "json_field",
+    "mark",
+    "range_field",
 ]
