@@ -95,6 +95,8 @@ const TRICKY_NAMES: &[&str] = &[
 enum Generated {
     Scalar(DataType),
     Json,
+    /// A column typed by field metadata: (Arrow type, metadata key, value, BigQuery type).
+    Marked(DataType, &'static str, &'static str, &'static str),
     List(Box<Generated>),
     Struct(Vec<(String, Generated)>),
 }
@@ -109,6 +111,8 @@ impl Generated {
                     "arrow.json".to_string(),
                 )]))
             }
+            Generated::Marked(data_type, key, value, _) => Field::new(name, data_type.clone(), true)
+                .with_metadata(std::collections::HashMap::from([(key.to_string(), value.to_string())])),
             Generated::List(item) => Field::new_list(name, item.field("item"), true),
             Generated::Struct(fields) => Field::new_struct(
                 name,
@@ -127,10 +131,15 @@ impl Generated {
             Generated::Scalar(DataType::Decimal128(..) | DataType::UInt64) => Some("NUMERIC"),
             Generated::Scalar(DataType::Decimal256(..)) => Some("BIGNUMERIC"),
             Generated::Scalar(DataType::Time32(_) | DataType::Time64(_)) => Some("TIME"),
+            Generated::Scalar(DataType::Interval(_) | DataType::Duration(_)) => Some("INTERVAL"),
+            Generated::Marked(_, _, _, bigquery_type) => Some(*bigquery_type),
             Generated::Scalar(_) => None,
             Generated::List(item) => return item.conversions(depth + 1, "array", found),
             Generated::Struct(fields) => {
-                for (_, field) in fields {
+                for (name, field) in fields {
+                    if !is_plain(name) {
+                        found.insert("flexible name of a struct field".into());
+                    }
                     field.conversions(depth + 1, "struct", found);
                 }
                 return;
@@ -171,7 +180,30 @@ fn scalar() -> impl Strategy<Value = Generated> {
         DataType::Decimal256(76, 38),
         DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
     ];
-    prop_oneof![9 => proptest::sample::select(types).prop_map(Generated::Scalar), 1 => Just(Generated::Json)]
+    let range = |element: DataType| {
+        DataType::Struct(vec![Field::new("start", element.clone(), true), Field::new("end", element, true)].into())
+    };
+    let marked = vec![
+        Generated::Marked(DataType::Binary, "ARROW:extension:name", "geoarrow.wkb", "GEOGRAPHY"),
+        Generated::Marked(DataType::Utf8, "ARROW:extension:name", "geoarrow.wkt", "GEOGRAPHY"),
+        Generated::Marked(DataType::LargeUtf8, "bigquery_type", "GEOGRAPHY", "GEOGRAPHY"),
+        Generated::Marked(range(DataType::Date32), "bigquery_type", "RANGE", "RANGE"),
+        Generated::Marked(range(DataType::Timestamp(TimeUnit::Microsecond, None)), "bigquery_type", "RANGE", "RANGE"),
+        Generated::Marked(
+            range(DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into()))),
+            "bigquery_type",
+            "RANGE",
+            "RANGE",
+        ),
+        Generated::Scalar(DataType::Interval(arrow_schema::IntervalUnit::MonthDayNano)),
+        Generated::Scalar(DataType::Interval(arrow_schema::IntervalUnit::YearMonth)),
+        Generated::Scalar(DataType::Duration(TimeUnit::Microsecond)),
+    ];
+    prop_oneof![
+        9 => proptest::sample::select(types).prop_map(Generated::Scalar),
+        1 => Just(Generated::Json),
+        3 => proptest::sample::select(marked),
+    ]
 }
 
 /// Types BigQuery accepts in a key, with the BigQuery type each maps to.
@@ -215,17 +247,54 @@ fn any_type() -> impl Strategy<Value = Generated> {
     })
 }
 
+/// BigQuery's flexible column names: spaces, every special character it allows (the quote
+/// and the characters around a backtick among them), letters and marks of other scripts,
+/// leading digits, and names that differ only in case (outside ASCII too).
+const FLEXIBLE_NAMES: &[&str] = &[
+    "first name",
+    "Größe",
+    "GRÖßE",
+    "revenue-2024",
+    "a&b",
+    "it's",
+    "a'b''c",
+    "<tag>",
+    "#1",
+    "x|y",
+    "50% off",
+    "a=b+c",
+    "k:v",
+    "名前",
+    "имя",
+    "café",
+    "CAFÉ",
+    "e\u{301}",
+    "2024",
+    "order by",
+    " padded ",
+    "a_\u{203f}_b",
+    "x\u{2014}y",
+];
+
+fn is_plain(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
 fn name() -> impl Strategy<Value = String> {
     prop_oneof![
-        1 => proptest::sample::select(TRICKY_NAMES).prop_map(str::to_string),
-        1 => "[a-z][a-z0-9_]{0,8}",
+        2 => proptest::sample::select(TRICKY_NAMES).prop_map(str::to_string),
+        2 => "[a-z][a-z0-9_]{0,8}",
+        1 => proptest::sample::select(FLEXIBLE_NAMES).prop_map(str::to_string),
+        1 => "[\\p{L}\\p{N}][\\p{L}\\p{M}\\p{N}_ &%=+:'<>#|-]{0,12}",
     ]
 }
 
 /// The first of each name, compared case-insensitively as BigQuery compares column names.
 fn unique<T>(named: Vec<(String, T)>) -> Vec<(String, T)> {
     let mut seen = BTreeSet::new();
-    named.into_iter().filter(|(name, _)| seen.insert(name.to_ascii_lowercase())).collect()
+    named.into_iter().filter(|(name, _)| seen.insert(name.to_lowercase())).collect()
 }
 
 /// BigQuery's DATE range, 0001-01-01 to 9999-12-31, in days from 1970-01-01, and its
@@ -331,6 +400,9 @@ fn generated_case() -> impl Strategy<Value = GeneratedCase> {
                     continue;
                 }
                 primary_key.push(name.clone());
+                if !is_plain(name) {
+                    features.insert("flexible name of a key column".into());
+                }
                 let alone = if key.len() == 1 { "alone" } else { "in a composite key" };
                 features.insert(format!("key {bigquery_type} {alone}"));
                 if *bigquery_type == "STRING" && *collated {
@@ -347,25 +419,29 @@ fn generated_case() -> impl Strategy<Value = GeneratedCase> {
                     key_ranges.push(KeyRange { column: name.clone(), min, max });
                 }
             }
-            let mut taken: BTreeSet<String> = key.iter().map(|(name, _)| name.to_ascii_lowercase()).collect();
+            let mut taken: BTreeSet<String> = key.iter().map(|(name, _)| name.to_lowercase()).collect();
             let mut order_by = Vec::new();
             for (name, (data_type, bigquery_type)) in unique(order) {
                 // history orders its versions by one column.
                 let room = write_mode != WriteMode::History || order_by.is_empty();
-                if !keyed || !room || !taken.insert(name.to_ascii_lowercase()) {
+                if !keyed || !room || !taken.insert(name.to_lowercase()) {
                     continue;
                 }
                 features.insert(format!("order_by {bigquery_type}"));
+                if !is_plain(&name) {
+                    features.insert("flexible name of an order_by column".into());
+                }
                 fields.push(Field::new(&name, data_type, true));
                 order_by.push(name);
             }
             if order_by.len() > 1 {
                 features.insert("order_by of several columns".into());
             }
-            for (name, generated) in
-                unique(others).into_iter().filter(|(n, _)| !taken.contains(&n.to_ascii_lowercase()))
-            {
+            for (name, generated) in unique(others).into_iter().filter(|(n, _)| !taken.contains(&n.to_lowercase())) {
                 generated.conversions(0, "top level", &mut features);
+                if !is_plain(&name) {
+                    features.insert("flexible name of a column".into());
+                }
                 fields.push(generated.field(&name));
             }
             // history takes CDC input or plain rows (upserts).
@@ -441,7 +517,10 @@ fn required_features() -> BTreeSet<String> {
         required.insert(format!("key {key} alone"));
         required.insert(format!("key {key} in a composite key"));
     }
-    for converted in ["NUMERIC", "BIGNUMERIC", "TIME", "JSON"] {
+    for flexible in ["a key column", "an order_by column", "a column", "a struct field"] {
+        required.insert(format!("flexible name of {flexible}"));
+    }
+    for converted in ["NUMERIC", "BIGNUMERIC", "TIME", "JSON", "GEOGRAPHY", "RANGE", "INTERVAL"] {
         for container in ["top level", "struct", "array"] {
             required.insert(format!("converted {converted} in {container}"));
         }
@@ -499,11 +578,18 @@ fn every_statement_the_generator_produces_is_valid_googlesql() {
     let analyzer = std::cell::RefCell::new(Analyzer::start());
     let covered = std::cell::RefCell::new(BTreeSet::new());
     let statements = std::cell::Cell::new(0usize);
+    let new_shapes = std::cell::RefCell::new(std::collections::BTreeMap::<String, usize>::new());
     let result = runner().run(&generated_case(), |generated| {
         let shaped = shape(&generated.case, PROJECT, DATASET, TABLE)
             .map_err(|problem| TestCaseError::fail(format!("the gateway refused the generated schema: {problem}")))?;
         let analyzed = judge(&mut analyzer.borrow_mut(), &shaped).map_err(TestCaseError::fail)?;
         statements.set(statements.get() + analyzed);
+        let mut counts = new_shapes.borrow_mut();
+        for shape in ["GEOGRAPHY", "RANGE", "INTERVAL", "flexible name"] {
+            if generated.features.iter().any(|f| f.contains(shape)) {
+                *counts.entry(shape.to_string()).or_default() += 1;
+            }
+        }
         let mut covered = covered.borrow_mut();
         covered.extend(generated.features);
         covered.extend(shaped.statements.iter().map(|s| format!("statement {}", s.shape)));
@@ -516,10 +602,13 @@ fn every_statement_the_generator_produces_is_valid_googlesql() {
     let required = required_features();
     let missing: Vec<&String> = required.iter().filter(|f| !covered.contains(*f)).collect();
     assert!(missing.is_empty(), "the generated cases did not reach: {missing:#?}");
+    let counts: Vec<String> =
+        new_shapes.into_inner().iter().map(|(shape, cases)| format!("{cases} with {shape}")).collect();
     let summary = format!(
-        "GoogleSQL conformance: {CASES} generated resources, {} statements analyzed by ZetaSQL, {} features covered (every write mode and statement shape, key type, converted type and depth, aliased name)\n",
+        "GoogleSQL conformance: {CASES} generated resources, {} statements analyzed by ZetaSQL, {} features covered (every write mode and statement shape, key type, converted type and depth, aliased and flexible name); resources with the types and names sources send: {}\n",
         statements.get(),
-        covered.len()
+        covered.len(),
+        counts.join(", ")
     );
     report(&summary);
 }

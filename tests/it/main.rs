@@ -32,6 +32,7 @@ mod reliability;
 mod replicas;
 mod rest_conformance;
 mod run_list;
+mod source_types;
 mod stalled_readers;
 mod table_layout;
 mod timeline;

@@ -7,9 +7,14 @@
 //! the geometry sent, never a silently altered one; ingestion already refused what does not
 //! parse or lies outside longitude/latitude (`ingest::geography`).
 //!
-//! INTERVAL is staged as `months days microseconds` (three exact integers) and rebuilt with
-//! `MAKE_INTERVAL` plus an `INTERVAL ... MICROSECOND`: BigQuery reads that form exactly, and the
-//! emulator, which cannot `CAST` a string to INTERVAL (`docs/testing.md`), runs it too.
+//! RANGE is staged as its literal, `[2024-01-01, UNBOUNDED)`, and rebuilt with the `RANGE`
+//! constructor from its bounds rather than `CAST(... AS RANGE<T>)`, which the emulator runs only
+//! on literals.
+//!
+//! INTERVAL is staged as `months days microseconds` (three exact integers) and rebuilt as the
+//! sum of `INTERVAL n MONTH`, `INTERVAL n DAY` and `INTERVAL n MICROSECOND`: BigQuery builds each
+//! part exactly, and the emulator, which can neither `CAST` a string to INTERVAL nor take
+//! `MAKE_INTERVAL` of anything but literals (`docs/testing.md`), runs it too.
 
 use crate::model::columns::{BigQueryType, GeographyEncoding};
 
@@ -20,7 +25,7 @@ pub(super) fn from_staged(expr: &str, bigquery_type: &BigQueryType) -> String {
         BigQueryType::BigNumeric => format!("PARSE_BIGNUMERIC({expr})"),
         BigQueryType::Time => format!("CAST({expr} AS TIME)"),
         BigQueryType::Json => format!("PARSE_JSON({expr})"),
-        BigQueryType::Range(element) => format!("CAST({expr} AS RANGE<{}>)", element.type_name()),
+        BigQueryType::Range(element) => range(expr, element.type_name()),
         BigQueryType::Interval => interval(expr),
         BigQueryType::Geography(GeographyEncoding::Wkb) => format!("ST_GEOGFROMWKB({expr})"),
         BigQueryType::Geography(GeographyEncoding::Wkt) => format!("ST_GEOGFROMTEXT({expr})"),
@@ -32,11 +37,22 @@ pub(super) fn from_staged(expr: &str, bigquery_type: &BigQueryType) -> String {
     }
 }
 
+/// A RANGE from its staged literal `[start, end)` (`UNBOUNDED` for an open bound), built with
+/// the `RANGE` constructor from its two bounds.
+fn range(expr: &str, element: &str) -> String {
+    let bound = |i: usize| {
+        format!(
+            "CAST(NULLIF(SPLIT(SUBSTR({expr}, 2, LENGTH({expr}) - 2), ', ')[OFFSET({i})], 'UNBOUNDED') AS {element})"
+        )
+    };
+    format!("IF({expr} IS NULL, NULL, RANGE({}, {}))", bound(0), bound(1))
+}
+
 /// An INTERVAL from its staged `months days microseconds`.
 fn interval(expr: &str) -> String {
     let part = |i: usize| format!("CAST(SPLIT({expr}, ' ')[OFFSET({i})] AS INT64)");
     format!(
-        "IF({expr} IS NULL, NULL, MAKE_INTERVAL(month => {}, day => {}) + INTERVAL {} MICROSECOND)",
+        "IF({expr} IS NULL, NULL, INTERVAL {} MONTH + INTERVAL {} DAY + INTERVAL {} MICROSECOND)",
         part(0),
         part(1),
         part(2)
