@@ -97,6 +97,7 @@ pub fn shape(case: &Case, project: &str, dataset: &str, table: &str) -> Result<S
         metadata_columns: Some(&case.metadata_columns),
         deletes: Some(case.deletes),
         delete_missing: Some(case.delete_missing),
+        widen_columns: None,
     };
     let options = WriteOptions::parse(case.write_mode, declared)?;
     let table_columns: Vec<_> =

@@ -73,6 +73,12 @@ pub(crate) struct PutResourceRequest {
     /// key of the destination the run did not send; earlier (paused) segments delete nothing.
     /// Adds the `run_id` metadata column, which records the run that last sent each key.
     pub(crate) delete_missing: Option<bool>,
+    /// An existing destination column narrower than what the batches send is widened to the
+    /// batches' type (`ALTER TABLE ... ALTER COLUMN ... SET DATA TYPE`, for the pairs BigQuery
+    /// supports: INT64 to NUMERIC, BIGNUMERIC or FLOAT64; NUMERIC to BIGNUMERIC or FLOAT64)
+    /// instead of failing with `incompatible_schema`. The only DDL the gateway submits; off by
+    /// default (absent: false).
+    pub(crate) widen_columns: Option<bool>,
 }
 
 /// The run, if the caller may see it (its own, or any with `read_all`); otherwise the same
@@ -238,6 +244,7 @@ pub(crate) async fn put_resource(
         metadata_columns: request.metadata_columns.as_deref(),
         deletes: request.deletes,
         delete_missing: request.delete_missing,
+        widen_columns: request.widen_columns,
     };
     let write_options = WriteOptions::parse(request.write_mode, declared_options)?;
     let run = load_run(&state, &caller, &run_id, RunAccess::Change).await?;
@@ -256,7 +263,7 @@ pub(crate) async fn put_resource(
             ErrorCode::ResourceConflict,
             format!(
                 "resource {resource} already has batches as {} into {} (key {:?}); its declaration (mode, key, \
-                 table, table_options, order_by, metadata_columns, deletes, delete_missing) cannot change",
+                 table, table_options, order_by, metadata_columns, deletes, delete_missing, widen_columns) cannot change",
                 current.write_mode, current.table_name, current.primary_key
             ),
         )),

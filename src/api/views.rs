@@ -38,6 +38,9 @@ pub(crate) struct ResourceView {
     /// send (absent: false).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) delete_missing: bool,
+    /// Whether an existing column narrower than the batches' type is widened (absent: false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) widen_columns: bool,
     /// How the existing destination table's layout differs from `table_options`, as the last
     /// upload found (the table is left as it is and loading goes on); absent when it does not.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -56,6 +59,7 @@ impl From<ResourceRecord> for ResourceView {
             metadata_columns: r.write_options.metadata_columns,
             deletes: (r.write_options.deletes == Deletes::Soft).then_some(Deletes::Soft),
             delete_missing: r.write_options.delete_missing,
+            widen_columns: r.write_options.widen_columns,
             layout_mismatch: r.layout_mismatch,
         }
     }

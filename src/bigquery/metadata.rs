@@ -224,6 +224,23 @@ pub(crate) fn published_columns(existing: &[TableFieldSchema], wanted: &[Column]
         .collect()
 }
 
+/// The top-level columns of `wanted` whose existing field holds a narrower type that BigQuery
+/// can widen in place to the wanted one (`ALTER COLUMN ... SET DATA TYPE` takes exactly the
+/// coercions of [`BigQueryType::coerces_into`]: INT64 to NUMERIC, BIGNUMERIC, FLOAT64;
+/// NUMERIC to BIGNUMERIC, FLOAT64): (column as the table names it, the wider type).
+pub(crate) fn widenings<'a>(existing: &'a [TableFieldSchema], wanted: &[Column]) -> Vec<(&'a str, BigQueryType)> {
+    wanted
+        .iter()
+        .filter_map(|w| {
+            let e = existing.iter().find(|e| e.name.eq_ignore_ascii_case(&w.name))?;
+            let held = BigQueryType::numeric_named(&e.r#type)?;
+            let same_shape = e.mode.eq_ignore_ascii_case("REPEATED") == w.repeated;
+            (same_shape && held.coerces_into().contains(&w.bigquery_type))
+                .then(|| (e.name.as_str(), w.bigquery_type.clone()))
+        })
+        .collect()
+}
+
 /// The existing table's REQUIRED columns that `wanted` does not hold: rows published without
 /// them would be refused by BigQuery.
 pub(crate) fn required_columns_missing<'a>(existing: &'a [TableFieldSchema], wanted: &[Column]) -> Vec<&'a str> {

@@ -97,7 +97,8 @@ fn find_column<'a>(columns: &'a [Column], name: &str) -> Option<&'a Column> {
 }
 
 /// Clustering takes top-level, non-repeated INT64, STRING, BOOL, DATE, DATETIME, TIMESTAMP,
-/// NUMERIC and BIGNUMERIC columns (GEOGRAPHY and RANGE too, which the gateway does not create).
+/// NUMERIC, BIGNUMERIC, GEOGRAPHY and RANGE columns (BigQuery documentation, Introduction to
+/// clustered tables, Clustered table limitations).
 pub(crate) fn is_clusterable(column: &Column) -> bool {
     !column.repeated
         && matches!(
@@ -110,6 +111,8 @@ pub(crate) fn is_clusterable(column: &Column) -> bool {
                 | BigQueryType::Timestamp
                 | BigQueryType::Numeric
                 | BigQueryType::BigNumeric
+                | BigQueryType::Geography(_)
+                | BigQueryType::Range(_)
         )
 }
 
@@ -150,7 +153,7 @@ fn check_clustering_column(name: &str, columns: &[Column]) -> Result<String, Pro
     if !is_clusterable(column) {
         return Err(invalid_clustering(format!(
             "clustering column {} is {}; BigQuery clusters by top-level INT64, STRING, BOOL, DATE, DATETIME, \
-             TIMESTAMP, NUMERIC or BIGNUMERIC columns",
+             TIMESTAMP, NUMERIC, BIGNUMERIC, GEOGRAPHY or RANGE columns",
             column.name,
             column.sql_type()
         )));

@@ -108,6 +108,7 @@ pub(crate) struct DeclaredWriteOptions<'a> {
     pub(crate) metadata_columns: Option<&'a [MetadataColumn]>,
     pub(crate) deletes: Option<Deletes>,
     pub(crate) delete_missing: Option<bool>,
+    pub(crate) widen_columns: Option<bool>,
 }
 
 /// The declaration's write options. The default writes as the seed's modes do.
@@ -130,6 +131,11 @@ pub(crate) struct WriteOptions {
     /// which records the run that last sent each key.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) delete_missing: bool,
+    /// Set-up widens an existing destination column narrower than the batches' type
+    /// (`ALTER TABLE ... ALTER COLUMN ... SET DATA TYPE`, `bigquery::metadata::widenings`): the
+    /// one departure from "no DDL", declared per resource.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) widen_columns: bool,
 }
 
 impl WriteOptions {
@@ -139,7 +145,7 @@ impl WriteOptions {
     /// `delete_missing` only for `full_upsert` (`invalid_delete_missing`), adding `run_id` to
     /// the metadata columns.
     pub(crate) fn parse(write_mode: WriteMode, declared: DeclaredWriteOptions<'_>) -> Result<Self, Problem> {
-        let DeclaredWriteOptions { order_by, metadata_columns, deletes, delete_missing } = declared;
+        let DeclaredWriteOptions { order_by, metadata_columns, deletes, delete_missing, widen_columns } = declared;
         let delete_missing = delete_missing.unwrap_or(false);
         if delete_missing && write_mode != WriteMode::FullUpsert {
             return Err(Problem::new(
@@ -179,7 +185,8 @@ impl WriteOptions {
             columns.push(MetadataColumn::RunId);
             columns.sort_unstable();
         }
-        Ok(Self { order_by, metadata_columns: columns, deletes, delete_missing })
+        let widen_columns = widen_columns.unwrap_or(false);
+        Ok(Self { order_by, metadata_columns: columns, deletes, delete_missing, widen_columns })
     }
 
     /// Whether these are the seed's defaults (a fingerprint then leaves them out, so
@@ -247,7 +254,10 @@ mod tests {
         deletes: Option<Deletes>,
         delete_missing: Option<bool>,
     ) -> Result<WriteOptions, Problem> {
-        WriteOptions::parse(write_mode, DeclaredWriteOptions { order_by, metadata_columns, deletes, delete_missing })
+        WriteOptions::parse(
+            write_mode,
+            DeclaredWriteOptions { order_by, metadata_columns, deletes, delete_missing, widen_columns: None },
+        )
     }
 
     #[test]

@@ -48,6 +48,9 @@ pub(crate) struct LaneTarget {
     /// The staging schema as one encapsulated IPC message (the writer schema).
     pub(crate) serialized_schema: Bytes,
     pub(crate) batching: BatchingPolicy,
+    /// Set-up widens an existing column narrower than the batches' type (the resource's
+    /// `widen_columns`).
+    pub(crate) widen_columns: bool,
 }
 
 /// When accumulated rows become an upload batch.
@@ -102,6 +105,7 @@ impl LaneTarget {
             staging_columns: mapped.staging_columns,
             serialized_schema,
             batching: BatchingPolicy::new(&run.batching, max_payload_bytes),
+            widen_columns: declared.write_options.widen_columns,
         }
     }
 }

@@ -12,13 +12,20 @@ use google_cloud_bigquery_v2::model::{Table, TableFieldSchema};
 use super::lane::{LaneContext, LaneTarget};
 use super::retry::{FailureStreak, RetryAction};
 use crate::bigquery::error::{Stage, dataset_location_mismatch};
+use sha2::{Digest as _, Sha256};
+
+use crate::bigquery::jobs::QueryJob;
 use crate::bigquery::metadata::{
-    layout_differences, missing_columns, published_columns, required_columns_missing, type_conflicts,
+    layout_differences, missing_columns, published_columns, required_columns_missing, type_conflicts, widenings,
 };
 use crate::bigquery::retry::{Retried, RetryClass};
 use crate::bigquery::{BigQuery, BigQueryError, table_path};
 use crate::error::{ErrorCode, Problem};
-use crate::model::columns::Column;
+use crate::model::columns::{BigQueryType, Column};
+use crate::publish::sql::{TableRef, alter_column_types};
+
+/// How long set-up waits for the `ALTER TABLE` that widens columns.
+const WIDEN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 use crate::model::staging::STAGING_TABLE_TTL;
 use crate::store::StreamChange;
 use crate::telemetry::{LayoutMismatch, PhaseTiming};
@@ -163,7 +170,10 @@ async fn prepare_destination(context: &LaneContext, target: &LaneTarget) -> Resu
         return Ok(target.destination_columns.clone());
     };
     report_layout(context, target, &existing_table).await?;
-    let existing = existing_table.schema.map(|s| s.fields).unwrap_or_default();
+    let mut existing = existing_table.schema.map(|s| s.fields).unwrap_or_default();
+    if target.widen_columns {
+        Box::pin(widen_columns(bigquery, target, &mut existing)).await?;
+    }
     extend_destination(bigquery, target, &existing).await?;
     Ok(published_columns(&existing, &target.destination_columns))
 }
@@ -186,6 +196,47 @@ async fn report_layout(context: &LaneContext, target: &LaneTarget, existing: &Ta
             differences: &differences,
         }
         .emit();
+    }
+    Ok(())
+}
+
+/// Widens the existing columns narrower than what the batches send (the resource declared
+/// `widen_columns`): one `ALTER TABLE` query job, then `existing` holds the wider types.
+async fn widen_columns(
+    bigquery: &BigQuery,
+    target: &LaneTarget,
+    existing: &mut [TableFieldSchema],
+) -> Result<(), Problem> {
+    let widened: Vec<(String, BigQueryType)> =
+        widenings(existing, &target.destination_columns).into_iter().map(|(c, t)| (c.to_string(), t)).collect();
+    if widened.is_empty() {
+        return Ok(());
+    }
+    let (project, dataset, table) =
+        (target.project.as_str(), target.dataset.as_str(), target.destination_table.as_str());
+    let sql = alter_column_types(&TableRef { project, dataset, table }, &widened);
+    // One job per delivery and alteration: a set-up attempt that lost the answer finds it again.
+    let digest = Sha256::digest(format!("{}\n{sql}", target.staging_table).as_bytes());
+    let job_id = format!("filament_widen_{}", &hex::encode(digest)[..24]);
+    let job = QueryJob {
+        project,
+        location: target.location.as_deref(),
+        job_id: &job_id,
+        sql: &sql,
+        labels: &[],
+        maximum_bytes_billed: None,
+        timeout: WIDEN_TIMEOUT,
+    };
+    let delivery = &target.resource.delivery;
+    let names: Vec<&str> = widened.iter().map(|(c, _)| c.as_str()).collect();
+    tracing::info!(run_id = %delivery.run_id(), execution_id = %delivery.execution_id(), %table,
+        columns = %names.join(","), %job_id, "bigquery.table.columns_widened");
+    // Boxed: a query job's future is large, and set-up's runs on the lane task's stack.
+    Box::pin(bigquery.run_query_job(&job)).await.map_err(|e| e.problem(Stage::Setup))?;
+    for field in existing.iter_mut() {
+        if let Some((_, wider)) = widened.iter().find(|(c, _)| c == &field.name) {
+            field.r#type = wider.type_name().to_string();
+        }
     }
     Ok(())
 }

@@ -160,6 +160,16 @@ pub(crate) fn publication_statement(publication: &Publication<'_>) -> String {
     }
 }
 
+/// `widen_columns`: the one DDL statement the gateway submits, widening existing columns to the
+/// types the batches send.
+pub(crate) fn alter_column_types(destination: &TableRef<'_>, columns: &[(String, BigQueryType)]) -> String {
+    let alterations: Vec<String> = columns
+        .iter()
+        .map(|(column, wider)| format!("ALTER COLUMN {} SET DATA TYPE {}", quote_identifier(column), wider.type_name()))
+        .collect();
+    format!("ALTER TABLE {} {}", destination.quoted(), alterations.join(", "))
+}
+
 /// An empty replacement: the source is empty now, so the destination is emptied.
 pub(crate) fn truncate_statement(destination: &TableRef<'_>) -> String {
     format!("TRUNCATE TABLE {}", destination.quoted())

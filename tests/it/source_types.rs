@@ -205,13 +205,26 @@ async fn malformed_geometry_inverted_range_long_interval_and_forbidden_name_are_
     assert_eq!(gw.db_snapshot().await, before, "a refused batch changes nothing");
 }
 
-fn measured(amount: Vec<ArrayRef>) -> RecordBatch {
+/// The execution `execution` of run `r` once its commit ended: a lane that fails at set-up
+/// fails the execution at the commit's flush, or earlier when the flush interval passes first
+/// (then the commit answers 409).
+async fn commit_or_failed(gw: &Gateway, execution: &str) -> Value {
+    let path = format!("/v1/runs/r/executions/{execution}");
+    let (status, body) = gw.json(reqwest::Method::POST, &format!("{path}/commit?wait=true"), None).await;
+    if status == StatusCode::OK {
+        return body;
+    }
+    assert_eq!(body["code"], "execution_not_extracting", "{body}");
+    gw.json(reqwest::Method::GET, &path, None).await.1
+}
+
+fn measured(columns: Vec<ArrayRef>) -> RecordBatch {
     let fields: Vec<Field> = ["id", "amount", "price"]
         .iter()
-        .zip(&amount)
+        .zip(&columns)
         .map(|(name, array)| Field::new(*name, array.data_type().clone(), true))
         .collect();
-    batch(fields, amount)
+    batch(fields, columns)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -269,13 +282,7 @@ async fn an_existing_required_column_the_batches_omit_is_refused_before_anything
     gw.open_new_execution("r", "e2").await;
     let (status, _) = gw.post_batch("r", "e2", "required", None, ipc_stream(&[ids("other")])).await;
     assert_eq!(status, StatusCode::ACCEPTED);
-    let (status, body) = gw.json(reqwest::Method::POST, "/v1/runs/r/executions/e2/commit?wait=true", None).await;
-    let failed = if status == StatusCode::OK {
-        body
-    } else {
-        assert_eq!(body["code"], "execution_not_extracting", "{body}");
-        gw.json(reqwest::Method::GET, "/v1/runs/r/executions/e2", None).await.1
-    };
+    let failed = commit_or_failed(&gw, "e2").await;
     assert_eq!(failed["state"], "failed", "{failed}");
     assert_eq!(failed["error"]["code"], "required_column_missing", "{failed}");
     assert!(failed["error"]["detail"].as_str().unwrap().contains("id"), "{failed}");
@@ -288,4 +295,39 @@ async fn an_existing_required_column_the_batches_omit_is_refused_before_anything
     );
     let rows = gw.query(&format!("SELECT COUNT(*) FROM {}.required", gw.dataset)).await;
     assert_eq!(rows[0][0], "0");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn widen_columns_widens_an_existing_int64_column_to_numeric_and_loads() {
+    let gw = Gateway::spawn().await;
+    gw.create_run("r").await;
+    gw.declare("r", "narrow", json!({"write_mode": "full_append", "table": "m"})).await;
+    let strict = gw.declare("r", "strict", json!({"write_mode": "full_append", "table": "m"})).await;
+    assert!(strict.get("widen_columns").is_none(), "off by default: {strict}");
+    let widening =
+        gw.declare("r", "wide", json!({"write_mode": "full_append", "table": "m", "widen_columns": true})).await;
+    assert_eq!(widening["widen_columns"], true, "{widening}");
+    gw.open_new_execution("r", "e1").await;
+    let ints = measured(vec![Arc::new(Int64Array::from(vec![1])), Arc::new(Int64Array::from(vec![7]))]);
+    gw.post_accepted("r", "e1", "narrow", None, ipc_stream(&[ints])).await;
+    assert_eq!(gw.commit_and_wait("r", "e1").await["state"], "committed");
+    let decimals = |id: i64| {
+        let amount = arrow_array::Decimal128Array::from(vec![1_250]).with_precision_and_scale(20, 2).unwrap();
+        measured(vec![Arc::new(Int64Array::from(vec![id])), Arc::new(amount)])
+    };
+    // Without the opt-in, NUMERIC into the INT64 column fails as the seed says.
+    gw.open_new_execution("r", "e2").await;
+    gw.post_accepted("r", "e2", "strict", None, ipc_stream(&[decimals(2)])).await;
+    let refused = commit_or_failed(&gw, "e2").await;
+    assert_eq!(refused["error"]["code"], "incompatible_schema", "{refused}");
+    gw.open_new_execution("r", "e3").await;
+    gw.post_accepted("r", "e3", "wide", None, ipc_stream(&[decimals(3)])).await;
+    let committed = gw.commit_and_wait("r", "e3").await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+    let rows = gw.query(&format!("SELECT id, CAST(amount AS STRING) FROM {}.m ORDER BY id", gw.dataset)).await;
+    let amounts: Vec<(String, f64)> = rows
+        .iter()
+        .map(|r| (r[0].as_str().unwrap().to_string(), r[1].as_str().unwrap().parse::<f64>().unwrap()))
+        .collect();
+    assert_eq!(amounts, [("1".to_string(), 7.0), ("3".to_string(), 12.5)], "widened, nothing rounded");
 }
