@@ -57,7 +57,7 @@ type Answer = (StatusCode, axum::Json<Receipt>);
         ("Content-Encoding" = Option<String>, Header, description = "`gzip` or `zstd`"),
         BatchParams
     ),
-    request_body(content = ArrowIpcStream, content_type = "application/vnd.apache.arrow.stream", description = "An Arrow IPC stream: schema message, record batches (buffers optionally LZ4_FRAME or ZSTD compressed), optional end marker"),
+    request_body(content = ArrowIpcStream, content_type = "application/vnd.apache.arrow.stream", description = "An Arrow IPC stream: schema message, record batches (buffers optionally LZ4_FRAME or ZSTD compressed), optional end marker. Column names are BigQuery's flexible column names. Field metadata chooses types the Arrow type alone does not: `ARROW:extension:name` = `arrow.json` (JSON), `geoarrow.wkb` on binaries or `geoarrow.wkt` on strings (GEOGRAPHY); `bigquery_type` = `JSON`, `GEOGRAPHY` (strings of WKT or GeoJSON, binaries of WKB) or `RANGE` (a struct of `start` and `end`, Date32 or Timestamp). Interval and Duration columns are INTERVAL. The full mapping: docs/type-mapping.md"),
     responses(
         (status = 202, description = "Accepted and queued for upload", body = Receipt),
         (status = 200, description = "Replay of an accepted `seq` with the same body: the original receipt", body = Receipt),

@@ -126,12 +126,12 @@ async fn geography_range_interval_and_flexible_names_read_back_as_sent_in_every_
         .await;
     let plain = source_rows(&["ann", "bob"], |_| {});
     for resource in ["appended", "replaced", "incremental"] {
-        gw.post_accepted("r", "e", resource, None, ipc_stream(&[plain.clone()])).await;
+        gw.post_accepted("r", "e", resource, None, ipc_stream(std::slice::from_ref(&plain))).await;
     }
     // Keyed: "ann" twice; its second row (index 2) wins the fold.
     let repeated = source_rows(&["ann", "bob", "ann"], |_| {});
     for resource in ["upserted", "snapshot"] {
-        gw.post_accepted("r", "e", resource, None, ipc_stream(&[repeated.clone()])).await;
+        gw.post_accepted("r", "e", resource, None, ipc_stream(std::slice::from_ref(&repeated))).await;
     }
     let committed = gw.commit_and_wait("r", "e").await;
     assert_eq!(committed["state"], "committed", "{committed}");

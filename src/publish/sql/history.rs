@@ -29,7 +29,7 @@ pub(super) fn history(p: &Publication<'_>) -> String {
     };
     let mut changes: Vec<String> = p.columns.iter().map(select_item).chain(p.metadata.select_items()).collect();
     changes.push(format!("IFNULL({}, 'upsert') AS _filament_op", qualified(STAGED_ALIAS, OP_COLUMN)));
-    let from = order.map_or("CURRENT_TIMESTAMP()".to_string(), |o| staged_value(o));
+    let from = order.map_or("CURRENT_TIMESTAMP()".to_string(), staged_value);
     changes.push(format!("{from} AS _filament_from"));
     changes.push(format!("{} AS _filament_seq", qualified(STAGED_ALIAS, SEQ_COLUMN)));
     let mut latest_filter = vec!["TRUE".to_string()];
