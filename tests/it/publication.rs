@@ -275,15 +275,8 @@ async fn an_incompatible_existing_type_fails_naming_the_column_and_both_types() 
     gw.open_new_execution("r", "e2").await;
     let (status, _) = gw.post_batch("r", "e2", "t", None, ipc_stream(&[text_v])).await;
     assert_eq!(status, StatusCode::ACCEPTED);
-    // The lane fails the execution when it prepares the table: at the commit's flush, or
-    // earlier when the flush interval passes first (then the commit answers 409).
-    let (status, body) = gw.json(Method::POST, "/v1/runs/r/executions/e2/commit?wait=true", None).await;
-    let failed = if status == StatusCode::OK {
-        body
-    } else {
-        assert_eq!(body["code"], "execution_not_extracting", "{body}");
-        gw.json(Method::GET, "/v1/runs/r/executions/e2", None).await.1
-    };
+    // The lane fails the execution when it prepares the table.
+    let failed = gw.commit_until_ended("r", "e2").await;
     assert_eq!(failed["state"], "failed", "{failed}");
     assert_eq!(failed["error"]["code"], "incompatible_schema", "{failed}");
     let detail = failed["error"]["detail"].as_str().unwrap();

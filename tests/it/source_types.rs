@@ -205,19 +205,6 @@ async fn malformed_geometry_inverted_range_long_interval_and_forbidden_name_are_
     assert_eq!(gw.db_snapshot().await, before, "a refused batch changes nothing");
 }
 
-/// The execution `execution` of run `r` once its commit ended: a lane that fails at set-up
-/// fails the execution at the commit's flush, or earlier when the flush interval passes first
-/// (then the commit answers 409).
-async fn commit_or_failed(gw: &Gateway, execution: &str) -> Value {
-    let path = format!("/v1/runs/r/executions/{execution}");
-    let (status, body) = gw.json(reqwest::Method::POST, &format!("{path}/commit?wait=true"), None).await;
-    if status == StatusCode::OK {
-        return body;
-    }
-    assert_eq!(body["code"], "execution_not_extracting", "{body}");
-    gw.json(reqwest::Method::GET, &path, None).await.1
-}
-
 fn measured(columns: Vec<ArrayRef>) -> RecordBatch {
     let fields: Vec<Field> = ["id", "amount", "price"]
         .iter()
@@ -282,7 +269,7 @@ async fn an_existing_required_column_the_batches_omit_is_refused_before_anything
     gw.open_new_execution("r", "e2").await;
     let (status, _) = gw.post_batch("r", "e2", "required", None, ipc_stream(&[ids("other")])).await;
     assert_eq!(status, StatusCode::ACCEPTED);
-    let failed = commit_or_failed(&gw, "e2").await;
+    let failed = gw.commit_until_ended("r", "e2").await;
     assert_eq!(failed["state"], "failed", "{failed}");
     assert_eq!(failed["error"]["code"], "required_column_missing", "{failed}");
     assert!(failed["error"]["detail"].as_str().unwrap().contains("id"), "{failed}");
@@ -318,7 +305,7 @@ async fn widen_columns_widens_an_existing_int64_column_to_numeric_and_loads() {
     // Without the opt-in, NUMERIC into the INT64 column fails as the seed says.
     gw.open_new_execution("r", "e2").await;
     gw.post_accepted("r", "e2", "strict", None, ipc_stream(&[decimals(2)])).await;
-    let refused = commit_or_failed(&gw, "e2").await;
+    let refused = gw.commit_until_ended("r", "e2").await;
     assert_eq!(refused["error"]["code"], "incompatible_schema", "{refused}");
     gw.open_new_execution("r", "e3").await;
     gw.post_accepted("r", "e3", "wide", None, ipc_stream(&[decimals(3)])).await;

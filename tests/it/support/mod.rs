@@ -434,6 +434,19 @@ impl Gateway {
         body
     }
 
+    /// The execution once its commit ended, failed or not: a lane that fails at set-up fails
+    /// the execution at the commit's flush, or earlier when the flush interval passes first
+    /// (then the commit answers 409 `execution_not_extracting` and the execution is read).
+    pub async fn commit_until_ended(&self, run: &str, execution: &str) -> Value {
+        let path = format!("/v1/runs/{run}/executions/{execution}");
+        let (status, body) = self.json(Method::POST, &format!("{path}/commit?wait=true"), None).await;
+        if status == StatusCode::OK {
+            return body;
+        }
+        assert_eq!(body["code"], "execution_not_extracting", "{body}");
+        self.json(Method::GET, &path, None).await.1
+    }
+
     /// Every row of every table of the gateway's database, as text: equal snapshots mean no
     /// request changed the state. Upload progress that lanes record in the background (stream
     /// name, acknowledged rows) and lease renewals are left out: they move whatever requests
