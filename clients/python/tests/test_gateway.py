@@ -24,6 +24,9 @@ from filament_bigquery import (
     ProblemError,
     RetryPolicy,
     Unauthorized,
+    geography_field,
+    mark,
+    range_field,
 )
 
 
@@ -78,6 +81,48 @@ def test_round_trip_of_two_resources(client: Client, dataset: str) -> None:
     assert run.durable_checkpoint == {"lsn": 42}
     # Creating the same run again is idempotent and returns the same run.
     assert client.create_run(project=PROJECT, dataset=dataset, run_id=run.run_id).run_id == run.run_id
+
+
+def test_geography_range_interval_and_flexible_names_load_through_the_client(client: Client, dataset: str) -> None:
+    run = client.create_run(project=PROJECT, dataset=dataset)
+    run.declare("places", write_mode="incremental_upsert", primary_key=["first name"])
+    schema = pa.schema(
+        [
+            pa.field("first name", pa.string()),
+            pa.field("Größe", pa.int64()),
+            geography_field("shape", encoding="wkb"),
+            pa.field("outline", pa.string()),
+            range_field("stay", pa.date32()),
+            pa.field("wait", pa.month_day_nano_interval()),
+        ]
+    )
+    point = bytes.fromhex("0101000000000000000000f03f0000000000000040")
+    table = pa.table(
+        [
+            ["ann", "bob", "ann"],
+            [1, 2, 3],
+            [point, point, point],
+            ["POINT(3 4)", '{"type": "Point", "coordinates": [5, 6]}', "POINT(7 8)"],
+            [{"start": dt.date(2024, 1, 1), "end": None}] * 3,
+            [pa.scalar((1, 2, 3_000), pa.month_day_nano_interval())] * 3,
+        ],
+        schema=schema,
+    )
+    with run.execution() as ex:
+        ex.write("places", mark(table, "outline", "geography"))
+    rows = query(
+        f"SELECT `first name` AS name, `Größe` AS size, ST_ASTEXT(shape) AS shape, ST_ASTEXT(outline) AS outline, "
+        f"CAST(RANGE_START(stay) AS STRING) AS start, RANGE_END(stay) IS NULL AS open, "
+        f"CAST(DATETIME '2000-01-01 00:00:00' + wait AS STRING) AS after "
+        f"FROM `{PROJECT}.{dataset}.places` ORDER BY `first name`"
+    )
+    assert [(r["name"], r["size"], r["shape"], r["outline"]) for r in rows] == [
+        ("ann", "3", "POINT (1 2)", "POINT (7 8)"),
+        ("bob", "2", "POINT (1 2)", "POINT (5 6)"),
+    ]
+    assert {(r["start"], str(r["open"]).lower(), r["after"]) for r in rows} == {
+        ("2024-01-01", "true", "2000-02-03 00:00:00.000003")
+    }
 
 
 def test_keyed_mode_last_write_wins(client: Client, dataset: str) -> None:

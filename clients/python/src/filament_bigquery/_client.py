@@ -419,6 +419,7 @@ class Run:
         order_by: Optional[str | Sequence[str]] = None,
         deletes: Optional[str] = None,
         delete_missing: Optional[bool] = None,
+        widen_columns: Optional[bool] = None,
     ) -> ResourceView:
         """Declares (idempotently) `resource`, loaded into `table` (default: the resource name
         with other characters than letters, digits and `_` replaced by `_`) with `write_mode`.
@@ -428,7 +429,9 @@ class Run:
         the changes, the largest value winning, so a late or replayed change never rolls a row
         back; `deletes="soft"` keeps deleted rows, marked in `_filament_deleted_at`.
         `full_upsert`: `delete_missing=True` makes the run a snapshot, whose first execution
-        committed without a pause deletes the keys the run did not send."""
+        committed without a pause deletes the keys the run did not send. `widen_columns=True`
+        lets the gateway widen an existing narrower numeric column to the type the batches send
+        (INT64 to NUMERIC, say) instead of failing: the one DDL it submits, off by default."""
         body: dict[str, Any] = {"write_mode": write_mode}
         if primary_key is not None:
             body["primary_key"] = list(primary_key)
@@ -444,6 +447,8 @@ class Run:
             body["deletes"] = deletes
         if delete_missing is not None:
             body["delete_missing"] = delete_missing
+        if widen_columns is not None:
+            body["widen_columns"] = widen_columns
         return cast(
             ResourceView, self.client._transport.json("PUT", f"{self._path}/resources/{_segment(resource)}", json=body)
         )

@@ -79,6 +79,7 @@ class ResourceView(TypedDict):
     order_by: NotRequired[List[str]]
     deletes: NotRequired[Literal["hard", "soft"]]
     delete_missing: NotRequired[bool]
+    widen_columns: NotRequired[bool]
     layout_mismatch: NotRequired[List[dict[str, Any]]]
 
 
