@@ -11,7 +11,7 @@ use google_cloud_bigquery_v2::model::{
 
 use super::known_datasets::KnownDataset;
 use super::{BigQuery, BigQueryError, BigQueryResult, rest_call};
-use crate::model::columns::{BigQueryType, Column};
+use crate::model::columns::{BigQueryType, Column, same_name};
 use crate::model::table_layout::{ColumnDescriptions, LayoutDifference, TableLayout};
 use crate::model::table_options::{Partitioning, TableOptions};
 
@@ -194,7 +194,7 @@ pub(crate) fn as_published_into(existing: &TableFieldSchema, wanted: &Column) ->
                 .fields
                 .iter()
                 .zip(fields)
-                .map(|(e, w)| e.name.eq_ignore_ascii_case(&w.name).then(|| as_published_into(e, w)).flatten())
+                .map(|(e, w)| same_name(&e.name, &w.name).then(|| as_published_into(e, w)).flatten())
                 .collect::<Option<Vec<_>>>()?;
             Some(Column { bigquery_type: BigQueryType::Struct(published), ..wanted.clone() })
         }
@@ -218,7 +218,7 @@ pub(crate) fn published_columns(existing: &[TableFieldSchema], wanted: &[Column]
     wanted
         .iter()
         .map(|w| {
-            let held = existing.iter().find(|e| e.name.eq_ignore_ascii_case(&w.name));
+            let held = existing.iter().find(|e| same_name(&e.name, &w.name));
             held.and_then(|e| as_published_into(e, w)).unwrap_or_else(|| w.clone())
         })
         .collect()
@@ -232,7 +232,7 @@ pub(crate) fn widenings<'a>(existing: &'a [TableFieldSchema], wanted: &[Column])
     wanted
         .iter()
         .filter_map(|w| {
-            let e = existing.iter().find(|e| e.name.eq_ignore_ascii_case(&w.name))?;
+            let e = existing.iter().find(|e| same_name(&e.name, &w.name))?;
             let held = BigQueryType::numeric_named(&e.r#type)?;
             let same_shape = e.mode.eq_ignore_ascii_case("REPEATED") == w.repeated;
             (same_shape && held.coerces_into().contains(&w.bigquery_type))
@@ -247,7 +247,7 @@ pub(crate) fn required_columns_missing<'a>(existing: &'a [TableFieldSchema], wan
     existing
         .iter()
         .filter(|e| e.mode.eq_ignore_ascii_case("REQUIRED"))
-        .filter(|e| !wanted.iter().any(|w| w.name.eq_ignore_ascii_case(&e.name)))
+        .filter(|e| !wanted.iter().any(|w| same_name(&w.name, &e.name)))
         .map(|e| e.name.as_str())
         .collect()
 }
@@ -404,7 +404,7 @@ pub(crate) fn type_conflicts(existing: &[TableFieldSchema], wanted: &[Column]) -
     wanted
         .iter()
         .filter_map(|w| {
-            let e = existing.iter().find(|e| e.name.eq_ignore_ascii_case(&w.name))?;
+            let e = existing.iter().find(|e| same_name(&e.name, &w.name))?;
             (!field_accepts(e, w)).then(|| (w.name.clone(), describe_field(e), w.sql_type()))
         })
         .collect()
@@ -412,7 +412,7 @@ pub(crate) fn type_conflicts(existing: &[TableFieldSchema], wanted: &[Column]) -
 
 /// Columns of `wanted` the existing table lacks.
 pub(crate) fn missing_columns<'a>(existing: &[TableFieldSchema], wanted: &'a [Column]) -> Vec<&'a Column> {
-    wanted.iter().filter(|w| !existing.iter().any(|e| e.name.eq_ignore_ascii_case(&w.name))).collect()
+    wanted.iter().filter(|w| !existing.iter().any(|e| same_name(&e.name, &w.name))).collect()
 }
 
 #[cfg(test)]

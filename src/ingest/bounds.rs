@@ -20,8 +20,10 @@ pub(crate) fn key_ranges(payloads: &[AppendPayload], mapped: &MappedSchema) -> V
     if batches.len() != payloads.len() || batches.iter().all(|b| b.num_rows() == 0) {
         return Vec::new();
     }
+    // The staged batches hold each key under its staged name (`Column::staged_name`); the
+    // range is recorded under the destination's.
     let ordered = |name: &str| {
-        mapped.data_columns.iter().find(|c| c.name == name).is_some_and(|c| {
+        mapped.data_columns.iter().find(|c| c.name == name).filter(|c| {
             !c.repeated
                 && matches!(
                     c.bigquery_type,
@@ -36,15 +38,15 @@ pub(crate) fn key_ranges(payloads: &[AppendPayload], mapped: &MappedSchema) -> V
     mapped
         .key_columns
         .iter()
-        .filter(|(name, _)| ordered(name))
-        .filter_map(|(name, _)| column_range(&batches, name))
+        .filter_map(|(name, _)| ordered(name))
+        .filter_map(|column| column_range(&batches, &column.name, &column.staged_name()))
         .collect()
 }
 
-fn column_range(batches: &[&RecordBatch], name: &str) -> Option<KeyRange> {
+fn column_range(batches: &[&RecordBatch], name: &str, staged_name: &str) -> Option<KeyRange> {
     let mut range: Option<KeyRange> = None;
     for batch in batches {
-        let column = batch.column_by_name(name)?;
+        let column = batch.column_by_name(staged_name)?;
         let (min, max) = min_max(column.as_ref())?;
         let this = KeyRange { column: name.to_string(), min, max };
         match range.as_mut() {
@@ -172,5 +174,24 @@ mod tests {
             batch: Some(staged),
         };
         assert!(key_ranges(&[payload], &mapped).is_empty());
+    }
+
+    #[test]
+    fn a_flexible_key_gets_its_range_from_its_staged_column_under_its_own_name() {
+        let schema = Arc::new(Schema::new(vec![Field::new("customer id", DataType::Int64, false)]));
+        let incoming =
+            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(Int64Array::from(vec![5, -1, 9]))]).unwrap();
+        let key = ["customer id".to_string()];
+        let spec = LoadSpec { write_mode: WriteMode::IncrementalUpsert, primary_key: &key, order_by: &[] };
+        let mapped = map_schema(&schema, spec).unwrap();
+        let staged = crate::ingest::convert::to_staging(&incoming, &mapped, 0).unwrap();
+        assert!(staged.column_by_name("customer id").is_none(), "staged under a generated name");
+        let payload = AppendPayload {
+            rows: 3,
+            serialized_record_batch: record_batch_message(&staged).unwrap(),
+            batch: Some(staged),
+        };
+        let range = KeyRange { column: "customer id".into(), min: KeyValue::Int64(-1), max: KeyValue::Int64(9) };
+        assert_eq!(key_ranges(&[payload], &mapped), vec![range]);
     }
 }

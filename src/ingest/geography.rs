@@ -6,8 +6,11 @@
 
 use std::str::FromStr as _;
 
-use arrow_array::ArrayRef;
+use std::sync::Arc;
+
+use arrow_array::builder::StringBuilder;
 use arrow_array::cast::AsArray as _;
+use arrow_array::{Array as _, ArrayRef};
 use arrow_schema::DataType;
 
 use geo_traits::{
@@ -30,7 +33,10 @@ pub(crate) fn stage_geographies(
     row_of: RowOf<'_>,
 ) -> Result<ArrayRef, IngestError> {
     let refuse = |index: usize, problem: GeographyProblem| invalid_value(path, row_of(index), problem);
-    if encoding == GeographyEncoding::Wkb {
+    if encoding == GeographyEncoding::PlanarWkb {
+        return planar_wkb_as_wkt(array, path, row_of);
+    }
+    if encoding.is_wkb() {
         let staged = cast_strict(array, &DataType::Binary)?;
         for (index, value) in staged.as_binary::<i32>().iter().enumerate() {
             if let Some(bytes) = value {
@@ -39,7 +45,7 @@ pub(crate) fn stage_geographies(
         }
         return Ok(staged);
     }
-    let check = if encoding == GeographyEncoding::Wkt { check_wkt } else { check_text };
+    let check = if encoding == GeographyEncoding::WktOrGeoJson { check_text } else { check_wkt };
     let staged = cast_strict(array, &DataType::Utf8)?;
     for (index, value) in staged.as_string::<i32>().iter().enumerate() {
         if let Some(text) = value {
@@ -49,14 +55,51 @@ pub(crate) fn stage_geographies(
     Ok(staged)
 }
 
+/// Planar WKB staged as WKT: Google's analyzer knows `planar => TRUE` on `ST_GEOGFROMTEXT`
+/// only. Coordinates are written in the shortest text that reads back as the same double, so
+/// the staged geometry is the one received.
+fn planar_wkb_as_wkt(array: &ArrayRef, path: &str, row_of: RowOf<'_>) -> Result<ArrayRef, IngestError> {
+    let binary = cast_strict(array, &DataType::Binary)?;
+    let mut staged = StringBuilder::with_capacity(binary.len(), binary.get_buffer_memory_size() * 4);
+    for (index, value) in binary.as_binary::<i32>().iter().enumerate() {
+        let Some(bytes) = value else {
+            staged.append_null();
+            continue;
+        };
+        let refuse = |problem: GeographyProblem| invalid_value(path, row_of(index), problem);
+        let geometry = wkb::reader::read_wkb(bytes).map_err(|e| refuse(format!("not valid WKB: {e}")))?;
+        coordinates_in_range(&geometry).map_err(refuse)?;
+        let mut text = String::new();
+        wkt::to_wkt::write_geometry(&mut text, &geometry)
+            .map_err(|e| refuse(format!("cannot be written as WKT: {e}")))?;
+        staged.append_value(text);
+    }
+    Ok(Arc::new(staged.finish()))
+}
+
 /// A WKB value.
 pub(crate) fn check_wkb(bytes: &[u8]) -> Result<(), GeographyProblem> {
     let geometry = wkb::reader::read_wkb(bytes).map_err(|e| format!("not valid WKB: {e}"))?;
     coordinates_in_range(&geometry)
 }
 
+/// How deep a WKT value may nest (GEOMETRYCOLLECTIONs within each other, parentheses): the WKT
+/// reader recurses without a bound of its own, so deeper text is refused before it is parsed.
+const MAX_WKT_NESTING: usize = 64;
+
 /// A WKT value.
 pub(crate) fn check_wkt(text: &str) -> Result<(), GeographyProblem> {
+    let mut depth = 0usize;
+    for byte in text.bytes() {
+        match byte {
+            b'(' => depth += 1,
+            b')' => depth = depth.saturating_sub(1),
+            _ => continue,
+        }
+        if depth > MAX_WKT_NESTING {
+            return Err(format!("not valid WKT: it nests deeper than {MAX_WKT_NESTING} levels"));
+        }
+    }
     let geometry = wkt::Wkt::<f64>::from_str(text).map_err(|e| format!("not valid WKT: {e}"))?;
     coordinates_in_range(&geometry)
 }
@@ -162,6 +205,25 @@ mod tests {
     }
 
     #[test]
+    fn planar_wkb_is_staged_as_wkt_of_the_same_doubles() {
+        let point = hex::decode(POINT_WKB).unwrap();
+        let odd = [-179.999_999_999_999_97, 0.1_f64 + 0.2];
+        let mut line = vec![1u8, 2, 0, 0, 0, 2, 0, 0, 0];
+        for value in [odd[0], odd[1], 0.0, 45.5] {
+            line.extend(value.to_le_bytes());
+        }
+        let array: ArrayRef = Arc::new(arrow_array::BinaryArray::from(vec![Some(&point[..]), None, Some(&line[..])]));
+        let staged = stage_geographies(&array, GeographyEncoding::PlanarWkb, "g", &|row| row).unwrap();
+        let texts: Vec<Option<&str>> = staged.as_string::<i32>().iter().collect();
+        assert_eq!(texts[0], Some("POINT(1 2)"));
+        assert_eq!(texts[1], None);
+        let parsed = wkt::Wkt::<f64>::from_str(texts[2].unwrap()).unwrap();
+        let wkt::Wkt::LineString(parsed) = parsed else { panic!("{:?}", texts[2]) };
+        let coords: Vec<(f64, f64)> = parsed.coords().iter().map(|c| (c.x, c.y)).collect();
+        assert_eq!(coords, [(odd[0], odd[1]), (0.0, 45.5)], "bit for bit: {:?}", texts[2]);
+    }
+
+    #[test]
     fn malformed_values_and_projected_coordinates_are_refused() {
         assert!(check_wkb(&[1, 2, 3]).unwrap_err().starts_with("not valid WKB"));
         assert!(check_text("POINT(1 2").unwrap_err().starts_with("not valid WKT"));
@@ -172,5 +234,9 @@ mod tests {
         assert!(check_text("LINESTRING(0 0, 10 95)").is_err(), "latitude beyond the pole");
         assert!(check_text(r#"{"type": "Polygon", "coordinates": [[[0, 0], [181, 0], [0, 1], [0, 0]]]}"#).is_err());
         assert!(check_text("POINT(NaN 1)").is_err(), "NaN is not a longitude");
+        let deep = format!("{}POINT(1 2){}", "GEOMETRYCOLLECTION(".repeat(100_000), ")".repeat(100_000));
+        assert!(check_text(&deep).unwrap_err().contains("nests deeper"), "refused before the recursive reader");
+        let nested = format!("{}POINT(1 2){}", "GEOMETRYCOLLECTION(".repeat(10), ")".repeat(10));
+        assert_eq!(check_text(&nested), Ok(()));
     }
 }

@@ -47,11 +47,11 @@ impl IntervalParts {
     }
 
     fn checked(self) -> Result<Self, Refusal> {
-        if self.months.abs() > MAX_MONTHS {
+        if self.months.unsigned_abs() > MAX_MONTHS as u64 {
             Err(Refusal::OutOfRange("its year-month part is beyond 10000 years"))
-        } else if self.days.abs() > MAX_DAYS {
+        } else if self.days.unsigned_abs() > MAX_DAYS as u64 {
             Err(Refusal::OutOfRange("its day part is beyond 3660000 days"))
-        } else if self.micros.abs() > MAX_MICROS {
+        } else if self.micros.unsigned_abs() > MAX_MICROS as u64 {
             Err(Refusal::OutOfRange("its time part is beyond 87840000 hours"))
         } else {
             Ok(self)
@@ -137,7 +137,8 @@ pub(crate) fn stage_intervals(array: &ArrayRef, path: &str, row_of: RowOf<'_>) -
 mod tests {
     use arrow_array::types::IntervalMonthDayNano;
     use arrow_array::{
-        DurationNanosecondArray, DurationSecondArray, IntervalMonthDayNanoArray, IntervalYearMonthArray,
+        DurationMicrosecondArray, DurationNanosecondArray, DurationSecondArray, IntervalMonthDayNanoArray,
+        IntervalYearMonthArray,
     };
 
     use super::*;
@@ -175,5 +176,7 @@ mod tests {
         assert!(matches!(staged(Arc::new(days)), Err(IngestError::InvalidValue { row: 10, .. })));
         let overflow = DurationSecondArray::from(vec![0, i64::MAX]);
         assert!(matches!(staged(Arc::new(overflow)), Err(IngestError::InvalidValue { row: 11, .. })));
+        let most_negative = DurationMicrosecondArray::from(vec![i64::MIN]);
+        assert!(matches!(staged(Arc::new(most_negative)), Err(IngestError::InvalidValue { row: 10, .. })));
     }
 }

@@ -17,7 +17,7 @@ use sha2::{Digest as _, Sha256};
 use self::typed::Marked;
 use super::IngestError;
 use crate::model::WriteMode;
-use crate::model::columns::{BigQueryType, Column, MAX_COLUMNS, MAX_KEY_COLUMNS, MAX_RECORD_DEPTH};
+use crate::model::columns::{BigQueryType, Column, MAX_COLUMNS, MAX_KEY_COLUMNS, MAX_RECORD_DEPTH, same_name};
 use crate::model::ids::validate_column_name;
 use crate::model::staging::{OP_COLUMN, SEQ_COLUMN};
 
@@ -130,6 +130,18 @@ pub(crate) fn bigquery_column(path: &str, field: &Field) -> Result<Column, Inges
     let data_type = field.data_type();
     let name = field.name().clone();
     let marked = typed::marked(path, field)?;
+    let is_container = matches!(
+        data_type,
+        DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(..) | DataType::Map(..)
+    );
+    if marked.is_some() && (is_container || matches!(data_type, DataType::Struct(_)) && marked != Some(Marked::Range)) {
+        return Err(unsupported(
+            path,
+            data_type,
+            "a JSON or GEOGRAPHY mark belongs on a string or binary field (for an array, on its item field), \
+             a RANGE mark on a struct of start and end",
+        ));
+    }
     let value_field = |data_type: &DataType| {
         Field::new(field.name(), data_type.clone(), true).with_metadata(field.metadata().clone())
     };
@@ -378,7 +390,7 @@ fn key_columns(
     spec.primary_key
         .iter()
         .map(|key| {
-            let position = data_columns.iter().position(|c| c.name.eq_ignore_ascii_case(key)).ok_or_else(|| {
+            let position = data_columns.iter().position(|c| same_name(&c.name, key)).ok_or_else(|| {
                 IngestError::InvalidPrimaryKey(format!("key column {key:?} is not in the batch's schema"))
             })?;
             let column = &data_columns[position];
@@ -404,7 +416,7 @@ fn order_columns(
     spec.order_by
         .iter()
         .map(|name| {
-            let position = data_columns.iter().position(|c| c.name.eq_ignore_ascii_case(name)).ok_or_else(|| {
+            let position = data_columns.iter().position(|c| same_name(&c.name, name)).ok_or_else(|| {
                 IngestError::InvalidOrderBy(format!("order_by column {name:?} is not in the batch's schema"))
             })?;
             let column = &data_columns[position];

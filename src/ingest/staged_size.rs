@@ -17,7 +17,7 @@ use arrow_schema::DataType;
 use super::IngestError;
 use super::decode::DecodedBody;
 use super::schema::MappedSchema;
-use crate::model::columns::{BigQueryType, Column};
+use crate::model::columns::{BigQueryType, Column, GeographyEncoding};
 
 /// Offsets of a staged string or list value (Arrow's 32-bit offsets).
 const OFFSET_BYTES: usize = 4;
@@ -98,6 +98,9 @@ fn staged_bytes(array: &ArrayRef, column: &Column) -> usize {
         BigQueryType::String | BigQueryType::Bytes | BigQueryType::Json => string_bytes(array),
         BigQueryType::Numeric | BigQueryType::BigNumeric => decimal_string_bytes(array),
         BigQueryType::Time => array.len() * (TIME_STRING_BYTES + OFFSET_BYTES),
+        // Planar WKB becomes WKT: a coordinate's 8 bytes take at most 24 characters and a
+        // separator, so at most four times the WKB.
+        BigQueryType::Geography(GeographyEncoding::PlanarWkb) => string_bytes(array).saturating_mul(4),
         // Staged as received: WKB bytes, WKT or GeoJSON text.
         BigQueryType::Geography(_) => string_bytes(array),
         BigQueryType::Range(_) => array.len() * (RANGE_STRING_BYTES + OFFSET_BYTES),

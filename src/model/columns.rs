@@ -24,6 +24,13 @@ pub(crate) const MAX_KEY_COLUMNS: usize = 16;
 /// Staged names of columns whose own names are flexible ([`Column::staged_name`]).
 const STAGED_NAME_PREFIX: &str = "_filament_col_";
 
+/// Whether two column names are one to BigQuery, which compares them without regard to case
+/// ("Duplicate column names are not allowed even if the case differs"), Unicode case included
+/// (`Größe` and `GRÖßE`).
+pub(crate) fn same_name(a: &str, b: &str) -> bool {
+    a.eq_ignore_ascii_case(b) || (!a.is_ascii() && a.to_lowercase() == b.to_lowercase())
+}
+
 /// A name BigQuery takes everywhere, the Storage Write API included: `[A-Za-z_][A-Za-z0-9_]*`.
 pub(crate) fn is_plain_name(name: &str) -> bool {
     let mut chars = name.chars();
@@ -53,16 +60,37 @@ pub(crate) enum BigQueryType {
 }
 
 /// How a GEOGRAPHY column's values arrive, which is how they are staged (unchanged, checked to
-/// parse) and which of BigQuery's constructors publishes them.
+/// parse) and which of BigQuery's constructors publishes them, with which edges: GeoArrow's
+/// columns have planar edges unless their extension metadata says `"edges": "spherical"`
+/// (GeoArrow specification, Extension metadata), published with `planar => TRUE`; columns
+/// marked `bigquery_type` take BigQuery's geodesic edges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum GeographyEncoding {
     /// Well-known binary, staged as BYTES, published with `ST_GEOGFROMWKB`.
     Wkb,
+    /// WKB with planar edges: staged as its WKT (each coordinate written in the shortest text
+    /// that reads back as the same double, so the geometry is exact) and published with
+    /// `ST_GEOGFROMTEXT(..., planar => TRUE)`, the planar constructor Google's analyzer knows.
+    PlanarWkb,
     /// Well-known text, staged as STRING, published with `ST_GEOGFROMTEXT`.
     Wkt,
+    /// WKT with planar edges: `ST_GEOGFROMTEXT(..., planar => TRUE)`.
+    PlanarWkt,
     /// WKT or GeoJSON, told apart per value (GeoJSON starts with `{`), staged as STRING and
     /// published with `ST_GEOGFROMGEOJSON` or `ST_GEOGFROMTEXT`.
     WktOrGeoJson,
+}
+
+impl GeographyEncoding {
+    /// Binary well-known geometries as received; the others are text.
+    pub(crate) fn is_wkb(self) -> bool {
+        matches!(self, GeographyEncoding::Wkb | GeographyEncoding::PlanarWkb)
+    }
+
+    /// Staged as BYTES (the WKB as received); the others are staged as text.
+    pub(crate) fn stages_bytes(self) -> bool {
+        self == GeographyEncoding::Wkb
+    }
 }
 
 /// The element type of a RANGE.
@@ -152,8 +180,7 @@ impl BigQueryType {
                 | BigQueryType::Json
                 | BigQueryType::Range(_)
                 | BigQueryType::Interval
-                | BigQueryType::Geography(GeographyEncoding::Wkt | GeographyEncoding::WktOrGeoJson)
-        )
+        ) || matches!(self, BigQueryType::Geography(encoding) if !encoding.stages_bytes())
     }
 
     /// Whether the publication query must convert the staged value: a type staged in another
@@ -199,7 +226,7 @@ impl BigQueryType {
     pub(crate) fn staged(&self) -> BigQueryType {
         match self {
             BigQueryType::Struct(fields) => BigQueryType::Struct(fields.iter().map(Column::staged).collect()),
-            BigQueryType::Geography(GeographyEncoding::Wkb) => BigQueryType::Bytes,
+            BigQueryType::Geography(encoding) if encoding.stages_bytes() => BigQueryType::Bytes,
             other if other.is_staged_as_string() => BigQueryType::String,
             other => other.clone(),
         }
@@ -211,7 +238,8 @@ impl BigQueryType {
             BigQueryType::Bool => DataType::Boolean,
             BigQueryType::Int64 => DataType::Int64,
             BigQueryType::Float64 => DataType::Float64,
-            BigQueryType::Bytes | BigQueryType::Geography(GeographyEncoding::Wkb) => DataType::Binary,
+            BigQueryType::Bytes => DataType::Binary,
+            BigQueryType::Geography(encoding) if encoding.stages_bytes() => DataType::Binary,
             BigQueryType::Date => DataType::Date32,
             BigQueryType::Datetime => DataType::Timestamp(TimeUnit::Microsecond, None),
             BigQueryType::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
@@ -223,7 +251,7 @@ impl BigQueryType {
             | BigQueryType::Json
             | BigQueryType::Range(_)
             | BigQueryType::Interval
-            | BigQueryType::Geography(GeographyEncoding::Wkt | GeographyEncoding::WktOrGeoJson) => DataType::Utf8,
+            | BigQueryType::Geography(_) => DataType::Utf8,
         }
     }
 }

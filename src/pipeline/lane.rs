@@ -51,6 +51,9 @@ pub(crate) struct LaneTarget {
     /// Set-up widens an existing column narrower than the batches' type (the resource's
     /// `widen_columns`).
     pub(crate) widen_columns: bool,
+    /// The key and `order_by` columns: compared as sent, so never cast into an existing
+    /// table's wider type.
+    pub(crate) compared_columns: Vec<String>,
 }
 
 /// When accumulated rows become an upload batch.
@@ -106,6 +109,12 @@ impl LaneTarget {
             serialized_schema,
             batching: BatchingPolicy::new(&run.batching, max_payload_bytes),
             widen_columns: declared.write_options.widen_columns,
+            compared_columns: mapped
+                .key_columns
+                .iter()
+                .chain(&mapped.order_columns)
+                .map(|(name, _)| name.clone())
+                .collect(),
         }
     }
 }

@@ -170,12 +170,33 @@ async fn prepare_destination(context: &LaneContext, target: &LaneTarget) -> Resu
         return Ok(target.destination_columns.clone());
     };
     report_layout(context, target, &existing_table).await?;
-    let mut existing = existing_table.schema.map(|s| s.fields).unwrap_or_default();
-    if target.widen_columns {
-        Box::pin(widen_columns(bigquery, target, &mut existing)).await?;
+    let existing = existing_table.schema.map(|s| s.fields).unwrap_or_default();
+    // Widening (declared `widen_columns`) is decided, then every check runs against the table
+    // as it would be after it, and only then is the table altered: a delivery that fails a
+    // check leaves its columns as they were.
+    let widened: Vec<(String, BigQueryType)> = match target.widen_columns {
+        true => {
+            widenings(&existing, &target.destination_columns).into_iter().map(|(c, t)| (c.to_string(), t)).collect()
+        }
+        false => Vec::new(),
+    };
+    let as_widened = with_types(existing, &widened);
+    let published = check_compatible(target, &as_widened)?;
+    if !widened.is_empty() {
+        Box::pin(widen_columns(bigquery, target, &widened)).await?;
     }
-    extend_destination(bigquery, target, &existing).await?;
-    Ok(published_columns(&existing, &target.destination_columns))
+    add_missing_columns(bigquery, target, &as_widened).await?;
+    Ok(published)
+}
+
+/// `existing` with the types of `widened` columns replaced by the wider ones.
+fn with_types(mut existing: Vec<TableFieldSchema>, widened: &[(String, BigQueryType)]) -> Vec<TableFieldSchema> {
+    for field in &mut existing {
+        if let Some((_, wider)) = widened.iter().find(|(c, _)| c == &field.name) {
+            field.r#type = wider.type_name().to_string();
+        }
+    }
+    existing
 }
 
 /// Compares the existing table's layout with the declared one and records (and logs) how it
@@ -200,21 +221,16 @@ async fn report_layout(context: &LaneContext, target: &LaneTarget, existing: &Ta
     Ok(())
 }
 
-/// Widens the existing columns narrower than what the batches send (the resource declared
-/// `widen_columns`): one `ALTER TABLE` query job, then `existing` holds the wider types.
+/// Widens the existing columns `widened` names to their wider types (the resource declared
+/// `widen_columns`): one `ALTER TABLE` query job.
 async fn widen_columns(
     bigquery: &BigQuery,
     target: &LaneTarget,
-    existing: &mut [TableFieldSchema],
+    widened: &[(String, BigQueryType)],
 ) -> Result<(), Problem> {
-    let widened: Vec<(String, BigQueryType)> =
-        widenings(existing, &target.destination_columns).into_iter().map(|(c, t)| (c.to_string(), t)).collect();
-    if widened.is_empty() {
-        return Ok(());
-    }
     let (project, dataset, table) =
         (target.project.as_str(), target.dataset.as_str(), target.destination_table.as_str());
-    let sql = alter_column_types(&TableRef { project, dataset, table }, &widened);
+    let sql = alter_column_types(&TableRef { project, dataset, table }, widened);
     // One job per delivery and alteration: a set-up attempt that lost the answer finds it again.
     let digest = Sha256::digest(format!("{}\n{sql}", target.staging_table).as_bytes());
     let job_id = format!("filament_widen_{}", &hex::encode(digest)[..24]);
@@ -233,37 +249,32 @@ async fn widen_columns(
         columns = %names.join(","), %job_id, "bigquery.table.columns_widened");
     // Boxed: a query job's future is large, and set-up's runs on the lane task's stack.
     Box::pin(bigquery.run_query_job(&job)).await.map_err(|e| e.problem(Stage::Setup))?;
-    for field in existing.iter_mut() {
-        if let Some((_, wider)) = widened.iter().find(|(c, _)| c == &field.name) {
-            field.r#type = wider.type_name().to_string();
-        }
-    }
     Ok(())
 }
 
-/// Checks that the existing table takes the batches' columns and adds the missing ones.
-async fn extend_destination(
-    bigquery: &BigQuery,
-    target: &LaneTarget,
-    existing: &[TableFieldSchema],
-) -> Result<(), Problem> {
-    let fail = |e: BigQueryError| e.problem(Stage::Setup);
-    let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
-    let (table, wanted) = (&target.destination_table, &target.table_columns());
-    let conflicts = type_conflicts(existing, wanted);
+/// Checks that the existing table takes the batches' columns: each one as it is or cast into
+/// a wider numeric type (never a key or `order_by` column, whose values must compare as sent),
+/// every REQUIRED column sent. Returns the staged columns as the table takes them.
+fn check_compatible(target: &LaneTarget, existing: &[TableFieldSchema]) -> Result<Vec<Column>, Problem> {
+    let (dataset, table, wanted) = (&target.dataset, &target.destination_table, &target.table_columns());
+    let published = published_columns(existing, &target.destination_columns);
+    let cast_keys = published.iter().filter(|c| c.published_as.is_some() && target.compared_columns.contains(&c.name));
+    let mut conflicts: Vec<String> = type_conflicts(existing, wanted)
+        .iter()
+        .map(|(c, has, wants)| format!("{c} is {has} in the table, the batches send {wants}"))
+        .collect();
+    conflicts.extend(cast_keys.map(|c| {
+        format!("{} is a key or order_by column: it must have the table's type, not be cast into it", c.name)
+    }));
     if !conflicts.is_empty() {
-        let list: Vec<String> = conflicts
-            .iter()
-            .map(|(c, has, wants)| format!("{c} is {has} in the table, the batches send {wants}"))
-            .collect();
         return Err(Problem::new(
             ErrorCode::IncompatibleSchema,
-            format!("table {dataset}.{table}: {}", list.join("; ")),
+            format!("table {dataset}.{table}: {}", conflicts.join("; ")),
         )
         .with_hint(
             "existing columns are never altered: send the table's type (or a narrower one it coerces \
-             from: INT64 into NUMERIC, BIGNUMERIC or FLOAT64, NUMERIC into BIGNUMERIC or FLOAT64), or load \
-             into a new table",
+             from: INT64 into NUMERIC, BIGNUMERIC or FLOAT64, NUMERIC into BIGNUMERIC or FLOAT64), declare \
+             widen_columns, or load into a new table",
         ));
     }
     let required = required_columns_missing(existing, wanted);
@@ -274,13 +285,25 @@ async fn extend_destination(
         )
         .with_hint("send every REQUIRED column of the existing table, with a value in every row"));
     }
+    Ok(published)
+}
+
+/// Adds the columns the existing table lacks (NULLABLE, with `tables.patch`).
+async fn add_missing_columns(
+    bigquery: &BigQuery,
+    target: &LaneTarget,
+    existing: &[TableFieldSchema],
+) -> Result<(), Problem> {
+    let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
+    let (table, wanted) = (&target.destination_table, &target.table_columns());
     let missing = missing_columns(existing, wanted);
     if !missing.is_empty() {
         let names: Vec<&str> = missing.iter().map(|c| c.name.as_str()).collect();
         let delivery = &target.resource.delivery;
         tracing::info!(run_id = %delivery.run_id(), execution_id = %delivery.execution_id(), %table,
             columns = %names.join(","), "bigquery.table.columns_added");
-        bigquery.add_columns(project, dataset, table, existing, &missing).await.map_err(fail)?;
+        let added = bigquery.add_columns(project, dataset, table, existing, &missing).await;
+        added.map_err(|e| e.problem(Stage::Setup))?;
     }
     Ok(())
 }

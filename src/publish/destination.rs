@@ -24,7 +24,7 @@ use crate::bigquery::retry::{Backoff, Retried};
 use crate::error::Problem;
 use crate::model::DeliveryRef;
 use crate::model::bounds::{KeyRange, KeyValue, covering_ranges};
-use crate::model::columns::{BigQueryType, Collation, Column};
+use crate::model::columns::{BigQueryType, Collation, Column, same_name};
 use crate::pipeline::LaneReport;
 use crate::store::{EventKind, NewPublication, PublicationEnd, ResourceRecord, RunRecord};
 use crate::telemetry::{self, PublishTiming};
@@ -50,10 +50,10 @@ impl KeysAsCompared {
     pub(crate) fn in_table(table: &Table, string_keys: &[&str], key_ranges: &[KeyRange]) -> Self {
         let collated = collated_columns(table);
         let ordered_alike = |range: &&KeyRange| {
-            !(is_string_range(range) && collated.iter().any(|column| column.eq_ignore_ascii_case(&range.column)))
+            !(is_string_range(range) && collated.iter().any(|column| same_name(column, &range.column)))
         };
         let mut collations = own_collations(table);
-        collations.retain(|(column, _)| string_keys.iter().any(|k| k.eq_ignore_ascii_case(column)));
+        collations.retain(|(column, _)| string_keys.iter().any(|k| same_name(k, column)));
         Self { ranges: key_ranges.iter().filter(ordered_alike).cloned().collect(), collations }
     }
 }
@@ -303,8 +303,8 @@ impl Publisher {
         let compared = KeysAsCompared::in_table(&table, &string_keys, key_ranges);
         let collated = collated_columns(&table);
         for key_column in &string_keys {
-            let has_own = compared.collations.iter().any(|(column, _)| column.eq_ignore_ascii_case(key_column));
-            if !has_own && collated.iter().any(|column| column.eq_ignore_ascii_case(key_column)) {
+            let has_own = compared.collations.iter().any(|(column, _)| same_name(column, key_column));
+            if !has_own && collated.iter().any(|column| same_name(column, key_column)) {
                 tracing::warn!(
                     table = destination.table,
                     column = key_column,

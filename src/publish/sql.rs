@@ -12,7 +12,7 @@ mod typed;
 
 use crate::model::WriteMode;
 use crate::model::bounds::{KeyRange, string_literal};
-use crate::model::columns::{BigQueryType, Collation, Column};
+use crate::model::columns::{BigQueryType, Collation, Column, same_name};
 use crate::model::staging::{OP_COLUMN, SEQ_COLUMN};
 use crate::model::write_options::{DELETED_AT_COLUMN, Deletes, MetadataColumn};
 
@@ -139,11 +139,7 @@ impl LoadMetadata<'_> {
 /// The declared key columns named as the destination columns spell them (keys match
 /// case-insensitively).
 pub(crate) fn key_as_named(primary_key: &[String], columns: &[Column]) -> Vec<String> {
-    primary_key
-        .iter()
-        .filter_map(|k| columns.iter().find(|c| c.name.eq_ignore_ascii_case(k)))
-        .map(|c| c.name.clone())
-        .collect()
+    primary_key.iter().filter_map(|k| columns.iter().find(|c| same_name(&c.name, k))).map(|c| c.name.clone()).collect()
 }
 
 /// The one statement (a script for `full_replace`) that publishes the staged rows.
@@ -270,7 +266,7 @@ fn replace(p: &Publication<'_>) -> String {
 /// `und:ci` column, so only the later row may reach the MERGE).
 fn fold_key(key: &Column, collations: &[(String, Collation)]) -> String {
     let converted = staged_value(key);
-    match collations.iter().find(|(column, _)| column.eq_ignore_ascii_case(&key.name)) {
+    match collations.iter().find(|(column, _)| same_name(column, &key.name)) {
         Some((_, collation)) => format!("COLLATE({converted}, '{}')", collation.as_str()),
         None => converted,
     }
@@ -278,7 +274,7 @@ fn fold_key(key: &Column, collations: &[(String, Collation)]) -> String {
 
 /// The columns of `names` in `columns`, in the order of `names` (matched case-insensitively).
 fn named<'c>(names: &[String], columns: &'c [Column]) -> Vec<&'c Column> {
-    names.iter().filter_map(|n| columns.iter().find(|c| c.name.eq_ignore_ascii_case(n))).collect()
+    names.iter().filter_map(|n| columns.iter().find(|c| same_name(&c.name, n))).collect()
 }
 
 /// Whether the source row's `order_by` values are at least the target row's, compared in order
@@ -418,7 +414,7 @@ impl<'c> MergeShape<'c> {
 fn key_range_bounds(scope: MergeScope<'_>, keys: &[&Column], column: impl Fn(&str) -> String) -> Vec<String> {
     let mut bounds = Vec::new();
     for k in keys {
-        let range = scope.ranges().iter().find(|r| r.column.eq_ignore_ascii_case(&k.name));
+        let range = scope.ranges().iter().find(|r| same_name(&r.column, &k.name));
         if let Some((min, max)) = range.and_then(|r| r.min.sql_literal().zip(r.max.sql_literal())) {
             bounds.push(format!("{} BETWEEN {min} AND {max}", column(&k.name)));
         }
@@ -652,6 +648,8 @@ mod tests {
         let columns = vec![
             Column::new("id", BigQueryType::Int64),
             Column::new("shape", BigQueryType::Geography(GeographyEncoding::Wkb)),
+            Column::new("parcel", BigQueryType::Geography(GeographyEncoding::PlanarWkb)),
+            Column::new("route", BigQueryType::Geography(GeographyEncoding::PlanarWkt)),
             Column::new("outline", BigQueryType::Geography(GeographyEncoding::Wkt)),
             Column::repeated("places", BigQueryType::Geography(GeographyEncoding::WktOrGeoJson)),
             Column::new("stay", BigQueryType::Range(RangeElement::Date)),

@@ -602,8 +602,12 @@ fn every_statement_the_generator_produces_is_valid_googlesql() {
     let required = required_features();
     let missing: Vec<&String> = required.iter().filter(|f| !covered.contains(*f)).collect();
     assert!(missing.is_empty(), "the generated cases did not reach: {missing:#?}");
-    let counts: Vec<String> =
-        new_shapes.into_inner().iter().map(|(shape, cases)| format!("{cases} with {shape}")).collect();
+    let new_shapes = new_shapes.into_inner();
+    for shape in ["GEOGRAPHY", "RANGE", "INTERVAL", "flexible name"] {
+        let cases = new_shapes.get(shape).copied().unwrap_or(0);
+        assert!(cases >= 100, "only {cases} of {CASES} generated resources had a {shape}");
+    }
+    let counts: Vec<String> = new_shapes.iter().map(|(shape, cases)| format!("{cases} with {shape}")).collect();
     let summary = format!(
         "GoogleSQL conformance: {CASES} generated resources, {} statements analyzed by ZetaSQL, {} features covered (every write mode and statement shape, key type, converted type and depth, aliased and flexible name); resources with the types and names sources send: {}\n",
         statements.get(),

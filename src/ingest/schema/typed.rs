@@ -10,6 +10,7 @@ use crate::ingest::IngestError;
 use crate::model::columns::{BigQueryType, GeographyEncoding, RangeElement};
 
 pub(crate) const EXTENSION_NAME_KEY: &str = "ARROW:extension:name";
+pub(crate) const EXTENSION_METADATA_KEY: &str = "ARROW:extension:metadata";
 pub(crate) const BIGQUERY_TYPE_KEY: &str = "bigquery_type";
 pub(crate) const JSON_EXTENSION: &str = "arrow.json";
 pub(crate) const GEOARROW_WKB: &str = "geoarrow.wkb";
@@ -31,7 +32,9 @@ impl Marked {
     pub(crate) fn canonical_name(self) -> &'static str {
         match self {
             Marked::Json => "JSON",
-            Marked::Geography(Some(GeographyEncoding::Wkb)) => GEOARROW_WKB,
+            Marked::Geography(Some(GeographyEncoding::Wkb)) => "geoarrow.wkb spherical",
+            Marked::Geography(Some(GeographyEncoding::Wkt)) => "geoarrow.wkt spherical",
+            Marked::Geography(Some(encoding)) if encoding.is_wkb() => GEOARROW_WKB,
             Marked::Geography(Some(_)) => GEOARROW_WKT,
             Marked::Geography(None) => "GEOGRAPHY",
             Marked::Range => "RANGE",
@@ -47,8 +50,14 @@ pub(crate) fn marked(path: &str, field: &Field) -> Result<Option<Marked>, Ingest
     let extension = metadata.get(EXTENSION_NAME_KEY).map(String::as_str);
     match extension {
         Some(JSON_EXTENSION) => return Ok(Some(Marked::Json)),
-        Some(GEOARROW_WKB) => return Ok(Some(Marked::Geography(Some(GeographyEncoding::Wkb)))),
-        Some(GEOARROW_WKT) => return Ok(Some(Marked::Geography(Some(GeographyEncoding::Wkt)))),
+        Some(GEOARROW_WKB) => {
+            let encoding = if spherical_edges(field) { GeographyEncoding::Wkb } else { GeographyEncoding::PlanarWkb };
+            return Ok(Some(Marked::Geography(Some(encoding))));
+        }
+        Some(GEOARROW_WKT) => {
+            let encoding = if spherical_edges(field) { GeographyEncoding::Wkt } else { GeographyEncoding::PlanarWkt };
+            return Ok(Some(Marked::Geography(Some(encoding))));
+        }
         Some(other) if other.starts_with("geoarrow.") => {
             return Err(unsupported(
                 path,
@@ -74,6 +83,15 @@ pub(crate) fn marked(path: &str, field: &Field) -> Result<Option<Marked>, Ingest
     }
 }
 
+/// Whether a GeoArrow field's extension metadata gives its edges as other than planar
+/// (`"edges": "spherical"`, or one of the ellipsoidal algorithms, which BigQuery's sphere
+/// approximates); absent or unreadable metadata means planar, GeoArrow's default.
+fn spherical_edges(field: &Field) -> bool {
+    let Some(text) = field.metadata().get(EXTENSION_METADATA_KEY) else { return false };
+    let edges = serde_json::from_str::<serde_json::Value>(text).ok().and_then(|m| m.get("edges").cloned());
+    edges.and_then(|e| e.as_str().map(|e| e != "planar")).unwrap_or(false)
+}
+
 fn is_string(data_type: &DataType) -> bool {
     matches!(data_type, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
 }
@@ -88,10 +106,9 @@ pub(crate) fn marked_scalar(path: &str, data_type: &DataType, marked: Marked) ->
     match marked {
         Marked::Json if is_string(data_type) => Ok(BigQueryType::Json),
         Marked::Json => Err(unsupported(path, data_type, "JSON columns must be strings")),
-        Marked::Geography(Some(GeographyEncoding::Wkb) | None) if is_binary(data_type) => {
-            geography(GeographyEncoding::Wkb)
-        }
-        Marked::Geography(Some(GeographyEncoding::Wkt)) if is_string(data_type) => geography(GeographyEncoding::Wkt),
+        Marked::Geography(None) if is_binary(data_type) => geography(GeographyEncoding::Wkb),
+        Marked::Geography(Some(encoding)) if encoding.is_wkb() && is_binary(data_type) => geography(encoding),
+        Marked::Geography(Some(encoding)) if !encoding.is_wkb() && is_string(data_type) => geography(encoding),
         Marked::Geography(None) if is_string(data_type) => geography(GeographyEncoding::WktOrGeoJson),
         Marked::Geography(_) => Err(unsupported(
             path,

@@ -2,10 +2,12 @@
 //! NUMERIC, BIGNUMERIC, TIME, JSON, RANGE and INTERVAL, and the geometry a client sent into a
 //! GEOGRAPHY with BigQuery's own constructors.
 //!
-//! GEOGRAPHY constructors run with BigQuery's defaults: geodesic edges (`planar => FALSE`, the
-//! only reading GeoJSON has) and no repair (`make_valid => FALSE`), so the published value is
-//! the geometry sent, never a silently altered one; ingestion already refused what does not
-//! parse or lies outside longitude/latitude (`ingest::geography`).
+//! GEOGRAPHY constructors take the edges the column declares: planar for GeoArrow columns
+//! unless their metadata says spherical (`planar => TRUE`: BigQuery follows the straight lines
+//! of the source's plane), geodesic for columns marked `bigquery_type` (BigQuery's default,
+//! and the only reading GeoJSON has). None repairs (`make_valid => FALSE`), so the published
+//! value is the geometry sent, never a silently altered one; ingestion already refused what
+//! does not parse or lies outside longitude/latitude (`ingest::geography`).
 //!
 //! RANGE is staged as its literal, `[2024-01-01, UNBOUNDED)`, and rebuilt with the `RANGE`
 //! constructor from its bounds rather than `CAST(... AS RANGE<T>)`, which the emulator runs only
@@ -29,6 +31,10 @@ pub(super) fn from_staged(expr: &str, bigquery_type: &BigQueryType) -> String {
         BigQueryType::Interval => interval(expr),
         BigQueryType::Geography(GeographyEncoding::Wkb) => format!("ST_GEOGFROMWKB({expr})"),
         BigQueryType::Geography(GeographyEncoding::Wkt) => format!("ST_GEOGFROMTEXT({expr})"),
+        // Planar WKB is staged as its WKT (`ingest::geography`).
+        BigQueryType::Geography(GeographyEncoding::PlanarWkt | GeographyEncoding::PlanarWkb) => {
+            format!("ST_GEOGFROMTEXT({expr}, planar => TRUE)")
+        }
         BigQueryType::Geography(GeographyEncoding::WktOrGeoJson) => {
             format!("IF(STARTS_WITH(LTRIM({expr}), '{{'), ST_GEOGFROMGEOJSON({expr}), ST_GEOGFROMTEXT({expr}))")
         }
