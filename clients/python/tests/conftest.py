@@ -7,6 +7,7 @@ BIGQUERY_EMULATOR_HOST and BIGQUERY_STORAGE_EMULATOR_HOST (a running bqemulator)
 from __future__ import annotations
 
 import glob
+import gzip
 import http.client
 import http.server
 import os
@@ -19,6 +20,7 @@ import uuid
 from typing import Any, Iterator, Optional
 from urllib.parse import urlsplit, urlunsplit
 
+import pyarrow as pa
 import pytest
 import requests
 
@@ -250,3 +252,17 @@ class LossyProxy:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def decode_body(body: Any) -> pa.Table:
+    """The Arrow table a client body (`filament_bigquery.Body`) carries, decompressed as its
+    `content_encoding` says; the decompressed stream is `ipc_bytes` long."""
+    payload = body.payload
+    if body.content_encoding == "zstd":
+        payload = pa.decompress(payload, decompressed_size=body.ipc_bytes, codec="zstd", asbytes=True)
+    elif body.content_encoding == "gzip":
+        payload = gzip.decompress(payload)
+    else:
+        assert body.content_encoding is None
+    assert len(payload) == body.ipc_bytes
+    return pa.ipc.open_stream(payload).read_all()

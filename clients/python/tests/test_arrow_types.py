@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
-import gzip
 from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 import pytest
 
-from filament_bigquery import Body, bodies, geography_field, json_field, mark, range_field
+from conftest import decode_body
+from filament_bigquery import bodies, geography_field, json_field, mark, range_field
 
 EXT = b"ARROW:extension:name"
 BQ = b"bigquery_type"
@@ -203,17 +203,6 @@ def typed_table(rows: int) -> pa.Table:
     return table
 
 
-def decode(body: Body) -> pa.Table:
-    payload = body.payload
-    if body.content_encoding == "zstd":
-        payload = pa.decompress(payload, decompressed_size=body.ipc_bytes, codec="zstd", asbytes=True)
-    elif body.content_encoding == "gzip":
-        payload = gzip.decompress(payload)
-    else:
-        assert body.content_encoding is None
-    return pa.ipc.open_stream(payload).read_all()
-
-
 def as_sent(table: pa.Table) -> pa.Table:
     """`table` with extension types pyarrow recognised when reading (`arrow.json`) turned back
     into their storage type and the `ARROW:extension:name` field metadata they came from."""
@@ -244,7 +233,7 @@ def test_bodies_keep_field_metadata_and_names(kind: str, compression: str) -> No
     table = typed_table(1000)
     out = list(bodies(INPUTS[kind](table), 32 * 1024, compression))
     assert len(out) > 1  # every body carries the schema, not only the first
-    decoded = [as_sent(decode(body)) for body in out]
+    decoded = [as_sent(decode_body(body)) for body in out]
     for part in decoded:
         assert part.schema.names == NAMES
         assert part.schema.equals(table.schema, check_metadata=True), part.schema
@@ -259,7 +248,7 @@ def test_bodies_keep_metadata_of_a_marked_reader() -> None:
 
     reader = mark(pa.RecordBatchReader.from_batches(table.schema, generate()), "Größe", "JSON")
     (body,) = bodies(reader, 1 << 20, "zstd")
-    sent = decode(body)
+    sent = decode_body(body)
     assert sent.schema.field("Größe").metadata == {BQ: b"JSON"}
     assert sent.schema.field("first name").metadata == {b"crs": b"OGC:CRS84", b"origin": b"duckdb"}
     assert sent.equals(table)

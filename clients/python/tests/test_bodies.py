@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import gzip
 from typing import Iterator
 
 import pyarrow as pa
 import pytest
 
-from filament_bigquery import Body, bodies
+from conftest import decode_body
+from filament_bigquery import bodies
 
 
 def table(rows: int, start: int = 0) -> pa.Table:
     ids = list(range(start, start + rows))
     return pa.table({"id": pa.array(ids, pa.int64()), "name": pa.array([f"name-{i:08d}" * 4 for i in ids])})
-
-
-def decode(body: Body) -> pa.Table:
-    payload = body.payload
-    if body.content_encoding == "zstd":
-        payload = pa.decompress(payload, decompressed_size=body.ipc_bytes, codec="zstd", asbytes=True)
-    elif body.content_encoding == "gzip":
-        payload = gzip.decompress(payload)
-    assert len(payload) == body.ipc_bytes
-    return pa.ipc.open_stream(payload).read_all()
 
 
 @pytest.mark.parametrize("compression", ["none", "gzip", "zstd"])
@@ -33,7 +23,7 @@ def test_split_keeps_order_and_limit(compression: str) -> None:
     assert len(out) > 5
     ipc_sizes = [b.ipc_bytes for b in out]
     assert max(ipc_sizes) <= 64 * 1024
-    decoded = pa.concat_tables([decode(b) for b in out])
+    decoded = pa.concat_tables([decode_body(b) for b in out])
     assert decoded.equals(data)
     assert sum(b.rows for b in out) == 20_000
     assert all(b.content_encoding == (None if compression == "none" else compression) for b in out)
