@@ -1,6 +1,6 @@
 //! `POST /v1/connections/test`: authenticate and run `SELECT 1` as a query job.
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use axum::extract::State;
 use serde::{Deserialize, Serialize};

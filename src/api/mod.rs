@@ -24,7 +24,7 @@ pub(crate) mod tls;
 pub(crate) mod views;
 
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::header;

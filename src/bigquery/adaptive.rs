@@ -26,7 +26,9 @@
 //! budget (`bigquery::retry`).
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 

@@ -286,18 +286,18 @@ impl WriteClient {
 #[derive(Debug, Default)]
 struct SendProgress {
     /// (frames queued, frames taken, since when the oldest untaken frame waits).
-    state: std::sync::Mutex<(u64, u64, Option<std::time::Instant>)>,
+    state: std::sync::Mutex<(u64, u64, Option<tokio::time::Instant>)>,
 }
 
 impl SendProgress {
-    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, u64, Option<std::time::Instant>)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, u64, Option<tokio::time::Instant>)> {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn queued(&self) {
         let mut state = self.lock();
         if state.0 == state.1 {
-            state.2 = Some(std::time::Instant::now());
+            state.2 = Some(tokio::time::Instant::now());
         }
         state.0 += 1;
     }
@@ -305,10 +305,10 @@ impl SendProgress {
     fn taken(&self) {
         let mut state = self.lock();
         state.1 += 1;
-        state.2 = (state.0 > state.1).then(std::time::Instant::now);
+        state.2 = (state.0 > state.1).then(tokio::time::Instant::now);
     }
 
-    fn waiting_since(&self) -> Option<std::time::Instant> {
+    fn waiting_since(&self) -> Option<tokio::time::Instant> {
         self.lock().2
     }
 }
@@ -359,7 +359,7 @@ impl AppendConnection {
 
     /// Since when the oldest request the transport has not taken waits; `None` when it has
     /// taken every one.
-    pub(crate) fn unsent_since(&self) -> Option<std::time::Instant> {
+    pub(crate) fn unsent_since(&self) -> Option<tokio::time::Instant> {
         self.progress.waiting_since()
     }
 

@@ -12,7 +12,9 @@
 mod problems;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt as _};

@@ -20,7 +20,9 @@
 //!    enqueued without a budget permit, and nothing is stamped before its receipt exists.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 

@@ -37,7 +37,9 @@ pub(crate) use lane::{LaneContext, LaneReport, LaneTarget};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 

@@ -5,7 +5,7 @@
 //! publication) and its PENDING write stream, whose name is recorded in Postgres before any row
 //! is sent. The [`super::appender`] appends to that stream.
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use google_cloud_bigquery_v2::model::{Table, TableFieldSchema};
 

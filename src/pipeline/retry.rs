@@ -9,7 +9,9 @@
 //!   refill) is tried again, whatever the attempt count, until it has lasted `quota_wait`,
 //!   with backoff capped at `max_quota_backoff`; then the execution fails `quota_exceeded`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::bigquery::BigQueryError;
 use crate::bigquery::retry::{Backoff, RetryClass};
