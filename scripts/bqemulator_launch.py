@@ -11,13 +11,23 @@ larger default executor and otherwise runs its CLI unchanged.
 import asyncio
 import concurrent.futures
 import sys
+from collections.abc import Callable
+from typing import TypeVar, TypeVarTuple
 
 OPEN_STREAMS = 256
+
+_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
 
 _run_in_executor = asyncio.BaseEventLoop.run_in_executor
 
 
-def _run_in_wide_executor(loop, executor, func, *args):
+def _run_in_wide_executor(
+    loop: asyncio.BaseEventLoop,
+    executor: concurrent.futures.Executor | None,
+    func: Callable[[*_Ts], _T],
+    *args: *_Ts,
+) -> asyncio.Future[_T]:
     if executor is None and getattr(loop, "_default_executor", None) is None:
         loop.set_default_executor(
             concurrent.futures.ThreadPoolExecutor(max_workers=OPEN_STREAMS, thread_name_prefix="asyncio")
@@ -25,9 +35,11 @@ def _run_in_wide_executor(loop, executor, func, *args):
     return _run_in_executor(loop, executor, func, *args)
 
 
-asyncio.BaseEventLoop.run_in_executor = _run_in_wide_executor
+# setattr, not an assignment: replacing a method of a class is what this launcher is for.
+setattr(asyncio.BaseEventLoop, "run_in_executor", _run_in_wide_executor)
 
-from bqemulator.cli import main  # noqa: E402  (after the patch, so its loop uses it)
+# Imported after the patch, so that the event loop bqemulator creates uses it.
+from bqemulator.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

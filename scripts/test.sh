@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The whole suite: formatting, clippy, then unit, integration and end-to-end tests against a
-# throwaway Postgres (unless DATABASE_URL is set) and a fresh bqemulator on random ports.
+# The whole suite: formatting, clippy, mypy --strict of the suite's own Python, then unit,
+# integration and end-to-end tests against a throwaway Postgres (unless DATABASE_URL is set)
+# and a fresh bqemulator on random ports.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ENV_FILE=build/test-services.env
 
 cargo fmt --all -- --check
 cargo clippy --locked --all-targets -- -D warnings
+# scripts/*.py and examples/*.py, as strictly as the Python client (scripts/mypy.ini).
+scripts/client-checks.sh --scripts
 
 scripts/services.sh start "$ENV_FILE" random
 trap 'scripts/services.sh stop "$ENV_FILE"' EXIT

@@ -125,7 +125,12 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NotRequired, TypeAlias, TypedDict
+
+import grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 ZETASQL_DIR = Path(os.environ.get("FILAMENT_ZETASQL_DIR", ROOT / "build" / "zetasql"))
@@ -225,6 +230,20 @@ BIGQUERY_SYSTEM_VARIABLES = {
 }
 
 
+# A message of the analyzer's protos. Their Python modules are generated at run time
+# (ensure_stubs) and have no type stubs, so mypy sees them as Any (scripts/mypy.ini).
+Message: TypeAlias = Any
+
+
+class Verdict(TypedDict):
+    """An answer, less its "id" (see the module's docstring)."""
+
+    ok: bool
+    statements: int
+    errors: list[str]
+    malformed: NotRequired[bool]
+
+
 class MalformedRequest(Exception):
     """The request itself is wrong (not the SQL in it)."""
 
@@ -302,7 +321,7 @@ class Options:
         self.public = public_options
         feature_enum = public_options.DESCRIPTOR.enum_types_by_name["LanguageFeature"]
         extension = public_options.language_feature_options
-        maximum = []
+        maximum: list[str] = []
         for value in feature_enum.values:
             if value.number <= 0 or value.name.startswith("__"):
                 continue  # the "switch must have a default" sentinel
@@ -338,7 +357,7 @@ class Options:
         self.analyzer = analyzer
         self.builtins = proto_options.ZetaSQLBuiltinFunctionOptionsProto(language_options=self.language)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, object]:
         return {
             "maximum_features": len(self.maximum_features),
             "bigquery_in_development_features": self.bigquery_features,
@@ -382,12 +401,13 @@ class Catalogs:
         # ZetaSQL's AnnotationKind::kCollation.
         self.collation_annotation_id = 0
 
-    def build(self, tables: list) -> object:
+    def build(self, tables: object) -> Message:
+        """The SimpleCatalogProto of a request's "tables"."""
         if not isinstance(tables, list):
             raise MalformedRequest('"tables" must be a list')
-        projects: dict[str, dict[str, list]] = {}
-        root_tables = []
-        seen = set()
+        projects: dict[str, dict[str, list[Message]]] = {}
+        root_tables: list[Message] = []
+        seen: set[str] = set()
         for index, table in enumerate(tables):
             if not isinstance(table, dict):
                 raise MalformedRequest(f"tables[{index}] must be an object")
@@ -403,6 +423,8 @@ class Catalogs:
                 raise MalformedRequest(f"table {full_name} is given twice")
             seen.add(full_name.lower())
             default_collation = table.get("default_collation", table.get("defaultCollation"))
+            if default_collation is not None and not isinstance(default_collation, str):
+                raise MalformedRequest(f"tables[{index}].default_collation must be a string")
             columns = self.columns(table.get("fields"), f"tables[{index}]", default_collation)
             projects.setdefault(project, {}).setdefault(dataset, []).append(
                 self.table_pb2.SimpleTableProto(name=name, column=columns, full_name=full_name))
@@ -417,11 +439,12 @@ class Catalogs:
                 project_catalog.catalog.add(name=dataset, table=dataset_tables)
         return root
 
-    def columns(self, fields, where: str, default_collation) -> list:
+    def columns(self, fields: object, where: str, default_collation: str | None) -> list[Message]:
+        """The SimpleColumnProtos of a table's TableFieldSchema list."""
         if not isinstance(fields, list):
             raise MalformedRequest(f"{where}.fields must be a list of TableFieldSchema objects")
-        columns = []
-        seen = set()
+        columns: list[Message] = []
+        seen: set[str] = set()
         for index, field in enumerate(fields):
             type_proto, annotations, name = self.field(field, f"{where}.fields[{index}]", default_collation)
             if name.lower() in seen:
@@ -433,7 +456,9 @@ class Catalogs:
             columns.append(column)
         return columns
 
-    def field(self, field, where: str, default_collation):
+    def field(
+        self, field: object, where: str, default_collation: str | None
+    ) -> tuple[Message, Message | None, str]:
         """(TypeProto, AnnotationMapProto or None, name) of one TableFieldSchema."""
         if not isinstance(field, dict):
             raise MalformedRequest(f"{where} must be an object")
@@ -448,13 +473,13 @@ class Catalogs:
         if mode not in ("NULLABLE", "REQUIRED", "REPEATED"):
             raise MalformedRequest(f"{where} ({name}): unknown mode {mode}")
         t = self.type_pb2
-        annotations = None
+        annotations: Message | None = None
         if type_name in ("RECORD", "STRUCT"):
             subfields = field.get("fields")
             if not isinstance(subfields, list) or not subfields:
                 raise MalformedRequest(f"{where} ({name}): a {type_name} needs a non-empty fields list")
             element = t.TypeProto(type_kind=t.TYPE_STRUCT)
-            struct_annotations = []
+            struct_annotations: list[Message | None] = []
             for index, subfield in enumerate(subfields):
                 sub_type, sub_annotations, sub_name = self.field(subfield, f"{where}.fields[{index}]", default_collation)
                 element.struct_type.field.add(field_name=sub_name, field_type=sub_type)
@@ -471,6 +496,8 @@ class Catalogs:
         elif type_name in self.simple_types:
             element = t.TypeProto(type_kind=self.simple_types[type_name])
             collation = field["collation"] if "collation" in field else default_collation
+            if collation is not None and not isinstance(collation, str):
+                raise MalformedRequest(f"{where} ({name}): collation must be a string")
             if collation and type_name == "STRING":
                 annotations = self.annotation_pb2.AnnotationMapProto(annotations=[self.annotation_pb2.AnnotationProto(
                     id=self.collation_annotation_id, value=self.value_pb2.SimpleValueProto(string_value=collation))])
@@ -493,9 +520,24 @@ class Catalogs:
 TRAILER = re.compile(rb"\A(?:\s+|#[^\n]*|--[^\n]*|/\*.*?\*/)*\Z", re.S)
 LEADING = re.compile(rb"\A(?:\s+|#[^\n]*|--[^\n]*|/\*.*?\*/)*", re.S)
 
+
+def leading_bytes(data: bytes) -> int:
+    """How many bytes of whitespace and comments `data` starts with."""
+    match = LEADING.match(data)
+    return match.end() if match else 0
+
+
 # gRPC codes that carry the analyzer's verdict on the SQL; any other means the judge failed.
 SQL_ERROR_CODES = {"INVALID_ARGUMENT", "UNIMPLEMENTED", "OUT_OF_RANGE", "FAILED_PRECONDITION",
                    "NOT_FOUND", "ALREADY_EXISTS", "INTERNAL"}
+
+
+@dataclass
+class CachedCatalog:
+    """A table set's SimpleCatalogProto and, once registered with the server, its id."""
+
+    catalog: Message
+    registered_id: int | None = None
 
 
 class Analyzer:
@@ -506,13 +548,10 @@ class Analyzer:
     and at exit."""
 
     def __init__(self, address: str, cached_catalogs: int = 4) -> None:
-        import grpc
-
         import local_service_pb2
         import local_service_pb2_grpc
         from zetasql.public import parse_resume_location_pb2
 
-        self.grpc = grpc
         self.service = local_service_pb2
         self.resume_pb2 = parse_resume_location_pb2
         self.address = address
@@ -522,95 +561,95 @@ class Analyzer:
         self.options = Options()
         self.catalogs = Catalogs(self.options)
         self.cached_catalogs = cached_catalogs
-        # tables JSON (canonical) -> [SimpleCatalogProto, registered id or None], oldest first.
-        self.catalog_cache: dict[str, list] = {}
+        # Keyed by the request's tables as canonical JSON, oldest first.
+        self.catalog_cache: dict[str, CachedCatalog] = {}
 
     def wait_ready(self, seconds: float) -> None:
         try:
-            self.grpc.channel_ready_future(self.channel).result(timeout=seconds)
-        except self.grpc.FutureTimeoutError:
+            grpc.channel_ready_future(self.channel).result(timeout=seconds)
+        except grpc.FutureTimeoutError:
             raise AnalyzerUnavailable(f"no ZetaSQL analyzer answers at {self.address} "
                                       "(scripts/zetasql.sh start; make test starts it)") from None
 
-    def rpc(self, method, request):
+    def rpc(self, method: Callable[..., Message], request: Message) -> Message:
         """One RPC, retrying a server that is momentarily unavailable."""
         for attempt in range(3):
             try:
                 return method(request, timeout=60)
-            except self.grpc.RpcError as error:
-                if error.code() == self.grpc.StatusCode.UNAVAILABLE and attempt < 2:
+            except grpc.RpcError as error:
+                if error.code() == grpc.StatusCode.UNAVAILABLE and attempt < 2:
                     time.sleep(0.5 * (attempt + 1))
                     continue
                 raise
         raise AssertionError("unreachable")
 
-    def call(self, request):
+    def call(self, request: Message) -> tuple[Message, str | None]:
         """One Analyze RPC: (response, None), or (None, the analyzer's message) when it
         refuses the SQL; AnalyzerUnavailable when the judge itself failed."""
         try:
             return self.rpc(self.stub.Analyze, request), None
-        except self.grpc.RpcError as error:
+        except grpc.RpcError as error:
             code = error.code().name if error.code() else "UNKNOWN"
             message = error.details() or code
             if code in SQL_ERROR_CODES:
                 return None, message if code == "INVALID_ARGUMENT" else f"{code}: {message}"
             raise AnalyzerUnavailable(f"Analyze RPC to {self.address} failed: {code}: {message}") from None
 
-    def catalog_for(self, tables) -> tuple:
-        """(SimpleCatalogProto, registered id or None) for a request's tables."""
+    def catalog_for(self, tables: object) -> CachedCatalog:
+        """The catalog of a request's tables, registered with the server once seen twice."""
         key = json.dumps(tables, sort_keys=True, separators=(",", ":"))
         entry = self.catalog_cache.pop(key, None)
         if entry is None:
-            entry = [self.catalogs.build(tables), None]
-        elif entry[1] is None and self.cached_catalogs > 0:
+            entry = CachedCatalog(self.catalogs.build(tables))
+        elif entry.registered_id is None and self.cached_catalogs > 0:
             try:
                 registered = self.rpc(self.stub.RegisterCatalog,
-                                      self.service.RegisterCatalogRequest(simple_catalog=entry[0]))
-                entry[1] = registered.registered_id
-            except self.grpc.RpcError:
+                                      self.service.RegisterCatalogRequest(simple_catalog=entry.catalog))
+                entry.registered_id = registered.registered_id
+            except grpc.RpcError:
                 pass  # not fatal: analyze with the catalog inline
         self.catalog_cache[key] = entry  # now the newest
         while len(self.catalog_cache) > max(self.cached_catalogs, 1):
             oldest = next(iter(self.catalog_cache))
-            self.unregister(self.catalog_cache.pop(oldest)[1])
-        return entry[0], entry[1], key
+            self.unregister(self.catalog_cache.pop(oldest).registered_id)
+        return entry
 
-    def unregister(self, registered_id) -> None:
+    def unregister(self, registered_id: int | None) -> None:
         if registered_id is None:
             return
         try:
             self.stub.UnregisterCatalog(self.service.UnregisterRequest(registered_id=registered_id), timeout=10)
-        except self.grpc.RpcError:
+        except grpc.RpcError:
             pass
 
     def close(self) -> None:
-        for _, registered_id in self.catalog_cache.values():
-            self.unregister(registered_id)
+        for entry in self.catalog_cache.values():
+            self.unregister(entry.registered_id)
         self.catalog_cache.clear()
         self.channel.close()
 
-    def analyze(self, request: dict) -> dict:
+    def analyze(self, request: dict[str, Any]) -> Verdict:
         sql = request.get("sql")
         if not isinstance(sql, str) or not sql.strip():
             raise MalformedRequest('"sql" must be a non-empty string')
         mode = request.get("mode", "statement")
         if mode not in ("statement", "script"):
             raise MalformedRequest('"mode" must be "statement" or "script"')
-        catalog, registered_id, key = self.catalog_for(request.get("tables", []))
+        entry = self.catalog_for(request.get("tables", []))
         try:
-            return self.analyze_with(sql, mode, catalog, registered_id)
+            return self.analyze_with(sql, mode, entry.catalog, entry.registered_id)
         except CatalogGone:
             # The server lost the registration (restarted): forget it, analyze inline.
-            self.catalog_cache[key][1] = None
-            return self.analyze_with(sql, mode, catalog, None)
+            entry.registered_id = None
+            return self.analyze_with(sql, mode, entry.catalog, None)
 
-    def analyze_with(self, sql: str, mode: str, catalog, registered_id) -> dict:
+    def analyze_with(self, sql: str, mode: str, catalog: Message, registered_id: int | None) -> Verdict:
         if registered_id is None:
             base = self.service.AnalyzeRequest(options=self.options.analyzer, simple_catalog=catalog)
         else:
             base = self.service.AnalyzeRequest(options=self.options.analyzer, registered_catalog_id=registered_id)
 
-        def call(analyze):
+        def call(analyze: Message) -> tuple[Message, str | None]:
             response, error = self.call(analyze)
             if error is not None and registered_id is not None and re.fullmatch(
                     r"Registered catalog \d+ unknown\.?", error):
@@ -622,14 +661,14 @@ class Analyzer:
             analyze.CopyFrom(base)
             analyze.sql_statement = sql
             _, error = call(analyze)
-            start = len(LEADING.match(sql.encode()).group(0))
+            start = leading_bytes(sql.encode())
             if error is None:
                 return {"ok": True, "statements": 1, "errors": []}
             return {"ok": False, "statements": 0, "errors": [f"statement 1 (byte {start}): {error}"]}
         data = sql.encode()
         position, count = 0, 0
         while True:
-            start = position + len(LEADING.match(data[position:]).group(0))
+            start = position + leading_bytes(data[position:])
             analyze = self.service.AnalyzeRequest()
             analyze.CopyFrom(base)
             analyze.parse_resume_location.CopyFrom(
@@ -650,7 +689,7 @@ class CatalogGone(Exception):
     """A registered catalog the server no longer knows."""
 
 
-def answer_line(analyzer: Analyzer, line: str) -> dict:
+def answer_line(analyzer: Analyzer, line: str) -> dict[str, object]:
     request_id = None
     try:
         try:

@@ -24,7 +24,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO, Any, TypeAlias
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENT = ROOT / "scripts" / "zetasql_analyze.py"
@@ -33,9 +35,14 @@ PROJECT, DATASET = "p-1", "d"
 DEST = f"`{PROJECT}`.`{DATASET}`.`dest`"
 STAGING = f"`{PROJECT}`.`{DATASET}`.`staging`"
 
+# A TableFieldSchema, a table of a request's "tables", an answer of the client (JSON).
+Field: TypeAlias = dict[str, object]
+Table: TypeAlias = dict[str, object]
+Answer: TypeAlias = dict[str, Any]
 
-def field(name, type_, mode=None, fields=None, **extra):
-    f = {"name": name, "type": type_}
+
+def field(name: str, type_: str, mode: str | None = None, fields: list[Field] | None = None, **extra: str) -> Field:
+    f: Field = {"name": name, "type": type_}
     if mode:
         f["mode"] = mode
     if fields:
@@ -84,11 +91,13 @@ STAGING_FIELDS = [
     field("_filament_seq", "INT64"),
     field("_filament_op", "STRING"),
 ]
-TABLES = [
+TABLES: list[Table] = [
     {"project": PROJECT, "dataset": DATASET, "table": "dest", "fields": DEST_FIELDS},
     {"project": PROJECT, "dataset": DATASET, "table": "staging", "fields": STAGING_FIELDS},
 ]
-SMALL_T = [{"project": PROJECT, "dataset": DATASET, "table": "t", "fields": [field("x", "INT64"), field("s", "STRING")]}]
+SMALL_T: list[Table] = [
+    {"project": PROJECT, "dataset": DATASET, "table": "t", "fields": [field("x", "INT64"), field("s", "STRING")]},
+]
 
 # The gateway's conversion of a nested staged value, as src/publish/sql.rs writes it.
 SHIPMENT = (
@@ -115,7 +124,8 @@ INSERT_ALL = (
 )
 
 
-def merge(partition="PARSE_NUMERIC(_filament_staged.`k`)", extra_select="", on_extra="", clauses=None):
+def merge(partition: str = "PARSE_NUMERIC(_filament_staged.`k`)", extra_select: str = "", on_extra: str = "",
+          clauses: list[str] | None = None) -> str:
     """A keyed publication shaped like the gateway's (src/publish/sql.rs `merge`)."""
     clauses = clauses or [
         "WHEN MATCHED THEN UPDATE SET `t` = _filament_source.`t`, `name` = _filament_source.`name`",
@@ -135,7 +145,8 @@ def merge(partition="PARSE_NUMERIC(_filament_staged.`k`)", extra_select="", on_e
 REFUSED, ACCEPTED, DIFFERENCE = "refused", "accepted", "known difference (refused)"
 
 # (name, expectation, sql, mode, substring the refusal must contain / statements when accepted)
-CASES = [
+Case: TypeAlias = tuple[str, str, str, str, str | int]
+CASES: list[Case] = [
     # --- must be refused -----------------------------------------------------------------
     ("misspelled function PARSE_NUMERC", REFUSED,
      f"SELECT PARSE_NUMERC(_filament_staged.`k`) AS `k` FROM {STAGING} AS _filament_staged",
@@ -242,28 +253,35 @@ class Client:
     def __init__(self, python: str, addr: str) -> None:
         self.process = subprocess.Popen([python, str(CLIENT), "--addr", addr], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, text=True, bufsize=1)
+        # Both asked for as pipes above, so both are there.
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.stdin: IO[str] = self.process.stdin
+        self.stdout: IO[str] = self.process.stdout
         self.next_id = 0
 
-    def raw(self, line: str) -> dict:
-        self.process.stdin.write(line + "\n")
-        self.process.stdin.flush()
-        answer = self.process.stdout.readline()
+    def raw(self, line: str) -> Answer:
+        self.stdin.write(line + "\n")
+        self.stdin.flush()
+        answer = self.stdout.readline()
         if not answer:
             raise SystemExit(f"FAIL the client exited (status {self.process.wait()})")
-        return json.loads(answer)
+        decoded = json.loads(answer)
+        if not isinstance(decoded, dict):
+            raise SystemExit(f"FAIL the client answered {answer!r}, not a JSON object")
+        return decoded
 
-    def analyze(self, tables, sql: str, mode: str) -> dict:
+    def analyze(self, tables: list[Table], sql: str, mode: str) -> Answer:
         self.next_id += 1
         answer = self.raw(json.dumps({"id": str(self.next_id), "tables": tables, "sql": sql, "mode": mode}))
         assert answer["id"] == str(self.next_id), answer
         return answer
 
     def close(self) -> int:
-        self.process.stdin.close()
+        self.stdin.close()
         return self.process.wait(timeout=30)
 
 
-def check_case(client: Client, name, expectation, sql, mode, expected) -> bool:
+def check_case(client: Client, name: str, expectation: str, sql: str, mode: str, expected: str | int) -> bool:
     tables = TABLES + SMALL_T
     answer = client.analyze(tables, sql, mode)
     errors = "; ".join(answer["errors"])
@@ -271,7 +289,7 @@ def check_case(client: Client, name, expectation, sql, mode, expected) -> bool:
         good = answer["ok"] and answer["statements"] == expected and not answer["errors"]
         detail = f"{answer['statements']} statement(s)" if good else f"refused: {errors or answer}"
     else:
-        good = not answer["ok"] and expected in errors and not answer.get("malformed")
+        good = not answer["ok"] and isinstance(expected, str) and expected in errors and not answer.get("malformed")
         detail = errors if good else (f"accepted ({answer['statements']} statement(s))" if answer["ok"]
                                       else f"refused for another reason: {errors}")
     print(f"{'PASS' if good else 'FAIL'}  [{expectation}] {name}\n      {detail}")
@@ -280,11 +298,11 @@ def check_case(client: Client, name, expectation, sql, mode, expected) -> bool:
 
 def check_protocol(client: Client) -> list[bool]:
     """The answers to what a test might get wrong in its request."""
-    results = []
+    results: list[bool] = []
 
-    def expect(name, line, predicate):
+    def expect(name: str, line: str, predicate: Callable[[Answer], object]) -> None:
         answer = client.raw(line)
-        good = predicate(answer)
+        good = bool(predicate(answer))
         print(f"{'PASS' if good else 'FAIL'}  [protocol] {name}\n      {json.dumps(answer)}")
         results.append(good)
 
@@ -339,15 +357,18 @@ def main() -> int:
     args = parser.parse_args()
 
     env_file = None
-    addr = args.addr
+    addr: str | None = args.addr
     if not addr:
-        env_file = tempfile.NamedTemporaryFile(prefix="zetasql-selftest-", suffix=".env", delete=False).name
+        descriptor, env_file = tempfile.mkstemp(prefix="zetasql-selftest-", suffix=".env")
+        os.close(descriptor)
         subprocess.run([str(ROOT / "scripts" / "zetasql.sh"), "start", env_file], check=True)
         for line in Path(env_file).read_text().splitlines():
             for word in line.split():
                 if word.startswith("FILAMENT_ZETASQL_ADDR="):
                     addr = word.split("=", 1)[1]
     try:
+        if not addr:
+            raise SystemExit(f"FAIL scripts/zetasql.sh start wrote no FILAMENT_ZETASQL_ADDR into {env_file}")
         client = Client(sys.executable, addr)
         results = [check_case(client, *case) for case in CASES]
         results += check_protocol(client)

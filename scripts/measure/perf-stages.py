@@ -3,7 +3,7 @@
 
 Usage:
     perf record -a -F 999 -o perf.data -- env FILAMENT_BENCH_ONLY_K=8 scripts/bench.sh
-    perf script -i perf.data -F comm,pid,tid,ip,sym,dso | scripts/perf-stages.py
+    perf script -i perf.data -F comm,pid,tid,ip,sym,dso | scripts/measure/perf-stages.py
 
 Samples are grouped by process; the gateway is the process that has samples in the
 `filament-bigquery` executable. Each of its samples is put in one stage by its symbol and

@@ -2,7 +2,7 @@
 
 Usage (after `scripts/services.sh start build/dev.env random`, `source build/dev.env` and a
 debug build): create an empty database, then
-    build/venv-client/bin/python scripts/measure_transactions.py postgres://.../that_database
+    build/venv-client/bin/python scripts/measure/measure_transactions.py postgres://.../that_database
 One execution of 8 resources x 16 batches of 20,000 rows against the emulator, counted from
 pg_stat_database (the script's own few psql calls included).
 """
