@@ -22,11 +22,13 @@ use crate::api::server::{self, ConnectionLimits, http1_read_buffer_bytes};
 use crate::api::{ApiSettings, ApiState, router};
 use crate::bigquery::adaptive::{AdaptiveConcurrency, BIGQUERY_CONCURRENT_QUERIES};
 use crate::bigquery::retry::Backoff;
+use crate::bigquery::retry::RetryPolicy;
 use crate::bigquery::{BigQuery, Endpoints};
 use crate::config::{DatabaseConfig, ServeConfig};
 use crate::model::MAX_APPEND_PAYLOAD_BYTES;
-use crate::pipeline::retry::RetryPolicy;
+use crate::pipeline::lane::AppendTimeouts;
 use crate::pipeline::{Pipeline, PipelineLimits};
+use crate::publish::PUBLICATION_RETRY;
 use crate::publish::Publisher;
 use crate::replica::Replica;
 use crate::store::{Store, StoreSettings};
@@ -59,6 +61,19 @@ pub async fn migrate(database: DatabaseConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How calls to BigQuery are retried (`bigquery::retry`): the one policy appends, stream
+/// creation, set-up and REST calls share; publications take it with their own attempts and
+/// backoff ([`crate::publish::PUBLICATION_RETRY`]).
+fn retry_policy(config: &ServeConfig) -> RetryPolicy {
+    let initial_backoff = Duration::from_millis(config.append_initial_backoff_ms);
+    RetryPolicy {
+        max_attempts: config.append_max_attempts,
+        backoff: Backoff::new(initial_backoff, APPEND_MAX_BACKOFF),
+        quota_wait: Duration::from_secs(config.quota_wait_secs),
+        quota_backoff: Backoff::new(initial_backoff, QUOTA_MAX_BACKOFF),
+    }
+}
+
 /// The upload pipeline's limits from the configuration (defaults: `config.rs`).
 fn pipeline_limits(config: &ServeConfig) -> anyhow::Result<PipelineLimits> {
     if !(MIN_APPEND_REQUEST_BYTES..=MAX_APPEND_PAYLOAD_BYTES).contains(&config.max_append_request_bytes) {
@@ -79,13 +94,10 @@ fn pipeline_limits(config: &ServeConfig) -> anyhow::Result<PipelineLimits> {
         max_inflight_requests: config.max_inflight_requests as usize,
         max_append_connections: config.max_append_connections as usize,
         max_concurrent_prepares: config.max_concurrent_prepares as usize,
-        retry: RetryPolicy {
-            max_attempts: config.append_max_attempts,
-            backoff: Backoff::new(Duration::from_millis(config.append_initial_backoff_ms), APPEND_MAX_BACKOFF),
-            quota_wait: Duration::from_secs(config.quota_wait_secs),
-            quota_backoff: Backoff::new(Duration::from_millis(config.append_initial_backoff_ms), QUOTA_MAX_BACKOFF),
-            response_timeout: Duration::from_secs(config.append_response_timeout_secs),
-            send_timeout: Duration::from_secs(config.append_send_timeout_secs),
+        retry: retry_policy(config),
+        append_timeouts: AppendTimeouts {
+            response: Duration::from_secs(config.append_response_timeout_secs),
+            send: Duration::from_secs(config.append_send_timeout_secs),
         },
     })
 }
@@ -187,7 +199,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         advertise_url = replica.lease.url.as_deref().unwrap_or("none (no forwarding to this replica)"), "gateway replica");
     let endpoints =
         Endpoints::new(config.bigquery_emulator_host.as_deref(), config.bigquery_storage_emulator_host.as_deref());
-    let bigquery = connect_bigquery(&endpoints, config.append_gzip_level).await?;
+    let bigquery = connect_bigquery(&endpoints, config.append_gzip_level, retry_policy(&config)).await?;
 
     let (sources, principals, generated_token) = initial_principals(&config)?;
     let stop_watching = tokio_util::sync::CancellationToken::new();
@@ -267,15 +279,20 @@ fn publisher(config: &ServeConfig, store: &Store, bigquery: &BigQuery, pipeline:
         query_job_timeout: Duration::from_secs(config.query_job_timeout_secs),
         max_concurrent_publications: maximum,
         publications: AdaptiveConcurrency::starting_at("publication", BIGQUERY_CONCURRENT_QUERIES, maximum),
-        quota_wait: Duration::from_secs(config.quota_wait_secs),
+        retry: RetryPolicy { quota_wait: Duration::from_secs(config.quota_wait_secs), ..PUBLICATION_RETRY },
     }
 }
 
 /// The BigQuery clients, their credentials probed once (a failure is logged, not fatal:
 /// `/readyz` reports it, and the fix may be applied without a restart).
-async fn connect_bigquery(endpoints: &Endpoints, append_gzip_level: u32) -> anyhow::Result<BigQuery> {
-    let bigquery =
-        BigQuery::connect(endpoints.clone(), append_gzip_level).await.context("building BigQuery clients")?;
+async fn connect_bigquery(
+    endpoints: &Endpoints,
+    append_gzip_level: u32,
+    rest_retry: RetryPolicy,
+) -> anyhow::Result<BigQuery> {
+    let bigquery = BigQuery::connect(endpoints.clone(), append_gzip_level, rest_retry)
+        .await
+        .context("building BigQuery clients")?;
     if let Err(e) = bigquery.probe_credentials(crate::bigquery::CREDENTIALS_DEADLINE).await {
         let problem = e.problem(crate::bigquery::error::Stage::Credentials);
         tracing::error!(detail = %problem.detail, hint = problem.hint.as_deref().unwrap_or(""), "credentials probe failed");

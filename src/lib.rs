@@ -11,14 +11,19 @@
 //! - `intake`: one batch request from its loaded target to rows queued on a lane: admission,
 //!   body, preparation, receipt, enqueue, in that order.
 //! - `pipeline`: admission under the byte budget, then per execution and resource upload
-//!   lanes that batch payloads and append them to PENDING write streams (windows, retries).
-//! - `bigquery`: Storage Write client (tonic), datasets/tables/jobs (REST), credentials.
+//!   lanes (`pipeline::lane`: set-up of tables and stream, accumulation, the appender's
+//!   windows and replays).
+//! - `bigquery`: Storage Write client (tonic), datasets/tables/jobs (REST), credentials, the
+//!   one retry policy and the adaptive concurrency that learns from call results.
 //! - `publish`: commit in phases: every stream finalized and committed to staging, then (the
 //!   barrier) one query job per resource, eight tables at a time by default; its decisions
 //!   pure (`publish::decide`), SQL generation, deterministic job ids, fingerprints and the
 //!   redelivery decision.
 //! - `store`: the only module that talks to Postgres (sqlx).
 //! - `replica`: this process as one replica of a fleet: leases on the executions it serves.
+//! - `principals`: who may call (the principals file, its reloads, Google ID tokens); `audit`:
+//!   what they did.
+//! - `cli`: the operator CLI over the HTTP API; the operator console lives in `api::console`.
 //! - [`model`]: identifiers and keys, columns, the staging contract, write modes and states
 //!   shared by every stage.
 //! - [`conformance`]: every statement and table body the gateway would send for one resource,

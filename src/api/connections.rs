@@ -1,5 +1,7 @@
 //! `POST /v1/connections/test`: authenticate and run `SELECT 1` as a query job.
 
+use std::time::Duration;
+
 use tokio::time::Instant;
 
 use axum::extract::State;
@@ -12,10 +14,20 @@ use super::error::ApiJson;
 use super::problems;
 use crate::bigquery::error::Stage;
 use crate::bigquery::jobs::QueryJob;
+use crate::bigquery::retry::{Backoff, RetryPolicy};
 use crate::bigquery::{BigQueryError, CONNECTION_TEST_DEADLINE, CREDENTIALS_DEADLINE, within};
 use crate::error::Problem;
 use crate::model::ids::{validate_location, validate_project_id};
 use crate::principals::Action;
+
+/// A connection test reports BigQuery's pushback within its deadline: a few retries (about
+/// 0.5, 1, 2 and 4 s) rather than the quota wait of an upload.
+const CONNECTION_TEST_RETRY: RetryPolicy = RetryPolicy {
+    max_attempts: 1,
+    backoff: Backoff::new(Duration::ZERO, Duration::ZERO),
+    quota_wait: Duration::from_secs(8),
+    quota_backoff: Backoff::new(Duration::from_millis(700), Duration::from_secs(6)),
+};
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -64,6 +76,7 @@ pub(crate) async fn test_connection(
         labels: &[],
         maximum_bytes_billed: None,
         timeout: remaining,
+        insert_retry: CONNECTION_TEST_RETRY,
     };
     let job = bigquery.run_query_job(&query);
     within("connection test", remaining, job).await.map_err(|e| connection_problem(&e, &bigquery.endpoints.rest))?;

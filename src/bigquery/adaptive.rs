@@ -2,13 +2,13 @@
 //! publication jobs), in the manner of Vector's adaptive request concurrency: AIMD on observed
 //! latency and refusals, within an operator-set maximum.
 //!
-//! - **Refusals.** Every retry of a call BigQuery pushed back on (429, `rateLimitExceeded`,
-//!   `quotaExceeded`, gRPC `RESOURCE_EXHAUSTED`, a job failed `jobRateLimitExceeded`) is
-//!   emitted once, by [`super::retry::Retried::emit`], which tells the limiter whose permit the
-//!   call runs under (a task-local set by [`AdaptiveConcurrency::run`]; the innermost limit
-//!   when limits nest). The limit shrinks to [`REFUSAL_DECREASE`] of itself at once, at most
-//!   once per round trip (only calls started after the last decrease count, as
-//!   TCP counts one loss per window).
+//! - **Refusals.** The limiter learns from the classified result of the call it limits
+//!   ([`super::retry::Classified`]), as Vector's controller does: a call that ends in BigQuery's
+//!   pushback (429, `rateLimitExceeded`, `quotaExceeded`, gRPC `RESOURCE_EXHAUSTED`, a job
+//!   failed `jobRateLimitExceeded`) shrinks the limit to [`REFUSAL_DECREASE`] of itself at
+//!   once, at most once per round trip (only calls started after the last decrease count, as
+//!   TCP counts one loss per window). Callers therefore retry pushback outside the limited
+//!   call, one attempt per call (`bigquery::retry`).
 //! - **Latency.** Each round trip (a window as long as the average call), the window's mean
 //!   latency is compared with the long-term average: above [`LATENCY_GROWTH`] times it (BigQuery
 //!   queued the calls: DML waiting behind a table's two, queries beyond the project's
@@ -32,6 +32,7 @@ use tokio::time::Instant;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::retry::{Classified, RetryClass};
 use crate::telemetry;
 
 /// Where the limit starts.
@@ -52,21 +53,6 @@ const EWMA_WEIGHT: f64 = 0.3;
 const MIN_WINDOW: Duration = Duration::from_millis(50);
 /// A window older than this many window lengths when a call ends is stale (a quiet spell).
 const STALE_WINDOWS: u32 = 4;
-
-tokio::task_local! {
-    /// The limiter (and the start of the call) whose permit the current task's call runs under.
-    static CURRENT_CALL: CallUnderLimit;
-}
-
-struct CallUnderLimit {
-    limiter: Arc<Limiter>,
-    started: Instant,
-}
-
-/// Tells the limiter the current call runs under (if any) that BigQuery pushed back.
-pub(crate) fn note_pushback() {
-    let _ = CURRENT_CALL.try_with(|call| call.limiter.decrease(Reason::Refusal, Some(call.started)));
-}
 
 /// One operation's adaptive limit. Cheap to clone (clones share the limit).
 #[derive(Debug, Clone)]
@@ -92,7 +78,9 @@ struct LimitState {
     debt: usize,
     in_flight: usize,
     slow_start: bool,
-    last_decrease: Option<Instant>,
+    /// Decreases so far: a refused call that started before the latest one ran under a limit
+    /// whose refusal is already counted.
+    decreases: u64,
     /// Long-term mean latency, seconds.
     mean_latency_seconds: Option<f64>,
     window: Window,
@@ -178,7 +166,7 @@ impl AdaptiveConcurrency {
             debt: 0,
             in_flight: 0,
             slow_start: true,
-            last_decrease: None,
+            decreases: 0,
             mean_latency_seconds: None,
             window: Window::new(),
         };
@@ -193,16 +181,21 @@ impl AdaptiveConcurrency {
         self.limiter.lock().limit
     }
 
-    /// Runs `call` once a place under the limit is free (waiting in arrival order), telling the
-    /// limit how long it took and whether BigQuery pushed back meanwhile.
-    pub(crate) async fn run<T>(&self, call: impl Future<Output = T>) -> T {
+    /// Runs `call` once a place under the limit is free (waiting in arrival order); its
+    /// result tells the limit whether BigQuery pushed back, and otherwise how long it took.
+    pub(crate) async fn run<T, E: Classified>(&self, call: impl Future<Output = Result<T, E>>) -> Result<T, E> {
         let permit = self.acquire().await;
         let started = Instant::now();
-        let scope = CallUnderLimit { limiter: Arc::clone(&self.limiter), started };
+        let decreases_before = self.limiter.lock().decreases;
         // Boxed: set-up and publication futures are large, and nesting them by value
         // overflows debug builds' stacks.
-        let answer = CURRENT_CALL.scope(scope, Box::pin(call)).await;
-        self.limiter.completed(started);
+        let answer = Box::pin(call).await;
+        match &answer {
+            Err(error) if error.retry_class() == RetryClass::Pushback => {
+                self.limiter.decrease(Reason::Refusal, Some(decreases_before));
+            }
+            _ => self.limiter.completed(started),
+        }
         drop(permit);
         answer
     }
@@ -273,16 +266,15 @@ impl Limiter {
         metrics::gauge!(telemetry::BIGQUERY_CONCURRENCY_LIMIT, "operation" => self.operation).set(state.limit as f64);
     }
 
-    /// Shrinks the limit, unless the call (started at `started`) began before the last
-    /// decrease: it ran under the old limit, whose refusal is already counted.
-    fn decrease(&self, reason: Reason, started: Option<Instant>) {
+    /// Shrinks the limit, unless the call (started when `started_after` decreases had been
+    /// made) began before the latest decrease: it ran under the old limit, whose refusal is
+    /// already counted.
+    fn decrease(&self, reason: Reason, started_after: Option<u64>) {
         let mut state = self.lock();
         if matches!(reason, Reason::Refusal) {
             state.window.refused = true;
         }
-        if let (Some(started), Some(last)) = (started, state.last_decrease)
-            && started <= last
-        {
+        if started_after.is_some_and(|decreases| decreases != state.decreases) {
             return;
         }
         let factor = match reason {
@@ -290,7 +282,7 @@ impl Limiter {
             Reason::Latency => LATENCY_DECREASE,
         };
         let wanted = ((state.limit as f64 * factor).floor() as usize).max(1);
-        state.last_decrease = Some(Instant::now());
+        state.decreases += 1;
         state.slow_start = false;
         if wanted == state.limit {
             return;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use google_cloud_bigquery_v2::model::{Job, JobConfiguration, JobConfigurationQuery, JobReference};
 
-use super::retry::{Backoff, Retried, RetryClass};
+use super::retry::{Backoff, Retried, RetryClass, RetryPolicy};
 use super::{BigQuery, BigQueryError, BigQueryResult, rest_call};
 
 /// How long one `jobs.getQueryResults` asks BigQuery to wait for the job (it may answer sooner;
@@ -56,6 +56,9 @@ pub(crate) struct QueryJob<'a> {
     pub(crate) maximum_bytes_billed: Option<i64>,
     /// How long to wait for the job to end.
     pub(crate) timeout: Duration,
+    /// How `jobs.insert` retries pushback: [`RetryPolicy::ONCE`] when the caller runs a
+    /// refused job again itself (a publication, under a new job id; set-up, as a whole).
+    pub(crate) insert_retry: RetryPolicy,
 }
 
 fn job_error(job: &Job) -> Option<BigQueryError> {
@@ -72,9 +75,10 @@ fn rows_affected(job: &Job) -> Option<i64> {
 }
 
 impl BigQuery {
-    /// Runs the query job and waits for it, up to its timeout.
+    /// Runs the query job and waits for it, up to its timeout; `jobs.insert` retries pushback
+    /// as the job says.
     pub(crate) async fn run_query_job(&self, query: &QueryJob<'_>) -> BigQueryResult<JobOutcome> {
-        let QueryJob { project, location, job_id, sql, labels, maximum_bytes_billed, timeout } = *query;
+        let QueryJob { project, location, job_id, sql, labels, maximum_bytes_billed, timeout, insert_retry } = *query;
         let mut reference = JobReference::new().set_project_id(project).set_job_id(job_id);
         if let Some(location) = location {
             reference = reference.set_location(location);
@@ -89,7 +93,7 @@ impl BigQuery {
                 .set_labels(labels.iter().map(|(k, v)| (k.to_string(), v.clone()))),
         );
         let insert = || self.jobs.insert_job().set_project_id(project).set_job(job.clone()).send();
-        let (mut job, reused) = match rest_call("jobs.insert", insert).await? {
+        let (mut job, reused) = match rest_call(&insert_retry, "jobs.insert", insert).await? {
             Ok(job) => (job, false),
             Err(e) if e.http_status_code() == Some(409) => (self.get_job(project, location, job_id).await?, true),
             Err(e) => return Err(BigQueryError::rest("jobs.insert")(e)),
@@ -134,7 +138,7 @@ impl BigQuery {
                     None => request.send(),
                 }
             };
-            match rest_call("jobs.getQueryResults", poll).await {
+            match rest_call(&self.rest_retry, "jobs.getQueryResults", poll).await {
                 Ok(Ok(answer)) if answer.job_complete.unwrap_or(false) => return Ok(()),
                 Ok(Ok(_)) => failures = 0,
                 // The job failed, or cannot be read: jobs.get says which.
@@ -148,11 +152,12 @@ impl BigQuery {
     }
 
     /// A long poll that failed in passing: waits the shared backoff (the outer deadline bounds
-    /// the attempts); any other failure ends the wait with it.
+    /// the attempts); any other failure ends the wait with it, pushback included (the poll's
+    /// REST call has waited it out already: retried at one level only).
     async fn poll_failed(&self, job_id: &str, error: BigQueryError, failures: &mut u32) -> BigQueryResult<()> {
         let class = RetryClass::of(&error);
         *failures += 1;
-        let delay = (class != RetryClass::Permanent).then(|| LONG_POLL_BACKOFF.delay(*failures));
+        let delay = (class == RetryClass::Transient).then(|| LONG_POLL_BACKOFF.delay(*failures));
         Retried::emit_failed_call("jobs.getQueryResults", job_id, &error, *failures, delay, None);
         match delay {
             Some(delay) => {
@@ -171,6 +176,6 @@ impl BigQuery {
                 None => request.send(),
             }
         };
-        rest_call("jobs.get", get).await?.map_err(BigQueryError::rest("jobs.get"))
+        rest_call(&self.rest_retry, "jobs.get", get).await?.map_err(BigQueryError::rest("jobs.get"))
     }
 }

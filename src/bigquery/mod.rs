@@ -19,6 +19,7 @@ pub(crate) mod row_errors;
 pub(crate) mod write;
 
 pub(crate) use error::{BigQueryError, BigQueryResult};
+use retry::{RetryClass, RetryPolicy};
 
 use std::time::Duration;
 
@@ -57,8 +58,8 @@ pub(crate) const READINESS_DEADLINE: Duration = Duration::from_secs(4);
 pub(crate) const CREDENTIALS_DEADLINE: Duration = Duration::from_secs(5);
 /// `POST /v1/connections/test` answers within this.
 pub(crate) const CONNECTION_TEST_DEADLINE: Duration = Duration::from_secs(15);
-/// One REST call (datasets, tables, `jobs.insert`, one `jobs.get` poll), retries included: an
-/// unreachable endpoint fails the call after this instead of hanging.
+/// One attempt of a REST call (datasets, tables, `jobs.insert`, one `jobs.get` poll): an
+/// unreachable endpoint fails the attempt after this instead of hanging.
 pub(crate) const REST_CALL_DEADLINE: Duration = Duration::from_secs(60);
 
 /// `call` within `deadline`, or a retryable [`BigQueryError::Timeout`] naming `operation`.
@@ -74,11 +75,13 @@ pub(crate) async fn within<T>(
     }
 }
 
-/// A REST call's answer within [`REST_CALL_DEADLINE`] (the caller judges BigQuery's errors), or
-/// a [`BigQueryError::Timeout`]. BigQuery's pushback (429, or 403 `rateLimitExceeded` /
-/// `quotaExceeded`: [`retry::RetryClass::Pushback`]) is retried [`QUOTA_RETRIES`] times after
-/// the shared backoff; one that persists is returned (`quota_exceeded`).
+/// A REST call's answer (the caller judges BigQuery's errors), each attempt within
+/// [`REST_CALL_DEADLINE`] or a [`BigQueryError::Timeout`]. BigQuery's pushback (429, or 403
+/// `rateLimitExceeded` / `quotaExceeded`: [`retry::RetryClass::Pushback`]) is retried as
+/// `policy` says (its quota wait and backoff); one that outlasts it is returned
+/// (`quota_exceeded`). A caller that retries the whole step itself hands [`RetryPolicy::ONCE`].
 pub(crate) async fn rest_call<T, Call, Answer>(
+    policy: &RetryPolicy,
     operation: &'static str,
     mut call: Call,
 ) -> BigQueryResult<Result<T, google_cloud_gax::error::Error>>
@@ -86,36 +89,24 @@ where
     Call: FnMut() -> Answer,
     Answer: Future<Output = Result<T, google_cloud_gax::error::Error>>,
 {
-    within(operation, REST_CALL_DEADLINE, async {
-        for attempt in 1..=QUOTA_RETRIES {
-            match call().await {
-                Err(e) if e.http_status_code() == Some(429) || error::is_quota(&e) => {
-                    let delay = QUOTA_BACKOFF.delay(attempt);
-                    retry::Retried {
-                        operation,
-                        resource: None,
-                        code: "quota",
-                        class: retry::RetryClass::Pushback,
-                        attempt,
-                        delay: Some(delay),
-                        offset: None,
-                        error: &e,
-                    }
-                    .emit();
-                    tokio::time::sleep(delay).await;
-                }
-                answer => return Ok(answer),
-            }
+    let mut failures = retry::FailureStreak::default();
+    loop {
+        let answer = within(operation, REST_CALL_DEADLINE, async { Ok(call().await) }).await?;
+        let error = match answer {
+            Err(e) if e.http_status_code() == Some(429) || error::is_quota(&e) => e,
+            answer => return Ok(answer),
+        };
+        let (attempt, action) = failures.record(policy, RetryClass::Pushback);
+        let delay = action.delay();
+        let code = "quota";
+        let class = RetryClass::Pushback;
+        retry::Retried { operation, resource: None, code, class, attempt, delay, offset: None, error: &error }.emit();
+        match delay {
+            Some(delay) => tokio::time::sleep(delay).await,
+            None => return Ok(Err(error)),
         }
-        Ok(call().await)
-    })
-    .await
+    }
 }
-
-/// Retries of a REST call that BigQuery answered with pushback, and the delays between them
-/// (about 0.5, 1, 2 and 4 s).
-const QUOTA_RETRIES: u32 = 4;
-const QUOTA_BACKOFF: retry::Backoff = retry::Backoff::new(Duration::from_millis(700), Duration::from_secs(6));
 
 /// `projects/p/datasets/d/tables/t`, the Storage Write API's table path.
 pub(crate) fn table_path(project: &str, dataset: &str, table: &str) -> String {
@@ -134,12 +125,18 @@ pub(crate) struct BigQuery {
     pub(crate) endpoints: Endpoints,
     /// Datasets found or created by this process (shared by every clone).
     pub(crate) known_datasets: std::sync::Arc<known_datasets::KnownDatasets>,
+    /// How REST calls retry BigQuery's pushback.
+    pub(crate) rest_retry: RetryPolicy,
 }
 
 impl BigQuery {
     /// Clients for `endpoints`; AppendRows requests are gzip-compressed at `append_gzip_level`
-    /// (0: uncompressed).
-    pub(crate) async fn connect(endpoints: Endpoints, append_gzip_level: u32) -> anyhow::Result<Self> {
+    /// (0: uncompressed); REST calls retry pushback as `rest_retry` says.
+    pub(crate) async fn connect(
+        endpoints: Endpoints,
+        append_gzip_level: u32,
+        rest_retry: RetryPolicy,
+    ) -> anyhow::Result<Self> {
         let credential_source = CredentialSource::detect(endpoints.emulator);
         let credentials = credentials::build(&credential_source).map_err(|e| {
             let problem = e.problem(error::Stage::Credentials);
@@ -154,7 +151,22 @@ impl BigQuery {
         let (datasets, tables, jobs) = (datasets?, tables?, jobs?);
         let writer = write::WriteClient::connect(&endpoints.grpc, credentials.clone(), append_gzip_level)?;
         let known_datasets = Default::default();
-        Ok(Self { datasets, tables, jobs, writer, credentials, credential_source, endpoints, known_datasets })
+        Ok(Self {
+            datasets,
+            tables,
+            jobs,
+            writer,
+            credentials,
+            credential_source,
+            endpoints,
+            known_datasets,
+            rest_retry,
+        })
+    }
+
+    /// These clients with REST calls retried as `rest_retry` says (cheap: the clients are shared).
+    pub(crate) fn with_rest_retry(&self, rest_retry: RetryPolicy) -> Self {
+        Self { rest_retry, ..self.clone() }
     }
 
     pub(crate) fn writer(&self) -> &write::WriteClient {

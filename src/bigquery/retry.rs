@@ -1,10 +1,15 @@
 //! One retry vocabulary for every call to BigQuery (vector's `RetryLogic`): what a failure
-//! means ([`RetryClass`], classified once from the error, whatever the call), how long to wait
-//! before the next attempt ([`Backoff`]: exponential with jitter), and one event per failed
-//! attempt ([`Retried`]: `bigquery.write.retry`, naming the operation). Each caller keeps its own
-//! budget of attempts: the appender counts failures without progress and waits a quota out by
-//! time (`pipeline::retry`), a REST call retries pushback a few times (`bigquery::rest_call`), a
-//! publication runs a failed job again under a new job id (`publish::destination`).
+//! means ([`RetryClass`], classified once from the error, whatever the call), whether and when
+//! the next attempt runs ([`RetryPolicy`]: attempts, [`Backoff`], quota wait; one type, each
+//! caller handed its value by `app.rs`), the failures counted since the last progress
+//! ([`FailureStreak`]), and one event per failed attempt ([`Retried`]: `bigquery.write.retry`,
+//! naming the operation).
+//!
+//! A failure is retried at one level only: a REST call retries BigQuery's pushback under its
+//! client's policy (`bigquery::rest_call`), unless its caller retries the whole step itself and
+//! hands the client [`RetryPolicy::ONCE`] (set-up, a publication's job); the appender and
+//! `CreateWriteStream` retry their own calls; a publication runs a failed job again under a new
+//! job id (`publish::destination`).
 //!
 //! The same answer to BigQuery's pushback everywhere: a REST 429 or `rateLimitExceeded` /
 //! `quotaExceeded`, a gRPC `RESOURCE_EXHAUSTED`, a job that failed `rateLimitExceeded` or
@@ -13,6 +18,8 @@
 
 use std::fmt::Display;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::BigQueryError;
 use crate::telemetry;
@@ -40,6 +47,18 @@ impl RetryClass {
     }
 }
 
+/// Anything whose failure can say what it means for the next attempt (the adaptive limiter
+/// learns BigQuery's pushback from it).
+pub(crate) trait Classified {
+    fn retry_class(&self) -> RetryClass;
+}
+
+impl Classified for BigQueryError {
+    fn retry_class(&self) -> RetryClass {
+        RetryClass::of(self)
+    }
+}
+
 /// Exponential backoff with jitter: before retry `attempt` (1-based) a delay uniform in
 /// `[ceiling / 2, ceiling]`, where the ceiling doubles from `initial` up to `max` (half jitter:
 /// attempts of many callers spread out, and none retries at once).
@@ -60,6 +79,105 @@ impl Backoff {
         let ceiling = self.initial.saturating_mul(1 << exponent).min(self.max);
         let half = ceiling / 2;
         half + half.mul_f64(rand::random::<f64>())
+    }
+}
+
+/// What to do after a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RetryAction {
+    /// Try again after this delay.
+    RetryAfter(Duration),
+    /// Give up: the failure is the caller's answer.
+    Fail,
+}
+
+impl RetryAction {
+    /// The delay before the next attempt, when there is one.
+    pub(crate) fn delay(self) -> Option<Duration> {
+        match self {
+            RetryAction::RetryAfter(delay) => Some(delay),
+            RetryAction::Fail => None,
+        }
+    }
+}
+
+/// How a caller retries its calls to BigQuery. Two budgets, both counted since the last
+/// progress ([`FailureStreak`]):
+/// - a transient failure is tried again up to `max_attempts` attempts, after `backoff`;
+/// - pushback (a quota, which may take minutes to refill) is tried again, whatever the attempt
+///   count, until it has lasted `quota_wait`, after `quota_backoff`: a quota slows a run down,
+///   it does not fail one a slower pace completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RetryPolicy {
+    /// Attempts per call, the first included (pushback aside).
+    pub(crate) max_attempts: u32,
+    /// Delays between attempts after a transient failure.
+    pub(crate) backoff: Backoff,
+    /// How long pushback is waited out before the call fails.
+    pub(crate) quota_wait: Duration,
+    /// Delays between attempts while BigQuery pushes back.
+    pub(crate) quota_backoff: Backoff,
+}
+
+impl RetryPolicy {
+    /// One attempt and no retry: for a call whose caller retries the whole step itself.
+    pub(crate) const ONCE: RetryPolicy = RetryPolicy {
+        max_attempts: 1,
+        backoff: Backoff::new(Duration::ZERO, Duration::ZERO),
+        quota_wait: Duration::ZERO,
+        quota_backoff: Backoff::new(Duration::ZERO, Duration::ZERO),
+    };
+
+    /// The decision after `failed_attempts` consecutive failures of this class (this one
+    /// included); `quota_failing_for` is how long BigQuery has pushed back.
+    pub(crate) fn decide(&self, class: RetryClass, failed_attempts: u32, quota_failing_for: Duration) -> RetryAction {
+        match class {
+            RetryClass::Pushback => self.decide_quota(failed_attempts, quota_failing_for),
+            RetryClass::Transient if failed_attempts < self.max_attempts => {
+                RetryAction::RetryAfter(self.backoff.delay(failed_attempts))
+            }
+            _ => RetryAction::Fail,
+        }
+    }
+
+    /// The decision after `failed_attempts` consecutive refusals, BigQuery pushing back for
+    /// `failing_for`: wait it out until `quota_wait`.
+    fn decide_quota(&self, failed_attempts: u32, failing_for: Duration) -> RetryAction {
+        let Some(remaining) = self.quota_wait.checked_sub(failing_for).filter(|r| !r.is_zero()) else {
+            return RetryAction::Fail;
+        };
+        RetryAction::RetryAfter(self.quota_backoff.delay(failed_attempts).min(remaining))
+    }
+}
+
+/// Consecutive failed attempts since the last progress, counted apart by kind.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct FailureStreak {
+    /// Failed attempts other than pushback.
+    attempts: u32,
+    /// Attempts BigQuery pushed back on.
+    quota_attempts: u32,
+    /// When the first pushback of the streak happened.
+    quota_since: Option<Instant>,
+}
+
+impl FailureStreak {
+    /// Progress: the next failure starts a new streak.
+    pub(crate) fn reset(&mut self) {
+        *self = Self::default();
+    }
+
+    /// Counts a failure of `class` and returns its attempt number (within its kind) and the
+    /// decision.
+    pub(crate) fn record(&mut self, policy: &RetryPolicy, class: RetryClass) -> (u32, RetryAction) {
+        if class == RetryClass::Pushback {
+            self.quota_attempts += 1;
+            let failing_for = self.quota_since.get_or_insert_with(Instant::now).elapsed();
+            (self.quota_attempts, policy.decide_quota(self.quota_attempts, failing_for))
+        } else {
+            self.attempts += 1;
+            (self.attempts, policy.decide(class, self.attempts, Duration::ZERO))
+        }
     }
 }
 
@@ -103,9 +221,6 @@ impl Retried<'_, BigQueryError> {
 impl<E: Display> Retried<'_, E> {
     pub(crate) fn emit(&self) {
         let retryable = self.delay.is_some();
-        if self.class == RetryClass::Pushback {
-            super::adaptive::note_pushback();
-        }
         if retryable {
             metrics::counter!(telemetry::BIGQUERY_RETRIES, "operation" => self.operation, "code" => self.code.to_string())
                 .increment(1);
@@ -149,5 +264,73 @@ mod tests {
         assert_eq!((RetryClass::of(&grpc), RetryClass::of(&job)), (RetryClass::Pushback, RetryClass::Pushback));
         assert_eq!(RetryClass::of(&unavailable), RetryClass::Transient);
         assert_eq!(RetryClass::of(&refused), RetryClass::Permanent);
+    }
+
+    fn policy() -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: 8,
+            backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(10)),
+            quota_wait: Duration::from_secs(900),
+            quota_backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(30)),
+        }
+    }
+
+    #[test]
+    fn retries_retryable_failures_until_the_attempts_run_out() {
+        let policy = policy();
+        let unavailable = BigQueryError::grpc("AppendRows")(tonic::Status::unavailable("gone"));
+        assert!(matches!(policy.decide(RetryClass::of(&unavailable), 1, Duration::ZERO), RetryAction::RetryAfter(_)));
+        assert!(matches!(policy.decide(RetryClass::of(&unavailable), 7, Duration::ZERO), RetryAction::RetryAfter(_)));
+        assert_eq!(
+            policy.decide(RetryClass::of(&unavailable), 8, Duration::ZERO),
+            RetryAction::Fail,
+            "the eighth is the last"
+        );
+        let invalid = BigQueryError::grpc("AppendRows")(tonic::Status::invalid_argument("bad"));
+        assert_eq!(policy.decide(RetryClass::of(&invalid), 1, Duration::ZERO), RetryAction::Fail);
+    }
+
+    #[test]
+    fn an_exhausted_quota_is_waited_out_by_time_not_attempts() {
+        let policy = policy();
+        let status = BigQueryError::grpc("AppendRows")(tonic::Status::resource_exhausted(
+            "Exceeds 'AppendRows throughput' quota",
+        ));
+        let code = tonic::Code::ResourceExhausted;
+        let in_response = BigQueryError::InResponse { operation: "AppendRows", code, message: "quota".into() };
+        for quota in [&status, &in_response] {
+            for attempt in [1, 8, 50, 500] {
+                let RetryAction::RetryAfter(delay) =
+                    policy.decide(RetryClass::of(quota), attempt, Duration::from_secs(60))
+                else {
+                    panic!("attempt {attempt} is retried while the wait lasts");
+                };
+                assert!(delay <= Duration::from_secs(30), "backoff capped at 30 s: {delay:?}");
+            }
+            // The last delay ends with the wait; past it the execution fails.
+            let RetryAction::RetryAfter(last) = policy.decide(RetryClass::of(quota), 40, Duration::from_secs(899))
+            else {
+                panic!("retried until the wait is over");
+            };
+            assert!(last <= Duration::from_secs(1), "{last:?}");
+            assert_eq!(policy.decide(RetryClass::of(quota), 2, Duration::from_secs(900)), RetryAction::Fail);
+        }
+    }
+
+    #[test]
+    fn a_streak_counts_quota_failures_apart_and_progress_resets_it() {
+        let policy = RetryPolicy { max_attempts: 2, quota_wait: Duration::from_secs(3600), ..policy() };
+        let quota = BigQueryError::grpc("AppendRows")(tonic::Status::resource_exhausted("quota"));
+        let unavailable = BigQueryError::grpc("AppendRows")(tonic::Status::unavailable("gone"));
+        let mut streak = FailureStreak::default();
+        for expected in 1..=20 {
+            let (attempt, action) = streak.record(&policy, RetryClass::of(&quota));
+            assert_eq!(attempt, expected);
+            assert!(matches!(action, RetryAction::RetryAfter(_)));
+        }
+        assert!(matches!(streak.record(&policy, RetryClass::of(&unavailable)), (1, RetryAction::RetryAfter(_))));
+        assert_eq!(streak.record(&policy, RetryClass::of(&unavailable)), (2, RetryAction::Fail));
+        streak.reset();
+        assert!(matches!(streak.record(&policy, RetryClass::of(&unavailable)), (1, RetryAction::RetryAfter(_))));
     }
 }

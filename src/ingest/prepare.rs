@@ -9,7 +9,7 @@
 //!    and encoded as payloads below the request budget: an [`EncodedBody`] (what the pipeline
 //!    queues) and its [`BodySummary`] (what the receipt records and the lane is told).
 //!
-//! Nothing here reads HTTP or touches state: `api::batches` reads the body, the store records
+//! Nothing here reads HTTP or touches state: `intake` reads the body, the store records
 //! the receipt, the pipeline queues the rows.
 
 use bytes::Bytes;

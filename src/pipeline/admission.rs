@@ -4,8 +4,8 @@
 //!
 //! 1. [`Pipeline::admit`](super::Pipeline::admit) waits for room in the resource's share of
 //!    the budget, before the body is read: an [`Admission`].
-//! 2. The API reads and decodes the body, holding what it receives (and what IPC-compressed
-//!    buffers decompress to) against the gateway's **receive budget**
+//! 2. Intake (`crate::intake`) reads and decodes the body, holding what it receives (and
+//!    what IPC-compressed buffers decompress to) against the gateway's **receive budget**
 //!    ([`Admission::hold_received`]): a slow client holds the few bytes it sent, never a slot.
 //! 3. [`Admission::reserve`] waits for a conversion slot, then holds what the body's encoded
 //!    rows take at most (its staged size, computed from the decoded arrays) in the resource's
@@ -188,5 +188,104 @@ impl QueuedRows {
     #[cfg(test)]
     pub(super) fn unbudgeted(payloads: Vec<AppendPayload>) -> Self {
         Self { payloads, permit: BudgetPermit::empty() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Paused time: every wait ends at its exact instant.
+
+    use super::*;
+
+    const WAIT: Duration = Duration::from_secs(5);
+
+    struct Gateway {
+        budget: ByteBudget,
+        receiving: ByteBudget,
+        conversions: Arc<Semaphore>,
+    }
+
+    impl Gateway {
+        fn new() -> Self {
+            Self {
+                budget: ByteBudget::new(64 * 1024, "the upload budget"),
+                receiving: ByteBudget::new(16 * 1024, "the receive budget"),
+                conversions: Arc::new(Semaphore::new(1)),
+            }
+        }
+
+        /// A request let in now, with the whole backpressure wait ahead of it.
+        fn admit(&self) -> Admission {
+            let now = Instant::now();
+            Admission {
+                resource: "orders".parse().expect("a resource name"),
+                share: ResourceShare::new(32 * 1024),
+                budget: self.budget.clone(),
+                receiving: self.receiving.clone(),
+                conversions: Arc::clone(&self.conversions),
+                deadline: now + WAIT,
+                admitted_at: now,
+                waited: Duration::ZERO,
+                received: BudgetPermit::empty(),
+                principal: None,
+                principal_held: None,
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn busy_conversion_slots_answer_backpressure_at_the_deadline() {
+        let gateway = Gateway::new();
+        let busy = Arc::clone(&gateway.conversions).acquire_owned().await.expect("a slot");
+        let started = Instant::now();
+        let problem = gateway.admit().reserve(1024).await.expect_err("no slot frees up");
+        assert_eq!(problem.code, ErrorCode::Backpressure);
+        assert_eq!(started.elapsed(), WAIT, "refused at the deadline, not before or after");
+        drop(busy);
+        let converting = gateway.admit().reserve(1024).await.expect("a free slot");
+        assert_eq!(converting.waited(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_wait_of_a_request_shares_one_deadline() {
+        let gateway = Gateway::new();
+        // The receive budget is full for 3 s.
+        let full = gateway.receiving.acquire(16 * 1024, None, WAIT).await.expect("room");
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            drop(full);
+        });
+        let busy = Arc::clone(&gateway.conversions).acquire_owned().await.expect("a slot");
+        let started = Instant::now();
+        let mut admission = gateway.admit();
+        admission.hold_received(1024).await.expect("room after 3 s");
+        assert_eq!(started.elapsed(), Duration::from_secs(3));
+        // The conversion slot stays busy: the request gets what is left of its wait, 2 s.
+        let problem = admission.reserve(1024).await.expect_err("no slot frees up");
+        assert_eq!(problem.code, ErrorCode::Backpressure);
+        assert_eq!(started.elapsed(), WAIT, "one deadline for every wait, not one per wait");
+        release.await.expect("released");
+        drop(busy);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_time_a_request_waited_is_counted_across_its_waits() {
+        let gateway = Gateway::new();
+        let busy = Arc::clone(&gateway.conversions).acquire_owned().await.expect("a slot");
+        let free_slot = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            drop(busy);
+        });
+        let full = gateway.receiving.acquire(16 * 1024, None, WAIT).await.expect("room");
+        let free_room = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            drop(full);
+        });
+        let mut admission = gateway.admit();
+        admission.hold_received(1024).await.expect("room after 1 s");
+        let converting = admission.reserve(1024).await.expect("a slot after 2 s");
+        assert_eq!(converting.waited(), Duration::from_secs(2), "1 s for room, then 1 s more for a slot");
+        free_slot.await.expect("freed");
+        free_room.await.expect("freed");
     }
 }

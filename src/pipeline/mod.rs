@@ -1,8 +1,8 @@
 //! The upload pipeline: admission of batch requests under the byte budget ([`admission`]),
-//! and per execution and resource a lane ([`lane`]) that batches accepted rows
-//! ([`accumulator`]) and appends them to the resource's PENDING stream with explicit row
-//! offsets ([`appender`], after [`prepare`] set up its tables and stream; retries decided by
-//! [`retry`]). The execution's gate ([`gate`]) orders batch acceptance against transitions.
+//! and per execution and resource a lane ([`lane`]) that sets up the resource's tables and
+//! PENDING stream, batches accepted rows and appends them with explicit row offsets (retries
+//! decided by [`crate::bigquery::retry`]). The execution's gate ([`gate`]) orders batch
+//! acceptance against transitions.
 //!
 //! How the limits relate (docs/architecture.md has the long form):
 //! - [`budget::ByteBudget`]: queued plus in-flight encoded payloads, gateway-wide (64 MiB by
@@ -22,14 +22,10 @@
 //! for [`Pipeline::flush`] at checkpoints, and commit calls [`Pipeline::drain_each`], receiving
 //! one [`LaneReport`] per resource as its lane finishes.
 
-mod accumulator;
 pub(crate) mod admission;
-mod appender;
 pub(crate) mod budget;
 pub(crate) mod gate;
 pub(crate) mod lane;
-mod prepare;
-pub(crate) mod retry;
 
 pub(crate) use admission::{Admission, Converting, QueuedRows, ReservedBatch};
 pub(crate) use gate::{Accepting, DeliveryLanes, Transitioning};
@@ -45,15 +41,15 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::bigquery::BigQuery;
 use crate::bigquery::adaptive::AdaptiveConcurrency;
+use crate::bigquery::retry::RetryPolicy;
 use crate::error::Problem;
 use crate::model::{ExecutionKey, ResourceName};
 use crate::store::Store;
 use crate::telemetry;
-use accumulator::LanePressure;
 use budget::{ByteBudget, PrincipalShare, ResourceShare};
 use gate::{Lane, lock};
-use lane::LaneCommand;
-use retry::RetryPolicy;
+use lane::accumulator::LanePressure;
+use lane::{AppendTimeouts, LaneCommand};
 
 /// Limits of the pipeline (their defaults and meaning: `config.rs`).
 #[derive(Debug, Clone, Copy)]
@@ -73,7 +69,9 @@ pub(crate) struct PipelineLimits {
     pub(crate) max_inflight_requests: usize,
     pub(crate) max_append_connections: usize,
     pub(crate) max_concurrent_prepares: usize,
+    /// How appends, `CreateWriteStream` and set-up are retried.
     pub(crate) retry: RetryPolicy,
+    pub(crate) append_timeouts: AppendTimeouts,
 }
 
 /// One lane's end: its report once every row is uploaded, or why it failed.
@@ -108,6 +106,7 @@ impl Pipeline {
                 stream_creations: AdaptiveConcurrency::new("stream_creation", limits.max_concurrent_prepares),
                 inflight_per_stream: limits.inflight_per_stream,
                 retry: limits.retry,
+                append_timeouts: limits.append_timeouts,
             },
             budget,
             receiving: ByteBudget::new(limits.max_receiving_bytes, "the receive budget")

@@ -18,7 +18,9 @@ use std::time::Duration;
 use super::destination::KeysAsCompared;
 use super::sql;
 use crate::bigquery::BigQueryError;
-use crate::bigquery::retry::RetryClass;
+#[cfg(test)]
+use crate::bigquery::retry::RetryAction;
+use crate::bigquery::retry::{Backoff, RetryClass, RetryPolicy};
 use crate::error::{ErrorCode, Problem};
 use crate::model::columns::Column;
 use crate::model::write_options::Deletes;
@@ -169,24 +171,27 @@ pub(crate) fn statement_sql(choice: StatementChoice, inputs: &StatementInputs<'_
     }))
 }
 
-/// Attempts of one publication (the first included) when its jobs fail in passing.
-pub(crate) const MAX_PUBLICATION_ATTEMPTS: u32 = 4;
+/// How a publication's failed jobs run again: four attempts in all after a passing failure, a
+/// slower backoff than appends' (a job is heavier than a request), pushback waited out for the
+/// operator's quota wait (set by `app.rs`).
+pub(crate) const PUBLICATION_RETRY: RetryPolicy = RetryPolicy {
+    max_attempts: 4,
+    backoff: Backoff::new(Duration::from_millis(1400), Duration::from_secs(30)),
+    quota_wait: Duration::from_secs(900),
+    quota_backoff: Backoff::new(Duration::from_millis(1400), Duration::from_secs(30)),
+};
 
-/// Whether a publication whose attempt `attempt` (1-based) failed with `error` runs again under
-/// the next attempt's job id. Only a job that cannot have changed the destination runs again:
-/// one BigQuery ran and failed for a passing reason or for its rate limits, or a `jobs.insert`
-/// refused for pushback (no job was created). A passing failure runs again up to
-/// [`MAX_PUBLICATION_ATTEMPTS`]; pushback as long as it has lasted less than `quota_wait` (a
-/// quota slows a publication down, it does not fail it).
-pub(crate) fn runs_again(error: &BigQueryError, attempt: u32, pushed_back_for: Duration, quota_wait: Duration) -> bool {
+/// Whether a publication whose job failed with `error` may run again under the next attempt's
+/// job id ([`PUBLICATION_RETRY`] decides whether and when it does). Only a job that cannot
+/// have changed the destination runs again: one BigQuery ran and failed for a passing reason
+/// or for its rate limits, or a `jobs.insert` refused for pushback (no job was created; the
+/// job's REST calls are made once, this being the one level that retries them).
+pub(crate) fn runs_again(error: &BigQueryError) -> bool {
     let class = RetryClass::of(error);
     let refused_before_running =
         matches!(error, BigQueryError::Rest { operation: "jobs.insert", .. }) && class == RetryClass::Pushback;
     let failed_in_passing = matches!(error, BigQueryError::JobFailed { .. }) && class != RetryClass::Permanent;
-    if !(refused_before_running || failed_in_passing) {
-        return false;
-    }
-    attempt < MAX_PUBLICATION_ATTEMPTS || (class == RetryClass::Pushback && pushed_back_for < quota_wait)
+    refused_before_running || failed_in_passing
 }
 
 /// How one publication ended when it did not fail for good.

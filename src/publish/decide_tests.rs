@@ -92,36 +92,36 @@ fn job_failed(reason: &str) -> BigQueryError {
 }
 
 #[test]
-fn a_job_failed_in_passing_runs_again_up_to_the_attempt_budget() {
-    let error = job_failed("backendError");
-    let quota_wait = Duration::from_secs(600);
-    for attempt in 1..MAX_PUBLICATION_ATTEMPTS {
-        assert!(runs_again(&error, attempt, Duration::ZERO, quota_wait), "attempt {attempt}");
-    }
-    assert!(!runs_again(&error, MAX_PUBLICATION_ATTEMPTS, Duration::ZERO, quota_wait));
+fn a_job_failed_in_passing_or_refused_before_running_may_run_again() {
+    assert!(runs_again(&job_failed("backendError")));
+    assert!(runs_again(&job_failed("jobRateLimitExceeded")));
     let conflict = BigQueryError::JobFailed {
         reason: "invalidQuery".into(),
         message: "Could not serialize access to table t due to concurrent update".into(),
     };
-    assert!(runs_again(&conflict, 1, Duration::ZERO, quota_wait), "a DML conflict runs again");
+    assert!(runs_again(&conflict), "a DML conflict runs again");
+    let status = google_cloud_gax::error::Error::http(429, Default::default(), Default::default());
+    let refused = BigQueryError::Rest { operation: "jobs.insert", source: status };
+    assert!(runs_again(&refused), "no job was created");
 }
 
 #[test]
-fn pushback_runs_again_past_the_attempt_budget_while_the_quota_wait_lasts() {
-    let error = job_failed("jobRateLimitExceeded");
-    let quota_wait = Duration::from_secs(600);
-    assert!(runs_again(&error, 10, Duration::from_secs(599), quota_wait));
-    assert!(!runs_again(&error, 10, Duration::from_secs(600), quota_wait));
-    assert!(runs_again(&error, 1, Duration::from_secs(600), quota_wait), "within the budget regardless");
+fn a_publication_runs_again_up_to_its_attempts_and_waits_pushback_out() {
+    let policy = RetryPolicy { quota_wait: Duration::from_secs(600), ..PUBLICATION_RETRY };
+    for attempt in 1..PUBLICATION_RETRY.max_attempts {
+        assert!(policy.decide(RetryClass::Transient, attempt, Duration::ZERO).delay().is_some(), "attempt {attempt}");
+    }
+    assert_eq!(policy.decide(RetryClass::Transient, 4, Duration::ZERO), RetryAction::Fail);
+    assert!(policy.decide(RetryClass::Pushback, 10, Duration::from_secs(599)).delay().is_some());
+    assert_eq!(policy.decide(RetryClass::Pushback, 10, Duration::from_secs(600)), RetryAction::Fail);
 }
 
 #[test]
 fn a_job_that_failed_for_good_or_was_lost_does_not_run_again() {
-    let quota_wait = Duration::from_secs(600);
-    assert!(!runs_again(&job_failed("invalidQuery"), 1, Duration::ZERO, quota_wait), "a permanent failure");
+    assert!(!runs_again(&job_failed("invalidQuery")), "a permanent failure");
     // Lost track of: it may still run, and a new job id could run the statement twice.
     let lost = BigQueryError::Timeout { operation: "jobs.query", seconds: 10 };
-    assert!(!runs_again(&lost, 1, Duration::ZERO, quota_wait));
+    assert!(!runs_again(&lost));
 }
 
 fn result(name: &str, outcome: Result<PublishOutcome, Problem>) -> PublicationResult {

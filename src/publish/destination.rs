@@ -20,7 +20,7 @@ use crate::bigquery::collation::{collated_columns, own_collations};
 use crate::bigquery::error::Stage;
 use crate::bigquery::jobs::{JobOutcome, QueryJob};
 use crate::bigquery::metadata::missing_columns;
-use crate::bigquery::retry::{Backoff, Retried};
+use crate::bigquery::retry::{FailureStreak, Retried, RetryClass, RetryPolicy};
 use crate::error::Problem;
 use crate::model::DeliveryRef;
 use crate::model::bounds::{KeyRange, KeyValue, covering_ranges};
@@ -28,9 +28,6 @@ use crate::model::columns::{BigQueryType, Collation, Column, same_name};
 use crate::pipeline::LaneReport;
 use crate::store::{EventKind, NewPublication, PublicationEnd, ResourceRecord, RunRecord};
 use crate::telemetry::{self, PublishTiming};
-
-/// Delays before the next attempt: about 1, 2 and 4 s.
-const PUBLICATION_BACKOFF: Backoff = Backoff::new(Duration::from_millis(1400), Duration::from_secs(30));
 
 /// A keyed publication's key ranges and collations, as the destination compares its keys.
 #[derive(Debug, Clone, PartialEq)]
@@ -315,13 +312,14 @@ impl Publisher {
         Ok(compared)
     }
 
-    /// Runs the publication's job, and runs it again under the next attempt's job id, after the
-    /// shared backoff, while [`decide::runs_again`] says so (BigQuery's passing reasons, its rate
-    /// limits, a DML conflict). Each attempt's job id and the fingerprint are recorded before its
-    /// job is submitted, and each job runs under the adaptive publication limit.
+    /// Runs the publication's job, and runs it again under the next attempt's job id while
+    /// [`decide::runs_again`] says it may (BigQuery's passing reasons, its rate limits, a DML
+    /// conflict) and the publication's retry policy says when. Each attempt's job id and the
+    /// fingerprint are recorded before its job is submitted, and each job runs under the
+    /// adaptive publication limit, which learns from its result.
     async fn run_and_record(&self, job: &PublicationJob<'_>) -> Result<PublishOutcome, Problem> {
         let mut attempt = 1;
-        let first_started = Instant::now();
+        let mut failures = FailureStreak::default();
         loop {
             let job_id = job.job_id(attempt);
             let destination = job.destination();
@@ -335,15 +333,19 @@ impl Publisher {
             self.store.begin_publication(&record).await?;
             let started = Instant::now();
             let outcome = self.publications.run(self.submit(job, &job_id)).await;
-            match outcome {
-                Err(e) if decide::runs_again(&e, attempt, first_started.elapsed(), self.quota_wait) => {
-                    let delay = PUBLICATION_BACKOFF.delay(attempt);
-                    Retried::emit_failed_call("query job", &job.resource.resource, &e, attempt, Some(delay), None);
-                    tokio::time::sleep(delay).await;
-                    attempt += 1;
+            let delay = match &outcome {
+                Err(e) if decide::runs_again(e) => {
+                    let (failed, action) = failures.record(&self.retry, RetryClass::of(e));
+                    Retried::emit_failed_call("query job", &job.resource.resource, e, failed, action.delay(), None);
+                    action.delay()
                 }
-                outcome => return self.record_outcome(job, &job_id, outcome, started.elapsed()).await,
-            }
+                _ => None,
+            };
+            let Some(delay) = delay else {
+                return self.record_outcome(job, &job_id, outcome, started.elapsed()).await;
+            };
+            tokio::time::sleep(delay).await;
+            attempt += 1;
         }
     }
 
@@ -364,6 +366,8 @@ impl Publisher {
             labels: &labels,
             maximum_bytes_billed: run.maximum_bytes_billed,
             timeout: self.query_job_timeout,
+            // This loop is the one level that runs a refused job again.
+            insert_retry: RetryPolicy::ONCE,
         };
         let started = Instant::now();
         let outcome = self.bigquery.run_query_job(&query).await;

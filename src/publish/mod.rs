@@ -30,6 +30,7 @@ use crate::bigquery::BigQuery;
 use crate::model::DeliveryRef;
 use crate::pipeline::Pipeline;
 use crate::store::{RunRecord, Store};
+pub(crate) use decide::PUBLICATION_RETRY;
 pub(crate) use lifecycle::{AbortOutcome, CommitStart, Committing};
 
 /// Runs commits. Cheap to clone.
@@ -46,8 +47,9 @@ pub(crate) struct Publisher {
     /// Publication jobs running at once, gateway-wide: the adaptive limit, never above
     /// `max_concurrent_publications` ([`crate::bigquery::adaptive`]).
     pub(crate) publications: crate::bigquery::adaptive::AdaptiveConcurrency,
-    /// How long BigQuery's pushback on a publication is waited out (`FILAMENT_QUOTA_WAIT_SECS`).
-    pub(crate) quota_wait: Duration,
+    /// How a failed publication job runs again ([`decide::PUBLICATION_RETRY`], its pushback
+    /// waited out for `FILAMENT_QUOTA_WAIT_SECS`).
+    pub(crate) retry: crate::bigquery::retry::RetryPolicy,
 }
 
 impl Publisher {

@@ -1,8 +1,13 @@
 //! One resource's upload lane: where its rows go ([`LaneTarget`]), the clients and limits it
 //! shares ([`LaneContext`]) and the two tasks it runs, joined by a channel: the
-//! [`accumulator`](super::accumulator) coalescing accepted rows into upload batches, and the
-//! [`appender`](super::appender) appending them to the resource's PENDING stream. A drained
-//! lane hands commit a [`LaneReport`]; a failed one fails its execution.
+//! [`accumulator`] coalescing accepted rows into upload batches, and the upload, which sets up
+//! the resource's tables and PENDING stream ([`set_up`], or takes over a stream another
+//! replica handed over) and appends the batches to it ([`appender`]). A drained lane hands
+//! commit a [`LaneReport`]; a failed one fails its execution.
+
+pub(super) mod accumulator;
+mod appender;
+mod set_up;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,11 +16,9 @@ use bytes::Bytes;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::accumulator::{LanePressure, accumulate};
 use super::admission::QueuedRows;
-use super::appender::Appender;
-use super::retry::RetryPolicy;
 use crate::bigquery::BigQuery;
+use crate::bigquery::retry::RetryPolicy;
 use crate::bigquery::write::SendQueueAccount;
 use crate::error::{ErrorCode, Problem};
 use crate::ingest::prepare::BodySummary;
@@ -26,6 +29,9 @@ use crate::model::table_layout::TableLayout;
 use crate::model::{ResourceName, ResourceRef};
 use crate::store::Store;
 use crate::store::{ResourceRecord, RunRecord};
+use accumulator::{LanePressure, UploadBatch, accumulate};
+use appender::{AppendSettings, Appender, LaneStream};
+use set_up::SetUp;
 
 /// Where one lane's rows go.
 #[derive(Debug, Clone)]
@@ -137,6 +143,18 @@ pub(crate) struct LaneContext {
     pub(crate) stream_creations: crate::bigquery::adaptive::AdaptiveConcurrency,
     pub(crate) inflight_per_stream: usize,
     pub(crate) retry: RetryPolicy,
+    pub(crate) append_timeouts: AppendTimeouts,
+}
+
+/// When an AppendRows attempt counts as failed although its connection stays open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AppendTimeouts {
+    /// How long the oldest request in flight waits for its answer before the attempt fails
+    /// (retryable, as a broken connection).
+    pub(crate) response: Duration,
+    /// How long a request waits for the connection to take it (a peer that stopped reading
+    /// holds it in HTTP/2 flow control) before the attempt fails, retryable.
+    pub(crate) send: Duration,
 }
 
 /// What a drained lane hands to commit.
@@ -185,7 +203,7 @@ pub(super) async fn run_lane(
     // the accumulator would otherwise wait for the lane to be drained.
     let accumulator = tokio::spawn(accumulate(target.batching, commands, upload_batches_tx, pressure));
     let result = tokio::select! {
-        result = Appender::run(&context, &target, upload_batches_rx) => result,
+        result = upload(&context, &target, upload_batches_rx) => result,
         () = cancel.cancelled() => {
             accumulator.abort();
             let detail = format!("uploads of resource {} were cancelled", target.resource.resource);
@@ -204,4 +222,33 @@ pub(super) async fn run_lane(
         }
     }
     result
+}
+
+/// Sets up the lane's tables and stream (or takes over the stream a replica handed over, at
+/// its recorded offset), then appends every upload batch it receives until `upload_batches`
+/// closes and all are acknowledged.
+async fn upload(
+    context: &LaneContext,
+    target: &LaneTarget,
+    upload_batches: mpsc::UnboundedReceiver<UploadBatch>,
+) -> Result<LaneReport, Problem> {
+    let (set_up, start_offset) = match context.store.handed_over_stream(&target.resource).await? {
+        // Another replica drained this stream and shut down: go on at its recorded offset.
+        Some(stream) => {
+            let set_up = SetUp { stream_name: stream.stream_name, destination_columns: stream.destination_columns };
+            (set_up, stream.rows_acknowledged)
+        }
+        None => (set_up::set_up(context, target).await?, 0),
+    };
+    let SetUp { stream_name, destination_columns } = set_up;
+    let stream = LaneStream { context, target, stream_name: &stream_name };
+    let settings = AppendSettings::of_lane(context, target, &stream_name, start_offset);
+    let rows_acknowledged = Appender::run(&stream, settings, upload_batches).await?;
+    Ok(LaneReport {
+        resource: target.resource.resource.clone(),
+        staging_table: target.staging_table.clone(),
+        destination_columns,
+        stream_name,
+        rows_acknowledged,
+    })
 }

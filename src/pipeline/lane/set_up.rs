@@ -3,14 +3,14 @@
 //! columns, its layout compared with the declaration and never changed), the staging table
 //! (expiring after [`STAGING_TABLE_TTL`], without layout: it is read whole once by the
 //! publication) and its PENDING write stream, whose name is recorded in Postgres before any row
-//! is sent. The [`super::appender`] appends to that stream.
+//! is sent. The [`super::appender`] appends to that stream. (Logs and metrics keep the
+//! documented name `prepare`: `bigquery.write.prepare.started`, `max_concurrent_prepares`.)
 
 use tokio::time::Instant;
 
 use google_cloud_bigquery_v2::model::{Table, TableFieldSchema};
 
-use super::lane::{LaneContext, LaneTarget};
-use super::retry::{FailureStreak, RetryAction};
+use super::{LaneContext, LaneTarget};
 use crate::bigquery::error::{Stage, dataset_location_mismatch};
 use sha2::{Digest as _, Sha256};
 
@@ -18,7 +18,7 @@ use crate::bigquery::jobs::QueryJob;
 use crate::bigquery::metadata::{
     layout_differences, missing_columns, published_columns, required_columns_missing, type_conflicts, widenings,
 };
-use crate::bigquery::retry::{Retried, RetryClass};
+use crate::bigquery::retry::{Classified, FailureStreak, Retried, RetryAction, RetryClass, RetryPolicy};
 use crate::bigquery::{BigQuery, BigQueryError, table_path};
 use crate::error::{ErrorCode, Problem};
 use crate::model::columns::{BigQueryType, Column};
@@ -30,21 +30,26 @@ use crate::model::staging::STAGING_TABLE_TTL;
 use crate::store::StreamChange;
 use crate::telemetry::{LayoutMismatch, PhaseTiming};
 
-/// Prepares the lane's tables and stream under the adaptive set-up limit
+/// Sets up the lane's tables and stream under the adaptive set-up limit
 /// ([`crate::bigquery::adaptive`], at most `max_concurrent_prepares` at once gateway-wide;
-/// `CreateWriteStream` under a limit of its own within it);
-/// returns the PENDING stream's name and the columns as the destination takes them. BigQuery's pushback that outlasts a call's own retries
-/// (`quota_exceeded`) is waited out, the set-up starting again (every step is idempotent)
-/// until it has lasted the retry policy's `quota_wait`: a quota slows a run down, it does not
-/// fail one a slower pace completes.
-pub(super) async fn prepare(context: &LaneContext, target: &LaneTarget) -> Result<SetUp, Problem> {
+/// `CreateWriteStream` under a limit of its own within it); returns the PENDING stream's name
+/// and the columns as the destination takes them.
+///
+/// This loop is the one level that retries BigQuery's pushback on the set-up's REST calls:
+/// they are made once ([`RetryPolicy::ONCE`]), a refusal ends the attempt (which tells the
+/// limit), and the whole set-up runs again after the retry policy's quota backoff (every step
+/// is idempotent) until the pushback has lasted its `quota_wait`: a quota slows a run down, it
+/// does not fail one a slower pace completes.
+pub(super) async fn set_up(context: &LaneContext, target: &LaneTarget) -> Result<SetUp, Problem> {
+    let bigquery = context.bigquery.with_rest_retry(RetryPolicy::ONCE);
     let mut refusals = FailureStreak::default();
     loop {
-        let problem = match context.prepares.run(prepare_once(context, target)).await {
-            Err(problem) if problem.code == ErrorCode::QuotaExceeded => problem,
-            done => return done,
+        let problem = match context.prepares.run(set_up_once(context, &bigquery, target)).await {
+            Ok(set_up) => return Ok(set_up),
+            Err(SetUpFailure::Failed(problem)) => return Err(problem),
+            Err(SetUpFailure::PushedBack(problem)) => problem,
         };
-        let (attempt, action) = refusals.record_quota(&context.retry);
+        let (attempt, action) = refusals.record(&context.retry, RetryClass::Pushback);
         Retried {
             operation: "prepare",
             resource: Some(&target.resource.resource),
@@ -63,6 +68,33 @@ pub(super) async fn prepare(context: &LaneContext, target: &LaneTarget) -> Resul
     }
 }
 
+/// Why a set-up attempt ended without a stream.
+#[derive(Debug)]
+enum SetUpFailure {
+    /// BigQuery pushed back on one of its REST calls (`quota_exceeded`): the set-up runs again.
+    PushedBack(Problem),
+    /// Anything else, `CreateWriteStream`'s own retries run out included.
+    Failed(Problem),
+}
+
+impl From<Problem> for SetUpFailure {
+    fn from(problem: Problem) -> Self {
+        match problem.code {
+            ErrorCode::QuotaExceeded => SetUpFailure::PushedBack(problem),
+            _ => SetUpFailure::Failed(problem),
+        }
+    }
+}
+
+impl Classified for SetUpFailure {
+    fn retry_class(&self) -> RetryClass {
+        match self {
+            SetUpFailure::PushedBack(_) => RetryClass::Pushback,
+            SetUpFailure::Failed(_) => RetryClass::Permanent,
+        }
+    }
+}
+
 /// What set-up hands the appender.
 #[derive(Debug, Clone)]
 pub(super) struct SetUp {
@@ -75,18 +107,17 @@ pub(super) struct SetUp {
 
 /// One attempt at the lane's set-up: the dataset, the destination, the staging table, the
 /// stream (its name recorded in Postgres before any row is sent).
-async fn prepare_once(context: &LaneContext, target: &LaneTarget) -> Result<SetUp, Problem> {
+async fn set_up_once(context: &LaneContext, bigquery: &BigQuery, target: &LaneTarget) -> Result<SetUp, SetUpFailure> {
     let started = Instant::now();
     let resource = &target.resource;
     tracing::info!(run_id = %resource.delivery.run_id(), execution_id = %resource.delivery.execution_id(),
         resource = %resource.resource, table = %target.destination_table, "bigquery.write.prepare.started");
-    let bigquery = &context.bigquery;
     let fail = |e: BigQueryError| e.problem(Stage::Setup);
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
     let existing_location =
         bigquery.ensure_dataset(project, dataset, target.location.as_deref()).await.map_err(fail)?;
     check_location(target, existing_location.as_deref())?;
-    let destination_columns = prepare_destination(context, target).await?;
+    let destination_columns = set_up_destination(context, bigquery, target).await?;
     let expires_at_ms = chrono::Utc::now().timestamp_millis() + STAGING_TABLE_TTL.as_millis() as i64;
     bigquery
         .create_staging_table(project, dataset, &target.staging_table, &target.staging_columns, Some(expires_at_ms))
@@ -96,20 +127,22 @@ async fn prepare_once(context: &LaneContext, target: &LaneTarget) -> Result<SetU
     // A stream created by an attempt whose answer was lost stays empty and is never committed.
     // Stream creation has its own limit: BigQuery's rate limit on it is the project's, and its
     // refusals say nothing about the table calls.
-    let stream_name =
-        create_pending_stream(context, target, &staging_path).await.map_err(|e| e.problem(Stage::Upload))?;
+    // Its own retries ran out: not run again here.
+    let stream_name = create_pending_stream(context, target, &staging_path)
+        .await
+        .map_err(|e| SetUpFailure::Failed(e.problem(Stage::Upload)))?;
     let duration = started.elapsed();
     let prepared = serde_json::json!({"duration_ms": duration.as_millis() as u64, "table": target.destination_table});
     let created = StreamChange::Created { stream_name: &stream_name };
-    context.store.change_stream(resource, created, prepared).await?;
+    context.store.change_stream(resource, created, prepared).await.map_err(Problem::from)?;
     PhaseTiming { resource: &resource.resource, phase: "prepare", duration }.emit();
     Ok(SetUp { stream_name, destination_columns })
 }
 
-/// Runs `CreateWriteStream` again after retryable failures, as the retry policy decides (a
-/// connection cut under it must not fail the execution). Each attempt takes a place under the
-/// stream-creation limit and tells it of its own refusal; the backoff is waited without one,
-/// so a refused lane does not keep others from creating theirs.
+/// Runs `CreateWriteStream` again after transient failures and pushback, as the retry policy
+/// decides (a connection cut under it must not fail the execution). Each attempt takes a place
+/// under the stream-creation limit, which learns from its result; the backoff is waited
+/// without one, so a refused lane does not keep others from creating theirs.
 async fn create_pending_stream(
     context: &LaneContext,
     target: &LaneTarget,
@@ -117,27 +150,17 @@ async fn create_pending_stream(
 ) -> Result<String, BigQueryError> {
     let mut failures = FailureStreak::default();
     loop {
-        let attempt = context.stream_creations.run(async {
-            let error = match context.bigquery.writer().create_pending_stream(staging_path).await {
-                Ok(value) => return Ok(value),
-                Err(error) => error,
-            };
-            let (attempt, action) = failures.record(&context.retry, &error);
-            // Emitted under the stream-creation limit: its pushback is that limit's alone.
-            Retried::emit_failed_call(
-                "CreateWriteStream",
-                &target.resource.resource,
-                &error,
-                attempt,
-                action.delay(),
-                None,
-            );
-            Err((error, action))
-        });
-        match attempt.await {
-            Ok(value) => return Ok(value),
-            Err((_, RetryAction::RetryAfter(delay))) => tokio::time::sleep(delay).await,
-            Err((error, RetryAction::Fail)) => return Err(error),
+        let created = context.stream_creations.run(context.bigquery.writer().create_pending_stream(staging_path));
+        let error = match created.await {
+            Ok(stream_name) => return Ok(stream_name),
+            Err(error) => error,
+        };
+        let (attempt, action) = failures.record(&context.retry, RetryClass::of(&error));
+        let resource = &target.resource.resource;
+        Retried::emit_failed_call("CreateWriteStream", resource, &error, attempt, action.delay(), None);
+        match action {
+            RetryAction::RetryAfter(delay) => tokio::time::sleep(delay).await,
+            RetryAction::Fail => return Err(error),
         }
     }
 }
@@ -159,8 +182,12 @@ fn check_location(target: &LaneTarget, existing: Option<&str>) -> Result<(), Pro
 /// Creates the destination table with its layout, or checks that the existing one takes the
 /// batches' columns (existing columns are never altered), adds the missing ones and reports a
 /// layout other than the declared one. Returns the staged columns as the destination takes them.
-async fn prepare_destination(context: &LaneContext, target: &LaneTarget) -> Result<Vec<Column>, Problem> {
-    let (bigquery, layout) = (&context.bigquery, &target.destination_layout);
+async fn set_up_destination(
+    context: &LaneContext,
+    bigquery: &BigQuery,
+    target: &LaneTarget,
+) -> Result<Vec<Column>, Problem> {
+    let layout = &target.destination_layout;
     let fail = |e: BigQueryError| e.problem(Stage::Setup);
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
     let (table, wanted) = (&target.destination_table, &target.table_columns());
@@ -242,6 +269,8 @@ async fn widen_columns(
         labels: &[],
         maximum_bytes_billed: None,
         timeout: WIDEN_TIMEOUT,
+        // Set-up is the one level that retries pushback.
+        insert_retry: RetryPolicy::ONCE,
     };
     let delivery = &target.resource.delivery;
     let names: Vec<&str> = widened.iter().map(|(c, _)| c.as_str()).collect();

@@ -1,14 +1,15 @@
 //! The appender of a lane: sends upload batches over one AppendRows connection at explicit row
 //! offsets with a sliding window (refilled per acknowledgement), under the gateway-wide
 //! in-flight limit. A retryable failure tears the connection down (no more sending or
-//! receiving), backs off as [`FailureStreak::record`](super::retry::FailureStreak::record)
-//! decides, and replays every unacknowledged request, in order and at the same offsets, on a new
-//! connection; `ALREADY_EXISTS` on a replay means the rows had landed. After a failure the
-//! window restarts at one request and grows by one per acknowledgement up to
-//! `inflight_per_stream` (slow start), so a network that cuts connections after a few hundred
-//! kilobytes still lets every connection make progress. A connection that stays open but leaves
-//! the oldest request unanswered for the retry policy's `response_timeout` counts as broken.
-//! When the input closes and everything is acknowledged it reports the stream to commit.
+//! receiving), backs off as [`FailureStreak::record`] decides, and replays every
+//! unacknowledged request, in order and at the same offsets, on a new connection;
+//! `ALREADY_EXISTS` on a replay means the rows had landed. After a failure the window restarts
+//! at one request and grows by one per acknowledgement up to `inflight_per_stream` (slow
+//! start), so a network that cuts connections after a few hundred kilobytes still lets every
+//! connection make progress. A connection that stays open but leaves the oldest request
+//! unanswered for the `response` timeout, or a request untaken for the `send` timeout
+//! ([`AppendTimeouts`]), counts as broken. When the input closes and everything is
+//! acknowledged it reports how many rows the stream holds.
 //!
 //! A connection takes one of the gateway's `max_append_connections` before its first request
 //! (before any in-flight slot, so a lane waiting for a connection never holds one) and gives
@@ -16,26 +17,29 @@
 //! the call, so BigQuery no longer counts it when another lane opens one): BigQuery limits a
 //! project's concurrent connections (10,000 in a multi-region), and a run of thousands of
 //! resources must not hold one per resource until its commit.
+//!
+//! The appender reaches the Storage Write API and the execution's record through
+//! [`AppendService`]: the lane's stream ([`LaneStream`]) in the gateway, a channel-backed fake
+//! in the unit tests (`appender_tests.rs`, with paused time).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::{
+    AppendRowsRequest, AppendRowsResponse,
+};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 
-use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::AppendRowsResponse;
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
-
 use super::accumulator::UploadBatch;
-use super::lane::{LaneContext, LaneReport, LaneTarget};
-use super::prepare::{SetUp, prepare};
-use super::retry::{FailureStreak, RetryAction};
+use super::{AppendTimeouts, LaneContext, LaneTarget};
 use crate::bigquery::BigQueryError;
 use crate::bigquery::error::Stage;
-use crate::bigquery::retry::Retried;
+use crate::bigquery::retry::{FailureStreak, Retried, RetryAction, RetryClass, RetryPolicy};
 use crate::bigquery::write::{AppendAck, AppendConnection, append_request, judge_append_response};
 use crate::error::Problem;
-use crate::model::columns::Column;
 use crate::store::EventKind;
 use crate::telemetry::{self, AppendAcknowledged};
 
@@ -46,6 +50,121 @@ pub(crate) const IDLE_CONNECTION: Duration = Duration::from_secs(2);
 /// How long a closing connection waits for the server to end the call before its place is
 /// given back anyway.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// What the appender needs of the Storage Write API and of the execution's record.
+pub(super) trait AppendService: Sync {
+    type Connection: AppendChannel;
+
+    /// Opens an AppendRows connection whose first request is `first` (`reconnecting`: after a
+    /// failure, on a connection of the lane's own).
+    fn open(
+        &self,
+        first: AppendRowsRequest,
+        reconnecting: bool,
+    ) -> impl Future<Output = Result<Self::Connection, BigQueryError>> + Send;
+
+    /// Adds `rows` acknowledged rows to the execution's progress; `false` when it could not
+    /// (progress only: the rows are counted again with the next acknowledgement).
+    fn add_rows_acknowledged(&self, rows: i64) -> impl Future<Output = bool> + Send;
+
+    /// Records a failed attempt in the execution's timeline.
+    fn record_retry(&self, details: serde_json::Value) -> impl Future<Output = ()> + Send;
+}
+
+/// One open AppendRows connection, as the appender uses it.
+pub(super) trait AppendChannel: Send {
+    /// Queues one request (its first one was given to [`AppendService::open`]).
+    fn send(&self, request: &AppendRowsRequest) -> Result<(), BigQueryError>;
+    /// The next response; a closed call is a retryable error.
+    fn next_response(&mut self) -> impl Future<Output = Result<AppendRowsResponse, BigQueryError>> + Send;
+    /// Since when the oldest request the transport has not taken waits.
+    fn unsent_since(&self) -> Option<Instant>;
+    /// Half-closes the call and waits at most `within` for the server to end it.
+    fn close(self, within: Duration) -> impl Future<Output = ()> + Send;
+}
+
+impl AppendChannel for AppendConnection {
+    fn send(&self, request: &AppendRowsRequest) -> Result<(), BigQueryError> {
+        AppendConnection::send(self, request)
+    }
+
+    fn next_response(&mut self) -> impl Future<Output = Result<AppendRowsResponse, BigQueryError>> + Send {
+        AppendConnection::next_response(self)
+    }
+
+    fn unsent_since(&self) -> Option<Instant> {
+        AppendConnection::unsent_since(self)
+    }
+
+    fn close(self, within: Duration) -> impl Future<Output = ()> + Send {
+        AppendConnection::close(self, within)
+    }
+}
+
+/// A lane's PENDING stream in BigQuery, its progress and retries recorded in Postgres.
+#[derive(Debug)]
+pub(super) struct LaneStream<'a> {
+    pub(super) context: &'a LaneContext,
+    pub(super) target: &'a LaneTarget,
+    pub(super) stream_name: &'a str,
+}
+
+impl AppendService for LaneStream<'_> {
+    type Connection = AppendConnection;
+
+    async fn open(&self, first: AppendRowsRequest, reconnecting: bool) -> Result<AppendConnection, BigQueryError> {
+        let writer = self.context.bigquery.writer();
+        let send_queue = Arc::clone(&self.context.upload_budget);
+        writer.open_append_connection(self.stream_name, vec![first], reconnecting, send_queue).await
+    }
+
+    async fn add_rows_acknowledged(&self, rows: i64) -> bool {
+        self.context.store.add_rows_acknowledged(&self.target.resource, rows).await.is_ok()
+    }
+
+    async fn record_retry(&self, details: serde_json::Value) {
+        let resource = &self.target.resource;
+        let (delivery, name) = (&resource.delivery, Some(resource.resource.as_ref()));
+        self.context.store.record_event(delivery, EventKind::AppendRetried, name, details).await;
+    }
+}
+
+/// How one lane appends: its stream and the limits it shares.
+#[derive(Debug, Clone)]
+pub(super) struct AppendSettings {
+    /// The resource, for logs and metrics.
+    pub(super) resource: String,
+    pub(super) stream_name: String,
+    /// The writer schema, sent on each connection's first request.
+    pub(super) serialized_schema: Bytes,
+    /// The stream's next offset (rows already in it: a handed-over stream's).
+    pub(super) start_offset: i64,
+    /// Outstanding requests on this stream at most (`inflight_per_stream`).
+    pub(super) window: usize,
+    pub(super) retry: RetryPolicy,
+    pub(super) timeouts: AppendTimeouts,
+    /// Gateway-wide AppendRows connections open (`max_append_connections`).
+    pub(super) connections: Arc<Semaphore>,
+    /// Gateway-wide AppendRows requests in flight (`max_inflight_requests`).
+    pub(super) inflight_requests: Arc<Semaphore>,
+}
+
+impl AppendSettings {
+    /// The settings of `target`'s lane appending to `stream_name` from `start_offset`.
+    pub(super) fn of_lane(context: &LaneContext, target: &LaneTarget, stream_name: &str, start_offset: i64) -> Self {
+        Self {
+            resource: target.resource.resource.to_string(),
+            stream_name: stream_name.to_string(),
+            serialized_schema: target.serialized_schema.clone(),
+            start_offset,
+            window: context.inflight_per_stream.max(1),
+            retry: context.retry,
+            timeouts: context.append_timeouts,
+            connections: Arc::clone(&context.append_connections),
+            inflight_requests: Arc::clone(&context.inflight_requests),
+        }
+    }
+}
 
 /// A place under `max_append_connections`, counted in `filament_append_connections_open`.
 #[derive(Debug)]
@@ -85,24 +204,19 @@ struct Unacknowledged {
 
 /// The lane's AppendRows connection.
 #[derive(Debug)]
-enum Connection {
+enum Connection<C> {
     /// None yet (or torn down after a failure): the next send opens one.
     Closed,
-    Open(Box<AppendConnection>),
+    Open(Box<C>),
     /// Opening or sending failed: the error is judged like a failed response, on the next turn.
     Broken(BigQueryError),
 }
 
 /// One lane's appends to its PENDING stream.
 #[derive(Debug)]
-pub(super) struct Appender<'a> {
-    context: &'a LaneContext,
-    target: &'a LaneTarget,
-    stream_name: String,
-    /// The staged columns as the destination takes them (set-up's, or the handed-over stream's).
-    destination_columns: Vec<Column>,
-    /// Outstanding requests on this stream at most (`inflight_per_stream`).
-    window: usize,
+pub(super) struct Appender<'a, S: AppendService> {
+    service: &'a S,
+    settings: AppendSettings,
     /// Outstanding requests allowed now: one after a failure, growing per acknowledgement.
     congestion_window: usize,
     /// Requests to send again, in offset order, before anything queued.
@@ -111,7 +225,7 @@ pub(super) struct Appender<'a> {
     queue: VecDeque<UploadBatch>,
     /// Sent and not acknowledged, in offset order.
     in_flight: VecDeque<InFlight>,
-    connection: Connection,
+    connection: Connection<S::Connection>,
     /// The connection's place under `max_append_connections`: taken before the first send,
     /// given back with the connection.
     connection_slot: Option<ConnectionSlot>,
@@ -119,7 +233,7 @@ pub(super) struct Appender<'a> {
     last_activity: Instant,
     next_offset: i64,
     acknowledged_rows: i64,
-    /// Acknowledged rows already added to the execution's progress in Postgres.
+    /// Acknowledged rows already added to the execution's progress.
     rows_recorded: i64,
     /// Consecutive failed attempts (reset by an acknowledgement).
     failures: FailureStreak,
@@ -127,32 +241,19 @@ pub(super) struct Appender<'a> {
     reconnecting: bool,
 }
 
-impl<'a> Appender<'a> {
-    /// Prepares the lane's tables and stream (or takes over the stream a replica handed over,
-    /// at its recorded offset), then appends every upload batch it receives until `upload_batches`
-    /// closes and all are acknowledged.
+impl<'a, S: AppendService> Appender<'a, S> {
+    /// Appends every upload batch it receives until `upload_batches` closes and all are
+    /// acknowledged; returns the rows the stream holds.
     pub(super) async fn run(
-        context: &'a LaneContext,
-        target: &'a LaneTarget,
+        service: &'a S,
+        settings: AppendSettings,
         mut upload_batches: mpsc::UnboundedReceiver<UploadBatch>,
-    ) -> Result<LaneReport, Problem> {
-        let (set_up, start_offset) = match context.store.handed_over_stream(&target.resource).await? {
-            // Another replica drained this stream and shut down: go on at its recorded offset.
-            Some(stream) => {
-                let set_up = SetUp { stream_name: stream.stream_name, destination_columns: stream.destination_columns };
-                (set_up, stream.rows_acknowledged)
-            }
-            None => (prepare(context, target).await?, 0),
-        };
-        let SetUp { stream_name, destination_columns } = set_up;
-        let window = context.inflight_per_stream.max(1);
+    ) -> Result<i64, Problem> {
+        let start_offset = settings.start_offset;
         let mut appender = Appender {
-            context,
-            target,
-            stream_name,
-            destination_columns,
-            window,
-            congestion_window: window,
+            service,
+            congestion_window: settings.window,
+            settings,
             replay: VecDeque::new(),
             queue: VecDeque::new(),
             in_flight: VecDeque::new(),
@@ -172,16 +273,18 @@ impl<'a> Appender<'a> {
             let can_send = connected && appender.in_flight.len() < appender.congestion_window && appender.has_unsent();
             let idle = connected && appender.in_flight.is_empty() && !appender.has_unsent();
             let idle_at = appender.last_activity + IDLE_CONNECTION;
+            let (connections, inflight_requests) =
+                (Arc::clone(&appender.settings.connections), Arc::clone(&appender.settings.inflight_requests));
             tokio::select! {
                 biased;
                 response = appender.next_response(), if !appender.in_flight.is_empty() => {
                     appender.on_response(response).await?;
                 }
-                slot = Arc::clone(&context.append_connections).acquire_owned(), if needs_connection => {
+                slot = connections.acquire_owned(), if needs_connection => {
                     let slot = slot.map_err(|_| Problem::internal("connection limiter closed"))?;
                     appender.connection_slot = Some(ConnectionSlot::new(slot));
                 }
-                slot = Arc::clone(&context.inflight_requests).acquire_owned(), if can_send => {
+                slot = inflight_requests.acquire_owned(), if can_send => {
                     let slot = slot.map_err(|_| Problem::internal("in-flight limiter closed"))?;
                     appender.send_next(slot).await;
                 }
@@ -189,39 +292,35 @@ impl<'a> Appender<'a> {
                     Some(upload) => appender.queue.push_back(upload),
                     None => input_open = false,
                 },
-                () = tokio::time::sleep_until(idle_at.into()), if idle => appender.close_connection().await,
+                () = tokio::time::sleep_until(idle_at), if idle => appender.close_connection().await,
             }
         }
         appender.close_connection().await;
-        Ok(appender.report())
+        Ok(appender.acknowledged_rows)
     }
 
     /// The answer to the oldest request in flight, or a retryable timeout once it has waited
-    /// the retry policy's `response_timeout` (a hung server or a half-dead proxy that keeps
-    /// the connection open), or once a request has waited `send_timeout` for the connection to
-    /// take it (a peer that stopped reading: HTTP/2 flow control holds every later request).
+    /// the `response` timeout (a hung server or a half-dead proxy that keeps the connection
+    /// open), or once a request has waited the `send` timeout for the connection to take it (a
+    /// peer that stopped reading: HTTP/2 flow control holds every later request).
     async fn next_response(&mut self) -> Result<AppendRowsResponse, BigQueryError> {
-        let retry = self.context.retry;
+        let timeouts = self.settings.timeouts;
         let Some(oldest) = self.in_flight.front() else { return next_response(&mut self.connection).await };
-        let response_deadline = oldest.sent_at + retry.response_timeout;
+        let response_deadline = oldest.sent_at + timeouts.response;
         loop {
-            let send_deadline = self.connection.unsent_since().map(|since| since + retry.send_timeout);
+            let send_deadline = self.connection.unsent_since().map(|since| since + timeouts.send);
             let deadline = send_deadline.map_or(response_deadline, |send| send.min(response_deadline));
-            if let Ok(response) = tokio::time::timeout_at(deadline.into(), next_response(&mut self.connection)).await {
+            if let Ok(response) = tokio::time::timeout_at(deadline, next_response(&mut self.connection)).await {
                 return response;
             }
             let now = Instant::now();
             if now >= response_deadline {
-                return Err(BigQueryError::Timeout {
-                    operation: "AppendRows response",
-                    seconds: retry.response_timeout.as_secs(),
-                });
+                let seconds = timeouts.response.as_secs();
+                return Err(BigQueryError::Timeout { operation: "AppendRows response", seconds });
             }
-            if self.connection.unsent_since().is_some_and(|since| since + retry.send_timeout <= now) {
-                return Err(BigQueryError::Timeout {
-                    operation: "AppendRows send",
-                    seconds: retry.send_timeout.as_secs(),
-                });
+            if self.connection.unsent_since().is_some_and(|since| since + timeouts.send <= now) {
+                let seconds = timeouts.send.as_secs();
+                return Err(BigQueryError::Timeout { operation: "AppendRows send", seconds });
             }
             // The connection took a request meanwhile: wait on.
         }
@@ -246,16 +345,6 @@ impl<'a> Appender<'a> {
         !self.replay.is_empty() || !self.queue.is_empty()
     }
 
-    fn report(self) -> LaneReport {
-        LaneReport {
-            resource: self.target.resource.resource.clone(),
-            staging_table: self.target.staging_table.clone(),
-            destination_columns: self.destination_columns,
-            stream_name: self.stream_name,
-            rows_acknowledged: self.acknowledged_rows,
-        }
-    }
-
     /// Judges the answer to the oldest request in flight.
     async fn on_response(&mut self, response: Result<AppendRowsResponse, BigQueryError>) -> Result<(), Problem> {
         let Some(front) = self.in_flight.front() else { return Ok(()) };
@@ -273,10 +362,10 @@ impl<'a> Appender<'a> {
     async fn on_acknowledged(&mut self, ack: AppendAck) {
         self.failures.reset();
         self.last_activity = Instant::now();
-        self.congestion_window = (self.congestion_window + 1).min(self.window);
+        self.congestion_window = (self.congestion_window + 1).min(self.settings.window);
         let Some(done) = self.in_flight.pop_front() else { return };
         AppendAcknowledged {
-            resource: &self.target.resource.resource,
+            resource: &self.settings.resource,
             rows: done.upload.rows,
             uncompressed_bytes: done.upload.message.len(),
             already_present: ack == AppendAck::AlreadyPresent,
@@ -288,8 +377,7 @@ impl<'a> Appender<'a> {
         drop(done);
         metrics::gauge!(telemetry::APPENDS_IN_FLIGHT).decrement(1.0);
         // Progress for the execution view; not needed for correctness.
-        let rows = self.acknowledged_rows - self.rows_recorded;
-        if self.context.store.add_rows_acknowledged(&self.target.resource, rows).await.is_ok() {
+        if self.service.add_rows_acknowledged(self.acknowledged_rows - self.rows_recorded).await {
             self.rows_recorded = self.acknowledged_rows;
         }
     }
@@ -298,23 +386,12 @@ impl<'a> Appender<'a> {
     /// after the last acknowledgement for replay (in order, at the same offsets) on a new
     /// connection that starts with a window of one.
     async fn on_failure(&mut self, error: BigQueryError) -> Result<(), Problem> {
-        let (attempt, action) = self.failures.record(&self.context.retry, &error);
+        let (attempt, action) = self.failures.record(&self.settings.retry, RetryClass::of(&error));
         let offset = self.in_flight.front().map(|f| f.offset);
-        Retried::emit_failed_call(
-            "AppendRows",
-            &self.target.resource.resource,
-            &error,
-            attempt,
-            action.delay(),
-            offset,
-        );
-        let retried =
-            serde_json::json!({"code": error.code_name(), "attempt": attempt, "retryable": action.delay().is_some()});
-        let resource = &self.target.resource;
-        self.context
-            .store
-            .record_event(&resource.delivery, EventKind::AppendRetried, Some(&resource.resource), retried)
-            .await;
+        let delay = action.delay();
+        Retried::emit_failed_call("AppendRows", &self.settings.resource, &error, attempt, delay, offset);
+        let retried = serde_json::json!({"code": error.code_name(), "attempt": attempt, "retryable": delay.is_some()});
+        self.service.record_retry(retried).await;
         let RetryAction::RetryAfter(backoff) = action else {
             return Err(error.problem(Stage::Upload));
         };
@@ -347,26 +424,19 @@ impl<'a> Appender<'a> {
         let started = Instant::now();
         self.last_activity = started;
         let opening = !matches!(self.connection, Connection::Open(_));
-        let schema = opening.then(|| self.target.serialized_schema.clone());
-        let request = append_request(&self.stream_name, schema, offset, upload.message.clone());
+        let schema = opening.then(|| self.settings.serialized_schema.clone());
+        let request = append_request(&self.settings.stream_name, schema, offset, upload.message.clone());
         let sent = match &self.connection {
             Connection::Open(open) => open.send(&request),
             // A broken connection is judged (and replaced) on the next turn.
             Connection::Broken(_) => Ok(()),
-            Connection::Closed => {
-                let writer = self.context.bigquery.writer();
-                let send_queue = Arc::clone(&self.context.upload_budget);
-                match writer
-                    .open_append_connection(&self.stream_name, vec![request], self.reconnecting, send_queue)
-                    .await
-                {
-                    Ok(open) => {
-                        self.connection = Connection::Open(Box::new(open));
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
+            Connection::Closed => match self.service.open(request, self.reconnecting).await {
+                Ok(open) => {
+                    self.connection = Connection::Open(Box::new(open));
+                    Ok(())
                 }
-            }
+                Err(e) => Err(e),
+            },
         };
         metrics::gauge!(telemetry::APPENDS_IN_FLIGHT).increment(1.0);
         let send_duration = started.elapsed();
@@ -378,7 +448,7 @@ impl<'a> Appender<'a> {
     }
 }
 
-impl Connection {
+impl<C: AppendChannel> Connection<C> {
     /// Since when a request waits for an open connection to take it.
     fn unsent_since(&self) -> Option<Instant> {
         match self {
@@ -388,7 +458,7 @@ impl Connection {
     }
 }
 
-async fn next_response(connection: &mut Connection) -> Result<AppendRowsResponse, BigQueryError> {
+async fn next_response<C: AppendChannel>(connection: &mut Connection<C>) -> Result<AppendRowsResponse, BigQueryError> {
     if let Connection::Open(open) = connection {
         return open.next_response().await;
     }
@@ -400,3 +470,7 @@ async fn next_response(connection: &mut Connection) -> Result<AppendRowsResponse
         }),
     }
 }
+
+#[cfg(test)]
+#[path = "appender_tests.rs"]
+mod tests;

@@ -8,10 +8,10 @@ use arrow_array::RecordBatch;
 use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 
-use super::admission::QueuedRows;
-use super::budget::BudgetPermit;
-use super::lane::{BatchingPolicy, LaneCommand};
+use super::{BatchingPolicy, LaneCommand};
 use crate::ingest::encode::{AppendPayload, record_batch_message};
+use crate::pipeline::admission::QueuedRows;
+use crate::pipeline::budget::BudgetPermit;
 
 /// One upload batch ready to send.
 #[derive(Debug)]
