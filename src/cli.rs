@@ -8,9 +8,16 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::api::run_list::RunListItem;
+use crate::api::views::{ExecutionView, RunView};
 use crate::config::{GatewayConnection, RunsCommand};
+use crate::model::ExecutionState;
+use crate::store::EventKind;
 
 /// How the command ended: `Failed` (exit 1) is an execution that failed or was aborted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,10 +35,68 @@ pub enum CliError {
     Refused { status: u16, code: String, detail: String },
     #[error("the gateway's answer is not JSON: {0}")]
     NotJson(reqwest::Error),
+    #[error("the gateway's answer from {url} is not what this CLI reads: {source}")]
+    UnexpectedAnswer { url: String, source: serde_json::Error },
     #[error("the gateway URL {0:?} is not an http(s) URL")]
     InvalidUrl(String),
     #[error("no token: {0}")]
     NoToken(String),
+}
+
+/// What stands for an absent value in text output.
+const ABSENT: &str = "-";
+
+/// The fields of a problem+json refusal the CLI shows. Not [`crate::error::Problem`]: a refusal
+/// is shown whatever code it carries, also one this build does not know, and whatever it lacks.
+#[derive(Debug, Default, Deserialize)]
+struct Refusal {
+    #[serde(default)]
+    code: String,
+    #[serde(default)]
+    detail: String,
+}
+
+/// One page of `GET /v1/runs` (the API's `RunList`), with its runs read as `T`: the API's
+/// [`RunListItem`] for the table, the JSON as answered for `--json`.
+#[derive(Debug, Deserialize)]
+struct RunsPage<T> {
+    runs: Vec<T>,
+    next_page_token: Option<String>,
+}
+
+/// One answer of `GET .../events` (the API's `ExecutionEvents`, which only serialises).
+#[derive(Debug, Deserialize)]
+struct EventsPage {
+    events: Vec<AnsweredEvent>,
+    next_after: i64,
+}
+
+/// An event as answered (what `--json` prints) and read.
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "Value")]
+struct AnsweredEvent {
+    answered: Value,
+    event: Event,
+}
+
+impl TryFrom<Value> for AnsweredEvent {
+    type Error = serde_json::Error;
+
+    fn try_from(answered: Value) -> Result<Self, Self::Error> {
+        Ok(Self { event: Event::deserialize(&answered)?, answered })
+    }
+}
+
+/// The fields of an event (the API's `EventRecord`, which only serialises) the CLI reads.
+#[derive(Debug, Deserialize)]
+struct Event {
+    delivery: i32,
+    at: DateTime<Utc>,
+    kind: EventKind,
+    #[serde(default)]
+    resource: Option<String>,
+    count: i32,
+    detail: Value,
 }
 
 struct Api {
@@ -55,7 +120,9 @@ impl Api {
         Ok(url)
     }
 
-    async fn get(&self, segments: &[&str], query: &[(&str, String)]) -> Result<Value, CliError> {
+    /// The answer to `GET` of the path, read as `T` (`Value`: the JSON as answered); a
+    /// refusal (problem+json) becomes [`CliError::Refused`].
+    async fn get<T: DeserializeOwned>(&self, segments: &[&str], query: &[(&str, String)]) -> Result<T, CliError> {
         let url = self.url(segments)?;
         let response = self
             .http
@@ -68,10 +135,11 @@ impl Api {
         let status = response.status();
         let body: Value = response.json().await.map_err(CliError::NotJson)?;
         if !status.is_success() {
-            let text = |field: &str| printable(body[field].as_str().unwrap_or_default());
-            return Err(CliError::Refused { status: status.as_u16(), code: text("code"), detail: text("detail") });
+            let refusal = Refusal::deserialize(&body).unwrap_or_default();
+            let (code, detail) = (printable(&refusal.code), printable(&refusal.detail));
+            return Err(CliError::Refused { status: status.as_u16(), code, detail });
         }
-        Ok(body)
+        serde_json::from_value(body).map_err(|source| CliError::UnexpectedAnswer { url: url.to_string(), source })
     }
 }
 
@@ -79,18 +147,22 @@ impl Api {
 pub async fn run(command: RunsCommand) -> Result<Outcome, CliError> {
     match command {
         RunsCommand::List { gateway, state, dataset, principal, limit, json } => {
-            let runs = list_runs(
-                &Api::new(gateway)?,
-                [("state", state), ("dataset", dataset), ("principal", principal)],
-                limit,
-            )
-            .await?;
-            print!("{}", if json { pretty(&Value::Array(runs)) } else { runs_table(&runs) });
+            let api = Api::new(gateway)?;
+            let filters = [("state", state), ("dataset", dataset), ("principal", principal)];
+            if json {
+                print!("{}", pretty(&list_runs::<Value>(&api, filters, limit).await?));
+            } else {
+                print!("{}", runs_table(&list_runs::<RunListItem>(&api, filters, limit).await?));
+            }
             Ok(Outcome::Succeeded)
         }
         RunsCommand::Show { gateway, run, json } => {
-            let view = Api::new(gateway)?.get(&["v1", "runs", &run], &[]).await?;
-            print!("{}", if json { pretty(&view) } else { run_text(&view) });
+            let (api, path) = (Api::new(gateway)?, ["v1", "runs", run.as_str()]);
+            if json {
+                print!("{}", pretty(&api.get::<Value>(&path, &[]).await?));
+            } else {
+                print!("{}", run_text(&api.get::<RunView>(&path, &[]).await?));
+            }
             Ok(Outcome::Succeeded)
         }
         RunsCommand::Events { gateway, run, execution, follow, json } => {
@@ -103,19 +175,23 @@ pub async fn run(command: RunsCommand) -> Result<Outcome, CliError> {
     }
 }
 
-/// Every page of `GET /v1/runs` up to `limit` runs.
-async fn list_runs(api: &Api, filters: [(&str, Option<String>); 3], limit: usize) -> Result<Vec<Value>, CliError> {
+/// Every page of `GET /v1/runs` up to `limit` runs, each read as `T`.
+async fn list_runs<T: DeserializeOwned>(
+    api: &Api,
+    filters: [(&str, Option<String>); 3],
+    limit: usize,
+) -> Result<Vec<T>, CliError> {
     let mut query: Vec<(&str, String)> =
         filters.into_iter().filter_map(|(name, value)| value.map(|value| (name, value))).collect();
     query.push(("limit", limit.clamp(1, 500).to_string()));
     let mut runs = Vec::new();
     loop {
-        let page = api.get(&["v1", "runs"], &query).await?;
-        runs.extend(page["runs"].as_array().cloned().unwrap_or_default());
-        match page["next_page_token"].as_str() {
+        let page: RunsPage<T> = api.get(&["v1", "runs"], &query).await?;
+        runs.extend(page.runs);
+        match page.next_page_token {
             Some(token) if runs.len() < limit => {
                 query.retain(|(name, _)| *name != "page_token");
-                query.push(("page_token", token.to_string()));
+                query.push(("page_token", token));
             }
             _ => break,
         }
@@ -128,22 +204,22 @@ async fn list_runs(api: &Api, filters: [(&str, Option<String>); 3], limit: usize
 async fn watch(api: &Api, run: &str, execution: &str, interval: Duration) -> Result<Outcome, CliError> {
     let path = ["v1", "runs", run, "executions", execution];
     loop {
-        let view = api.get(&path, &[]).await?;
-        let state = view["state"].as_str().unwrap_or("unknown");
+        let view: ExecutionView = api.get(&path, &[]).await?;
         print!("{}", progress_text(&view));
-        match state {
-            "committed" => return Ok(Outcome::Succeeded),
-            "failed" | "aborted" => {
-                let error = &view["error"];
-                if let Some(code) = error["code"].as_str() {
-                    println!("error: {}: {}", printable(code), text(&error["detail"]));
-                }
-                if let Some(hint) = error["hint"].as_str() {
-                    println!("hint: {}", printable(hint));
+        match view.state {
+            ExecutionState::Committed => return Ok(Outcome::Succeeded),
+            ExecutionState::Failed | ExecutionState::Aborted => {
+                if let Some(error) = &view.error {
+                    println!("error: {}: {}", error.code, printable(&error.detail));
+                    if let Some(hint) = &error.hint {
+                        println!("hint: {}", printable(hint));
+                    }
                 }
                 return Ok(Outcome::Failed);
             }
-            _ => tokio::time::sleep(interval).await,
+            ExecutionState::Extracting | ExecutionState::Paused | ExecutionState::Committing => {
+                tokio::time::sleep(interval).await;
+            }
         }
     }
 }
@@ -156,58 +232,61 @@ async fn events(api: &Api, run: &str, execution: &str, follow: bool, json: bool)
     let path = ["v1", "runs", run, "executions", execution, "events"];
     let mut after = 0;
     loop {
-        let current = api.get(&execution_path, &[]).await?;
-        let final_state = matches!(current["state"].as_str(), Some("committed" | "failed" | "aborted"));
-        let page = api.get(&path, &[("after", after.to_string())]).await?;
-        let events = page["events"].as_array().cloned().unwrap_or_default();
-        for event in &events {
+        let current: ExecutionView = api.get(&execution_path, &[]).await?;
+        let page: EventsPage = api.get(&path, &[("after", after.to_string())]).await?;
+        for AnsweredEvent { answered, event } in &page.events {
             if json {
-                println!("{event}");
+                println!("{answered}");
             } else {
                 println!("{}", event_line(event));
             }
         }
-        after = page["next_after"].as_i64().unwrap_or(after);
-        let ended = events.iter().any(|event| event["kind"] == "ended" && event["delivery"] == current["delivery"]);
-        if !follow || ended || (final_state && events.is_empty()) {
+        after = page.next_after;
+        let ended =
+            page.events.iter().any(|e| e.event.kind == EventKind::Ended && e.event.delivery == current.delivery);
+        if !follow || ended || (current.state.is_terminal() && page.events.is_empty()) {
             return Ok(());
         }
-        if events.is_empty() {
+        if page.events.is_empty() {
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     }
 }
 
 /// `time  kind  resource  count  detail` for one event.
-fn event_line(event: &Value) -> String {
-    let count = match event["count"].as_i64() {
-        Some(count) if count > 1 => format!(" x{count}"),
-        _ => String::new(),
-    };
+fn event_line(event: &Event) -> String {
+    let count = if event.count > 1 { format!(" x{}", event.count) } else { String::new() };
     format!(
         "{}  {:<20} {:<16}{count}  {}",
-        text(&event["at"]),
-        text(&event["kind"]),
-        printable(event["resource"].as_str().unwrap_or("")),
-        event["detail"]
+        timestamp(event.at),
+        event.kind.as_str(),
+        printable(event.resource.as_deref().unwrap_or("")),
+        event.detail
     )
 }
 
-fn pretty(value: &Value) -> String {
+fn pretty<T: Serialize>(value: &T) -> String {
     format!("{}\n", serde_json::to_string_pretty(value).unwrap_or_default())
 }
 
-/// A value of the gateway's answer as terminal text: strings with their control characters
-/// escaped (`\n`, `\u{1b}`), so no answer moves the cursor, rewrites a line or fakes one.
-fn text(value: &Value) -> String {
-    match value {
-        Value::Null => "-".into(),
-        Value::String(s) => printable(s),
-        other => other.to_string(),
+/// An instant as the API writes it (RFC 3339, UTC as `Z`, as many fraction digits as needed).
+fn timestamp(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::AutoSi, true)
+}
+
+/// A value as the API writes it, for types with no text form of their own (`PublicationState`:
+/// its name; a list: its JSON).
+fn wire_text<T: Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(Value::String(s)) => printable(&s),
+        Ok(other) => other.to_string(),
+        Err(_) => ABSENT.into(),
     }
 }
 
-/// `s` with every control character escaped (the rest, any language's letters included, kept).
+/// `s` with every control character escaped (`\n`, `\u{1b}`; the rest, any language's letters
+/// included, kept), so no text of the gateway's answer moves the cursor, rewrites a line or
+/// fakes one.
 fn printable(s: &str) -> String {
     s.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
 }
@@ -229,20 +308,24 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-fn runs_table(runs: &[Value]) -> String {
+fn runs_table(runs: &[RunListItem]) -> String {
     let rows: Vec<Vec<String>> = runs
         .iter()
         .map(|run| {
-            let latest = &run["latest_execution"];
+            let latest = run.latest_execution.as_ref();
+            let or_absent = |cell: Option<String>| cell.unwrap_or_else(|| ABSENT.into());
             vec![
-                text(&run["run_id"]),
-                text(&run["principal"]),
-                format!("{}.{}", text(&run["destination"]["project"]), text(&run["destination"]["dataset"])),
-                text(&run["created_at"]),
-                text(&latest["execution_id"]),
-                text(&latest["state"]),
-                format!("{}/{}", text(&latest["rows_acknowledged"]), text(&latest["rows_received"])),
-                text(&latest["error"]["code"]),
+                printable(&run.run_id),
+                printable(&run.principal),
+                format!("{}.{}", printable(&run.destination.project), printable(&run.destination.dataset)),
+                timestamp(run.created_at),
+                or_absent(latest.map(|latest| printable(&latest.execution_id))),
+                or_absent(latest.map(|latest| latest.state.to_string())),
+                latest.map_or_else(
+                    || format!("{ABSENT}/{ABSENT}"),
+                    |latest| format!("{}/{}", latest.rows_acknowledged, latest.rows_received),
+                ),
+                or_absent(latest.and_then(|latest| latest.error.as_ref()).map(|error| printable(&error.code))),
             ]
         })
         .collect();
@@ -250,55 +333,49 @@ fn runs_table(runs: &[Value]) -> String {
     table(&header, &rows)
 }
 
-fn run_text(run: &Value) -> String {
+fn run_text(run: &RunView) -> String {
     let mut out = format!(
         "run {} (principal {}) -> {}.{}, created {}\n\n",
-        text(&run["run_id"]),
-        text(&run["principal"]),
-        text(&run["destination"]["project"]),
-        text(&run["destination"]["dataset"]),
-        text(&run["created_at"])
+        printable(&run.run_id),
+        printable(&run.principal),
+        printable(&run.destination.project),
+        printable(&run.destination.dataset),
+        timestamp(run.created_at)
     );
-    let resources: Vec<Vec<String>> = run["resources"]
-        .as_array()
-        .map(|list| {
-            list.iter()
-                .map(|r| vec![text(&r["resource"]), text(&r["table"]), text(&r["write_mode"]), text(&r["primary_key"])])
-                .collect()
-        })
-        .unwrap_or_default();
+    let resources: Vec<Vec<String>> = run
+        .resources
+        .iter()
+        .map(|r| vec![printable(&r.resource), printable(&r.table), r.write_mode.to_string(), wire_text(&r.primary_key)])
+        .collect();
     out.push_str(&table(&["RESOURCE", "TABLE", "WRITE MODE", "PRIMARY KEY"], &resources));
-    let executions: Vec<Vec<String>> = run["executions"]
-        .as_array()
-        .map(|list| {
-            list.iter()
-                .map(|e| {
-                    vec![text(&e["execution_id"]), text(&e["state"]), text(&e["delivery"]), text(&e["created_at"])]
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    // The run's execution summaries carry neither the delivery nor the creation time: both
+    // columns show as absent.
+    let executions: Vec<Vec<String>> = run
+        .executions
+        .iter()
+        .map(|e| vec![printable(&e.execution_id), e.state.to_string(), ABSENT.into(), ABSENT.into()])
+        .collect();
     out.push('\n');
     out.push_str(&table(&["EXECUTION", "STATE", "DELIVERY", "CREATED"], &executions));
     out
 }
 
 /// One line per resource: a bar of acknowledged over received rows, then the counts.
-fn progress_text(execution: &Value) -> String {
+fn progress_text(execution: &ExecutionView) -> String {
     const BAR_WIDTH: usize = 20;
-    let mut out = format!("{} {}\n", text(&execution["execution_id"]), text(&execution["state"]));
-    for resource in execution["resources"].as_array().into_iter().flatten() {
-        let received = resource["rows_received"].as_u64().unwrap_or(0);
-        let acknowledged = resource["rows_acknowledged"].as_u64().unwrap_or(0);
+    let mut out = format!("{} {}\n", printable(&execution.execution_id), execution.state);
+    for resource in &execution.resources {
+        let received = u64::try_from(resource.rows_received).unwrap_or(0);
+        let acknowledged = u64::try_from(resource.rows_acknowledged).unwrap_or(0);
         let filled = (acknowledged * BAR_WIDTH as u64).checked_div(received).unwrap_or(0) as usize;
+        let publication = resource.publication.as_ref().map_or_else(|| ABSENT.into(), |p| wire_text(&p.state));
         let _ = writeln!(
             out,
-            "  {:<24} [{}{}] {acknowledged}/{received} rows, {} bytes, publication {}",
-            text(&resource["resource"]),
+            "  {:<24} [{}{}] {acknowledged}/{received} rows, {} bytes, publication {publication}",
+            printable(&resource.resource),
             "#".repeat(filled.min(BAR_WIDTH)),
             ".".repeat(BAR_WIDTH - filled.min(BAR_WIDTH)),
-            text(&resource["bytes_received"]),
-            text(&resource["publication"]["state"]),
+            resource.bytes_received,
         );
     }
     out
@@ -312,9 +389,18 @@ mod tests {
 
     #[test]
     fn control_characters_of_an_answer_are_escaped_and_letters_kept() {
-        let hostile = json!("run\u{1b}[2J\nerror: forged line\tGröße");
-        assert_eq!(text(&hostile), "run\\u{1b}[2J\\nerror: forged line\\tGröße");
-        assert!(!runs_table(&[json!({"run_id": "a\u{7}b"})]).contains('\u{7}'));
+        assert_eq!(printable("run\u{1b}[2J\nerror: forged line\tGröße"), "run\\u{1b}[2J\\nerror: forged line\\tGröße");
+        let run: RunListItem = serde_json::from_value(json!({
+            "run_id": "a\u{7}b", "destination": {"project": "p", "dataset": "d"}, "principal": "x",
+            "created_at": "2026-12-01T10:11:12.123456Z", "updated_at": "2026-12-01T10:11:12Z", "latest_execution": null
+        }))
+        .unwrap();
+        let table = runs_table(&[run]);
+        assert!(!table.contains('\u{7}'), "{table}");
+        assert!(
+            table.contains("a\\u{7}b  x          p.d          2026-12-01T10:11:12.123456Z  -          -      -/-"),
+            "{table}"
+        );
     }
 
     #[test]
@@ -325,10 +411,33 @@ mod tests {
 
     #[test]
     fn progress_shows_acknowledged_over_received_rows() {
-        let view = json!({"execution_id": "e", "state": "extracting", "resources": [
-            {"resource": "t", "rows_received": 100, "rows_acknowledged": 50, "bytes_received": 800, "publication": null}
-        ]});
+        let view: ExecutionView = serde_json::from_value(json!({
+            "run_id": "r", "execution_id": "e", "delivery": 1, "state": "extracting", "error": null,
+            "created_at": "2026-12-01T10:11:12Z", "updated_at": "2026-12-01T10:11:12Z", "resources": [
+                {"resource": "t", "table": "t", "write_mode": "full_append", "batches": 1, "rows_received": 100,
+                 "rows_acknowledged": 50, "bytes_received": 800, "publication": null}
+            ]
+        }))
+        .unwrap();
         let text = progress_text(&view);
-        assert!(text.contains("[##########..........] 50/100 rows, 800 bytes"), "{text}");
+        assert_eq!(
+            text,
+            "e extracting\n  t                        [##########..........] 50/100 rows, 800 bytes, publication -\n"
+        );
+    }
+
+    #[test]
+    fn an_event_line_shows_its_time_kind_resource_count_and_detail() {
+        let page: EventsPage = serde_json::from_value(json!({"next_after": 9, "events": [
+            {"event_id": 9, "delivery": 1, "at": "2026-12-01T10:11:12.120Z", "kind": "append_retried",
+             "resource": "t\n", "count": 3, "detail": {"code": "unavailable"}}
+        ]}))
+        .unwrap();
+        let AnsweredEvent { answered, event } = &page.events[0];
+        assert_eq!(answered["event_id"], 9, "the event as answered is kept for --json");
+        assert_eq!(
+            event_line(event),
+            "2026-12-01T10:11:12.120Z  append_retried       t\\n              x3  {\"code\":\"unavailable\"}"
+        );
     }
 }

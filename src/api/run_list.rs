@@ -45,7 +45,7 @@ pub(crate) struct ListRunsParams {
 }
 
 /// The error of a failed latest execution.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub(crate) struct RunListError {
     pub(crate) code: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -53,7 +53,7 @@ pub(crate) struct RunListError {
 }
 
 /// The latest execution of a listed run: its state and its current delivery's progress.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub(crate) struct LatestExecution {
     pub(crate) execution_id: String,
     pub(crate) state: ExecutionState,
@@ -67,14 +67,14 @@ pub(crate) struct LatestExecution {
 }
 
 /// Where a listed run loads to.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub(crate) struct RunListDestination {
     pub(crate) project: String,
     pub(crate) dataset: String,
 }
 
 /// One run of the list.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub(crate) struct RunListItem {
     pub(crate) run_id: String,
     pub(crate) destination: RunListDestination,
