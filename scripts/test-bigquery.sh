@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test-bigquery`: the live-BigQuery suite (tests/it/live_bigquery.rs; docs/testing.md says
+# `make test-bigquery`: the live-BigQuery suite (tests/it/conformance/live_bigquery.rs; docs/testing.md says
 # what it covers, what it costs and the roles it needs). It runs only when
 # FILAMENT_TEST_BIGQUERY_PROJECT names a project and Application Default Credentials are present
 # (GOOGLE_APPLICATION_CREDENTIALS, gcloud's application_default_credentials.json, or a metadata

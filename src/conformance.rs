@@ -1,5 +1,5 @@
 //! Every statement the gateway would send BigQuery for one resource, with the tables they read
-//! and write, for judges outside the crate: the GoogleSQL property tests (`tests/it/googlesql.rs`,
+//! and write, for judges outside the crate: the GoogleSQL property tests (`tests/it/conformance/googlesql.rs`,
 //! Google's ZetaSQL analyzer) and the live-BigQuery suite's dry runs (`docs/testing.md`).
 //!
 //! Nothing here is a second copy: a [`Case`] goes through the same schema mapping
@@ -15,7 +15,7 @@ use crate::bigquery::metadata::{destination_table_body, staging_table_body, tabl
 use crate::error::Problem;
 use crate::ingest::schema::{LoadSpec, map_schema};
 use crate::model::WriteMode;
-use crate::model::bounds::KeyRange;
+use crate::model::key_ranges::KeyRange;
 use crate::model::table_layout::TableLayout;
 use crate::model::write_options::{DeclaredWriteOptions, Deletes, MetadataColumn, OrderByDeclaration, WriteOptions};
 use crate::publish::decide::{PublicationFacts, StatementInputs, choose_statement, statement_sql};

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use arrow_schema::{DataType, Field, Schema, TimeUnit};
 use filament_bigquery::conformance::{Case, Shaped, shape};
 use filament_bigquery::model::WriteMode;
-use filament_bigquery::model::bounds::{KeyRange, KeyValue};
+use filament_bigquery::model::key_ranges::{KeyRange, KeyValue};
 use filament_bigquery::model::write_options::{Deletes, MetadataColumn};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};

@@ -393,7 +393,7 @@ async fn resources_sharing_a_table_and_a_redelivery_publish_once() {
 /// composite keys, a collated STRING key, columns named like the aliases and keywords,
 /// conversions nested in STRUCTs and ARRAYs, key ranges at their extremes.
 fn representative_cases() -> Vec<(String, Case)> {
-    use filament_bigquery::model::bounds::{KeyRange, KeyValue};
+    use filament_bigquery::model::key_ranges::{KeyRange, KeyValue};
     let json = Field::new("doc", DataType::Utf8, true).with_metadata(std::collections::HashMap::from([(
         "ARROW:extension:name".to_string(),
         "arrow.json".to_string(),

@@ -1,5 +1,5 @@
 //! Publications Google's SQL analyzer refused before the generator qualified its references
-//! (`tests/it/googlesql.rs`), run end to end against the emulator: keys staged as strings and
+//! (`tests/it/conformance/googlesql.rs`), run end to end against the emulator: keys staged as strings and
 //! converted (NUMERIC, BIGNUMERIC), and columns named like the statement's old aliases.
 
 use std::sync::Arc;

@@ -2,6 +2,25 @@
 //! bqemulator that `make test` started (`DATABASE_URL`, `BIGQUERY_EMULATOR_HOST`,
 //! `BIGQUERY_STORAGE_EMULATOR_HOST`), and gives tests an HTTP client, Arrow builders, a
 //! database snapshot (to prove a rejected request changed nothing) and emulator queries.
+//!
+//! # Which BigQuery stand-in to use
+//! - **The shared emulator** (the default: `GatewayOptions::new().spawn()`): anything a user
+//!   would see end to end (tables created, rows loaded, MERGE results read back). Where it
+//!   differs from BigQuery (`../shared/docs/bqemulator.md`) it is not the judge: SQL goes to
+//!   Google's analyzer ([`zetasql`]), request bodies to the discovery document ([`discovery`]).
+//! - **A private emulator** ([`emulator`]): a test that may leave it in a bad state (cut
+//!   connections mid-append), usually behind the cutting TCP [`proxy`].
+//! - **The Storage Write fake** ([`fake_write`]): what the emulator cannot do on demand on the
+//!   gRPC side: scripted append faults and quota answers, slow or silent servers, and what was
+//!   observed (rows per stream in offset order, requests and connections at once).
+//! - **The REST fake** ([`fake_rest`]): chosen REST routes answered with BigQuery's real error
+//!   shapes (quota, permission, rate limits), nothing forwarded.
+//! - **The REST proxy** ([`rest_proxy`]): the emulator's REST API with every request recorded,
+//!   and query jobs taken over when a test needs BigQuery's own answers (409 `duplicate`, a
+//!   failed job, jobs that stay RUNNING).
+//! - **The control-plane simulation** ([`control_plane`]): many tables at BigQuery's
+//!   latencies and limits, with the Storage Write fake set to the same limits; benchmarks and
+//!   quota tests, metadata only.
 
 #![allow(dead_code, unreachable_pub)]
 

@@ -1,0 +1,9 @@
+//! Uploads: lanes, appends, connections, retries, quotas and the adaptive limits.
+
+mod adaptive_concurrency;
+mod append_connections;
+mod append_e2e;
+mod quotas;
+mod reliability;
+mod unreachable;
+mod windows_and_faults;

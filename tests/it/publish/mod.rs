@@ -1,0 +1,9 @@
+//! Commit and publication: order, statements per write mode, options, layouts, cost and safety.
+
+mod commit_order;
+mod publication;
+mod publication_cost;
+mod publication_safety;
+mod table_layout;
+mod write_modes;
+mod write_options;

@@ -1,0 +1,7 @@
+//! Who may call and what a hostile client cannot do: principals, ID tokens, TLS, hardening, clients that stop reading.
+
+mod hardening;
+mod id_tokens;
+mod principals;
+mod stalled_readers;
+mod tls;
