@@ -6,7 +6,7 @@
 pub(crate) mod auth;
 pub(crate) mod batches;
 pub(crate) mod body_deadline;
-pub(crate) mod connections;
+pub(crate) mod connection_test;
 pub(crate) mod console;
 mod early_answer;
 pub(crate) mod error;
@@ -148,7 +148,7 @@ fn v1_routes() -> OpenApiRouter<SharedState> {
         .routes(routes!(executions::pause_execution))
         .routes(routes!(executions::commit_execution))
         .routes(routes!(executions::abort_execution))
-        .routes(routes!(connections::test_connection))
+        .routes(routes!(connection_test::test_connection))
 }
 
 fn operations_routes() -> OpenApiRouter<SharedState> {

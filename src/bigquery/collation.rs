@@ -10,7 +10,7 @@ use crate::model::columns::Collation;
 /// Top-level columns whose comparisons may follow a collation (`und:ci`): their own, or the
 /// table's default when they report none (conservatively: BigQuery gives the default to
 /// columns added after it was set, older ones may compare by code point). The gateway orders
-/// STRING key values by code point ([`crate::model::bounds`]), so such a column's key range
+/// STRING key values by code point ([`crate::model::key_ranges`]), so such a column's key range
 /// would not bound what the MERGE's join matches.
 pub(crate) fn collated_columns(table: &Table) -> Vec<String> {
     let default = table.default_collation.as_deref().unwrap_or_default();

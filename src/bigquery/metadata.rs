@@ -356,10 +356,28 @@ impl BigQuery {
         }
     }
 
+    /// Adds the columns of `wanted` that the existing table (`existing`, its schema just read)
+    /// lacks, and returns them: the one place a destination gains columns (set-up, and a
+    /// snapshot's end that set nothing up).
+    pub(crate) async fn add_missing_columns<'a>(
+        &self,
+        project: &str,
+        dataset: &str,
+        table: &str,
+        existing: &[TableFieldSchema],
+        wanted: &'a [Column],
+    ) -> BigQueryResult<Vec<&'a Column>> {
+        let missing = missing_columns(existing, wanted);
+        if !missing.is_empty() {
+            self.add_columns(project, dataset, table, existing, &missing).await?;
+        }
+        Ok(missing)
+    }
+
     /// Adds NULLABLE / REPEATED columns at the end of an existing table with `tables.patch`
     /// (the only schema change BigQuery allows without rewriting data). `existing` is the
     /// schema just read; the patch sends it unchanged followed by `added`.
-    pub(crate) async fn add_columns(
+    async fn add_columns(
         &self,
         project: &str,
         dataset: &str,

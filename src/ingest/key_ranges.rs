@@ -1,4 +1,4 @@
-//! The key ranges of one batch request (`model::bounds`), computed from its staged rows while
+//! The key ranges of one batch request (`model::key_ranges`), computed from its staged rows while
 //! it is ingested, so publication needs no extra query to bound its MERGE.
 
 use arrow_array::cast::AsArray as _;
@@ -8,8 +8,8 @@ use arrow_schema::{DataType, TimeUnit};
 
 use super::encode::AppendPayload;
 use super::schema::MappedSchema;
-use crate::model::bounds::{KeyRange, KeyValue};
 use crate::model::columns::BigQueryType;
+use crate::model::key_ranges::{KeyRange, KeyValue};
 
 /// The range of every key column whose BigQuery type is staged as itself and ordered the same
 /// way here and in BigQuery (INT64, STRING, DATE, DATETIME, TIMESTAMP) over the staged rows of

@@ -8,13 +8,13 @@
 //! (lossless casts, precision checks) and [`encode`] serialises it as encapsulated IPC messages
 //! split below the AppendRows request budget. The result goes to [`crate::pipeline`].
 
-pub(crate) mod bounds;
 pub(crate) mod convert;
 pub mod decode;
 pub mod encode;
 mod framing;
 mod geography;
 mod interval;
+pub(crate) mod key_ranges;
 pub(crate) mod prepare;
 mod range_values;
 pub mod schema;

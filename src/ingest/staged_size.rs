@@ -27,8 +27,11 @@ const TIME_STRING_BYTES: usize = 15;
 const RANGE_STRING_BYTES: usize = 1 + 2 * 29 + 2 + 1;
 /// The longest staged INTERVAL: `months days microseconds` (7, 8 and 19 characters with signs).
 const INTERVAL_STRING_BYTES: usize = 7 + 1 + 8 + 1 + 19;
-/// IPC framing of one staged batch beyond its buffers (flatbuffer metadata, padding), per column.
-const ENCODING_BYTES_PER_COLUMN: usize = 128;
+/// IPC framing of one staged batch beyond its buffers: the message and record-batch metadata.
+const ENCODING_BYTES_PER_BATCH: usize = 512;
+/// IPC framing per staged column: its field node, buffer entries and alignment padding (each
+/// buffer padded to 64 bytes; up to three buffers a column, more for nested ones).
+const ENCODING_BYTES_PER_COLUMN: usize = 256;
 
 /// The staged size of a body: in all, and the column that takes the most.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,7 +66,7 @@ pub(crate) fn staged_size(
         if mapped.stages_seq {
             reserved_columns = reserved_columns.saturating_add(batch.num_rows() * 8);
         }
-        reserved_columns = reserved_columns.saturating_add(ENCODING_BYTES_PER_COLUMN * mapped.staging_columns.len());
+        reserved_columns = reserved_columns.saturating_add(framing_bytes(mapped));
     }
     let bytes = per_column.iter().fold(reserved_columns, |sum, bytes| sum.saturating_add(*bytes));
     let (slot, largest) = per_column.iter().enumerate().max_by_key(|(_, bytes)| **bytes).unwrap_or((0, &0));
@@ -77,6 +80,12 @@ pub(crate) fn staged_size(
         });
     }
     Ok(StagedSize { bytes, largest_column, largest_column_bytes: *largest })
+}
+
+/// The IPC framing of one encoded payload of `mapped`'s staged columns. The staged size counts
+/// it once per received batch; a batch split into several payloads adds it per extra payload.
+pub(crate) fn framing_bytes(mapped: &MappedSchema) -> usize {
+    ENCODING_BYTES_PER_BATCH + ENCODING_BYTES_PER_COLUMN * mapped.staging_columns.len()
 }
 
 /// Bytes of the validity bitmap of `array` when it has nulls.
@@ -264,81 +273,5 @@ fn decimal_width(data_type: &DataType) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use arrow_array::builder::StringViewBuilder;
-    use arrow_array::{DictionaryArray, Int8Array, Int32Array, RecordBatch, StringArray};
-    use arrow_schema::{Field, Schema};
-
-    use super::*;
-    use crate::ingest::decode::BodyDecoder;
-    use crate::ingest::schema::{LoadSpec, map_schema};
-    use crate::model::WriteMode;
-
-    fn decoded(batch: RecordBatch) -> (DecodedBody, MappedSchema) {
-        let mut bytes = Vec::new();
-        let mut writer = arrow_ipc::writer::StreamWriter::try_new(&mut bytes, &batch.schema()).unwrap();
-        writer.write(&batch).unwrap();
-        writer.finish().unwrap();
-        drop(writer);
-        let mut decoder = BodyDecoder::new(usize::MAX);
-        decoder.push(bytes::Bytes::from(bytes)).unwrap();
-        let body = decoder.finish().unwrap();
-        let mapped =
-            map_schema(&body.schema, LoadSpec { write_mode: WriteMode::FullAppend, primary_key: &[], order_by: &[] })
-                .unwrap();
-        (body, mapped)
-    }
-
-    #[test]
-    fn a_dictionary_counts_each_index_as_the_value_it_selects() {
-        let value = "x".repeat(1 << 20);
-        let keys = Int32Array::from(vec![0; 1000]);
-        let dictionary = DictionaryArray::try_new(keys, Arc::new(StringArray::from(vec![value]))).unwrap();
-        let field = Field::new("doc", dictionary.data_type().clone(), false);
-        let (body, mapped) =
-            decoded(RecordBatch::try_new(Arc::new(Schema::new(vec![field])), vec![Arc::new(dictionary)]).unwrap());
-        let refused = staged_size(&body, &mapped, 64 << 20).unwrap_err();
-        assert_eq!(
-            refused,
-            IngestError::StagedTooLarge {
-                staged_bytes: refused_bytes(&refused),
-                limit_bytes: 64 << 20,
-                column: "doc".into(),
-                column_bytes: 1000 * (1 << 20) + 1001 * OFFSET_BYTES,
-            }
-        );
-    }
-
-    fn refused_bytes(error: &IngestError) -> usize {
-        match error {
-            IngestError::StagedTooLarge { staged_bytes, .. } => *staged_bytes,
-            _ => 0,
-        }
-    }
-
-    #[test]
-    fn views_count_by_their_lengths_and_narrow_integers_widen() {
-        // 300 views of one 1 MiB value, stored once.
-        let long = "y".repeat(1 << 20);
-        let mut builder = StringViewBuilder::new().with_deduplicate_strings();
-        for _ in 0..300 {
-            builder.append_value(&long);
-        }
-        let views = builder.finish();
-        let field = Field::new("v", views.data_type().clone(), false);
-        let (body, mapped) =
-            decoded(RecordBatch::try_new(Arc::new(Schema::new(vec![field])), vec![Arc::new(views)]).unwrap());
-        let size = staged_size(&body, &mapped, usize::MAX).unwrap();
-        assert!(size.largest_column_bytes >= 300 << 20, "{size:?}");
-
-        let narrow = Int8Array::from(vec![1i8; 1_000_000]);
-        let field = Field::new("n", DataType::Int8, false);
-        let (body, mapped) =
-            decoded(RecordBatch::try_new(Arc::new(Schema::new(vec![field])), vec![Arc::new(narrow)]).unwrap());
-        let size = staged_size(&body, &mapped, usize::MAX).unwrap();
-        assert_eq!(size.largest_column_bytes, 8_000_000, "INT64 staged: eight bytes a row");
-        assert!(staged_size(&body, &mapped, 4_000_000).is_err(), "1 MB received, 8 MB staged");
-    }
-}
+#[path = "staged_size_tests.rs"]
+mod tests;

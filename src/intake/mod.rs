@@ -23,7 +23,7 @@ use crate::error::{ErrorCode, Problem};
 use crate::ingest::IngestError;
 use crate::ingest::decode::{BodyDecoder, DecodedBody, Progress};
 use crate::ingest::prepare::{BatchLimits, BodySummary, Declaration, PreparedBatch, prepare};
-use crate::model::bounds::KeyRange;
+use crate::model::key_ranges::KeyRange;
 use crate::model::staging::staging_table_name;
 use crate::model::{ExecutionState, ResourceRef};
 use crate::pipeline::lane::BatchingPolicy;

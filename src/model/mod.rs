@@ -5,9 +5,9 @@
 //! (`openapi/openapi.json`). Anything that reaches SQL or a BigQuery name passes through
 //! one of the validated types here first. `model` depends on nothing but [`crate::error`].
 
-pub mod bounds;
 pub(crate) mod columns;
 pub(crate) mod ids;
+pub mod key_ranges;
 pub(crate) mod request_bounds;
 pub(crate) mod staging;
 pub(crate) mod table_layout;

@@ -19,12 +19,11 @@ use crate::bigquery::BigQueryError;
 use crate::bigquery::collation::{collated_columns, own_collations};
 use crate::bigquery::error::Stage;
 use crate::bigquery::jobs::{JobOutcome, QueryJob};
-use crate::bigquery::metadata::missing_columns;
 use crate::bigquery::retry::{FailureStreak, Retried, RetryClass, RetryPolicy};
 use crate::error::Problem;
 use crate::model::DeliveryRef;
-use crate::model::bounds::{KeyRange, KeyValue, covering_ranges};
 use crate::model::columns::{BigQueryType, Collation, Column, same_name};
+use crate::model::key_ranges::{KeyRange, KeyValue, covering_ranges};
 use crate::pipeline::LaneReport;
 use crate::store::{EventKind, NewPublication, PublicationEnd, ResourceRecord, RunRecord};
 use crate::telemetry::{self, PublishTiming};
@@ -273,10 +272,7 @@ impl Publisher {
             return Ok(false);
         };
         let wanted = resource.write_options.publication_columns(resource.write_mode, &[]);
-        let missing = missing_columns(&existing, &wanted);
-        if !missing.is_empty() {
-            self.bigquery.add_columns(project, dataset, table, &existing, &missing).await.map_err(fail)?;
-        }
+        self.bigquery.add_missing_columns(project, dataset, table, &existing, &wanted).await.map_err(fail)?;
         Ok(true)
     }
 

@@ -11,8 +11,8 @@ mod history;
 mod typed;
 
 use crate::model::WriteMode;
-use crate::model::bounds::{KeyRange, string_literal};
 use crate::model::columns::{BigQueryType, Collation, Column, same_name};
+use crate::model::key_ranges::{KeyRange, string_literal};
 use crate::model::staging::{OP_COLUMN, SEQ_COLUMN};
 use crate::model::write_options::{DELETED_AT_COLUMN, Deletes, MetadataColumn};
 

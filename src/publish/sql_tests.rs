@@ -1,5 +1,5 @@
 use super::*;
-use crate::model::bounds::KeyValue;
+use crate::model::key_ranges::KeyValue;
 
 const DESTINATION: TableRef<'static> = TableRef { project: "my-project", dataset: "raw", table: "users" };
 const STAGING: TableRef<'static> =

@@ -4,8 +4,8 @@ use chrono::{DateTime, Utc};
 
 use super::ResourceRecord;
 use super::{BindKey as _, DELIVERY_KEY, RESOURCE_KEY, Store, StoreError, StoreResult};
-use crate::model::bounds::KeyRange;
 use crate::model::columns::Column;
+use crate::model::key_ranges::KeyRange;
 use crate::model::{DeliveryRef, ResourceName, ResourceRef};
 
 /// A receipt as stored (the 202/200 answer of a batch request).
@@ -17,7 +17,7 @@ pub(crate) struct ReceiptRecord {
     pub(crate) uncompressed_bytes: i64,
     pub(crate) arrow_ipc_sha256: String,
     pub(crate) checkpoint_seq: i64,
-    /// Keyed modes: the batch's key ranges (`model::bounds`).
+    /// Keyed modes: the batch's key ranges (`model::key_ranges`).
     #[sqlx(json(nullable))]
     pub(crate) key_ranges: Option<Vec<KeyRange>>,
 }

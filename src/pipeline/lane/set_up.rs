@@ -16,7 +16,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::bigquery::jobs::QueryJob;
 use crate::bigquery::metadata::{
-    layout_differences, missing_columns, published_columns, required_columns_missing, type_conflicts, widenings,
+    layout_differences, published_columns, required_columns_missing, type_conflicts, widenings,
 };
 use crate::bigquery::retry::{Classified, FailureStreak, Retried, RetryAction, RetryClass, RetryPolicy};
 use crate::bigquery::{BigQuery, BigQueryError, table_path};
@@ -325,14 +325,13 @@ async fn add_missing_columns(
 ) -> Result<(), Problem> {
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
     let (table, wanted) = (&target.destination_table, &target.table_columns());
-    let missing = missing_columns(existing, wanted);
-    if !missing.is_empty() {
-        let names: Vec<&str> = missing.iter().map(|c| c.name.as_str()).collect();
+    let added = bigquery.add_missing_columns(project, dataset, table, existing, wanted).await;
+    let added = added.map_err(|e| e.problem(Stage::Setup))?;
+    if !added.is_empty() {
+        let names: Vec<&str> = added.iter().map(|c| c.name.as_str()).collect();
         let delivery = &target.resource.delivery;
         tracing::info!(run_id = %delivery.run_id(), execution_id = %delivery.execution_id(), %table,
             columns = %names.join(","), "bigquery.table.columns_added");
-        let added = bigquery.add_columns(project, dataset, table, existing, &missing).await;
-        added.map_err(|e| e.problem(Stage::Setup))?;
     }
     Ok(())
 }
