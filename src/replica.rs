@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{ErrorCode, Problem};
 use crate::model::ExecutionState;
 use crate::pipeline::Pipeline;
-use crate::store::{EventKind, ExecutionRecord, Lease, Store};
+use crate::store::{Event, ExecutionRecord, Lease, Store};
 
 /// How often old batch receipts are pruned.
 const PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
@@ -140,8 +140,8 @@ impl Replica {
         if let Some(adopted) = self.store.adopt_execution(&execution.delivery_ref(), &self.lease).await? {
             tracing::info!(run_id = %adopted.run_id, execution_id = %adopted.execution_id,
                 delivery = adopted.delivery, "replica.adopted");
-            let handed_over = serde_json::json!({"replica": self.lease.owner});
-            self.store.record_event(&adopted.delivery_ref(), EventKind::HandedOver, None, handed_over).await;
+            let handed_over = Event::HandedOver { replica: &self.lease.owner };
+            self.store.record_event(&adopted.delivery_ref(), None, handed_over).await;
             return Ok(Owned(adopted));
         }
         Err(Problem::new(

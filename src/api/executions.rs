@@ -5,7 +5,6 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use utoipa::{IntoParams, ToSchema};
 
 use super::SharedState;
@@ -21,7 +20,7 @@ use crate::pipeline::{Pipeline, Transitioning};
 use crate::principals::Action;
 use crate::publish::{AbortOutcome, CommitStart};
 use crate::replica::{Owned, Ownership};
-use crate::store::{EventKind, ExecutionRecord, OpenExecution, RunRecord};
+use crate::store::{Event, ExecutionRecord, OpenExecution, RunRecord};
 
 /// Body of `POST /v1/runs/{run_id}/executions`.
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -163,8 +162,8 @@ pub(crate) async fn open_execution(
         }
         OpenExecution::Committing(record) => return Err(not_extracting(&record, "redeliver while committing")),
     };
-    let started = json!({"delivery": record.delivery, "replica": state.replica.lease.owner});
-    state.store.record_event(&record.delivery_ref(), EventKind::DeliveryStarted, None, started).await;
+    let started = Event::DeliveryStarted { delivery: record.delivery, replica: &state.replica.lease.owner };
+    state.store.record_event(&record.delivery_ref(), None, started).await;
     Ok((status, axum::Json(execution_view(&state.store, record).await?)))
 }
 
@@ -237,7 +236,7 @@ pub(crate) async fn pause_execution(
         state.store.transition_execution(&delivery, ExecutionState::BEFORE_COMMIT, ExecutionState::Paused).await?;
     match paused {
         Some(record) => {
-            state.store.record_event(&delivery, EventKind::Paused, None, json!({})).await;
+            state.store.record_event(&delivery, None, Event::Paused).await;
             Ok(axum::Json(execution_view(&state.store, record).await?))
         }
         None => Err(not_extracting(

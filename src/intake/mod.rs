@@ -31,8 +31,8 @@ use crate::pipeline::{Admission, Converting, DeliveryLanes, LaneTarget, Pipeline
 use crate::principals::Principal;
 use crate::replica::{Owned, Replica};
 use crate::store::{
-    BACKPRESSURE_EVENT_MIN_MS, EventKind, ExecutionRecord, InsertBatch, NewBatch, ReceiptRecord, ResourceRecord,
-    RunRecord, Store,
+    BACKPRESSURE_EVENT_MIN_MS, Event, ExecutionRecord, InsertBatch, NewBatch, ReceiptRecord, ResourceRecord, RunRecord,
+    Store,
 };
 use crate::telemetry;
 use problems::{redeclared, replayed, schema_mismatch};
@@ -133,12 +133,11 @@ impl Intake<'_> {
         if waited_ms < BACKPRESSURE_EVENT_MIN_MS {
             return;
         }
-        let detail = serde_json::json!({"code": "backpressure", "waited_ms": waited_ms, "total_ms": waited_ms,
-            "refused": u8::from(refused)});
         let (store, resource) = (self.store.clone(), resource.clone());
         tokio::spawn(async move {
             let name: &str = &resource.resource;
-            store.record_event(&resource.delivery, EventKind::BackpressureWaited, Some(name), detail).await;
+            let waited = Event::BackpressureWaited { waited_ms, refused };
+            store.record_event(&resource.delivery, Some(name), waited).await;
         });
     }
 

@@ -11,8 +11,11 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use super::staging::RESERVED_PREFIX;
 use crate::error::{ErrorCode, Problem};
+
+/// Prefix reserved for the gateway's own staging columns and tables: no name a client gives
+/// may start with it.
+pub(crate) const RESERVED_PREFIX: &str = "_filament_";
 
 fn all_chars(s: &str, allowed: impl Fn(char) -> bool) -> bool {
     s.chars().all(allowed)

@@ -4,7 +4,15 @@
 //! check.
 
 use super::MAX_APPEND_PAYLOAD_BYTES;
-use super::table_options::{MAX_CLUSTERING_COLUMNS, MAX_EXPIRATION_DAYS, MAX_LABELS, MAX_TABLE_DESCRIPTION_CHARS};
+
+/// BigQuery's limit on clustering columns.
+pub(crate) const MAX_CLUSTERING_COLUMNS: usize = 4;
+/// BigQuery's limit on labels per resource.
+pub(crate) const MAX_LABELS: usize = 64;
+/// BigQuery's limit on a table description, in characters.
+pub(crate) const MAX_TABLE_DESCRIPTION_CHARS: usize = 16_384;
+/// Longest table expiration the gateway accepts (100 years).
+pub(crate) const MAX_EXPIRATION_DAYS: i64 = 36_500;
 
 /// An inclusive integer range a field's value must fall in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,9 +8,6 @@ use sha2::{Digest as _, Sha256};
 
 use super::ids::ResourceRef;
 
-/// Prefix reserved for the gateway's own staging columns and tables.
-pub(crate) const RESERVED_PREFIX: &str = "_filament_";
-
 /// The operation column of CDC modes (client-sent, staged, and kept by `cdc_append`).
 pub(crate) const OP_COLUMN: &str = "_filament_op";
 /// Operations a CDC row may carry.

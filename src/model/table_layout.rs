@@ -12,9 +12,9 @@ use utoipa::ToSchema;
 
 use super::WriteMode;
 use super::columns::{BigQueryType, Column};
+use super::request_bounds::MAX_CLUSTERING_COLUMNS;
 use super::table_options::{
-    Granularity, MAX_CLUSTERING_COLUMNS, MAX_COLUMN_DESCRIPTION_CHARS, Partitioning, TableOptions, invalid_clustering,
-    invalid_partitioning,
+    Granularity, MAX_COLUMN_DESCRIPTION_CHARS, Partitioning, TableOptions, invalid_clustering, invalid_partitioning,
 };
 use crate::error::{ErrorCode, Problem};
 

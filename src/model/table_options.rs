@@ -14,23 +14,17 @@ use utoipa::ToSchema;
 
 use super::WriteMode;
 use super::ids::validate_column_name;
-use super::request_bounds::{EXPIRATION_DAYS, RANGE_INTERVAL};
+use super::request_bounds::{
+    EXPIRATION_DAYS, MAX_CLUSTERING_COLUMNS, MAX_LABELS, MAX_TABLE_DESCRIPTION_CHARS, RANGE_INTERVAL,
+};
 use crate::error::{ErrorCode, Problem};
 
-/// BigQuery's limit on clustering columns.
-pub(crate) const MAX_CLUSTERING_COLUMNS: usize = 4;
-/// BigQuery's limit on labels per resource.
-pub(crate) const MAX_LABELS: usize = 64;
 /// BigQuery's limit on the characters of a label key or value.
 pub(crate) const MAX_LABEL_CHARS: usize = 63;
 /// BigQuery's limit on partitions of an integer-range partitioned table.
 pub(crate) const MAX_RANGE_PARTITIONS: i64 = 10_000;
-/// BigQuery's limit on a table description, in characters.
-pub(crate) const MAX_TABLE_DESCRIPTION_CHARS: usize = 16_384;
 /// BigQuery's limit on a column description, in characters.
 pub(crate) const MAX_COLUMN_DESCRIPTION_CHARS: usize = 1_024;
-/// Longest table expiration the gateway accepts (100 years).
-pub(crate) const MAX_EXPIRATION_DAYS: i64 = 36_500;
 
 /// `table_options` of a resource declaration, as sent and as shown.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -27,7 +27,7 @@ use crate::bigquery::{BigQueryError, table_path};
 use crate::error::{ErrorCode, Problem};
 use crate::model::{DeliveryRef, ExecutionState};
 use crate::pipeline::{LaneDrain, LaneReport};
-use crate::store::{EventKind, ExecutionRecord, RunRecord, StreamChange};
+use crate::store::{Event, ExecutionRecord, RunRecord, StreamChange};
 use crate::telemetry::{self, PhaseTiming};
 
 /// How a commit that did not fail ended.
@@ -84,8 +84,7 @@ impl Publisher {
         };
         metrics::counter!(telemetry::EXECUTIONS_FINISHED, "state" => record.state.as_str()).increment(1);
         if ends_here && record.state == ExecutionState::Committed {
-            let ended = serde_json::json!({"state": record.state});
-            self.store.record_event(&delivery, EventKind::Ended, None, ended).await;
+            self.store.record_event(&delivery, None, Event::Ended { state: record.state }).await;
         }
         Ok(record)
     }
@@ -213,8 +212,8 @@ impl Publisher {
             }
             Err(e) => return Err(upload_failed(e)),
         }
-        let committed = serde_json::json!({"rows": row_count, "stream": report.stream_name});
-        self.store.change_stream(&resource, StreamChange::Committed, committed).await?;
+        let committed = StreamChange::Committed { stream_name: &report.stream_name, rows: row_count };
+        self.store.change_stream(&resource, committed).await?;
         Ok(())
     }
 

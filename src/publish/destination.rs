@@ -25,7 +25,7 @@ use crate::model::DeliveryRef;
 use crate::model::columns::{BigQueryType, Collation, Column, same_name};
 use crate::model::key_ranges::{KeyRange, KeyValue, covering_ranges};
 use crate::pipeline::LaneReport;
-use crate::store::{EventKind, NewPublication, PublicationEnd, ResourceRecord, RunRecord};
+use crate::store::{Event, NewPublication, PublicationEnd, ResourceRecord, RunRecord};
 use crate::telemetry::{self, PublishTiming};
 
 /// A keyed publication's key ranges and collations, as the destination compares its keys.
@@ -351,8 +351,7 @@ impl Publisher {
         let staged_rows = job.statement.staged.map_or(0, |report| report.rows_acknowledged);
         tracing::info!(run_id = %job.delivery.run_id(), execution_id = %job.delivery.execution_id(), resource = %name,
             %job_id, staged_rows, "bigquery.write.publish.started");
-        let started = serde_json::json!({"job_id": job_id});
-        self.store.record_event(job.delivery, EventKind::PublicationStarted, Some(name), started).await;
+        self.store.record_event(job.delivery, Some(name), Event::PublicationStarted { job_id }).await;
         let labels = job_id::publication_labels(job.delivery, name);
         let query = QueryJob {
             project: run.job_project.as_deref().unwrap_or(&run.destination.project),
@@ -392,9 +391,9 @@ impl Publisher {
         let duration_ms = duration.as_millis() as u64;
         match outcome {
             Ok(outcome) => {
-                let finished = serde_json::json!({"job_id": job_id, "duration_ms": duration_ms,
-                    "rows_affected": outcome.rows_affected, "bytes_billed": outcome.cost.bytes_billed});
-                self.store.record_event(job.delivery, EventKind::PublicationFinished, Some(name), finished).await;
+                let (rows_affected, bytes_billed) = (outcome.rows_affected, outcome.cost.bytes_billed);
+                let finished = Event::PublicationFinished { job_id, duration_ms, rows_affected, bytes_billed };
+                self.store.record_event(job.delivery, Some(name), finished).await;
                 let done = PublicationEnd::Done { rows_affected: outcome.rows_affected, cost: &outcome.cost };
                 self.store.finish_publication(execution, name, done).await?;
                 metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "done").increment(1);
@@ -408,9 +407,9 @@ impl Publisher {
             }
             Err(e) => {
                 let problem = e.problem(Stage::Publication);
-                let failed = serde_json::json!({"job_id": job_id, "duration_ms": duration_ms,
-                    "code": problem.code, "hint": problem.hint});
-                self.store.record_event(job.delivery, EventKind::PublicationFailed, Some(name), failed).await;
+                let (code, hint) = (problem.code, problem.hint.as_deref());
+                let failed = Event::PublicationFailed { job_id, duration_ms, code, hint };
+                self.store.record_event(job.delivery, Some(name), failed).await;
                 self.store.finish_publication(execution, name, PublicationEnd::Failed(&problem)).await?;
                 metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "failed").increment(1);
                 Err(problem)

@@ -12,7 +12,7 @@ use crate::error::{ErrorCode, Problem};
 use crate::model::ExecutionState;
 use crate::pipeline::Transitioning;
 use crate::replica::Owned;
-use crate::store::{EventKind, ExecutionRecord, RunRecord};
+use crate::store::{Event, ExecutionRecord, RunRecord};
 
 /// A delivery this request moved to `committing`: the commit task publishes it.
 #[derive(Debug, Clone)]
@@ -60,7 +60,7 @@ impl Publisher {
         drop(transitioning);
         match moved {
             Some(execution) => {
-                self.store.record_event(&delivery, EventKind::CommitStarted, None, serde_json::json!({})).await;
+                self.store.record_event(&delivery, None, Event::CommitStarted).await;
                 Ok(CommitStart::Started(Box::new(Committing { run, execution })))
             }
             None => {
@@ -112,8 +112,7 @@ impl Publisher {
             return Ok(AbortOutcome::Refused(current.ok_or_else(|| Problem::not_found(&delivery.execution))?));
         };
         drop(transitioning);
-        let ended = serde_json::json!({"state": ExecutionState::Aborted});
-        self.store.record_event(&delivery, EventKind::Ended, None, ended).await;
+        self.store.record_event(&delivery, None, Event::Ended { state: ExecutionState::Aborted }).await;
         self.pipeline.cancel(&aborted.key());
         if execution.state != ExecutionState::Committing {
             let publisher = self.clone();

@@ -11,11 +11,12 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
 use utoipa::ToSchema;
 
 use super::{BindKey as _, Store, StoreResult};
-use crate::model::{DeliveryRef, ExecutionKey, ResourceRef};
+use crate::error::ErrorCode;
+use crate::model::{DeliveryRef, ExecutionKey, ExecutionState, ResourceRef};
 
 /// Rows a delivery's timeline holds at most; the end state is recorded even beyond it.
 pub(crate) const MAX_EVENTS_PER_DELIVERY: i64 = 1000;
@@ -57,7 +58,27 @@ pub(crate) enum EventKind {
     Ended,
 }
 
+/// How a repeat of an event folds into the resource's latest event of the same kind and code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Coalescing {
+    /// Every occurrence is an event of its own.
+    Never,
+    /// The latest event's `count` grows and its detail becomes the repeat's.
+    KeepLatest,
+    /// As [`Coalescing::KeepLatest`], with `total_ms` and `refused` summed.
+    SumWaits,
+}
+
 impl EventKind {
+    /// How repeats of this kind coalesce.
+    pub(crate) fn coalescing(self) -> Coalescing {
+        match self {
+            EventKind::AppendRetried => Coalescing::KeepLatest,
+            EventKind::BackpressureWaited => Coalescing::SumWaits,
+            _ => Coalescing::Never,
+        }
+    }
+
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             EventKind::DeliveryStarted => "delivery_started",
@@ -72,6 +93,87 @@ impl EventKind {
             EventKind::PublicationFailed => "publication_failed",
             EventKind::HandedOver => "handed_over",
             EventKind::Ended => "ended",
+        }
+    }
+}
+
+/// What happened, with the detail the timeline keeps of it: one variant per [`EventKind`],
+/// its fields serialized as `GET .../events` answers them.
+#[derive(Debug, Clone)]
+pub(crate) enum Event<'a> {
+    DeliveryStarted {
+        delivery: i32,
+        replica: &'a str,
+    },
+    AppendRetried {
+        code: String,
+        attempt: u32,
+        retryable: bool,
+    },
+    /// One batch request's wait for the upload budget, and whether it was then refused.
+    BackpressureWaited {
+        waited_ms: u64,
+        refused: bool,
+    },
+    Paused,
+    CommitStarted,
+    PublicationStarted {
+        job_id: &'a str,
+    },
+    PublicationFinished {
+        job_id: &'a str,
+        duration_ms: u64,
+        rows_affected: Option<i64>,
+        bytes_billed: Option<i64>,
+    },
+    PublicationFailed {
+        job_id: &'a str,
+        duration_ms: u64,
+        code: ErrorCode,
+        hint: Option<&'a str>,
+    },
+    HandedOver {
+        replica: &'a str,
+    },
+    Ended {
+        state: ExecutionState,
+    },
+}
+
+impl Event<'_> {
+    pub(crate) fn kind(&self) -> EventKind {
+        match self {
+            Event::DeliveryStarted { .. } => EventKind::DeliveryStarted,
+            Event::AppendRetried { .. } => EventKind::AppendRetried,
+            Event::BackpressureWaited { .. } => EventKind::BackpressureWaited,
+            Event::Paused => EventKind::Paused,
+            Event::CommitStarted => EventKind::CommitStarted,
+            Event::PublicationStarted { .. } => EventKind::PublicationStarted,
+            Event::PublicationFinished { .. } => EventKind::PublicationFinished,
+            Event::PublicationFailed { .. } => EventKind::PublicationFailed,
+            Event::HandedOver { .. } => EventKind::HandedOver,
+            Event::Ended { .. } => EventKind::Ended,
+        }
+    }
+
+    /// The detail as stored and answered.
+    pub(crate) fn detail(&self) -> Value {
+        match self {
+            Event::DeliveryStarted { delivery, replica } => json!({"delivery": delivery, "replica": replica}),
+            Event::AppendRetried { code, attempt, retryable } => {
+                json!({"code": code, "attempt": attempt, "retryable": retryable})
+            }
+            Event::BackpressureWaited { waited_ms, refused } => json!({"code": "backpressure", "waited_ms": waited_ms,
+                "total_ms": waited_ms, "refused": u8::from(*refused)}),
+            Event::Paused | Event::CommitStarted => json!({}),
+            Event::PublicationStarted { job_id } => json!({"job_id": job_id}),
+            Event::PublicationFinished { job_id, duration_ms, rows_affected, bytes_billed } => json!({"job_id": job_id,
+                "duration_ms": duration_ms, "rows_affected": rows_affected, "bytes_billed": bytes_billed}),
+            Event::PublicationFailed { job_id, duration_ms, code, hint } => {
+                json!({"job_id": job_id, "duration_ms": duration_ms, "code": code, "hint": hint})
+            }
+            Event::HandedOver { replica } => json!({"replica": replica}),
+            Event::Ended { state } => json!({"state": state}),
         }
     }
 }
@@ -103,7 +205,7 @@ macro_rules! record_event_ctes {
      ORDER BY event_id DESC LIMIT 1
  ), coalesced AS (
      UPDATE execution_events ev SET count = ev.count + 1, at = now(),
-         detail = CASE WHEN $6::jsonb ? 'total_ms' THEN $6::jsonb || jsonb_build_object(
+         detail = CASE WHEN $9 THEN $6::jsonb || jsonb_build_object(
                  'total_ms', COALESCE((ev.detail->>'total_ms')::bigint, 0) + ($6::jsonb->>'total_ms')::bigint,
                  'refused', COALESCE((ev.detail->>'refused')::bigint, 0) + COALESCE(($6::jsonb->>'refused')::bigint, 0))
              ELSE $6 END
@@ -119,8 +221,8 @@ macro_rules! record_event_ctes {
     };
 }
 /// Coalesces into the resource's latest event when that is the same kind with the same
-/// `code` (the detail becomes the latest one's; a backpressure event's `total_ms` and
-/// `refused` are summed); otherwise inserts, within the bound (the end state always).
+/// `code`, as the kind's [`Coalescing`] says (`$7`: at all; `$9`: summing `total_ms` and
+/// `refused`); otherwise inserts, within the bound (the end state always).
 const RECORD_EVENT: &str = concat!("WITH ", record_event_ctes!());
 
 /// A change to a resource's staging row that its timeline records, in one statement.
@@ -128,26 +230,34 @@ const RECORD_EVENT: &str = concat!("WITH ", record_event_ctes!());
 pub(crate) enum StreamChange<'a> {
     /// Its PENDING stream exists: its name is recorded before any commit, so a commit whose
     /// answer was lost can be resolved by asking BigQuery (`prepare_finished`).
-    Created { stream_name: &'a str },
+    Created { stream_name: &'a str, duration_ms: u64, table: &'a str },
     /// Its stream was finalized and committed into its staging table (`stream_committed`).
-    Committed,
+    Committed { stream_name: &'a str, rows: i64 },
 }
 
 impl StreamChange<'_> {
+    /// The event's detail as stored and answered.
+    fn detail(self) -> Value {
+        match self {
+            StreamChange::Created { duration_ms, table, .. } => json!({"duration_ms": duration_ms, "table": table}),
+            StreamChange::Committed { stream_name, rows } => json!({"rows": rows, "stream": stream_name}),
+        }
+    }
+
     /// The event, and the statement: the staging row's change (over the event's parameters,
-    /// `$9` the stream name) as a data-modifying `WITH`, which runs whether or not the event is
-    /// inserted, then the event.
+    /// `$10` the stream name) as a data-modifying `WITH`, which runs whether or not the event
+    /// is inserted, then the event.
     fn parts(self) -> (EventKind, &'static str) {
         match self {
             StreamChange::Created { .. } => (
                 EventKind::PrepareFinished,
                 concat!(
-                    "WITH changed AS (UPDATE staging_streams SET stream_name = $9, stream_created_at = now()
+                    "WITH changed AS (UPDATE staging_streams SET stream_name = $10, stream_created_at = now()
                          WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND resource = $5), ",
                     record_event_ctes!()
                 ),
             ),
-            StreamChange::Committed => (
+            StreamChange::Committed { .. } => (
                 EventKind::StreamCommitted,
                 concat!(
                     "WITH changed AS (UPDATE staging_streams SET committed_at = now()
@@ -159,7 +269,7 @@ impl StreamChange<'_> {
     }
 }
 
-/// `statement`'s first eight parameters, as [`RECORD_EVENT`] numbers them.
+/// `statement`'s first nine parameters, as [`RECORD_EVENT`] numbers them.
 fn bind_event<'q>(
     statement: &'q str,
     delivery: &'q DeliveryRef,
@@ -172,37 +282,29 @@ fn bind_event<'q>(
         .bind(kind.as_str())
         .bind(resource)
         .bind(detail)
-        .bind(matches!(kind, EventKind::AppendRetried | EventKind::BackpressureWaited))
+        .bind(kind.coalescing() != Coalescing::Never)
         .bind(MAX_EVENTS_PER_DELIVERY)
+        .bind(kind.coalescing() == Coalescing::SumWaits)
 }
 
 impl Store {
     /// Changes the resource's staging row and records the change on its delivery's timeline,
     /// in one statement.
-    pub(crate) async fn change_stream(
-        &self,
-        resource: &ResourceRef,
-        change: StreamChange<'_>,
-        detail: Value,
-    ) -> StoreResult<()> {
+    pub(crate) async fn change_stream(&self, resource: &ResourceRef, change: StreamChange<'_>) -> StoreResult<()> {
         let (kind, statement) = change.parts();
+        let detail = change.detail();
         let query = bind_event(statement, &resource.delivery, kind, Some(&resource.resource), &detail);
         let query = match change {
-            StreamChange::Created { stream_name } => query.bind(stream_name),
-            StreamChange::Committed => query,
+            StreamChange::Created { stream_name, .. } => query.bind(stream_name),
+            StreamChange::Committed { .. } => query,
         };
         query.execute(&self.pool).await?;
         Ok(())
     }
 
-    /// Records `kind` for `delivery` (and `resource`); logs and goes on when it cannot.
-    pub(crate) async fn record_event(
-        &self,
-        delivery: &DeliveryRef,
-        kind: EventKind,
-        resource: Option<&str>,
-        detail: Value,
-    ) {
+    /// Records `event` for `delivery` (and `resource`); logs and goes on when it cannot.
+    pub(crate) async fn record_event(&self, delivery: &DeliveryRef, resource: Option<&str>, event: Event<'_>) {
+        let (kind, detail) = (event.kind(), event.detail());
         let recorded = bind_event(RECORD_EVENT, delivery, kind, resource, &detail).execute(&self.pool).await;
         if let Err(error) = recorded {
             tracing::warn!(run_id = %delivery.run_id(), execution_id = %delivery.execution_id(), kind = kind.as_str(),

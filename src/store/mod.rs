@@ -16,7 +16,7 @@ mod run_list;
 mod runs;
 
 pub(crate) use batches::{HandedOverStream, InsertBatch, NewBatch, ReceiptRecord};
-pub(crate) use events::{BACKPRESSURE_EVENT_MIN_MS, EventKind, EventRecord, StreamChange};
+pub(crate) use events::{BACKPRESSURE_EVENT_MIN_MS, Event, EventKind, EventRecord, StreamChange};
 pub(crate) use executions::{ExecutionRecord, Lease, OpenExecution, ResourceProgress};
 pub(crate) use publications::{NewPublication, PublicationEnd, PublicationRecord};
 pub(crate) use run_list::{RunListCursor, RunListQuery, RunListRow};

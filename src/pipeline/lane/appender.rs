@@ -40,7 +40,7 @@ use crate::bigquery::error::Stage;
 use crate::bigquery::retry::{FailureStreak, Retried, RetryAction, RetryClass, RetryPolicy};
 use crate::bigquery::write::{AppendAck, AppendConnection, append_request, judge_append_response};
 use crate::error::Problem;
-use crate::store::EventKind;
+use crate::store::Event;
 use crate::telemetry::{self, AppendAcknowledged};
 
 /// An open connection with nothing to send or await for this long is closed, its place under
@@ -68,7 +68,7 @@ pub(super) trait AppendService: Sync {
     fn add_rows_acknowledged(&self, rows: i64) -> impl Future<Output = bool> + Send;
 
     /// Records a failed attempt in the execution's timeline.
-    fn record_retry(&self, details: serde_json::Value) -> impl Future<Output = ()> + Send;
+    fn record_retry(&self, retried: Event<'static>) -> impl Future<Output = ()> + Send;
 }
 
 /// One open AppendRows connection, as the appender uses it.
@@ -122,10 +122,10 @@ impl AppendService for LaneStream<'_> {
         self.context.store.add_rows_acknowledged(&self.target.resource, rows).await.is_ok()
     }
 
-    async fn record_retry(&self, details: serde_json::Value) {
+    async fn record_retry(&self, retried: Event<'static>) {
         let resource = &self.target.resource;
         let (delivery, name) = (&resource.delivery, Some(resource.resource.as_ref()));
-        self.context.store.record_event(delivery, EventKind::AppendRetried, name, details).await;
+        self.context.store.record_event(delivery, name, retried).await;
     }
 }
 
@@ -390,7 +390,7 @@ impl<'a, S: AppendService> Appender<'a, S> {
         let offset = self.in_flight.front().map(|f| f.offset);
         let delay = action.delay();
         Retried::emit_failed_call("AppendRows", &self.settings.resource, &error, attempt, delay, offset);
-        let retried = serde_json::json!({"code": error.code_name(), "attempt": attempt, "retryable": delay.is_some()});
+        let retried = Event::AppendRetried { code: error.code_name(), attempt, retryable: delay.is_some() };
         self.service.record_retry(retried).await;
         let RetryAction::RetryAfter(backoff) = action else {
             return Err(error.problem(Stage::Upload));

@@ -97,8 +97,8 @@ impl AppendService for FakeWrite {
         true
     }
 
-    async fn record_retry(&self, details: serde_json::Value) {
-        self.retries.lock().expect("retries").push(details);
+    async fn record_retry(&self, retried: Event<'static>) {
+        self.retries.lock().expect("retries").push(retried.detail());
     }
 }
 

@@ -132,9 +132,9 @@ async fn set_up_once(context: &LaneContext, bigquery: &BigQuery, target: &LaneTa
         .await
         .map_err(|e| SetUpFailure::Failed(e.problem(Stage::Upload)))?;
     let duration = started.elapsed();
-    let prepared = serde_json::json!({"duration_ms": duration.as_millis() as u64, "table": target.destination_table});
-    let created = StreamChange::Created { stream_name: &stream_name };
-    context.store.change_stream(resource, created, prepared).await.map_err(Problem::from)?;
+    let (duration_ms, table) = (duration.as_millis() as u64, target.destination_table.as_str());
+    let created = StreamChange::Created { stream_name: &stream_name, duration_ms, table };
+    context.store.change_stream(resource, created).await.map_err(Problem::from)?;
     PhaseTiming { resource: &resource.resource, phase: "prepare", duration }.emit();
     Ok(SetUp { stream_name, destination_columns })
 }

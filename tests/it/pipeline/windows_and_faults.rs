@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::support::arrow::{ids, ipc_stream};
 use crate::support::emulator::PrivateEmulator;
-use crate::support::fake_write::{AppendFault, FakeWrite, assert_exact_stream};
+use crate::support::fake_write::{AppendFault, FakeWrite, STALL, assert_exact_stream};
 use crate::support::proxy::CuttingProxy;
 use crate::support::rows::{int, post_ids};
 use crate::support::{Gateway, GatewayOptions, TestRun, eventually};
@@ -287,7 +287,10 @@ async fn frames_waiting_to_be_sent_count_in_the_upload_budget() {
     }
     assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
     assert_exact_stream(&fake.stream_for("_filament_stg_t_"), 0..9 * ROWS_PER_BATCH);
-    eventually(Duration::from_secs(30), "the send queue to give its bytes back", || async {
+    // The frames the stalled call never took are given back when that call ends: the fake holds
+    // it open for `STALL` from its first request, whenever the commit finished meanwhile (it
+    // may take less or more than that, depending on how fast the emulator publishes).
+    eventually(STALL + Duration::from_secs(30), "the send queue to give its bytes back", || async {
         (gw.metric("filament_append_send_queue_bytes").await == Some(0.0)).then_some(())
     })
     .await;

@@ -139,6 +139,9 @@ pub struct FakeState {
     pub max_bytes_in_flight: usize,
 }
 
+/// How long a connection that stops reading holds its call open before ending it.
+pub const STALL: Duration = Duration::from_secs(60);
+
 /// Handle to a running fake.
 #[derive(Clone)]
 pub struct FakeWrite {
@@ -507,7 +510,7 @@ async fn read_requests(
         read += 1;
         if stalls && read > 1 {
             // Holds the request unread: nothing more of the call's body is taken.
-            tokio::time::sleep(Duration::from_secs(60)).await;
+            tokio::time::sleep(STALL).await;
             break;
         }
         if request.write_stream.is_empty() {
