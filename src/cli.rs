@@ -92,7 +92,8 @@ impl TryFrom<Value> for AnsweredEvent {
 struct Event {
     delivery: i32,
     at: DateTime<Utc>,
-    kind: EventKind,
+    /// Read as text: a kind a newer gateway adds is shown, not refused.
+    kind: String,
     #[serde(default)]
     resource: Option<String>,
     count: i32,
@@ -242,8 +243,10 @@ async fn events(api: &Api, run: &str, execution: &str, follow: bool, json: bool)
             }
         }
         after = page.next_after;
-        let ended =
-            page.events.iter().any(|e| e.event.kind == EventKind::Ended && e.event.delivery == current.delivery);
+        let ended = page
+            .events
+            .iter()
+            .any(|e| e.event.kind == EventKind::Ended.as_str() && e.event.delivery == current.delivery);
         if !follow || ended || (current.state.is_terminal() && page.events.is_empty()) {
             return Ok(());
         }

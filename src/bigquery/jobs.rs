@@ -102,6 +102,10 @@ impl BigQuery {
             self.wait_for_job(project, location, job_id, timeout).await?;
             job = self.get_job(project, location, job_id).await?;
         }
+        if !is_done(&job) {
+            // Never read as success: the outcome is unknown and the job may still finish.
+            return Err(BigQueryError::Timeout { operation: "query job", seconds: timeout.as_secs() });
+        }
         if let Some(error) = job_error(&job) {
             return Err(error);
         }
@@ -138,9 +142,14 @@ impl BigQuery {
                     None => request.send(),
                 }
             };
-            match rest_call(&self.rest_retry, "jobs.getQueryResults", poll).await {
+            // Each poll is made once: this loop is the one level that retries it, within the
+            // job's deadline.
+            match rest_call(&RetryPolicy::ONCE, "jobs.getQueryResults", poll).await {
                 Ok(Ok(answer)) if answer.job_complete.unwrap_or(false) => return Ok(()),
                 Ok(Ok(_)) => failures = 0,
+                Ok(Err(e)) if e.http_status_code() == Some(429) || super::error::is_quota(&e) => {
+                    self.poll_failed(job_id, BigQueryError::rest("jobs.getQueryResults")(e), &mut failures).await?
+                }
                 // The job failed, or cannot be read: jobs.get says which.
                 Ok(Err(e)) if e.http_status_code().is_some_and(|status| status < 500) => return Ok(()),
                 Ok(Err(e)) => {
@@ -151,13 +160,12 @@ impl BigQuery {
         }
     }
 
-    /// A long poll that failed in passing: waits the shared backoff (the outer deadline bounds
-    /// the attempts); any other failure ends the wait with it, pushback included (the poll's
-    /// REST call has waited it out already: retried at one level only).
+    /// A long poll that failed in passing or was pushed back: waits the shared backoff (the
+    /// outer deadline bounds the attempts); any other failure ends the wait with it.
     async fn poll_failed(&self, job_id: &str, error: BigQueryError, failures: &mut u32) -> BigQueryResult<()> {
         let class = RetryClass::of(&error);
         *failures += 1;
-        let delay = (class == RetryClass::Transient).then(|| LONG_POLL_BACKOFF.delay(*failures));
+        let delay = (class != RetryClass::Permanent).then(|| LONG_POLL_BACKOFF.delay(*failures));
         Retried::emit_failed_call("jobs.getQueryResults", job_id, &error, *failures, delay, None);
         match delay {
             Some(delay) => {

@@ -29,9 +29,9 @@ const RANGE_STRING_BYTES: usize = 1 + 2 * 29 + 2 + 1;
 const INTERVAL_STRING_BYTES: usize = 7 + 1 + 8 + 1 + 19;
 /// IPC framing of one staged batch beyond its buffers: the message and record-batch metadata.
 const ENCODING_BYTES_PER_BATCH: usize = 512;
-/// IPC framing per staged column: its field node, buffer entries and alignment padding (each
-/// buffer padded to 64 bytes; up to three buffers a column, more for nested ones).
-const ENCODING_BYTES_PER_COLUMN: usize = 256;
+/// IPC framing per staged field, nested ones included: its field node, buffer entries and
+/// alignment padding (each buffer padded to 64 bytes; up to three buffers a field).
+const ENCODING_BYTES_PER_FIELD: usize = 256;
 
 /// The staged size of a body: in all, and the column that takes the most.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,10 +82,23 @@ pub(crate) fn staged_size(
     Ok(StagedSize { bytes, largest_column, largest_column_bytes: *largest })
 }
 
-/// The IPC framing of one encoded payload of `mapped`'s staged columns. The staged size counts
-/// it once per received batch; a batch split into several payloads adds it per extra payload.
-pub(crate) fn framing_bytes(mapped: &MappedSchema) -> usize {
-    ENCODING_BYTES_PER_BATCH + ENCODING_BYTES_PER_COLUMN * mapped.staging_columns.len()
+/// The IPC framing of one encoded batch of `mapped`'s staged columns, counted once per received
+/// batch.
+fn framing_bytes(mapped: &MappedSchema) -> usize {
+    let fields: usize = mapped.staging.fields().iter().map(|field| nested_fields(field.data_type())).sum();
+    ENCODING_BYTES_PER_BATCH + ENCODING_BYTES_PER_FIELD * fields
+}
+
+/// A field and every field nested in it (struct members, list items, map entries).
+fn nested_fields(data_type: &DataType) -> usize {
+    1 + match data_type {
+        DataType::Struct(fields) => fields.iter().map(|f| nested_fields(f.data_type())).sum(),
+        DataType::List(item) | DataType::LargeList(item) | DataType::ListView(item) | DataType::LargeListView(item) => {
+            nested_fields(item.data_type())
+        }
+        DataType::FixedSizeList(item, _) | DataType::Map(item, _) => nested_fields(item.data_type()),
+        _ => 0,
+    }
 }
 
 /// Bytes of the validity bitmap of `array` when it has nulls.

@@ -94,9 +94,11 @@ enum Kind {
     Decimal128,
     ListInt32,
     StructOfTwo,
+    /// Twelve members: framing is paid per nested field, not per column.
+    WideStruct,
 }
 
-const KINDS: [Kind; 16] = [
+const KINDS: [Kind; 17] = [
     Kind::Int8,
     Kind::UInt32,
     Kind::Int64,
@@ -113,6 +115,7 @@ const KINDS: [Kind; 16] = [
     Kind::Decimal128,
     Kind::ListInt32,
     Kind::StructOfTwo,
+    Kind::WideStruct,
 ];
 
 /// A column of `kind` with `rows` values drawn from `rng` (some NULL when `nullable`).
@@ -177,6 +180,12 @@ fn column(kind: Kind, rows: usize, nullable: bool, rng: &mut rand::rngs::StdRng)
                 Arc::new(Field::new("amount", DataType::Int64, false)),
             ];
             Arc::new(arrow_array::StructArray::new(fields.into(), vec![name, amount], None))
+        }
+        Kind::WideStruct => {
+            let members: Vec<ArrayRef> = (0..12).map(|_| column(Kind::Int64, rows, false, rng)).collect();
+            let fields: Vec<Arc<Field>> =
+                (0..12).map(|i| Arc::new(Field::new(format!("m{i}"), DataType::Int64, false))).collect();
+            Arc::new(arrow_array::StructArray::new(fields.into(), members, None))
         }
     }
 }

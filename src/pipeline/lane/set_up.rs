@@ -86,6 +86,18 @@ impl From<Problem> for SetUpFailure {
     }
 }
 
+impl From<BigQueryError> for SetUpFailure {
+    /// Pushback is told by the error itself (a bare 429 too, and a job failed for its rate
+    /// limits), before it becomes a problem.
+    fn from(error: BigQueryError) -> Self {
+        let problem = error.problem(Stage::Setup);
+        match RetryClass::of(&error) {
+            RetryClass::Pushback => SetUpFailure::PushedBack(problem),
+            _ => SetUpFailure::Failed(problem),
+        }
+    }
+}
+
 impl Classified for SetUpFailure {
     fn retry_class(&self) -> RetryClass {
         match self {
@@ -112,17 +124,14 @@ async fn set_up_once(context: &LaneContext, bigquery: &BigQuery, target: &LaneTa
     let resource = &target.resource;
     tracing::info!(run_id = %resource.delivery.run_id(), execution_id = %resource.delivery.execution_id(),
         resource = %resource.resource, table = %target.destination_table, "bigquery.write.prepare.started");
-    let fail = |e: BigQueryError| e.problem(Stage::Setup);
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
-    let existing_location =
-        bigquery.ensure_dataset(project, dataset, target.location.as_deref()).await.map_err(fail)?;
+    let existing_location = bigquery.ensure_dataset(project, dataset, target.location.as_deref()).await?;
     check_location(target, existing_location.as_deref())?;
     let destination_columns = set_up_destination(context, bigquery, target).await?;
     let expires_at_ms = chrono::Utc::now().timestamp_millis() + STAGING_TABLE_TTL.as_millis() as i64;
     bigquery
         .create_staging_table(project, dataset, &target.staging_table, &target.staging_columns, Some(expires_at_ms))
-        .await
-        .map_err(fail)?;
+        .await?;
     let staging_path = table_path(project, dataset, &target.staging_table);
     // A stream created by an attempt whose answer was lost stays empty and is never committed.
     // Stream creation has its own limit: BigQuery's rate limit on it is the project's, and its
@@ -186,14 +195,13 @@ async fn set_up_destination(
     context: &LaneContext,
     bigquery: &BigQuery,
     target: &LaneTarget,
-) -> Result<Vec<Column>, Problem> {
+) -> Result<Vec<Column>, SetUpFailure> {
     let layout = &target.destination_layout;
-    let fail = |e: BigQueryError| e.problem(Stage::Setup);
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
     let (table, wanted) = (&target.destination_table, &target.table_columns());
-    let Some(existing_table) = bigquery.get_table(project, dataset, table).await.map_err(fail)? else {
-        bigquery.create_destination_table(project, dataset, table, wanted, layout).await.map_err(fail)?;
-        context.store.set_layout_mismatch(&target.resource, &[]).await?;
+    let Some(existing_table) = bigquery.get_table(project, dataset, table).await? else {
+        bigquery.create_destination_table(project, dataset, table, wanted, layout).await?;
+        context.store.set_layout_mismatch(&target.resource, &[]).await.map_err(Problem::from)?;
         return Ok(target.destination_columns.clone());
     };
     report_layout(context, target, &existing_table).await?;
@@ -254,7 +262,7 @@ async fn widen_columns(
     bigquery: &BigQuery,
     target: &LaneTarget,
     widened: &[(String, BigQueryType)],
-) -> Result<(), Problem> {
+) -> Result<(), SetUpFailure> {
     let (project, dataset, table) =
         (target.project.as_str(), target.dataset.as_str(), target.destination_table.as_str());
     let sql = alter_column_types(&TableRef { project, dataset, table }, widened);
@@ -277,7 +285,7 @@ async fn widen_columns(
     tracing::info!(run_id = %delivery.run_id(), execution_id = %delivery.execution_id(), %table,
         columns = %names.join(","), %job_id, "bigquery.table.columns_widened");
     // Boxed: a query job's future is large, and set-up's runs on the lane task's stack.
-    Box::pin(bigquery.run_query_job(&job)).await.map_err(|e| e.problem(Stage::Setup))?;
+    Box::pin(bigquery.run_query_job(&job)).await?;
     Ok(())
 }
 
@@ -322,11 +330,10 @@ async fn add_missing_columns(
     bigquery: &BigQuery,
     target: &LaneTarget,
     existing: &[TableFieldSchema],
-) -> Result<(), Problem> {
+) -> Result<(), SetUpFailure> {
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
     let (table, wanted) = (&target.destination_table, &target.table_columns());
-    let added = bigquery.add_missing_columns(project, dataset, table, existing, wanted).await;
-    let added = added.map_err(|e| e.problem(Stage::Setup))?;
+    let added = bigquery.add_missing_columns(project, dataset, table, existing, wanted).await?;
     if !added.is_empty() {
         let names: Vec<&str> = added.iter().map(|c| c.name.as_str()).collect();
         let delivery = &target.resource.delivery;
