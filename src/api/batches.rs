@@ -29,10 +29,22 @@ use crate::principals::Action;
 
 pub(crate) const ARROW_STREAM_CONTENT_TYPE: &str = "application/vnd.apache.arrow.stream";
 
-/// The batch body in OpenAPI: raw bytes of an Arrow IPC stream.
-#[derive(Debug, utoipa::ToSchema)]
-#[schema(value_type = String, format = Binary)]
-pub(crate) struct ArrowIpcStream(#[allow(dead_code)] Vec<u8>);
+/// The batch body in OpenAPI: raw bytes of an Arrow IPC stream. Only its schema exists: the
+/// handler reads the body as a stream.
+pub(crate) struct ArrowIpcStream;
+
+impl utoipa::PartialSchema for ArrowIpcStream {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
+            .description(Some("The batch body in OpenAPI: raw bytes of an Arrow IPC stream."))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for ArrowIpcStream {}
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]

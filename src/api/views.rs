@@ -9,7 +9,7 @@ use crate::error::Problem;
 use crate::model::table_layout::LayoutDifference;
 use crate::model::table_options::TableOptionsDeclaration;
 use crate::model::write_options::{Deletes, MetadataColumn};
-use crate::model::{Batching, Destination, ExecutionState, PublicationState, WriteMode};
+use crate::model::{Batching, Destination, ExecutionState, JobCost, PublicationState, WriteMode};
 use crate::store::{
     ExecutionRecord, PublicationRecord, ReceiptRecord, ResourceProgress, ResourceRecord, RunRecord, Store,
 };
@@ -104,33 +104,14 @@ pub(crate) struct PublicationView {
     pub(crate) state: PublicationState,
     pub(crate) rows_affected: Option<i64>,
     pub(crate) error: Option<Problem>,
-    /// Bytes the job read (`totalBytesProcessed`), when BigQuery reported it.
-    pub(crate) bytes_processed: Option<i64>,
-    /// Bytes billed for the job (`totalBytesBilled`).
-    pub(crate) bytes_billed: Option<i64>,
-    /// Slot milliseconds the job used (`totalSlotMs`).
-    pub(crate) slot_ms: Option<i64>,
-    /// Rows the job inserted, updated and deleted (`dmlStats`).
-    pub(crate) rows_inserted: Option<i64>,
-    pub(crate) rows_updated: Option<i64>,
-    pub(crate) rows_deleted: Option<i64>,
+    /// What the job cost and did, when BigQuery reported it.
+    #[serde(flatten)]
+    pub(crate) cost: JobCost,
 }
 
 impl From<PublicationRecord> for PublicationView {
     fn from(p: PublicationRecord) -> Self {
-        let cost = p.cost;
-        Self {
-            job_id: p.job_id,
-            state: p.state,
-            rows_affected: p.rows_affected,
-            error: p.error,
-            bytes_processed: cost.bytes_processed,
-            bytes_billed: cost.bytes_billed,
-            slot_ms: cost.slot_ms,
-            rows_inserted: cost.rows_inserted,
-            rows_updated: cost.rows_updated,
-            rows_deleted: cost.rows_deleted,
-        }
+        Self { job_id: p.job_id, state: p.state, rows_affected: p.rows_affected, error: p.error, cost: p.cost }
     }
 }
 

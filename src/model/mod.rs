@@ -143,8 +143,8 @@ impl fmt::Display for ExecutionState {
     }
 }
 
-/// What a finished job cost and did, as BigQuery reports it (absent figures are `None`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, sqlx::FromRow)]
+/// What a finished job cost and did, as BigQuery reports it (a figure it did not report is absent).
+#[derive(Debug, Clone, Default, PartialEq, Eq, sqlx::FromRow, Serialize, Deserialize, ToSchema)]
 pub(crate) struct JobCost {
     /// Bytes the job read (`totalBytesProcessed`).
     pub(crate) bytes_processed: Option<i64>,

@@ -19,7 +19,18 @@ fn statement(write_mode: WriteMode, columns: &[Column], key: &[String], replace:
 }
 
 fn bounded(write_mode: WriteMode, columns: &[Column], key: &[String], ranges: &[KeyRange], replace: bool) -> String {
-    publication_statement(&Publication {
+    publication_statement(&plain(write_mode, columns, key, ranges, replace))
+}
+
+/// A publication with no ordering, collations or metadata columns, and hard deletes.
+fn plain<'a>(
+    write_mode: WriteMode,
+    columns: &'a [Column],
+    key: &'a [String],
+    ranges: &'a [KeyRange],
+    replace: bool,
+) -> Publication<'a> {
+    Publication {
         destination: DESTINATION,
         staging: STAGING,
         write_mode,
@@ -31,24 +42,16 @@ fn bounded(write_mode: WriteMode, columns: &[Column], key: &[String], ranges: &[
         replace,
         metadata: NO_METADATA,
         deletes: Deletes::Hard,
-    })
+    }
 }
 
 const NO_METADATA: LoadMetadata<'static> = LoadMetadata { columns: &[], run_id: "run-1", execution_id: "exec-1" };
 
 fn with_metadata(write_mode: WriteMode, columns: &[Column], key: &[String], replace: bool) -> String {
+    let ranges = id_range(3, 97);
     publication_statement(&Publication {
-        destination: DESTINATION,
-        staging: STAGING,
-        write_mode,
-        columns,
-        key,
-        order_by: &[],
-        scope: MergeScope::StagedKeys(&id_range(3, 97)),
-        key_collations: &[],
-        replace,
         metadata: LoadMetadata { columns: &MetadataColumn::ALL, run_id: "run-1", execution_id: "o'exec" },
-        deletes: Deletes::Hard,
+        ..plain(write_mode, columns, key, &ranges, replace)
     })
 }
 
@@ -114,18 +117,10 @@ fn keys_under_a_collation_fold_under_it() {
     let mut columns = vec![Column::new("tenant", BigQueryType::String)];
     columns.extend(self::columns());
     let collations = [("Tenant".to_string(), Collation::parse("und:ci").expect("a collation"))];
+    let ranges = id_range(1, 9);
     let sql = publication_statement(&Publication {
-        destination: DESTINATION,
-        staging: STAGING,
-        write_mode: WriteMode::IncrementalUpsert,
-        columns: &columns,
-        key: &key,
-        order_by: &[],
-        scope: MergeScope::StagedKeys(&id_range(1, 9)),
         key_collations: &collations,
-        replace: false,
-        metadata: NO_METADATA,
-        deletes: Deletes::Hard,
+        ..plain(WriteMode::IncrementalUpsert, &columns, &key, &ranges, false)
     });
     assert!(
         sql.contains("PARTITION BY COLLATE(_filament_staged.`tenant`, 'und:ci'), _filament_staged.`id` ORDER BY"),
@@ -260,19 +255,8 @@ fn metadata_columns_are_set_by_the_statement_in_every_mode() {
 }
 
 fn ordered(write_mode: WriteMode, columns: &[Column], order_by: &[String]) -> String {
-    publication_statement(&Publication {
-        destination: DESTINATION,
-        staging: STAGING,
-        write_mode,
-        columns,
-        key: &["id".to_string()],
-        order_by,
-        scope: MergeScope::StagedKeys(&id_range(3, 97)),
-        key_collations: &[],
-        replace: false,
-        metadata: NO_METADATA,
-        deletes: Deletes::Hard,
-    })
+    let (key, ranges) = (["id".to_string()], id_range(3, 97));
+    publication_statement(&Publication { order_by, ..plain(write_mode, columns, &key, &ranges, false) })
 }
 
 #[test]
@@ -306,17 +290,10 @@ fn soft_deletes_keep_the_row_stamp_it_once_and_take_the_deletes_order() {
     let (key, order_by) = (["id".to_string()], ["updated_at".to_string()]);
     let soft = |write_mode, columns: &[Column], metadata| {
         publication_statement(&Publication {
-            destination: DESTINATION,
-            staging: STAGING,
-            write_mode,
-            columns,
-            key: &key,
             order_by: &order_by,
-            scope: MergeScope::StagedKeys(&[]),
-            key_collations: &[],
-            replace: false,
             metadata,
             deletes: Deletes::Soft,
+            ..plain(write_mode, columns, &key, &[], false)
         })
     };
     let all = LoadMetadata { columns: &[MetadataColumn::LoadedAt], run_id: "r", execution_id: "e" };
@@ -338,18 +315,11 @@ fn soft_deletes_keep_the_row_stamp_it_once_and_take_the_deletes_order() {
 fn history_closes_the_current_version_and_inserts_every_new_one() {
     let key = ["id".to_string()];
     let history = |order_by: &[String]| {
+        let (columns, ranges) = (columns(), id_range(3, 97));
         publication_statement(&Publication {
-            destination: DESTINATION,
-            staging: STAGING,
-            write_mode: WriteMode::History,
-            columns: &columns(),
-            key: &key,
             order_by,
-            scope: MergeScope::StagedKeys(&id_range(3, 97)),
-            key_collations: &[],
-            replace: false,
             metadata: LoadMetadata { columns: &[MetadataColumn::RunId], run_id: "r", execution_id: "e" },
-            deletes: Deletes::Hard,
+            ..plain(WriteMode::History, &columns, &key, &ranges, false)
         })
     };
     let ordered = history(&["updated_at".to_string()]);

@@ -272,10 +272,21 @@ impl Store {
         delivery: &DeliveryRef,
         problem: &Problem,
     ) -> StoreResult<Option<ExecutionRecord>> {
+        self.fail_open_execution(delivery, problem, "TRUE").await
+    }
+
+    /// Fails an open delivery that also meets `extra_condition` (SQL over the execution's row),
+    /// recording its end in the run's timeline in the same statement.
+    async fn fail_open_execution(
+        &self,
+        delivery: &DeliveryRef,
+        problem: &Problem,
+        extra_condition: &'static str,
+    ) -> StoreResult<Option<ExecutionRecord>> {
         Ok(sqlx::query_as(&format!(
             "WITH failed AS (
                  UPDATE executions SET state = $6, error = $4, updated_at = now(), finished_at = now()
-                 WHERE {DELIVERY_KEY} AND state = ANY($5)
+                 WHERE {DELIVERY_KEY} AND state = ANY($5) AND ({extra_condition})
                  RETURNING *
              ), ended AS ({RECORD_FAILED_END})
              SELECT * FROM failed"
@@ -420,21 +431,12 @@ impl Store {
         delivery: &DeliveryRef,
         problem: &Problem,
     ) -> StoreResult<Option<ExecutionRecord>> {
-        Ok(sqlx::query_as(&format!(
-            "WITH failed AS (
-                 UPDATE executions SET state = $6, error = $4, updated_at = now(), finished_at = now()
-                 WHERE {DELIVERY_KEY} AND state = ANY($5)
-                   AND NOT handed_over AND (lease_expires_at IS NULL OR lease_expires_at < now())
-                 RETURNING *
-             ), ended AS ({RECORD_FAILED_END})
-             SELECT * FROM failed"
-        ))
-        .bind_delivery(delivery)
-        .bind(problem_json(problem)?)
-        .bind(state_names(ExecutionState::OPEN))
-        .bind(ExecutionState::Failed)
-        .fetch_optional(&self.pool)
-        .await?)
+        self.fail_open_execution(
+            delivery,
+            problem,
+            "NOT handed_over AND (lease_expires_at IS NULL OR lease_expires_at < now())",
+        )
+        .await
     }
 
     /// The extracting (or paused) executions `owner` serves: what it hands over at shutdown.

@@ -268,7 +268,7 @@ fn publication_cell(publication: &PublicationView, events: &[EventRecord], jobs:
             " " span.state { (state.unwrap_or_default()) }
             @if let Some(ms) = duration_ms { " · " (ms) " ms" }
             @if let Some(rows) = publication.rows_affected { " · " (rows) " rows affected" }
-            @if let Some(bytes) = publication.bytes_billed { " · " (bytes) " bytes billed" }
+            @if let Some(bytes) = publication.cost.bytes_billed { " · " (bytes) " bytes billed" }
             @if let Some(error) = &publication.error { (error_box(error.code.as_str(), &error.detail, error.hint.as_deref())) }
         }
     }

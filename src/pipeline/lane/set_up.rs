@@ -77,12 +77,11 @@ enum SetUpFailure {
     Failed(Problem),
 }
 
+/// A problem of set-up's own (a location or layout refused, a store failure) is never pushback:
+/// BigQuery's pushback arrives as a [`BigQueryError`] and is told there.
 impl From<Problem> for SetUpFailure {
     fn from(problem: Problem) -> Self {
-        match problem.code {
-            ErrorCode::QuotaExceeded => SetUpFailure::PushedBack(problem),
-            _ => SetUpFailure::Failed(problem),
-        }
+        SetUpFailure::Failed(problem)
     }
 }
 
