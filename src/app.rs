@@ -21,6 +21,7 @@ use crate::api::console::session::{ConsoleSessions, MIN_KEY_FILE_BYTES};
 use crate::api::server::{self, ConnectionLimits, http1_read_buffer_bytes};
 use crate::api::{ApiSettings, ApiState, router};
 use crate::bigquery::adaptive::{AdaptiveConcurrency, BIGQUERY_CONCURRENT_QUERIES};
+use crate::bigquery::quota::{QuotaSettings, Quotas};
 use crate::bigquery::retry::Backoff;
 use crate::bigquery::retry::RetryPolicy;
 use crate::bigquery::{BigQuery, Endpoints};
@@ -199,7 +200,8 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         advertise_url = replica.lease.url.as_deref().unwrap_or("none (no forwarding to this replica)"), "gateway replica");
     let endpoints =
         Endpoints::new(config.bigquery_emulator_host.as_deref(), config.bigquery_storage_emulator_host.as_deref());
-    let bigquery = connect_bigquery(&endpoints, config.append_gzip_level, retry_policy(&config)).await?;
+    let quotas = Arc::new(Quotas::new(quota_settings(&config), replica.fleet_size()));
+    let bigquery = connect_bigquery(&endpoints, config.append_gzip_level, retry_policy(&config), quotas).await?;
 
     let (sources, principals, generated_token) = initial_principals(&config)?;
     let stop_watching = tokio_util::sync::CancellationToken::new();
@@ -268,6 +270,17 @@ fn log_write_settings(bigquery: &BigQuery, limits: &PipelineLimits, publisher: &
     );
 }
 
+/// The BigQuery quotas the fleet paces by, as the operator set them (defaults: Google's).
+fn quota_settings(config: &ServeConfig) -> QuotaSettings {
+    QuotaSettings {
+        tables_insert_per_second: config.quota_tables_insert_per_second,
+        api_requests_per_second_per_method: config.quota_api_requests_per_second_per_method,
+        concurrent_api_requests: config.quota_concurrent_api_requests as usize,
+        create_write_streams_per_hour: config.quota_create_write_streams_per_hour,
+        stream_quota_reading: config.quota_create_write_stream_reading,
+    }
+}
+
 /// The publication jobs' settings and their adaptive limit (starting at BigQuery's concurrent
 /// queries, within `FILAMENT_MAX_CONCURRENT_PUBLICATIONS`).
 fn publisher(config: &ServeConfig, store: &Store, bigquery: &BigQuery, pipeline: &Pipeline) -> Publisher {
@@ -289,8 +302,9 @@ async fn connect_bigquery(
     endpoints: &Endpoints,
     append_gzip_level: u32,
     rest_retry: RetryPolicy,
+    quotas: Arc<Quotas>,
 ) -> anyhow::Result<BigQuery> {
-    let bigquery = BigQuery::connect(endpoints.clone(), append_gzip_level, rest_retry)
+    let bigquery = BigQuery::connect(endpoints.clone(), append_gzip_level, rest_retry, quotas)
         .await
         .context("building BigQuery clients")?;
     if let Err(e) = bigquery.probe_credentials(crate::bigquery::CREDENTIALS_DEADLINE).await {

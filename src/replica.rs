@@ -16,10 +16,12 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::bigquery::quota::FleetSize;
 use crate::error::{ErrorCode, Problem};
 use crate::model::ExecutionState;
 use crate::pipeline::Pipeline;
 use crate::store::{Event, ExecutionRecord, Lease, Store};
+use crate::telemetry;
 
 /// How often old batch receipts are pruned.
 const PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
@@ -31,6 +33,8 @@ pub(crate) struct Replica {
     store: Store,
     /// Set on SIGTERM: unready, adopts nothing, opens no execution, hands over what it owns.
     draining: Arc<AtomicBool>,
+    /// The live replicas of the fleet, this one included, as the last renewal counted them.
+    fleet_size: Arc<tokio::sync::watch::Sender<usize>>,
 }
 
 fn gateway_restarted(detail: &str) -> Problem {
@@ -44,7 +48,26 @@ impl Replica {
     pub(crate) fn new(store: Store, lease_duration: Duration, url: Option<String>) -> Self {
         let host = std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| "gateway".into());
         let owner = format!("{host}-{}", hex::encode(rand::random::<[u8; 4]>()));
-        Self { lease: Lease { owner, duration: lease_duration, url }, store, draining: Arc::default() }
+        let fleet_size = Arc::new(tokio::sync::watch::channel(1).0);
+        Self { lease: Lease { owner, duration: lease_duration, url }, store, draining: Arc::default(), fleet_size }
+    }
+
+    /// How many live replicas share BigQuery's quotas (`bigquery::quota`), kept current by the
+    /// heartbeat.
+    pub(crate) fn fleet_size(&self) -> FleetSize {
+        self.fleet_size.subscribe()
+    }
+
+    /// Renews this replica's place in the fleet and counts the live replicas (a replica whose
+    /// lease lapsed is lost and no longer counted). On a store failure the last count stands.
+    async fn renew_fleet_membership(&self) {
+        match self.store.renew_fleet_membership(&self.lease).await {
+            Ok(live) => {
+                self.fleet_size.send_if_modified(|size| std::mem::replace(size, live) != live);
+                metrics::gauge!(telemetry::FLEET_REPLICAS).set(live as f64);
+            }
+            Err(e) => tracing::warn!(error = %e, "could not renew this replica's place in the fleet"),
+        }
     }
 
     /// Shutting down: from now on unready, adopting and opening nothing.
@@ -106,6 +129,7 @@ impl Replica {
                         if let Err(e) = replica.store.renew_leases(&replica.lease).await {
                             tracing::warn!(error = %e, "could not renew execution leases");
                         }
+                        replica.renew_fleet_membership().await;
                         replica.sweep().await;
                     }
                     _ = prunes.tick() => replica.prune(retention_days).await,
@@ -124,7 +148,12 @@ impl Replica {
     }
 
     /// At shutdown, after the hand-over and the commits: what this replica still owns cannot go on.
+    /// It also leaves the fleet: the others take its share of BigQuery's quotas at their next
+    /// renewal (not before: until here it still finishes commits).
     pub(crate) async fn release(&self) {
+        if let Err(e) = self.store.leave_fleet(&self.lease).await {
+            tracing::warn!(error = %e, "shutdown: could not leave the fleet (its place lapses with its lease)");
+        }
         let problem = gateway_restarted("the gateway replica serving this execution shut down; its uploads were lost");
         match self.store.fail_orphaned_executions(Some(&self.lease.owner), &problem).await {
             Ok(0) => {}

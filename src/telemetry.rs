@@ -34,6 +34,11 @@ pub(crate) const BIGQUERY_RETRIES: &str = "filament_bigquery_retries_total";
 pub(crate) const BIGQUERY_CONCURRENCY_LIMIT: &str = "filament_bigquery_concurrency_limit";
 pub(crate) const BIGQUERY_CONCURRENCY_IN_FLIGHT: &str = "filament_bigquery_concurrency_in_flight";
 pub(crate) const BIGQUERY_CONCURRENCY_DECREASES: &str = "filament_bigquery_concurrency_decreases_total";
+pub(crate) const QUOTA_RATE: &str = "filament_bigquery_quota_rate_per_second";
+pub(crate) const QUOTA_WAITING: &str = "filament_bigquery_quota_waiting";
+pub(crate) const QUOTA_IN_FLIGHT: &str = "filament_bigquery_quota_in_flight";
+pub(crate) const QUOTA_REFUSALS: &str = "filament_bigquery_quota_refusals_total";
+pub(crate) const FLEET_REPLICAS: &str = "filament_fleet_replicas";
 pub(crate) const APPEND_LATENCY: &str = "filament_append_latency_seconds";
 pub(crate) const HTTP_REQUEST_DURATION: &str = "filament_http_request_duration_seconds";
 pub(crate) const PUBLICATION_DURATION: &str = "filament_publication_duration_seconds";
@@ -244,6 +249,15 @@ fn describe() {
         BIGQUERY_RETRIES,
         Unit::Count,
         "Failed attempts of any BigQuery call that were retried, by operation and code"
+    );
+    describe_gauge!(QUOTA_RATE, "This replica's pace under a BigQuery rate quota (its fleet share), calls per second");
+    describe_gauge!(QUOTA_WAITING, Unit::Count, "Calls waiting for their turn under a BigQuery rate quota");
+    describe_gauge!(QUOTA_IN_FLIGHT, Unit::Count, "REST requests in flight under the concurrent API requests quota");
+    describe_counter!(QUOTA_REFUSALS, Unit::Count, "Calls BigQuery refused for a rate quota the gateway paces");
+    describe_gauge!(
+        FLEET_REPLICAS,
+        Unit::Count,
+        "Live replicas sharing BigQuery's quotas, as this replica counts them"
     );
     describe_histogram!(APPEND_LATENCY, Unit::Seconds, "From sending an AppendRows request to its response");
     describe_gauge!(

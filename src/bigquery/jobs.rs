@@ -93,7 +93,7 @@ impl BigQuery {
                 .set_labels(labels.iter().map(|(k, v)| (k.to_string(), v.clone()))),
         );
         let insert = || self.jobs.insert_job().set_project_id(project).set_job(job.clone()).send();
-        let (mut job, reused) = match rest_call(&insert_retry, "jobs.insert", insert).await? {
+        let (mut job, reused) = match rest_call(&self.quotas, &insert_retry, "jobs.insert", insert).await? {
             Ok(job) => (job, false),
             Err(e) if e.http_status_code() == Some(409) => (self.get_job(project, location, job_id).await?, true),
             Err(e) => return Err(BigQueryError::rest("jobs.insert")(e)),
@@ -144,7 +144,7 @@ impl BigQuery {
             };
             // Each poll is made once: this loop is the one level that retries it, within the
             // job's deadline.
-            match rest_call(&RetryPolicy::ONCE, "jobs.getQueryResults", poll).await {
+            match rest_call(&self.quotas, &RetryPolicy::ONCE, "jobs.getQueryResults", poll).await {
                 Ok(Ok(answer)) if answer.job_complete.unwrap_or(false) => return Ok(()),
                 Ok(Ok(_)) => failures = 0,
                 Ok(Err(e)) if e.http_status_code() == Some(429) || super::error::is_quota(&e) => {
@@ -184,6 +184,6 @@ impl BigQuery {
                 None => request.send(),
             }
         };
-        rest_call(&self.rest_retry, "jobs.get", get).await?.map_err(BigQueryError::rest("jobs.get"))
+        rest_call(&self.quotas, &self.rest_retry, "jobs.get", get).await?.map_err(BigQueryError::rest("jobs.get"))
     }
 }

@@ -14,11 +14,13 @@ pub(crate) mod error;
 pub(crate) mod jobs;
 pub(crate) mod known_datasets;
 pub(crate) mod metadata;
+pub(crate) mod quota;
 pub(crate) mod retry;
 pub(crate) mod row_errors;
 pub(crate) mod write;
 
 pub(crate) use error::{BigQueryError, BigQueryResult};
+use quota::Quotas;
 use retry::{RetryClass, RetryPolicy};
 
 use std::time::Duration;
@@ -75,12 +77,14 @@ pub(crate) async fn within<T>(
     }
 }
 
-/// A REST call's answer (the caller judges BigQuery's errors), each attempt within
-/// [`REST_CALL_DEADLINE`] or a [`BigQueryError::Timeout`]. BigQuery's pushback (429, or 403
+/// A REST call's answer (the caller judges BigQuery's errors), each attempt paced within
+/// BigQuery's rate quotas (`quotas`: waited before the attempt, not counted in its deadline), and
+/// within [`REST_CALL_DEADLINE`] or a [`BigQueryError::Timeout`]. BigQuery's pushback (429, or 403
 /// `rateLimitExceeded` / `quotaExceeded`: [`retry::RetryClass::Pushback`]) is retried as
 /// `policy` says (its quota wait and backoff); one that outlasts it is returned
 /// (`quota_exceeded`). A caller that retries the whole step itself hands [`RetryPolicy::ONCE`].
 pub(crate) async fn rest_call<T, Call, Answer>(
+    quotas: &Quotas,
     policy: &RetryPolicy,
     operation: &'static str,
     mut call: Call,
@@ -91,11 +95,15 @@ where
 {
     let mut failures = retry::FailureStreak::default();
     loop {
-        let answer = within(operation, REST_CALL_DEADLINE, async { Ok(call().await) }).await?;
+        let answer = {
+            let _place = quotas.before_rest_call(operation).await;
+            within(operation, REST_CALL_DEADLINE, async { Ok(call().await) }).await?
+        };
         let error = match answer {
             Err(e) if e.http_status_code() == Some(429) || error::is_quota(&e) => e,
             answer => return Ok(answer),
         };
+        quotas.rest_refused(operation);
         let (attempt, action) = failures.record(policy, RetryClass::Pushback);
         let delay = action.delay();
         let code = "quota";
@@ -127,6 +135,8 @@ pub(crate) struct BigQuery {
     pub(crate) known_datasets: std::sync::Arc<known_datasets::KnownDatasets>,
     /// How REST calls retry BigQuery's pushback.
     pub(crate) rest_retry: RetryPolicy,
+    /// The rate quotas every call is paced by (shared by every clone).
+    pub(crate) quotas: std::sync::Arc<Quotas>,
 }
 
 impl BigQuery {
@@ -136,6 +146,7 @@ impl BigQuery {
         endpoints: Endpoints,
         append_gzip_level: u32,
         rest_retry: RetryPolicy,
+        quotas: std::sync::Arc<Quotas>,
     ) -> anyhow::Result<Self> {
         let credential_source = CredentialSource::detect(endpoints.emulator);
         let credentials = credentials::build(&credential_source).map_err(|e| {
@@ -161,6 +172,7 @@ impl BigQuery {
             endpoints,
             known_datasets,
             rest_retry,
+            quotas,
         })
     }
 

@@ -11,6 +11,7 @@
 mod batches;
 mod events;
 mod executions;
+mod fleet;
 mod publications;
 mod run_list;
 mod runs;

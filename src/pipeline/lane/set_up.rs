@@ -148,8 +148,9 @@ async fn set_up_once(context: &LaneContext, bigquery: &BigQuery, target: &LaneTa
 }
 
 /// Runs `CreateWriteStream` again after transient failures and pushback, as the retry policy
-/// decides (a connection cut under it must not fail the execution). Each attempt takes a place
-/// under the stream-creation limit, which learns from its result; the backoff is waited
+/// decides (a connection cut under it must not fail the execution). Each attempt first waits
+/// its turn under the stream quota (`bigquery::quota`; a refusal slows that pace), then takes a
+/// place under the stream-creation limit, which learns from its result; the backoff is waited
 /// without one, so a refused lane does not keep others from creating theirs.
 async fn create_pending_stream(
     context: &LaneContext,
@@ -157,13 +158,19 @@ async fn create_pending_stream(
     staging_path: &str,
 ) -> Result<String, BigQueryError> {
     let mut failures = FailureStreak::default();
+    let quotas = &context.bigquery.quotas;
     loop {
+        quotas.before_create_write_stream().await;
         let created = context.stream_creations.run(context.bigquery.writer().create_pending_stream(staging_path));
         let error = match created.await {
             Ok(stream_name) => return Ok(stream_name),
             Err(error) => error,
         };
-        let (attempt, action) = failures.record(&context.retry, RetryClass::of(&error));
+        let class = RetryClass::of(&error);
+        if class == RetryClass::Pushback {
+            quotas.create_write_stream_refused();
+        }
+        let (attempt, action) = failures.record(&context.retry, class);
         let resource = &target.resource.resource;
         Retried::emit_failed_call("CreateWriteStream", resource, &error, attempt, action.delay(), None);
         match action {

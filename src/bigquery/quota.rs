@@ -1,0 +1,323 @@
+//! BigQuery's published rate quotas, paced by the gateway before each call so that BigQuery's
+//! refusals become rare ([`Quotas`]). What has no published number (query and DML queueing)
+//! stays with the adaptive limiter (`super::adaptive`).
+//!
+//! - **Rates** are token buckets ([`TokenBucket`]) holding the quota's window worth of calls and
+//!   refilled continuously: `tables.insert` per second, every REST method per second
+//!   (`jobs.insert`, `tables.get`, ...: one bucket each), `CreateWriteStream` per hour or per
+//!   minute ([`StreamQuotaReading`]). A caller reserves its token and waits for it, in order;
+//!   a refusal from BigQuery all the same ([`Quotas::refused`]) empties the bucket, so the
+//!   pace slows at once, and is counted.
+//! - **Concurrent REST requests** (long polls included) are held under their quota
+//!   ([`ConcurrencyShare`]).
+//! - **Fleet shares.** Per-user and per-project quotas are shared by every replica of a fleet:
+//!   each replica paces with its share, the quota divided by the live replicas it counts in
+//!   Postgres (`replica`), re-divided when one joins, leaves or is lost. A bucket that shrinks
+//!   keeps no more tokens than its new share; a replica starts with empty buckets, so one
+//!   that joins never adds a burst to what the others already used.
+//!
+//! `/metrics`: `filament_bigquery_quota_rate_per_second`, `filament_bigquery_quota_waiting`
+//! and `filament_bigquery_quota_refusals_total` (by `quota`), and `filament_fleet_replicas`.
+//! Values and sources: `docs/performance.md`.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+pub(crate) use crate::config::StreamQuotaReading;
+use crate::telemetry;
+
+/// The quota values the gateway paces by (defaults: Google's; a project may have raised ones).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct QuotaSettings {
+    /// `tables.insert` requests per second per user.
+    pub(crate) tables_insert_per_second: f64,
+    /// Requests per second per user of each other REST method.
+    pub(crate) api_requests_per_second_per_method: f64,
+    /// REST requests in flight per user (long polls count).
+    pub(crate) concurrent_api_requests: usize,
+    /// `CreateWriteStream` calls per hour per project and region.
+    pub(crate) create_write_streams_per_hour: f64,
+    pub(crate) stream_quota_reading: StreamQuotaReading,
+}
+
+impl QuotaSettings {
+    /// Google's published quotas (the configuration's defaults).
+    #[cfg(test)]
+    pub(crate) const GOOGLE: QuotaSettings = QuotaSettings {
+        tables_insert_per_second: 10.0,
+        api_requests_per_second_per_method: 100.0,
+        concurrent_api_requests: 300,
+        create_write_streams_per_hour: 10_000.0,
+        stream_quota_reading: StreamQuotaReading::PerMinute,
+    };
+
+    fn create_write_stream(&self) -> Rate {
+        let per_second = self.create_write_streams_per_hour / 3600.0;
+        match self.stream_quota_reading {
+            StreamQuotaReading::Hourly => Rate { burst: self.create_write_streams_per_hour, per_second },
+            StreamQuotaReading::PerMinute => Rate { burst: self.create_write_streams_per_hour / 60.0, per_second },
+        }
+    }
+}
+
+/// A quota as a bucket: `burst` calls at once, refilled at `per_second`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Rate {
+    burst: f64,
+    per_second: f64,
+}
+
+impl Rate {
+    /// A per-second quota: one second's calls at once.
+    fn per_second(per_second: f64) -> Self {
+        Rate { burst: per_second, per_second }
+    }
+
+    /// This replica's share among `replicas`.
+    fn share(self, replicas: usize) -> Rate {
+        let replicas = replicas.max(1) as f64;
+        Rate { burst: self.burst / replicas, per_second: self.per_second / replicas }
+    }
+}
+
+/// How many live replicas share the quotas (at least 1), as the replica heartbeat counts them.
+pub(crate) type FleetSize = watch::Receiver<usize>;
+
+/// A fleet of one that never changes (the value outlives its sender).
+#[cfg(test)]
+fn fleet_of_one() -> FleetSize {
+    watch::channel(1).1
+}
+
+/// One rate quota, paced as a token bucket with this replica's share.
+#[derive(Debug)]
+pub(crate) struct TokenBucket {
+    name: &'static str,
+    quota: Rate,
+    fleet: FleetSize,
+    state: Mutex<BucketState>,
+    waiting: AtomicUsize,
+}
+
+#[derive(Debug)]
+struct BucketState {
+    /// Tokens at `updated`; negative while callers wait for reserved ones.
+    tokens: f64,
+    updated: Instant,
+    /// The share the tokens were counted under.
+    rate: Rate,
+}
+
+impl TokenBucket {
+    fn new(name: &'static str, quota: Rate, fleet: FleetSize) -> Self {
+        let rate = quota.share(*fleet.borrow());
+        let state = BucketState { tokens: 0.0, updated: Instant::now(), rate };
+        let bucket = TokenBucket { name, quota, fleet, state: Mutex::new(state), waiting: AtomicUsize::new(0) };
+        bucket.publish(rate);
+        bucket
+    }
+
+    /// Takes one token, waiting for it when there is none (callers are served in the order they
+    /// reserved). Cancel-safe: a cancelled wait forfeits its token, which only slows the pace.
+    pub(crate) async fn take(&self) {
+        let wait = self.reserve(Instant::now());
+        if wait.is_zero() {
+            return;
+        }
+        let _waiting = Waiting::new(self);
+        tokio::time::sleep(wait).await;
+    }
+
+    /// Reserves a token at `now`: how long until it is there.
+    fn reserve(&self, now: Instant) -> Duration {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.refill(&mut state, now);
+        state.tokens -= 1.0;
+        if state.tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-state.tokens / state.rate.per_second)
+        }
+    }
+
+    /// Brings the tokens to `now` at the share they were counted under, then takes the current
+    /// share (keeping no more tokens than its burst).
+    fn refill(&self, state: &mut BucketState, now: Instant) {
+        let elapsed = now.saturating_duration_since(state.updated).as_secs_f64();
+        state.tokens = (state.tokens + elapsed * state.rate.per_second).min(state.rate.burst);
+        state.updated = now;
+        let rate = self.quota.share(*self.fleet.borrow());
+        if rate != state.rate {
+            state.rate = rate;
+            state.tokens = state.tokens.min(rate.burst);
+            self.publish(rate);
+        }
+    }
+
+    /// BigQuery refused a call this bucket paced: the bucket empties (reservations already
+    /// made still wait their turn), so the next calls come at the refill rate.
+    pub(crate) fn refused(&self) {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.refill(&mut state, Instant::now());
+        state.tokens = state.tokens.min(0.0);
+        metrics::counter!(telemetry::QUOTA_REFUSALS, "quota" => self.name).increment(1);
+    }
+
+    /// This replica's rate now, calls per second.
+    #[cfg(test)]
+    fn rate_per_second(&self) -> f64 {
+        self.quota.share(*self.fleet.borrow()).per_second
+    }
+
+    fn publish(&self, rate: Rate) {
+        metrics::gauge!(telemetry::QUOTA_RATE, "quota" => self.name).set(rate.per_second);
+    }
+}
+
+/// A caller waiting for its token, counted in `filament_bigquery_quota_waiting` until dropped.
+struct Waiting<'a>(&'a TokenBucket);
+
+impl<'a> Waiting<'a> {
+    fn new(bucket: &'a TokenBucket) -> Self {
+        let waiting = bucket.waiting.fetch_add(1, Ordering::Relaxed) + 1;
+        metrics::gauge!(telemetry::QUOTA_WAITING, "quota" => bucket.name).set(waiting as f64);
+        Waiting(bucket)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let waiting = self.0.waiting.fetch_sub(1, Ordering::Relaxed) - 1;
+        metrics::gauge!(telemetry::QUOTA_WAITING, "quota" => self.0.name).set(waiting as f64);
+    }
+}
+
+/// At most this replica's share of a concurrency quota in flight.
+#[derive(Debug)]
+pub(crate) struct ConcurrencyShare {
+    name: &'static str,
+    quota: usize,
+    fleet: FleetSize,
+    in_flight: Mutex<usize>,
+    freed: Notify,
+}
+
+/// A place under a [`ConcurrencyShare`], given back when dropped.
+#[derive(Debug)]
+pub(crate) struct InFlight<'a>(&'a ConcurrencyShare);
+
+impl ConcurrencyShare {
+    fn new(name: &'static str, quota: usize, fleet: FleetSize) -> Self {
+        ConcurrencyShare { name, quota, fleet, in_flight: Mutex::new(0), freed: Notify::new() }
+    }
+
+    /// This replica's share: the quota divided among the replicas, at least one call.
+    pub(crate) fn limit(&self) -> usize {
+        (self.quota / (*self.fleet.borrow()).max(1)).max(1)
+    }
+
+    /// Waits for a place.
+    pub(crate) async fn enter(&self) -> InFlight<'_> {
+        loop {
+            let freed = self.freed.notified();
+            {
+                let mut in_flight = self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if *in_flight < self.limit() {
+                    *in_flight += 1;
+                    metrics::gauge!(telemetry::QUOTA_IN_FLIGHT, "quota" => self.name).set(*in_flight as f64);
+                    return InFlight(self);
+                }
+            }
+            freed.await;
+        }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut in_flight = self.0.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *in_flight -= 1;
+        metrics::gauge!(telemetry::QUOTA_IN_FLIGHT, "quota" => self.0.name).set(*in_flight as f64);
+        self.0.freed.notify_one();
+    }
+}
+
+/// Every quota the gateway paces, shared by all of this replica's calls (one per process).
+#[derive(Debug)]
+pub(crate) struct Quotas {
+    settings: QuotaSettings,
+    fleet: FleetSize,
+    tables_insert: TokenBucket,
+    create_write_stream: TokenBucket,
+    concurrent_api_requests: ConcurrencyShare,
+    /// One bucket per REST method, made at its first call.
+    per_method: Mutex<HashMap<&'static str, std::sync::Arc<TokenBucket>>>,
+}
+
+/// What a paced REST call holds while it runs.
+pub(crate) type RestPlace<'a> = InFlight<'a>;
+
+impl Quotas {
+    pub(crate) fn new(settings: QuotaSettings, fleet: FleetSize) -> Self {
+        let bucket = |name, rate| TokenBucket::new(name, rate, fleet.clone());
+        Quotas {
+            tables_insert: bucket("tables.insert", Rate::per_second(settings.tables_insert_per_second)),
+            create_write_stream: bucket("CreateWriteStream", settings.create_write_stream()),
+            concurrent_api_requests: ConcurrencyShare::new(
+                "concurrent_api_requests",
+                settings.concurrent_api_requests,
+                fleet.clone(),
+            ),
+            per_method: Mutex::default(),
+            settings,
+            fleet,
+        }
+    }
+
+    fn method(&self, method: &'static str) -> std::sync::Arc<TokenBucket> {
+        let mut buckets = self.per_method.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let rate = Rate::per_second(self.settings.api_requests_per_second_per_method);
+        std::sync::Arc::clone(
+            buckets
+                .entry(method)
+                .or_insert_with(|| std::sync::Arc::new(TokenBucket::new(method, rate, self.fleet.clone()))),
+        )
+    }
+
+    /// Waits until REST `method` may be called within every quota it counts against; the
+    /// place it returns is held until the call's answer.
+    pub(crate) async fn before_rest_call(&self, method: &'static str) -> RestPlace<'_> {
+        if method == "tables.insert" {
+            self.tables_insert.take().await;
+        }
+        self.method(method).take().await;
+        self.concurrent_api_requests.enter().await
+    }
+
+    /// Waits until `CreateWriteStream` may be called.
+    pub(crate) async fn before_create_write_stream(&self) {
+        self.create_write_stream.take().await;
+    }
+
+    /// BigQuery refused REST `method` for a rate: its buckets slow down.
+    pub(crate) fn rest_refused(&self, method: &'static str) {
+        if method == "tables.insert" {
+            self.tables_insert.refused();
+        }
+        self.method(method).refused();
+    }
+
+    /// BigQuery refused `CreateWriteStream` for its quota.
+    pub(crate) fn create_write_stream_refused(&self) {
+        self.create_write_stream.refused();
+    }
+}
+
+#[cfg(test)]
+#[path = "quota_tests.rs"]
+mod tests;

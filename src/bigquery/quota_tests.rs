@@ -1,0 +1,148 @@
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::*;
+
+fn fleet(replicas: usize) -> (watch::Sender<usize>, FleetSize) {
+    watch::channel(replicas)
+}
+
+/// Takes `calls` tokens one after another; when each was granted, from the start.
+async fn granted_after(bucket: &TokenBucket, calls: usize) -> Vec<Duration> {
+    let start = Instant::now();
+    let mut granted = Vec::new();
+    for _ in 0..calls {
+        bucket.take().await;
+        granted.push(start.elapsed());
+    }
+    granted
+}
+
+fn millis(durations: &[Duration]) -> Vec<u128> {
+    durations.iter().map(Duration::as_millis).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_bucket_starts_empty_and_paces_at_its_rate() {
+    let (_sender, fleet) = fleet(1);
+    let bucket = TokenBucket::new("t", Rate::per_second(10.0), fleet);
+    let granted = granted_after(&bucket, 5).await;
+    assert_eq!(millis(&granted), [100, 200, 300, 400, 500]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_bucket_holds_one_window_and_no_more() {
+    let (_sender, fleet) = fleet(1);
+    let bucket = TokenBucket::new("t", Rate::per_second(10.0), fleet);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let granted = granted_after(&bucket, 12).await;
+    assert_eq!(millis(&granted[..10]), [0; 10], "a second's worth at once");
+    assert_eq!(millis(&granted[10..]), [100, 200], "then the refill rate");
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_callers_are_served_in_the_order_they_came() {
+    let (_sender, fleet) = fleet(1);
+    let bucket = std::sync::Arc::new(TokenBucket::new("t", Rate::per_second(4.0), fleet));
+    let start = Instant::now();
+    let callers: Vec<_> = (0..4)
+        .map(|_| {
+            let bucket = std::sync::Arc::clone(&bucket);
+            tokio::spawn(async move {
+                bucket.take().await;
+                start.elapsed()
+            })
+        })
+        .collect();
+    let mut granted = Vec::new();
+    for caller in callers {
+        granted.push(caller.await.unwrap());
+    }
+    assert_eq!(millis(&granted), [250, 500, 750, 1000]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fleet_divides_the_rate_and_a_lost_replica_hands_its_share_back() {
+    let (sender, fleet) = fleet(2);
+    let bucket = TokenBucket::new("t", Rate::per_second(10.0), fleet);
+    assert!((bucket.rate_per_second() - 5.0).abs() < 1e-9);
+    let granted = granted_after(&bucket, 2).await;
+    assert_eq!(millis(&granted), [200, 400], "half the rate each");
+    sender.send(1).unwrap();
+    assert!((bucket.rate_per_second() - 10.0).abs() < 1e-9);
+    let granted = granted_after(&bucket, 2).await;
+    assert_eq!(millis(&granted), [100, 200], "the whole rate once alone");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shrinking_share_keeps_no_more_tokens_than_its_burst() {
+    let (sender, fleet) = fleet(1);
+    let bucket = TokenBucket::new("t", Rate::per_second(10.0), fleet);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    sender.send(5).unwrap();
+    let granted = granted_after(&bucket, 3).await;
+    assert_eq!(millis(&granted), [0, 0, 500], "two at once (10 / 5), then 2 per second");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refusal_empties_the_bucket() {
+    let (_sender, fleet) = fleet(1);
+    let bucket = TokenBucket::new("t", Rate::per_second(10.0), fleet);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    bucket.refused();
+    let granted = granted_after(&bucket, 2).await;
+    assert_eq!(millis(&granted), [100, 200]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_stream_quota_readings_differ_in_their_burst_only() {
+    let reading = |stream_quota_reading| QuotaSettings { stream_quota_reading, ..QuotaSettings::GOOGLE };
+    let hourly = reading(StreamQuotaReading::Hourly).create_write_stream();
+    let per_minute = reading(StreamQuotaReading::PerMinute).create_write_stream();
+    assert!((hourly.burst - 10_000.0).abs() < 1e-9);
+    assert!((per_minute.burst - 10_000.0 / 60.0).abs() < 1e-9);
+    assert!((hourly.per_second - per_minute.per_second).abs() < 1e-9);
+    // Per minute: the 167 a minute holds, then one every 0.36 s.
+    let (_sender, fleet) = fleet(1);
+    let bucket = TokenBucket::new("s", per_minute, fleet);
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    let granted = granted_after(&bucket, 168).await;
+    assert_eq!(granted[165], Duration::ZERO);
+    assert!(granted[166] > Duration::ZERO && granted[167] > Duration::from_millis(360), "{:?}", &granted[165..]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_requests_stay_within_the_share() {
+    let (sender, fleet) = fleet(2);
+    let share = std::sync::Arc::new(ConcurrencyShare::new("c", 4, fleet));
+    let first = share.enter().await;
+    let _second = share.enter().await;
+    let waiter = {
+        let share = std::sync::Arc::clone(&share);
+        tokio::spawn(async move {
+            let _third = share.enter().await;
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!waiter.is_finished(), "a third request waits while two of four are this replica's");
+    drop(first);
+    tokio::time::timeout(Duration::from_secs(1), waiter).await.expect("a freed place lets it in").unwrap();
+    sender.send(1).unwrap();
+    assert_eq!(share.limit(), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn tables_insert_waits_for_its_own_quota_and_its_method_bucket() {
+    let settings = QuotaSettings { tables_insert_per_second: 2.0, ..QuotaSettings::GOOGLE };
+    let quotas = Quotas::new(settings, fleet_of_one());
+    let start = Instant::now();
+    for _ in 0..2 {
+        drop(quotas.before_rest_call("tables.insert").await);
+    }
+    assert_eq!(start.elapsed(), Duration::from_millis(1000), "two at 2 per second from empty");
+    let start = Instant::now();
+    drop(quotas.before_rest_call("tables.get").await);
+    assert_eq!(start.elapsed(), Duration::from_millis(10), "another method: its own bucket at 100 per second");
+}
