@@ -200,6 +200,8 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         advertise_url = replica.lease.url.as_deref().unwrap_or("none (no forwarding to this replica)"), "gateway replica");
     let endpoints =
         Endpoints::new(config.bigquery_emulator_host.as_deref(), config.bigquery_storage_emulator_host.as_deref());
+    // Counted before the first call: a replica joining a fleet starts with its share, not the whole.
+    replica.renew_fleet_membership().await;
     let quotas = Arc::new(Quotas::new(quota_settings(&config), replica.fleet_size()));
     let bigquery = connect_bigquery(&endpoints, config.append_gzip_level, retry_policy(&config), quotas).await?;
 

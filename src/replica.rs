@@ -60,7 +60,7 @@ impl Replica {
 
     /// Renews this replica's place in the fleet and counts the live replicas (a replica whose
     /// lease lapsed is lost and no longer counted). On a store failure the last count stands.
-    async fn renew_fleet_membership(&self) {
+    pub(crate) async fn renew_fleet_membership(&self) {
         match self.store.renew_fleet_membership(&self.lease).await {
             Ok(live) => {
                 self.fleet_size.send_if_modified(|size| std::mem::replace(size, live) != live);

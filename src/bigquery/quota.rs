@@ -13,8 +13,10 @@
 //! - **Fleet shares.** Per-user and per-project quotas are shared by every replica of a fleet:
 //!   each replica paces with its share, the quota divided by the live replicas it counts in
 //!   Postgres (`replica`), re-divided when one joins, leaves or is lost. A bucket that shrinks
-//!   keeps no more tokens than its new share; a replica starts with empty buckets, so one
-//!   that joins never adds a burst to what the others already used.
+//!   keeps no more tokens than its new share. A replica starts with its share full (counted
+//!   before its first call), so a restarted gateway is not slowed for a minute; one that joins
+//!   while the others just spent theirs may thus add one share's burst, which BigQuery may
+//!   refuse and the pace then absorbs.
 //!
 //! `/metrics`: `filament_bigquery_quota_rate_per_second`, `filament_bigquery_quota_waiting`
 //! and `filament_bigquery_quota_refusals_total` (by `quota`), and `filament_fleet_replicas`.
@@ -116,7 +118,7 @@ struct BucketState {
 impl TokenBucket {
     fn new(name: &'static str, quota: Rate, fleet: FleetSize) -> Self {
         let rate = quota.share(*fleet.borrow());
-        let state = BucketState { tokens: 0.0, updated: Instant::now(), rate };
+        let state = BucketState { tokens: rate.burst, updated: Instant::now(), rate };
         let bucket = TokenBucket { name, quota, fleet, state: Mutex::new(state), waiting: AtomicUsize::new(0) };
         bucket.publish(rate);
         bucket

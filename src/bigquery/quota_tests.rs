@@ -25,11 +25,11 @@ fn millis(durations: &[Duration]) -> Vec<u128> {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_new_bucket_starts_empty_and_paces_at_its_rate() {
-    let (_sender, fleet) = fleet(1);
+async fn a_new_bucket_starts_with_its_share_and_then_paces_at_its_rate() {
+    let (_sender, fleet) = fleet(2);
     let bucket = TokenBucket::new("t", Rate::per_second(10.0), fleet);
-    let granted = granted_after(&bucket, 5).await;
-    assert_eq!(millis(&granted), [100, 200, 300, 400, 500]);
+    let granted = granted_after(&bucket, 7).await;
+    assert_eq!(millis(&granted), [0, 0, 0, 0, 0, 200, 400]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -46,6 +46,7 @@ async fn an_idle_bucket_holds_one_window_and_no_more() {
 async fn waiting_callers_are_served_in_the_order_they_came() {
     let (_sender, fleet) = fleet(1);
     let bucket = std::sync::Arc::new(TokenBucket::new("t", Rate::per_second(4.0), fleet));
+    granted_after(&bucket, 4).await;
     let start = Instant::now();
     let callers: Vec<_> = (0..4)
         .map(|_| {
@@ -68,6 +69,7 @@ async fn a_fleet_divides_the_rate_and_a_lost_replica_hands_its_share_back() {
     let (sender, fleet) = fleet(2);
     let bucket = TokenBucket::new("t", Rate::per_second(10.0), fleet);
     assert!((bucket.rate_per_second() - 5.0).abs() < 1e-9);
+    granted_after(&bucket, 5).await;
     let granted = granted_after(&bucket, 2).await;
     assert_eq!(millis(&granted), [200, 400], "half the rate each");
     sender.send(1).unwrap();
@@ -138,11 +140,11 @@ async fn tables_insert_waits_for_its_own_quota_and_its_method_bucket() {
     let settings = QuotaSettings { tables_insert_per_second: 2.0, ..QuotaSettings::GOOGLE };
     let quotas = Quotas::new(settings, fleet_of_one());
     let start = Instant::now();
-    for _ in 0..2 {
+    for _ in 0..4 {
         drop(quotas.before_rest_call("tables.insert").await);
     }
-    assert_eq!(start.elapsed(), Duration::from_millis(1000), "two at 2 per second from empty");
+    assert_eq!(start.elapsed(), Duration::from_millis(1000), "two at once, then two at 2 per second");
     let start = Instant::now();
     drop(quotas.before_rest_call("tables.get").await);
-    assert_eq!(start.elapsed(), Duration::from_millis(10), "another method: its own bucket at 100 per second");
+    assert_eq!(start.elapsed(), Duration::ZERO, "another method: its own bucket, full");
 }
