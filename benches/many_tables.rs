@@ -1,14 +1,18 @@
-//! The many-tables benchmark (`make bench`, after `ingest`): one run of N resources of about
-//! 1 MiB each (N = 100, 1,000, 10,000), from the first batch to `committed`, against the
-//! simulated BigQuery control plane (`tests/it/support/control_plane.rs`: latencies and limits
-//! of metadata calls, stream creation and query jobs) and the null Storage Write sink.
+//! The many-tables benchmark (`make bench`, after `ingest`): runs of N resources of about 1 MiB
+//! each (N = 100 and 1,000; 10,000 when `FILAMENT_BENCH_MANY_TABLES` lists it), from the first
+//! batch to `committed`, against the simulated BigQuery control plane under Google's published
+//! quotas (`tests/it/support/control_plane.rs`: latencies, the REST quotas, the stream quota,
+//! query jobs) and the null Storage Write sink.
 //!
-//! For each N: the floor the simulation's limits allow ([`Limits::floor`]), the measured time
-//! and their ratio, the gateway's peak RSS and CPU per resource, and whether every row reached
-//! the sink exactly once (each resource's stream committed, one publication job each). Each N
-//! runs under the "many tables" profile of docs/operations.md (64 set-ups, 100 publications at
-//! once); 100 and 1,000 also with the defaults (8 and 8: at 10,000 they would take about an
-//! hour) and, when `scripts/bench.sh` built it, with the previous main's binary.
+//! Each N runs on one replica and on three sharing one database (each with its own run of N/3
+//! resources, at once), under both readings of the stream quota (hourly, per minute), on the
+//! staging path (the only one this build has). For each: the floor the quotas allow
+//! ([`Limits::floor`]), the measured time and their ratio, calls per resource (REST, gRPC,
+//! Postgres transactions), the highest use of any quota (at most 1.0 when the fleet paced
+//! within them) and the refusals, peak RSS and CPU per resource (summed over the replicas),
+//! and whether every row reached the sink exactly once. Every point runs under the "many
+//! tables" profile of docs/operations.md (64 set-ups, 100 publications at once); the previous
+//! main, when `scripts/bench.sh` built it, runs the 100-resource point on one replica.
 //!
 //! Adds `many_tables` to `build/bench/result.json` and its table to `docs/performance.md`.
 //! Reports, never asserts timings; rows are asserted exactly.
@@ -31,7 +35,7 @@ use measure::{
 };
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use support::control_plane::{Floor, Limits, SimulatedRest};
+use support::control_plane::{Floor, Limits, SimulatedRest, StreamQuota};
 use support::fake_write::FakeWrite;
 use support::{Gateway, GatewayOptions};
 
@@ -54,52 +58,61 @@ fn body() -> Vec<u8> {
     support::arrow::ipc_stream(&[batch])
 }
 
-/// Which gateway a point measures: this build with its defaults or with the many-tables
-/// profile, or another build (the previous main).
+/// Which gateway a point measures: this build, or another build (the previous main).
 struct Contender {
     setting: String,
-    env: Vec<(String, String)>,
     binary: Option<std::path::PathBuf>,
 }
 
 impl Contender {
-    /// This build with its default limits (the product's eight set-ups and eight publications).
-    fn defaults() -> Self {
-        Contender { setting: DEFAULTS.into(), env: Vec::new(), binary: None }
-    }
-
-    /// This build with the "many tables" profile of docs/operations.md.
-    fn many_tables_profile() -> Self {
-        let env = MANY_TABLES_PROFILE.iter().map(|(name, value)| (name.to_string(), value.to_string())).collect();
-        Contender { setting: PROFILE.into(), env, binary: None }
+    fn this_build() -> Self {
+        Contender { setting: PROFILE.into(), binary: None }
     }
 
     /// The previous main's binary, when `scripts/bench.sh` built it.
     fn previous_main() -> Option<Self> {
         let previous = previous_main()?;
-        let setting = format!("previous main ({})", previous.commit);
-        Some(Contender { setting, env: Vec::new(), binary: Some(previous.binary) })
+        Some(Contender { setting: format!("previous main ({})", previous.commit), binary: Some(previous.binary) })
     }
 }
 
-const DEFAULTS: &str = "defaults (8 / 8)";
 const PROFILE: &str = "many-tables profile (64 / 100)";
 /// The "many tables" profile (docs/operations.md): set-ups and publications at once.
 const MANY_TABLES_PROFILE: [(&str, &str); 2] =
     [("FILAMENT_MAX_CONCURRENT_PREPARES", "64"), ("FILAMENT_MAX_CONCURRENT_PUBLICATIONS", "100")];
 
+/// What one point runs.
+struct Scenario<'a> {
+    resources: usize,
+    replicas: usize,
+    stream_quota: StreamQuota,
+    contender: &'a Contender,
+}
+
+/// Calls per resource, by kind.
+#[derive(Debug, Clone, Copy)]
+struct Calls {
+    rest: f64,
+    grpc: f64,
+    postgres: f64,
+}
+
 struct Point {
     resources: usize,
+    replicas: usize,
+    stream_quota: StreamQuota,
     setting: String,
     floor: Floor,
     measured_seconds: f64,
     peak_rss_mib: f64,
     cpu_ms_per_resource: f64,
     rows_exact: bool,
-    refused_stream_creations: usize,
+    calls_per_resource: Calls,
+    max_quota_use: f64,
+    busiest_quota: String,
+    quota_refusals: usize,
     max_running_queries: usize,
     max_open_connections: usize,
-    refused_connections: usize,
 }
 
 impl Point {
@@ -107,31 +120,35 @@ impl Point {
         self.measured_seconds / self.floor.seconds()
     }
 
-    fn ratio_to_sequential_floor(&self) -> f64 {
-        self.measured_seconds / self.floor.sequential_seconds()
-    }
-
     fn json(&self, data_cpu_floor_ms: f64) -> Value {
         json!({
             "resources": self.resources,
+            "replicas": self.replicas,
+            "stream_quota": self.stream_quota.name(),
+            "path": "staging",
             "setting": self.setting,
             "floor_seconds": self.floor.seconds(),
+            "floor_tables_insert_seconds": self.floor.tables_insert_seconds,
             "floor_stream_creation_seconds": self.floor.stream_creation_seconds,
             "floor_publication_seconds": self.floor.publication_seconds,
             "floor_data_seconds": self.floor.data_seconds,
-            "sequential_floor_seconds": self.floor.sequential_seconds(),
             "measured_seconds": self.measured_seconds,
             "ratio": self.ratio(),
-            "ratio_to_sequential_floor": self.ratio_to_sequential_floor(),
+            "calls_per_resource": {
+                "rest": self.calls_per_resource.rest,
+                "grpc": self.calls_per_resource.grpc,
+                "postgres": self.calls_per_resource.postgres,
+            },
+            "max_quota_use": self.max_quota_use,
+            "busiest_quota": self.busiest_quota,
+            "quota_refusals": self.quota_refusals,
             "peak_rss_mib": self.peak_rss_mib,
             "cpu_ms_per_resource": self.cpu_ms_per_resource,
             "data_cpu_floor_ms_per_resource": data_cpu_floor_ms,
             "cpu_ms_per_resource_beyond_data_floor": self.cpu_ms_per_resource - data_cpu_floor_ms,
             "rows_exact": self.rows_exact,
-            "refused_stream_creations": self.refused_stream_creations,
             "max_running_queries": self.max_running_queries,
             "max_open_connections": self.max_open_connections,
-            "refused_connections": self.refused_connections,
         })
     }
 }
@@ -154,12 +171,12 @@ async fn send_retrying(make: impl Fn() -> reqwest::RequestBuilder) -> (StatusCod
 /// as at 100; `GET` of the execution answers every resource's progress, so polling it every
 /// 200 ms would be measured as the gateway's CPU per resource, growing with the run. The
 /// execution itself is read once, at the end.
-async fn commit_and_await(gw: &Gateway) -> Value {
-    let (status, body) = gw.json(Method::POST, "/v1/runs/bench/executions/e/commit", None).await;
+async fn commit_and_await(gw: &Gateway, run: &str) -> Value {
+    let (status, body) = gw.json(Method::POST, &format!("/v1/runs/{run}/executions/e/commit"), None).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     let seen = std::cell::Cell::new(0_i64);
     let ended = support::within(Duration::from_secs(3600), Duration::from_millis(200), || async {
-        let path = format!("/v1/runs/bench/executions/e/events?after={}&limit=1000", seen.get());
+        let path = format!("/v1/runs/{run}/executions/e/events?after={}&limit=1000", seen.get());
         let (status, body) = gw.json(Method::GET, &path, None).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         seen.set(body["next_after"].as_i64().expect("the events answer has next_after"));
@@ -168,86 +185,158 @@ async fn commit_and_await(gw: &Gateway) -> Value {
     })
     .await;
     ended.expect("the bench's execution ended within an hour");
-    let (status, body) = gw.json(Method::GET, "/v1/runs/bench/executions/e", None).await;
+    let (status, body) = gw.json(Method::GET, &format!("/v1/runs/{run}/executions/e"), None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(["committed", "failed", "aborted"].contains(&body["state"].as_str().unwrap_or("")), "{body}");
     body
 }
 
-async fn set_up_run(gw: &Gateway, resources: &[String]) {
-    gw.create_run("bench").await;
+async fn set_up_run(gw: &Gateway, run: &str, resources: &[String]) {
+    gw.create_run(run).await;
     let declarations = futures::stream::iter(resources.iter().map(|resource| async move {
-        let path = format!("/v1/runs/bench/resources/{resource}");
+        let path = format!("/v1/runs/{run}/resources/{resource}");
         let (status, body) =
             send_retrying(|| gw.request(Method::PUT, &path).json(&json!({"write_mode": "full_append"}))).await;
         assert_eq!(status, StatusCode::OK, "{body}");
     }));
     declarations.buffer_unordered(32).collect::<Vec<()>>().await;
-    let (status, body) = gw.open_execution("bench", "e").await;
+    let (status, body) = gw.open_execution(run, "e").await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
 }
 
-/// One run of `resources` resources through the simulation, on `contender`'s gateway.
-async fn run_point(resources: usize, contender: &Contender, throughput: f64) -> Point {
-    let limits = Limits::default();
+/// Posts one body to each of `resources` in `run`, then commits and waits for `committed`.
+async fn load_run(gw: &Gateway, run: &str, resources: &[String], body: &[u8]) {
+    let posts = futures::stream::iter(resources.iter().map(|resource| async move {
+        let path = format!("/v1/runs/{run}/executions/e/resources/{resource}/batches");
+        let post = || {
+            gw.request(Method::POST, &path)
+                .header("content-type", "application/vnd.apache.arrow.stream")
+                .body(body.to_vec())
+        };
+        let (status, receipt) = send_retrying(post).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{receipt}");
+    }));
+    posts.buffer_unordered(64).collect::<Vec<()>>().await;
+    let committed = commit_and_await(gw, run).await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+}
+
+/// `replicas` gateways on one database, each pacing its share of `limits` (they know each other
+/// before the run starts).
+async fn spawn_fleet(
+    replicas: usize,
+    contender: &Contender,
+    limits: &Limits,
+    fake: &FakeWrite,
+    rest: &SimulatedRest,
+) -> Vec<Gateway> {
+    let mut env = vec![
+        ("BIGQUERY_STORAGE_EMULATOR_HOST".to_string(), fake.address.clone()),
+        ("BIGQUERY_EMULATOR_HOST".to_string(), rest.address.clone()),
+        ("RUST_LOG".to_string(), std::env::var("FILAMENT_BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into())),
+        ("FILAMENT_REPLICA_LEASE_SECS".to_string(), "3".to_string()),
+    ];
+    env.extend(gateway_settings());
+    env.extend(MANY_TABLES_PROFILE.iter().map(|(name, value)| (name.to_string(), value.to_string())));
+    env.extend(limits.gateway_settings());
+    let mut fleet: Vec<Gateway> = Vec::new();
+    for _ in 0..replicas {
+        let database_url = fleet.first().map(|first| first.database_url.clone());
+        let (env, binary) = (env.clone(), contender.binary.clone());
+        fleet.push(
+            Gateway::spawn_with(GatewayOptions { env, database_url, direct_rest: true, binary, ..Default::default() })
+                .await,
+        );
+    }
+    if replicas > 1 {
+        for gw in &fleet {
+            let counted = support::within(Duration::from_secs(30), Duration::from_millis(200), || async {
+                (gw.metric("filament_fleet_replicas").await == Some(replicas as f64)).then_some(())
+            });
+            counted.await.expect("every replica counts the fleet within 30 s");
+        }
+    }
+    fleet
+}
+
+/// Postgres transactions committed or rolled back in `database_url`'s database so far.
+async fn postgres_transactions(database_url: &str) -> f64 {
+    let pool = sqlx::PgPool::connect(database_url).await.unwrap();
+    let (transactions,): (i64,) = sqlx::query_as(
+        "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    transactions as f64
+}
+
+/// gRPC calls the Storage Write fake answered: unary calls and AppendRows requests.
+fn grpc_calls(fake: &FakeWrite) -> usize {
+    fake.with(|s| s.routing_headers.iter().filter(|(path, _)| path != "AppendRows").count() + s.append_requests)
+}
+
+/// One point: `scenario.resources` resources, split among `scenario.replicas` runs, through
+/// the simulation under Google's quotas.
+async fn run_point(scenario: Scenario<'_>, throughput: f64) -> Point {
+    let limits = Limits { stream_quota: scenario.stream_quota, ..Limits::default() };
     let body = body();
     let fake = FakeWrite::start().await;
     fake.with(|s| s.null_sink = true);
     limits.apply_to(&fake);
     let rest = SimulatedRest::start(limits, body.len() as u64).await;
-    let mut env = vec![
-        ("BIGQUERY_STORAGE_EMULATOR_HOST".to_string(), fake.address.clone()),
-        ("BIGQUERY_EMULATOR_HOST".to_string(), rest.address.clone()),
-        ("RUST_LOG".to_string(), std::env::var("FILAMENT_BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into())),
-    ];
-    env.extend(gateway_settings());
-    env.extend(contender.env.iter().cloned());
-    let binary = contender.binary.clone();
-    let gw = Gateway::spawn_with(GatewayOptions { env, direct_rest: true, binary, ..Default::default() }).await;
-    let pid = gw.pid();
-    let names: Vec<String> = (0..resources).map(|i| format!("t{i:05}")).collect();
-    set_up_run(&gw, &names).await;
-    let cpu_before = process_cpu_seconds(pid);
+    let fleet = spawn_fleet(scenario.replicas, scenario.contender, &limits, &fake, &rest).await;
+    let names: Vec<String> = (0..scenario.resources).map(|i| format!("t{i:05}")).collect();
+    let shares: Vec<&[String]> = names.chunks(scenario.resources.div_ceil(scenario.replicas)).collect();
+    for (i, (gw, share)) in fleet.iter().zip(&shares).enumerate() {
+        set_up_run(gw, &format!("bench{i}"), share).await;
+    }
+    let (rest_before, grpc_before) = (rest.rest_calls(), grpc_calls(&fake));
+    let postgres_before = postgres_transactions(&fleet[0].database_url).await;
+    let cpu_before: Vec<f64> = fleet.iter().map(|gw| process_cpu_seconds(gw.pid())).collect();
     let started = Instant::now();
-    let posts = futures::stream::iter(names.iter().map(|resource| {
-        let (gw, body) = (&gw, &body);
-        async move {
-            let path = format!("/v1/runs/bench/executions/e/resources/{resource}/batches");
-            let post = || {
-                gw.request(Method::POST, &path)
-                    .header("content-type", "application/vnd.apache.arrow.stream")
-                    .body(body.clone())
-            };
-            let (status, receipt) = send_retrying(post).await;
-            assert_eq!(status, StatusCode::ACCEPTED, "{receipt}");
-        }
-    }));
-    posts.buffer_unordered(64).collect::<Vec<()>>().await;
-    let committed = commit_and_await(&gw).await;
+    let runs = fleet.iter().zip(&shares).enumerate().map(|(i, (gw, share))| {
+        let body = &body;
+        async move { load_run(gw, &format!("bench{i}"), share, body).await }
+    });
+    futures::future::join_all(runs).await;
     let measured_seconds = started.elapsed().as_secs_f64();
-    let cpu = process_cpu_seconds(pid) - cpu_before;
-    assert_eq!(committed["state"], "committed", "{committed}");
+    let cpu: f64 = fleet.iter().zip(&cpu_before).map(|(gw, before)| process_cpu_seconds(gw.pid()) - before).sum();
+    let n = scenario.resources as f64;
+    let calls_per_resource = Calls {
+        rest: (rest.rest_calls() - rest_before) as f64 / n,
+        grpc: (grpc_calls(&fake) - grpc_before) as f64 / n,
+        postgres: (postgres_transactions(&fleet[0].database_url).await - postgres_before) / n,
+    };
     let counters = rest.counters();
     let (committed_streams, rows) = fake.with(|s| {
         let committed: Vec<_> = s.streams.values().filter(|st| st.committed).collect();
         (committed.len(), committed.iter().map(|st| st.rows).sum::<i64>())
     });
-    let rows_exact = committed_streams == resources
-        && rows == ROWS_PER_RESOURCE * resources as i64
-        && counters.jobs_inserted == resources;
+    let rows_exact = committed_streams == scenario.resources
+        && rows == ROWS_PER_RESOURCE * n as i64
+        && counters.jobs_inserted == scenario.resources;
     assert!(rows_exact, "{committed_streams} streams committed, {rows} rows, {} jobs", counters.jobs_inserted);
+    let mut uses = rest.quota_use();
+    uses.extend(fake.with(|s| s.create_quota.as_ref().map(support::quota_meter::QuotaUse::from)));
+    let busiest = uses.iter().max_by(|a, b| a.max_use.total_cmp(&b.max_use)).cloned().unwrap();
     Point {
-        resources,
-        setting: contender.setting.clone(),
-        floor: limits.floor(resources, body.len() as u64, throughput * 1e6),
+        resources: scenario.resources,
+        replicas: scenario.replicas,
+        stream_quota: scenario.stream_quota,
+        setting: scenario.contender.setting.clone(),
+        floor: limits.floor(scenario.resources, body.len() as u64, throughput * 1e6),
         measured_seconds,
-        peak_rss_mib: peak_rss_mib(pid),
-        cpu_ms_per_resource: cpu * 1000.0 / resources as f64,
+        peak_rss_mib: fleet.iter().map(|gw| peak_rss_mib(gw.pid())).sum(),
+        cpu_ms_per_resource: cpu * 1000.0 / n,
         rows_exact,
-        refused_stream_creations: fake.with(|s| s.refused_creates),
+        calls_per_resource,
+        max_quota_use: busiest.max_use,
+        busiest_quota: busiest.name,
+        quota_refusals: uses.iter().map(|u| u.refused).sum(),
         max_running_queries: counters.max_running_queries,
         max_open_connections: fake.with(|s| s.max_open_connections),
-        refused_connections: fake.with(|s| s.refused_connections),
     }
 }
 
@@ -276,11 +365,24 @@ fn measured_throughput(root: &std::path::Path) -> (f64, &'static str) {
 }
 
 fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let this_build = Contender::this_build();
     if !std::env::args().any(|arg| arg == "--bench") {
-        // `cargo test --all-targets`: a small smoke run (exact rows still checked).
-        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-        let point = runtime.block_on(run_point(10, &Contender::defaults(), DEFAULT_THROUGHPUT_MB_PER_SECOND));
-        println!("many-tables smoke (not a measurement): 10 resources loaded exactly once: {}", point.rows_exact);
+        // `cargo test --all-targets`: a small smoke run on two replicas (exact rows and the
+        // quotas still checked).
+        let scenario =
+            Scenario { resources: 10, replicas: 2, stream_quota: StreamQuota::PerMinute, contender: &this_build };
+        let point = runtime.block_on(run_point(scenario, DEFAULT_THROUGHPUT_MB_PER_SECOND));
+        assert!(
+            point.max_quota_use <= 1.0 && point.quota_refusals == 0,
+            "{}: {}",
+            point.busiest_quota,
+            point.max_quota_use
+        );
+        println!(
+            "many-tables smoke (not a measurement): 10 resources on 2 replicas loaded exactly once: {}",
+            point.rows_exact
+        );
         return;
     }
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -288,43 +390,54 @@ fn main() {
     let sizes: Vec<usize> = std::env::var("FILAMENT_BENCH_MANY_TABLES")
         .ok()
         .map(|list| list.split(',').map(|n| n.trim().parse().expect("a number of resources")).collect())
-        .unwrap_or_else(|| vec![100, 1_000, 10_000]);
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    let (defaults, profile) = (Contender::defaults(), Contender::many_tables_profile());
+        .unwrap_or_else(|| vec![100, 1_000]);
     let previous = Contender::previous_main().filter(|_| std::env::var_os("FILAMENT_BENCH_SKIP_PREVIOUS").is_none());
     let mut points = Vec::new();
     for &resources in &sizes {
-        // The defaults publish eight tables at a time: 10,000 would take about an hour.
-        if resources <= 1_000 {
-            if let Some(previous) = &previous {
-                points.push(report(runtime.block_on(run_point(resources, previous, throughput))));
-            }
-            points.push(report(runtime.block_on(run_point(resources, &defaults, throughput))));
+        if resources == 100
+            && let Some(previous) = &previous
+        {
+            let scenario =
+                Scenario { resources, replicas: 1, stream_quota: StreamQuota::PerMinute, contender: previous };
+            points.push(report(runtime.block_on(run_point(scenario, throughput))));
         }
-        points.push(report(runtime.block_on(run_point(resources, &profile, throughput))));
+        // 10,000 new tables take at least half an hour of tables.insert: one replica, one reading.
+        let fleets: &[usize] = if resources > 1_000 { &[1] } else { &[1, 3] };
+        let readings: &[StreamQuota] =
+            if resources > 1_000 { &[StreamQuota::Hourly] } else { &[StreamQuota::Hourly, StreamQuota::PerMinute] };
+        for &replicas in fleets {
+            for &stream_quota in readings {
+                let scenario = Scenario { resources, replicas, stream_quota, contender: &this_build };
+                points.push(report(runtime.block_on(run_point(scenario, throughput))));
+            }
+        }
     }
     write_results(root, &points, throughput, source, data_cpu_floor_ms(&body()));
 }
 
 fn report(point: Point) -> Point {
+    let calls = point.calls_per_resource;
     println!(
-        "many tables: {:>6} resources, {:<24} floor {:>6.1} s (streams {:.1}, publication {:.1}, data {:.1}; sequential {:.1}), measured {:>6.1} s ({:.2}x, {:.2}x sequential), peak RSS {:.0} MiB, {:.2} ms CPU per resource, {} stream creations refused, {} queries at once, {} AppendRows connections at once ({} refused)",
+        "many tables: {:>6} resources on {} replica(s), stream quota {:<10} {:<24} floor {:>6.1} s (tables.insert {:.1}, streams {:.1}, data {:.1}, then publication {:.1}), measured {:>6.1} s ({:.2}x), calls per resource {:.1} REST / {:.1} gRPC / {:.1} Postgres, max quota use {:.2} ({}), {} refusals, peak RSS {:.0} MiB, {:.2} ms CPU per resource",
         point.resources,
+        point.replicas,
+        point.stream_quota.name(),
         point.setting,
         point.floor.seconds(),
+        point.floor.tables_insert_seconds,
         point.floor.stream_creation_seconds,
-        point.floor.publication_seconds,
         point.floor.data_seconds,
-        point.floor.sequential_seconds(),
+        point.floor.publication_seconds,
         point.measured_seconds,
         point.ratio(),
-        point.ratio_to_sequential_floor(),
+        calls.rest,
+        calls.grpc,
+        calls.postgres,
+        point.max_quota_use,
+        point.busiest_quota,
+        point.quota_refusals,
         point.peak_rss_mib,
         point.cpu_ms_per_resource,
-        point.refused_stream_creations,
-        point.max_running_queries,
-        point.max_open_connections,
-        point.refused_connections,
     );
     point
 }
@@ -335,7 +448,7 @@ fn write_results(root: &std::path::Path, points: &[Point], throughput: f64, sour
         .ok()
         .and_then(|text| serde_json::from_str(&text).ok())
         .unwrap_or_else(|| json!({}));
-    let this_build = |p: &&Point| p.setting == DEFAULTS || p.setting == PROFILE;
+    let this_build = |p: &&Point| p.setting == PROFILE;
     let current: Vec<Value> = points.iter().filter(this_build).map(|p| p.json(data_cpu_floor_ms)).collect();
     let previous: Vec<Value> = points.iter().filter(|p| !this_build(p)).map(|p| p.json(data_cpu_floor_ms)).collect();
     result["many_tables"] = json!(current);
@@ -344,25 +457,33 @@ fn write_results(root: &std::path::Path, points: &[Point], throughput: f64, sour
     std::fs::create_dir_all(root.join("build/bench")).unwrap();
     std::fs::write(&path, serde_json::to_string_pretty(&result).unwrap()).unwrap();
     let mut md = String::from(
-        "Measured by `make bench` (`benches/many_tables.rs`): one run of N resources of about 1 MiB, first batch to\n\
-         `committed`, against the simulated control plane with the default limits below, the null Storage Write sink\n\
-         and Postgres on this machine.\n\n\
-         | resources | concurrency | floor s (streams / publication / data) | sequential floor s | measured s | ratio | ratio to sequential | peak RSS MiB | CPU ms per resource | rows exact |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+        "Measured by `make bench` (`benches/many_tables.rs`): runs of N resources of about 1 MiB, first batch to\n\
+         `committed`, against the simulated control plane under Google's published quotas (the model above), the null\n\
+         Storage Write sink and Postgres on this machine; three replicas share one database and the quotas.\n\n\
+         | resources | replicas | stream quota | build | floor s (tables.insert / streams / data, then publication) | measured s | ratio | calls per resource (REST / gRPC / Postgres) | max quota use | refusals | peak RSS MiB | CPU ms per resource | rows exact |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for p in points {
+        let c = p.calls_per_resource;
         md.push_str(&format!(
-            "| {} | {} | {:.1} ({:.1} / {:.1} / {:.1}) | {:.1} | {:.1} | {:.2} | {:.2} | {:.0} | {:.2} | {} |\n",
+            "| {} | {} | {} | {} | {:.1} ({:.1} / {:.1} / {:.1}, then {:.1}) | {:.1} | {:.2} | {:.1} / {:.1} / {:.1} | {:.2} ({}) | {} | {:.0} | {:.2} | {} |\n",
             p.resources,
+            p.replicas,
+            p.stream_quota.name(),
             p.setting,
             p.floor.seconds(),
+            p.floor.tables_insert_seconds,
             p.floor.stream_creation_seconds,
-            p.floor.publication_seconds,
             p.floor.data_seconds,
-            p.floor.sequential_seconds(),
+            p.floor.publication_seconds,
             p.measured_seconds,
             p.ratio(),
-            p.ratio_to_sequential_floor(),
+            c.rest,
+            c.grpc,
+            c.postgres,
+            p.max_quota_use,
+            p.busiest_quota,
+            p.quota_refusals,
             p.peak_rss_mib,
             p.cpu_ms_per_resource,
             p.rows_exact

@@ -203,6 +203,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     // Counted before the first call: a replica joining a fleet starts with its share, not the whole.
     replica.renew_fleet_membership().await;
     let quotas = Arc::new(Quotas::new(quota_settings(&config), replica.fleet_size()));
+    Quotas::follow_fleet(&quotas);
     let bigquery = connect_bigquery(&endpoints, config.append_gzip_level, retry_policy(&config), quotas).await?;
 
     let (sources, principals, generated_token) = initial_principals(&config)?;

@@ -67,6 +67,10 @@ impl QuotaSettings {
     }
 }
 
+/// The fraction of a rate quota the gateway paces at: requests leave evenly but reach BigQuery
+/// with the network's jitter, and the fleet's replicas renew their count every few seconds.
+pub(crate) const PACE_FRACTION: f64 = 0.9;
+
 /// A quota as a bucket: `burst` calls at once, refilled at `per_second`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Rate {
@@ -78,6 +82,11 @@ impl Rate {
     /// A per-second quota: one second's calls at once.
     fn per_second(per_second: f64) -> Self {
         Rate { burst: per_second, per_second }
+    }
+
+    /// The pace the gateway keeps under this quota: [`PACE_FRACTION`] of it.
+    fn paced(self) -> Rate {
+        Rate { burst: self.burst * PACE_FRACTION, per_second: self.per_second * PACE_FRACTION }
     }
 
     /// This replica's share among `replicas`.
@@ -99,7 +108,8 @@ fn fleet_of_one() -> FleetSize {
 /// One rate quota, paced as a token bucket with this replica's share.
 #[derive(Debug)]
 pub(crate) struct TokenBucket {
-    name: &'static str,
+    /// `quota` (and `method`, for a per-method quota) in `/metrics`.
+    labels: Vec<metrics::Label>,
     quota: Rate,
     fleet: FleetSize,
     state: Mutex<BucketState>,
@@ -116,10 +126,10 @@ struct BucketState {
 }
 
 impl TokenBucket {
-    fn new(name: &'static str, quota: Rate, fleet: FleetSize) -> Self {
+    fn new(labels: Vec<metrics::Label>, quota: Rate, fleet: FleetSize) -> Self {
         let rate = quota.share(*fleet.borrow());
         let state = BucketState { tokens: rate.burst, updated: Instant::now(), rate };
-        let bucket = TokenBucket { name, quota, fleet, state: Mutex::new(state), waiting: AtomicUsize::new(0) };
+        let bucket = TokenBucket { labels, quota, fleet, state: Mutex::new(state), waiting: AtomicUsize::new(0) };
         bucket.publish(rate);
         bucket
     }
@@ -161,13 +171,19 @@ impl TokenBucket {
         }
     }
 
+    /// Brings the bucket to now under the current share (its rate in `/metrics` too).
+    fn catch_up(&self) {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.refill(&mut state, Instant::now());
+    }
+
     /// BigQuery refused a call this bucket paced: the bucket empties (reservations already
     /// made still wait their turn), so the next calls come at the refill rate.
     pub(crate) fn refused(&self) {
         let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         self.refill(&mut state, Instant::now());
         state.tokens = state.tokens.min(0.0);
-        metrics::counter!(telemetry::QUOTA_REFUSALS, "quota" => self.name).increment(1);
+        metrics::counter!(telemetry::QUOTA_REFUSALS, self.labels.clone()).increment(1);
     }
 
     /// This replica's rate now, calls per second.
@@ -177,8 +193,21 @@ impl TokenBucket {
     }
 
     fn publish(&self, rate: Rate) {
-        metrics::gauge!(telemetry::QUOTA_RATE, "quota" => self.name).set(rate.per_second);
+        metrics::gauge!(telemetry::QUOTA_RATE, self.labels.clone()).set(rate.per_second);
     }
+}
+
+/// The labels of a quota's pacer in `/metrics`.
+fn quota_label(quota: &'static str) -> Vec<metrics::Label> {
+    vec![metrics::Label::from_static_parts("quota", quota)]
+}
+
+/// The labels of one REST method's pacer under the per-method quota.
+fn method_labels(method: &'static str) -> Vec<metrics::Label> {
+    vec![
+        metrics::Label::from_static_parts("quota", "api_requests_per_method"),
+        metrics::Label::from_static_parts("method", method),
+    ]
 }
 
 /// A caller waiting for its token, counted in `filament_bigquery_quota_waiting` until dropped.
@@ -187,7 +216,7 @@ struct Waiting<'a>(&'a TokenBucket);
 impl<'a> Waiting<'a> {
     fn new(bucket: &'a TokenBucket) -> Self {
         let waiting = bucket.waiting.fetch_add(1, Ordering::Relaxed) + 1;
-        metrics::gauge!(telemetry::QUOTA_WAITING, "quota" => bucket.name).set(waiting as f64);
+        metrics::gauge!(telemetry::QUOTA_WAITING, bucket.labels.clone()).set(waiting as f64);
         Waiting(bucket)
     }
 }
@@ -195,7 +224,7 @@ impl<'a> Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         let waiting = self.0.waiting.fetch_sub(1, Ordering::Relaxed) - 1;
-        metrics::gauge!(telemetry::QUOTA_WAITING, "quota" => self.0.name).set(waiting as f64);
+        metrics::gauge!(telemetry::QUOTA_WAITING, self.0.labels.clone()).set(waiting as f64);
     }
 }
 
@@ -266,7 +295,7 @@ pub(crate) type RestPlace<'a> = InFlight<'a>;
 
 impl Quotas {
     pub(crate) fn new(settings: QuotaSettings, fleet: FleetSize) -> Self {
-        let bucket = |name, rate| TokenBucket::new(name, rate, fleet.clone());
+        let bucket = |name, rate: Rate| TokenBucket::new(quota_label(name), rate.paced(), fleet.clone());
         Quotas {
             tables_insert: bucket("tables.insert", Rate::per_second(settings.tables_insert_per_second)),
             create_write_stream: bucket("CreateWriteStream", settings.create_write_stream()),
@@ -281,13 +310,34 @@ impl Quotas {
         }
     }
 
+    /// Keeps each pacer's rate in `/metrics` current as the fleet changes (between calls too),
+    /// for as long as `quotas` lives.
+    pub(crate) fn follow_fleet(quotas: &std::sync::Arc<Quotas>) {
+        let (weak, mut fleet) = (std::sync::Arc::downgrade(quotas), quotas.fleet.clone());
+        tokio::spawn(async move {
+            while fleet.changed().await.is_ok() {
+                let Some(quotas) = weak.upgrade() else { return };
+                let methods: Vec<_> = quotas.lock_methods().values().cloned().collect();
+                for bucket in
+                    [&quotas.tables_insert, &quotas.create_write_stream].into_iter().chain(methods.iter().map(|b| &**b))
+                {
+                    bucket.catch_up();
+                }
+            }
+        });
+    }
+
+    fn lock_methods(&self) -> std::sync::MutexGuard<'_, HashMap<&'static str, std::sync::Arc<TokenBucket>>> {
+        self.per_method.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     fn method(&self, method: &'static str) -> std::sync::Arc<TokenBucket> {
-        let mut buckets = self.per_method.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let rate = Rate::per_second(self.settings.api_requests_per_second_per_method);
+        let mut buckets = self.lock_methods();
+        let rate = Rate::per_second(self.settings.api_requests_per_second_per_method).paced();
         std::sync::Arc::clone(
-            buckets
-                .entry(method)
-                .or_insert_with(|| std::sync::Arc::new(TokenBucket::new(method, rate, self.fleet.clone()))),
+            buckets.entry(method).or_insert_with(|| {
+                std::sync::Arc::new(TokenBucket::new(method_labels(method), rate, self.fleet.clone()))
+            }),
         )
     }
 

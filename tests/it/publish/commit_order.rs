@@ -131,7 +131,7 @@ fn quick_control_plane() -> Limits {
         table_updates_per_10s: 100,
         table_delete: Duration::from_millis(20),
         create_stream: Duration::from_millis(400),
-        create_streams_per_second: 1_000,
+        create_write_streams_per_hour: 3_600_000.0,
         finalize: Duration::from_millis(20),
         batch_commit: Duration::from_millis(20),
         query: Duration::from_millis(600),

@@ -1,19 +1,26 @@
-//! A simulation of BigQuery's control plane for the many-tables benchmark: a REST server that
-//! keeps datasets, tables and query jobs in memory and answers them with BigQuery's latencies
-//! and limits ([`Limits`]), beside the Storage Write fake (`fake_write`) set to the same
-//! limits ([`Limits::apply_to`]). Nothing is stored but metadata: rows are counted by the
-//! Storage Write fake.
+//! A simulation of BigQuery's control plane for the many-tables benchmark and the fleet tests: a
+//! REST server that keeps datasets, tables and query jobs in memory and answers them with
+//! BigQuery's latencies and published quotas ([`Limits`]), beside the Storage Write fake
+//! (`fake_write`) set to the same limits ([`Limits::apply_to`]). Nothing is stored but metadata:
+//! rows are counted by the Storage Write fake.
 //!
 //! What it simulates (defaults and their sources: `docs/performance.md`):
+//! - every REST call counts against the quotas it falls under (`quota_meter`): `tables.insert`
+//!   per second, each method per second, concurrent requests (long polls included); a call
+//!   beyond one is refused (403 `rateLimitExceeded`) and counted;
 //! - `datasets.get`, `tables.get`: `metadata_read`; `tables.insert`, `tables.patch`:
 //!   `metadata_write`, and at most `table_updates_per_10s` per table (beyond: 403
 //!   `rateLimitExceeded`, as BigQuery answers its table metadata update limit);
 //!   `tables.delete`: `table_delete`;
 //! - query jobs: `query` plus `query_per_mib` per MiB staged, at most `concurrent_queries`
 //!   running in the project and `concurrent_dml_per_table` on one table; the others queue (as
-//!   BigQuery queues them), `jobs.getQueryResults` long polls answered when the job ends.
+//!   BigQuery queues them), `jobs.getQueryResults` long polls answered when the job ends;
+//! - `CreateWriteStream` (in the Storage Write fake): its hourly quota read as an hourly bucket
+//!   or per minute ([`StreamQuota`]), and its latency beyond 40 calls a second.
 //!
-//! [`Limits::floor`] is the time no client can beat for a run of N resources under them.
+//! [`Limits::floor`] is the time no client can beat for a run of N resources under them;
+//! [`SimulatedRest::quota_use`] the highest use of every quota, which a fleet pacing within
+//! them keeps at or below 1.0.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -28,16 +35,47 @@ use tokio::sync::{Semaphore, watch};
 
 use super::fake_rest::bigquery_error;
 use super::fake_write::FakeWrite;
+use super::quota_meter::{ConcurrencyMeter, QuotaUse, RateMeter};
 
-/// BigQuery's control-plane latencies and limits.
+/// How the `CreateWriteStream` quota (streams per hour per project and region) is enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamQuota {
+    /// The hour's streams at once, refilled over the hour.
+    Hourly,
+    /// A sixtieth of them at once (167), refilled over the minute.
+    PerMinute,
+}
+
+impl StreamQuota {
+    /// The name the benchmark reports and the gateway's setting takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            StreamQuota::Hourly => "hourly",
+            StreamQuota::PerMinute => "per_minute",
+        }
+    }
+}
+
+/// BigQuery's control-plane latencies and quotas.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub metadata_read: Duration,
     pub metadata_write: Duration,
     pub table_updates_per_10s: usize,
     pub table_delete: Duration,
+    /// `tables.insert` requests per second per user.
+    pub tables_insert_per_second: f64,
+    /// Requests per second per user of each REST method.
+    pub api_requests_per_second_per_method: f64,
+    /// REST requests in flight per user.
+    pub concurrent_api_requests: usize,
     pub create_stream: Duration,
-    pub create_streams_per_second: usize,
+    /// `CreateWriteStream` calls per hour per project and region, and how they are enforced.
+    pub create_write_streams_per_hour: f64,
+    pub stream_quota: StreamQuota,
+    /// Beyond this many `CreateWriteStream` calls a second, each takes `create_stream_burst`.
+    pub create_streams_before_slowdown_per_second: usize,
+    pub create_stream_burst: Duration,
     /// The project's concurrent AppendRows connections (10,000 in a multi-region).
     pub concurrent_connections: usize,
     pub finalize: Duration,
@@ -55,8 +93,14 @@ impl Default for Limits {
             metadata_write: Duration::from_millis(400),
             table_updates_per_10s: 5,
             table_delete: Duration::from_millis(200),
+            tables_insert_per_second: 10.0,
+            api_requests_per_second_per_method: 100.0,
+            concurrent_api_requests: 300,
             create_stream: Duration::from_millis(250),
-            create_streams_per_second: 40,
+            create_write_streams_per_hour: 10_000.0,
+            stream_quota: StreamQuota::PerMinute,
+            create_streams_before_slowdown_per_second: 40,
+            create_stream_burst: Duration::from_secs(25),
             concurrent_connections: 10_000,
             finalize: Duration::from_millis(100),
             batch_commit: Duration::from_millis(200),
@@ -71,7 +115,9 @@ impl Default for Limits {
 /// The floor of a run and what sets it.
 #[derive(Debug, Clone, Copy)]
 pub struct Floor {
-    /// Creating one stream per resource at the allowed rate.
+    /// `tables.insert` of every destination and staging table at its quota.
+    pub tables_insert_seconds: f64,
+    /// Creating one stream per resource within the stream quota.
     pub stream_creation_seconds: f64,
     /// One query job per resource at the allowed concurrency.
     pub publication_seconds: f64,
@@ -80,29 +126,49 @@ pub struct Floor {
 }
 
 impl Floor {
-    /// The slowest of the three.
+    /// Set-up (tables, streams) and data overlap; publication follows the commit, which
+    /// follows the last set-up.
     pub fn seconds(&self) -> f64 {
-        self.stream_creation_seconds.max(self.publication_seconds).max(self.data_seconds)
-    }
-
-    /// Streams, then publication: the floor of a run that posts every batch and then commits
-    /// (publication starts at commit, which follows the last batch's set-up).
-    pub fn sequential_seconds(&self) -> f64 {
-        self.stream_creation_seconds.max(self.data_seconds) + self.publication_seconds
+        self.tables_insert_seconds.max(self.stream_creation_seconds).max(self.data_seconds) + self.publication_seconds
     }
 }
 
 impl Limits {
-    /// The Storage Write fake with these limits: stream creation's latency and rate, the
+    /// The Storage Write fake with these limits: stream creation's latency and quota, the
     /// concurrent connections, finalize and commit latencies.
     pub fn apply_to(&self, fake: &FakeWrite) {
         fake.with(|s| {
             s.create_delay = self.create_stream;
-            s.create_rate_per_second = Some(self.create_streams_per_second);
+            let (burst, per_second) = self.stream_bucket();
+            s.create_quota = Some(RateMeter::new("CreateWriteStream", burst, per_second));
+            s.create_burst_latency = Some((self.create_streams_before_slowdown_per_second, self.create_stream_burst));
             s.connection_limit = Some(self.concurrent_connections);
             s.finalize_delay = self.finalize;
             s.commit_delay = self.batch_commit;
         });
+    }
+
+    /// The stream quota as a bucket: (calls at once, refill per second).
+    fn stream_bucket(&self) -> (f64, f64) {
+        let per_second = self.create_write_streams_per_hour / 3600.0;
+        match self.stream_quota {
+            StreamQuota::Hourly => (self.create_write_streams_per_hour, per_second),
+            StreamQuota::PerMinute => (self.create_write_streams_per_hour / 60.0, per_second),
+        }
+    }
+
+    /// The gateway's settings that pace it within these quotas (an operator sets the same).
+    pub fn gateway_settings(&self) -> Vec<(String, String)> {
+        [
+            ("FILAMENT_QUOTA_TABLES_INSERT_PER_SECOND", self.tables_insert_per_second.to_string()),
+            ("FILAMENT_QUOTA_API_REQUESTS_PER_SECOND_PER_METHOD", self.api_requests_per_second_per_method.to_string()),
+            ("FILAMENT_QUOTA_CONCURRENT_API_REQUESTS", self.concurrent_api_requests.to_string()),
+            ("FILAMENT_QUOTA_CREATE_WRITE_STREAMS_PER_HOUR", self.create_write_streams_per_hour.to_string()),
+            ("FILAMENT_QUOTA_CREATE_WRITE_STREAM_READING", self.stream_quota.name().to_string()),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_string(), value))
+        .collect()
     }
 
     /// One query job over `bytes` staged.
@@ -110,16 +176,77 @@ impl Limits {
         self.query + self.query_per_mib.mul_f64(bytes as f64 / (1024.0 * 1024.0))
     }
 
-    /// The floor of a run of `resources` resources of `bytes_per_resource` each, its data
-    /// moving at `throughput_bytes_per_second`.
+    /// The floor of a run of `resources` new tables of `bytes_per_resource` each (a
+    /// `tables.insert` for the destination and one for the staging table), its data moving at
+    /// `throughput_bytes_per_second`.
     pub fn floor(&self, resources: usize, bytes_per_resource: u64, throughput_bytes_per_second: f64) -> Floor {
         let n = resources as f64;
         let waves = (n / self.concurrent_queries as f64).ceil();
+        let inserts = 2.0 * n;
+        let (stream_burst, streams_per_second) = self.stream_bucket();
         Floor {
-            stream_creation_seconds: n / self.create_streams_per_second as f64,
+            tables_insert_seconds: (inserts - self.tables_insert_per_second).max(0.0) / self.tables_insert_per_second,
+            stream_creation_seconds: (n - stream_burst).max(0.0) / streams_per_second,
             publication_seconds: waves * self.query_duration(bytes_per_resource).as_secs_f64(),
             data_seconds: n * bytes_per_resource as f64 / throughput_bytes_per_second,
         }
+    }
+}
+
+/// Every quota a REST call counts against, and what each saw.
+struct Quotas {
+    tables_insert: RateMeter,
+    per_method: HashMap<&'static str, RateMeter>,
+    concurrent: ConcurrencyMeter,
+    /// Calls by method (refused ones included).
+    calls: HashMap<&'static str, usize>,
+}
+
+impl Quotas {
+    fn new(limits: &Limits) -> Self {
+        Quotas {
+            tables_insert: RateMeter::per_second("tables.insert per second", limits.tables_insert_per_second),
+            per_method: HashMap::new(),
+            concurrent: ConcurrencyMeter::new("concurrent API requests", limits.concurrent_api_requests),
+            calls: HashMap::new(),
+        }
+    }
+
+    /// Counts a call of `method`: `false` when a quota refuses it (then it is not in flight).
+    fn admit(&mut self, limits: &Limits, method: &'static str) -> bool {
+        *self.calls.entry(method).or_default() += 1;
+        let per_second = limits.api_requests_per_second_per_method;
+        let method_meter = self
+            .per_method
+            .entry(method)
+            .or_insert_with(|| RateMeter::per_second(format!("{method} per second"), per_second));
+        let admitted = method_meter.admit() && (method != "tables.insert" || self.tables_insert.admit());
+        admitted && self.concurrent.enter()
+    }
+
+    fn uses(&self) -> Vec<QuotaUse> {
+        let mut uses: Vec<QuotaUse> = self.per_method.values().map(QuotaUse::from).collect();
+        uses.push(QuotaUse::from(&self.tables_insert));
+        uses.push(QuotaUse::from(&self.concurrent));
+        uses
+    }
+}
+
+/// The REST method a request calls, as BigQuery's quotas name it.
+fn method_of(method: &str, parts: &[&str]) -> &'static str {
+    match (method, parts) {
+        ("GET", [_, "datasets"]) => "datasets.list",
+        ("GET", [_, "datasets", _]) => "datasets.get",
+        ("POST", [_, "datasets"]) => "datasets.insert",
+        ("GET", [_, "datasets", _, "tables", _]) => "tables.get",
+        ("POST", [_, "datasets", _, "tables"]) => "tables.insert",
+        ("PATCH", [_, "datasets", _, "tables", _]) => "tables.patch",
+        ("PUT", [_, "datasets", _, "tables", _]) => "tables.update",
+        ("DELETE", [_, "datasets", _, "tables", _]) => "tables.delete",
+        ("POST", [_, "jobs"]) => "jobs.insert",
+        ("GET", [_, "jobs", _]) => "jobs.get",
+        ("GET", [_, "queries", _]) => "jobs.getQueryResults",
+        _ => "other",
     }
 }
 
@@ -157,6 +284,7 @@ struct Shared {
     bytes_per_job: u64,
     queries: Arc<Semaphore>,
     catalog: Mutex<Catalog>,
+    quotas: Mutex<Quotas>,
 }
 
 impl SimulatedRest {
@@ -166,6 +294,7 @@ impl SimulatedRest {
             bytes_per_job,
             queries: Arc::new(Semaphore::new(limits.concurrent_queries)),
             catalog: Mutex::default(),
+            quotas: Mutex::new(Quotas::new(&limits)),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
@@ -177,6 +306,16 @@ impl SimulatedRest {
     pub fn counters(&self) -> Counters {
         self.shared.catalog.lock().unwrap().counters.clone()
     }
+
+    /// The highest use of every REST quota so far, and the calls each refused.
+    pub fn quota_use(&self) -> Vec<QuotaUse> {
+        self.shared.quotas.lock().unwrap().uses()
+    }
+
+    /// REST calls made so far (refused ones included).
+    pub fn rest_calls(&self) -> usize {
+        self.shared.quotas.lock().unwrap().calls.values().sum()
+    }
 }
 
 /// The path after `/projects/`, split: `[project, "datasets", d, "tables", t]`, ...
@@ -184,16 +323,29 @@ fn segments(path: &str) -> Vec<String> {
     path.split_once("/projects/").map(|(_, rest)| rest.split('/').map(str::to_string).collect()).unwrap_or_default()
 }
 
+/// Counts the call against the quotas (refusing one beyond them), then answers it.
 async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let method = request.method().as_str().to_string();
     let path = request.uri().path().to_string();
+    let parts = segments(&path);
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    let quota_method = method_of(&method, &parts);
+    if !shared.quotas.lock().unwrap().admit(&shared.limits, quota_method) {
+        let message = format!("Exceeded rate limits: too many api requests per user per method for {quota_method}");
+        let error = bigquery_error(403, "PERMISSION_DENIED", &message, "rateLimitExceeded", vec![]);
+        return (StatusCode::FORBIDDEN, axum::Json(error)).into_response();
+    }
+    let answer = answer(&shared, request, &method, &path, &parts).await;
+    shared.quotas.lock().unwrap().concurrent.leave();
+    answer
+}
+
+async fn answer(shared: &Arc<Shared>, request: Request, method: &str, path: &str, parts: &[&str]) -> Response {
     let query = request.uri().query().unwrap_or_default().to_string();
     let body: Bytes = axum::body::to_bytes(request.into_body(), usize::MAX).await.unwrap_or_default();
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let parts = segments(&path);
-    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
     let limits = shared.limits;
-    match (method.as_str(), parts.as_slice()) {
+    match (method, parts) {
         ("GET", [_, "datasets"]) => json_answer(json!({"datasets": []})),
         ("GET", [p, "datasets", d]) => {
             tokio::time::sleep(limits.metadata_read).await;
@@ -215,10 +367,10 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         }
         ("POST", [p, "datasets", d, "tables"]) => {
             let t = body["tableReference"]["tableId"].as_str().unwrap_or_default().to_string();
-            update_table(&shared, &format!("{p}.{d}.{t}"), body, true).await
+            update_table(shared, &format!("{p}.{d}.{t}"), body, true).await
         }
         ("PATCH" | "PUT", [p, "datasets", d, "tables", t]) => {
-            update_table(&shared, &format!("{p}.{d}.{t}"), body, false).await
+            update_table(shared, &format!("{p}.{d}.{t}"), body, false).await
         }
         ("DELETE", [p, "datasets", d, "tables", t]) => {
             tokio::time::sleep(limits.table_delete).await;
@@ -227,9 +379,9 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             catalog.counters.tables_deleted += 1;
             StatusCode::NO_CONTENT.into_response()
         }
-        ("POST", [_, "jobs"]) => insert_job(&shared, body),
-        ("GET", [_, "jobs", id]) => job_answer(&shared, id, false, "").into_response(),
-        ("GET", [_, "queries", id]) => job_answer(&shared, id, true, &query).await_answer().await,
+        ("POST", [_, "jobs"]) => insert_job(shared, body),
+        ("GET", [_, "jobs", id]) => job_answer(shared, id, false, "").into_response(),
+        ("GET", [_, "queries", id]) => job_answer(shared, id, true, &query).await_answer().await,
         _ => not_found(&format!("simulation: no route for {method} {path}")),
     }
 }

@@ -27,6 +27,8 @@ use tokio::sync::mpsc;
 use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
 
+use super::quota_meter::RateMeter;
+
 /// What the fake does with one append request (taken from the script in arrival order).
 #[derive(Debug, Clone)]
 pub enum AppendFault {
@@ -113,6 +115,12 @@ pub struct FakeState {
     /// When each accepted CreateWriteStream arrived, within the last second.
     pub recent_creates: VecDeque<std::time::Instant>,
     pub refused_creates: usize,
+    /// The project's `CreateWriteStream` quota (the control-plane simulation's): a call beyond
+    /// it is answered `RESOURCE_EXHAUSTED` (counted in `refused_creates`).
+    pub create_quota: Option<RateMeter>,
+    /// Beyond this many CreateWriteStream calls started within a second, each takes the
+    /// second duration instead of `create_delay` (BigQuery's latency under a burst).
+    pub create_burst_latency: Option<(usize, Duration)>,
     /// How long FinalizeWriteStream and BatchCommitWriteStreams take (the control-plane
     /// simulation's latencies).
     pub finalize_delay: Duration,
@@ -266,22 +274,24 @@ async fn create(
         if let Some(error) = s.create_error.clone() {
             return Err(error);
         }
-        if let Some(rate) = s.create_rate_per_second {
-            let now = std::time::Instant::now();
-            while s.recent_creates.front().is_some_and(|at| now.duration_since(*at) >= Duration::from_secs(1)) {
-                s.recent_creates.pop_front();
-            }
-            if s.recent_creates.len() >= rate {
-                s.refused_creates += 1;
-                return Err(Status::resource_exhausted(
-                    "Exceeds 'CreateWriteStream requests' quota for the project (fake: rate limit)",
-                ));
-            }
-            s.recent_creates.push_back(now);
+        let now = std::time::Instant::now();
+        while s.recent_creates.front().is_some_and(|at| now.duration_since(*at) >= Duration::from_secs(1)) {
+            s.recent_creates.pop_front();
         }
+        let over_rate = s.create_rate_per_second.is_some_and(|rate| s.recent_creates.len() >= rate);
+        if over_rate || s.create_quota.as_mut().is_some_and(|quota| !quota.admit()) {
+            s.refused_creates += 1;
+            return Err(Status::resource_exhausted(
+                "Exceeds 'CreateWriteStream requests' quota for the project (fake: rate limit)",
+            ));
+        }
+        s.recent_creates.push_back(now);
         s.creates_in_progress += 1;
         s.max_creates_in_progress = s.max_creates_in_progress.max(s.creates_in_progress);
-        s.create_delay
+        match s.create_burst_latency {
+            Some((calls_per_second, slow)) if s.recent_creates.len() > calls_per_second => slow,
+            _ => s.create_delay,
+        }
     };
     tokio::time::sleep(delay).await;
     let mut s = state.lock().unwrap();

@@ -39,6 +39,7 @@ pub mod jwks;
 pub mod lease;
 pub mod principals;
 pub mod proxy;
+pub mod quota_meter;
 pub mod rest_proxy;
 pub mod rows;
 mod test_run;
