@@ -94,6 +94,7 @@ fn pipeline_limits(config: &ServeConfig) -> anyhow::Result<PipelineLimits> {
         inflight_per_stream: config.inflight_per_stream as usize,
         max_inflight_requests: config.max_inflight_requests as usize,
         max_append_connections: config.max_append_connections as usize,
+        append_connection_idle: Duration::from_secs(config.append_connection_idle_secs),
         max_concurrent_prepares: config.max_concurrent_prepares as usize,
         retry: retry_policy(config),
         append_timeouts: AppendTimeouts {

@@ -276,6 +276,12 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_MAX_APPEND_CONNECTIONS", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub max_append_connections: u32,
 
+    /// Seconds an idle AppendRows connection is kept open while no other lane waits for a
+    /// place under `FILAMENT_MAX_APPEND_CONNECTIONS` (one that does makes an idle connection
+    /// give its place back at once). BigQuery advises connections that live for minutes.
+    #[arg(long, env = "FILAMENT_APPEND_CONNECTION_IDLE_SECS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub append_connection_idle_secs: u64,
+
     /// The most resources creating their tables and stream at once, gateway-wide (the product's
     /// eight by default; docs/operations.md has a "many tables" profile that raises it). Within
     /// it the gateway finds the concurrency BigQuery allows (adaptive, shrinking on pushback,

@@ -68,6 +68,8 @@ pub(crate) struct PipelineLimits {
     pub(crate) inflight_per_stream: usize,
     pub(crate) max_inflight_requests: usize,
     pub(crate) max_append_connections: usize,
+    /// How long an idle AppendRows connection is kept while no lane waits for a place.
+    pub(crate) append_connection_idle: Duration,
     pub(crate) max_concurrent_prepares: usize,
     /// How appends, `CreateWriteStream` and set-up are retried.
     pub(crate) retry: RetryPolicy,
@@ -101,7 +103,10 @@ impl Pipeline {
                 bigquery,
                 store,
                 inflight_requests: Arc::new(Semaphore::new(limits.max_inflight_requests)),
-                append_connections: Arc::new(Semaphore::new(limits.max_append_connections)),
+                append_connections: lane::AppendConnections::new(
+                    limits.max_append_connections,
+                    limits.append_connection_idle,
+                ),
                 prepares: AdaptiveConcurrency::new("prepare", limits.max_concurrent_prepares),
                 stream_creations: AdaptiveConcurrency::new("stream_creation", limits.max_concurrent_prepares),
                 inflight_per_stream: limits.inflight_per_stream,

@@ -13,10 +13,12 @@
 //!
 //! A connection takes one of the gateway's `max_append_connections` before its first request
 //! (before any in-flight slot, so a lane waiting for a connection never holds one) and gives
-//! it back when torn down, drained, or idle for [`IDLE_CONNECTION`] (once the server has ended
-//! the call, so BigQuery no longer counts it when another lane opens one): BigQuery limits a
-//! project's concurrent connections (10,000 in a multi-region), and a run of thousands of
-//! resources must not hold one per resource until its commit.
+//! it back when torn down, drained, idle for the connections' idle lifetime, or idle while
+//! another lane waits for a place ([`AppendConnections`]; once the server has ended the call,
+//! so BigQuery no longer counts it when another lane opens one): BigQuery limits a project's
+//! concurrent connections (10,000 in a multi-region) and advises connections that live for
+//! minutes, and a run of thousands of resources must not hold one per resource until its
+//! commit.
 //!
 //! The appender reaches the Storage Write API and the execution's record through
 //! [`AppendService`]: the lane's stream ([`LaneStream`]) in the gateway, a channel-backed fake
@@ -43,10 +45,9 @@ use crate::error::Problem;
 use crate::store::Event;
 use crate::telemetry::{self, AppendAcknowledged};
 
-/// An open connection with nothing to send or await for this long is closed, its place under
-/// `max_append_connections` given back; the next upload batch opens another (the schema again
-/// on its first request).
-pub(crate) const IDLE_CONNECTION: Duration = Duration::from_secs(2);
+/// How often a lane waiting for a place under `max_append_connections` asks an idle lane again
+/// to give its place back (the idle lane it asked may have become busy meanwhile).
+const ASK_AGAIN: Duration = Duration::from_secs(1);
 /// How long a closing connection waits for the server to end the call before its place is
 /// given back anyway.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
@@ -144,7 +145,7 @@ pub(super) struct AppendSettings {
     pub(super) retry: RetryPolicy,
     pub(super) timeouts: AppendTimeouts,
     /// Gateway-wide AppendRows connections open (`max_append_connections`).
-    pub(super) connections: Arc<Semaphore>,
+    pub(super) connections: AppendConnections,
     /// Gateway-wide AppendRows requests in flight (`max_inflight_requests`).
     pub(super) inflight_requests: Arc<Semaphore>,
 }
@@ -160,9 +161,37 @@ impl AppendSettings {
             window: context.inflight_per_stream.max(1),
             retry: context.retry,
             timeouts: context.append_timeouts,
-            connections: Arc::clone(&context.append_connections),
+            connections: context.append_connections.clone(),
             inflight_requests: Arc::clone(&context.inflight_requests),
         }
+    }
+}
+
+/// The gateway's AppendRows connections: at most `max_append_connections` open, each kept
+/// while idle for `idle_lifetime` (BigQuery advises connections that live for minutes: short
+/// ones inflate its connection quota's use), unless a lane waits for a place, which an idle
+/// one then gives back. Cheap to clone (clones share the places).
+#[derive(Debug, Clone)]
+pub(crate) struct AppendConnections {
+    places: Arc<Semaphore>,
+    /// Lanes waiting for a place ask idle ones to give theirs back.
+    wanted: Arc<tokio::sync::Notify>,
+    pub(crate) idle_lifetime: Duration,
+}
+
+impl AppendConnections {
+    pub(crate) fn new(max_append_connections: usize, idle_lifetime: Duration) -> Self {
+        Self { places: Arc::new(Semaphore::new(max_append_connections)), wanted: Arc::default(), idle_lifetime }
+    }
+
+    /// Whether every place is taken (a lane needing one waits).
+    fn exhausted(&self) -> bool {
+        self.places.available_permits() == 0
+    }
+
+    /// Asks one idle lane to give its place back.
+    fn ask_for_a_place(&self) {
+        self.wanted.notify_one();
     }
 }
 
@@ -229,7 +258,7 @@ pub(super) struct Appender<'a, S: AppendService> {
     /// The connection's place under `max_append_connections`: taken before the first send,
     /// given back with the connection.
     connection_slot: Option<ConnectionSlot>,
-    /// The last send or acknowledgement: the connection is idle [`IDLE_CONNECTION`] after it.
+    /// The last send or acknowledgement: the connection is idle its idle lifetime after it.
     last_activity: Instant,
     next_offset: i64,
     acknowledged_rows: i64,
@@ -267,20 +296,29 @@ impl<'a, S: AppendService> Appender<'a, S> {
             reconnecting: false,
         };
         let mut input_open = true;
+        let mut asked_for_a_place: Option<Instant> = None;
         while input_open || appender.has_unsent() || !appender.in_flight.is_empty() {
             let connected = appender.connection_slot.is_some();
             let needs_connection = !connected && appender.has_unsent();
             let can_send = connected && appender.in_flight.len() < appender.congestion_window && appender.has_unsent();
             let idle = connected && appender.in_flight.is_empty() && !appender.has_unsent();
-            let idle_at = appender.last_activity + IDLE_CONNECTION;
-            let (connections, inflight_requests) =
-                (Arc::clone(&appender.settings.connections), Arc::clone(&appender.settings.inflight_requests));
+            let connections = appender.settings.connections.clone();
+            let idle_at = appender.last_activity + connections.idle_lifetime;
+            let waiting_for_a_place = needs_connection && connections.exhausted();
+            if !waiting_for_a_place {
+                asked_for_a_place = None;
+            } else if asked_for_a_place.is_none_or(|asked| asked.elapsed() >= ASK_AGAIN) {
+                connections.ask_for_a_place();
+                asked_for_a_place = Some(Instant::now());
+            }
+            let ask_again_at = asked_for_a_place.map_or(idle_at, |asked| asked + ASK_AGAIN);
+            let inflight_requests = Arc::clone(&appender.settings.inflight_requests);
             tokio::select! {
                 biased;
                 response = appender.next_response(), if !appender.in_flight.is_empty() => {
                     appender.on_response(response).await?;
                 }
-                slot = connections.acquire_owned(), if needs_connection => {
+                slot = Arc::clone(&connections.places).acquire_owned(), if needs_connection => {
                     let slot = slot.map_err(|_| Problem::internal("connection limiter closed"))?;
                     appender.connection_slot = Some(ConnectionSlot::new(slot));
                 }
@@ -293,6 +331,9 @@ impl<'a, S: AppendService> Appender<'a, S> {
                     None => input_open = false,
                 },
                 () = tokio::time::sleep_until(idle_at), if idle => appender.close_connection().await,
+                // Another lane waits for a place: this idle one gives its own back.
+                () = connections.wanted.notified(), if idle => appender.close_connection().await,
+                () = tokio::time::sleep_until(ask_again_at), if waiting_for_a_place => {}
             }
         }
         appender.close_connection().await;

@@ -123,6 +123,7 @@ impl AppendChannel for FakeChannel {
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(300);
 const SEND_TIMEOUT: Duration = Duration::from_secs(60);
 const BACKOFF: Duration = Duration::from_secs(1);
+const IDLE_LIFETIME: Duration = Duration::from_secs(300);
 /// Long enough for any step of the appender under paused time, short of every timeout.
 const SOON: Duration = Duration::from_millis(100);
 
@@ -141,7 +142,7 @@ fn settings(window: usize) -> AppendSettings {
             quota_backoff: Backoff::new(BACKOFF * 2, BACKOFF * 2),
         },
         timeouts: AppendTimeouts { response: RESPONSE_TIMEOUT, send: SEND_TIMEOUT },
-        connections: Arc::new(Semaphore::new(10)),
+        connections: AppendConnections::new(10, IDLE_LIFETIME),
         inflight_requests: Arc::new(Semaphore::new(100)),
     }
 }
@@ -249,18 +250,18 @@ async fn a_broken_connection_replays_the_unacknowledged_suffix_in_order_and_rest
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_idle_connection_is_closed_after_two_seconds_and_the_next_batch_opens_another() {
+async fn an_idle_connection_lives_its_idle_lifetime_and_the_next_batch_opens_another() {
     let mut harness = Harness::start(settings(4));
     harness.send(5);
     let mut call = harness.next_call(SOON).await.expect("a connection opens");
     assert_eq!(call.request(SOON).await, Some(0));
     call.acknowledge();
     let acknowledged_at = Instant::now();
-    tokio::time::sleep(IDLE_CONNECTION - SOON).await;
-    assert!(!call.closed.load(Ordering::SeqCst), "not idle yet");
+    tokio::time::sleep(IDLE_LIFETIME - SOON).await;
+    assert!(!call.closed.load(Ordering::SeqCst), "kept while idle and no lane waits for a place");
     tokio::time::sleep(SOON * 2).await;
-    assert!(call.closed.load(Ordering::SeqCst), "closed once idle for {IDLE_CONNECTION:?}");
-    assert!(Instant::now() - acknowledged_at >= IDLE_CONNECTION);
+    assert!(call.closed.load(Ordering::SeqCst), "closed once idle for {IDLE_LIFETIME:?}");
+    assert!(Instant::now() - acknowledged_at >= IDLE_LIFETIME);
     harness.send(7);
     let mut next = harness.next_call(SOON).await.expect("the next batch opens a connection");
     assert!(!next.reconnecting, "an idle close is not a failure");
@@ -268,6 +269,27 @@ async fn an_idle_connection_is_closed_after_two_seconds_and_the_next_batch_opens
     next.acknowledge();
     let (rows, retries) = harness.finish().await;
     assert_eq!((rows.expect("appended"), retries.len()), (12, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_connection_gives_its_place_to_a_lane_that_waits_for_one() {
+    let connections = AppendConnections::new(1, IDLE_LIFETIME);
+    let mut idle_lane = Harness::start(AppendSettings { connections: connections.clone(), ..settings(4) });
+    idle_lane.send(5);
+    let mut idle_call = idle_lane.next_call(SOON).await.expect("the only place is taken");
+    assert_eq!(idle_call.request(SOON).await, Some(0));
+    idle_call.acknowledge();
+    tokio::time::sleep(SOON).await;
+    let mut waiting_lane = Harness::start(AppendSettings { connections, ..settings(4) });
+    waiting_lane.send(3);
+    let mut call = waiting_lane.next_call(SOON * 2).await.expect("the waiting lane gets the place at once");
+    assert!(idle_call.closed.load(Ordering::SeqCst), "the idle lane gave its place back");
+    assert_eq!(call.request(SOON).await, Some(0));
+    call.acknowledge();
+    let (rows, retries) = waiting_lane.finish().await;
+    assert_eq!((rows.expect("appended"), retries.len()), (3, 0));
+    let (rows, retries) = idle_lane.finish().await;
+    assert_eq!((rows.expect("appended"), retries.len()), (5, 0));
 }
 
 #[tokio::test(start_paused = true)]

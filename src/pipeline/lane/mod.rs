@@ -30,6 +30,7 @@ use crate::model::{ResourceName, ResourceRef};
 use crate::store::Store;
 use crate::store::{ResourceRecord, RunRecord};
 use accumulator::{LanePressure, UploadBatch, accumulate};
+pub(crate) use appender::AppendConnections;
 use appender::{AppendSettings, Appender, LaneStream};
 use set_up::SetUp;
 
@@ -134,8 +135,9 @@ pub(crate) struct LaneContext {
     pub(crate) upload_budget: Arc<dyn SendQueueAccount>,
     /// Gateway-wide AppendRows requests in flight.
     pub(crate) inflight_requests: Arc<Semaphore>,
-    /// Gateway-wide AppendRows connections open (`max_append_connections`).
-    pub(crate) append_connections: Arc<Semaphore>,
+    /// Gateway-wide AppendRows connections open (`max_append_connections`) and how long an
+    /// idle one lives.
+    pub(crate) append_connections: appender::AppendConnections,
     /// Resources being set up (tables, stream) at once: the adaptive set-up limit.
     pub(crate) prepares: crate::bigquery::adaptive::AdaptiveConcurrency,
     /// `CreateWriteStream` calls at once: the adaptive stream-creation limit (BigQuery limits

@@ -67,7 +67,7 @@ async fn more_resources_than_connections_all_load_within_the_gateways_cap() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_idle_lane_gives_its_connection_back_and_opens_another_for_its_next_batch() {
     let fake = FakeWrite::start().await;
-    let gw = GatewayOptions::new().fake_write(&fake).spawn().await;
+    let gw = GatewayOptions::new().fake_write(&fake).env("FILAMENT_APPEND_CONNECTION_IDLE_SECS", "2").spawn().await;
     TestRun::new("run", "e").batching(json!({"flush_interval_ms": 50})).full_append(&["t"]).open(&gw).await;
     post_ids(&gw, "t", 0..7).await;
     eventually(Duration::from_secs(20), "the first batch's connection is closed once idle", || async {
