@@ -277,11 +277,11 @@ fn log_write_settings(bigquery: &BigQuery, limits: &PipelineLimits, publisher: &
 /// The BigQuery quotas the fleet paces by, as the operator set them (defaults: Google's).
 fn quota_settings(config: &ServeConfig) -> QuotaSettings {
     QuotaSettings {
-        tables_insert_per_second: config.quota_tables_insert_per_second,
-        api_requests_per_second_per_method: config.quota_api_requests_per_second_per_method,
-        concurrent_api_requests: config.quota_concurrent_api_requests as usize,
-        create_write_streams_per_hour: config.quota_create_write_streams_per_hour,
-        stream_quota_reading: config.quota_create_write_stream_reading,
+        tables_insert_per_second: config.quotas.quota_tables_insert_per_second,
+        api_requests_per_second_per_method: config.quotas.quota_api_requests_per_second_per_method,
+        concurrent_api_requests: config.quotas.quota_concurrent_api_requests as usize,
+        create_write_streams_per_hour: config.quotas.quota_create_write_streams_per_hour,
+        stream_quota_reading: config.quotas.quota_create_write_stream_reading,
     }
 }
 

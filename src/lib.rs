@@ -53,3 +53,4 @@ pub(crate) mod publish;
 pub(crate) mod replica;
 pub(crate) mod store;
 pub mod telemetry;
+pub mod traces;

@@ -24,13 +24,17 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
     }));
     match cli.command {
         Command::Serve(config) => {
-            filament_bigquery::telemetry::init_logging(config.log_format);
+            let traces = filament_bigquery::traces::configured()
+                .then(filament_bigquery::traces::provider)
+                .transpose()
+                .context("OTLP trace export (OTEL_EXPORTER_OTLP_*)")?;
+            filament_bigquery::telemetry::init_logging(config.log_format, traces.as_ref());
             config.validate().map_err(anyhow::Error::msg).context("invalid configuration")?;
             filament_bigquery::app::serve(*config).await?;
             Ok(std::process::ExitCode::SUCCESS)
         }
         Command::Migrate(database) => {
-            filament_bigquery::telemetry::init_logging(LogFormat::Text);
+            filament_bigquery::telemetry::init_logging(LogFormat::Text, None);
             filament_bigquery::app::migrate(database).await?;
             tracing::info!("migrations applied");
             Ok(std::process::ExitCode::SUCCESS)

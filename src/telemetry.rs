@@ -39,6 +39,7 @@ pub(crate) const QUOTA_WAITING: &str = "filament_bigquery_quota_waiting";
 pub(crate) const QUOTA_IN_FLIGHT: &str = "filament_bigquery_quota_in_flight";
 pub(crate) const QUOTA_REFUSALS: &str = "filament_bigquery_quota_refusals_total";
 pub(crate) const FLEET_REPLICAS: &str = "filament_fleet_replicas";
+pub(crate) const TRACE_SPANS_DROPPED: &str = "filament_trace_spans_dropped_total";
 pub(crate) const APPEND_LATENCY: &str = "filament_append_latency_seconds";
 pub(crate) const HTTP_REQUEST_DURATION: &str = "filament_http_request_duration_seconds";
 pub(crate) const PUBLICATION_DURATION: &str = "filament_publication_duration_seconds";
@@ -177,19 +178,22 @@ impl LayoutMismatch<'_> {
 }
 
 /// Logs go to stderr (stdout carries the start-up line with the bound address). `RUST_LOG`
-/// overrides the default `info` filter.
-pub fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// overrides the default `info` filter. `traces`, when configured (`crate::traces`), exports
+/// the trace spans beside the logs (the log filter does not apply to them, nor theirs to logs).
+pub fn init_logging(format: LogFormat, traces: Option<&opentelemetry_sdk::trace::SdkTracerProvider>) {
     use std::io::IsTerminal as _;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    // A second initialisation (tests) keeps the first subscriber.
-    let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal());
+    let logs = match format {
+        LogFormat::Json => logs.json().with_filter(filter).boxed(),
+        LogFormat::Text => logs.with_filter(filter).boxed(),
     };
+    let traces = traces.map(crate::traces::layer);
+    // A second initialisation (tests) keeps the first subscriber.
+    let _ = tracing_subscriber::registry().with(logs).with(traces).try_init();
 }
 
 /// Installs the Prometheus recorder once per process and returns the handle `/metrics` renders.
@@ -208,7 +212,7 @@ pub(crate) fn metrics_handle() -> PrometheusHandle {
 }
 
 fn describe() {
-    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    use metrics::{Unit, describe_counter, describe_gauge};
     describe_counter!(HTTP_REQUESTS, "HTTP requests answered, by method, route and status");
     describe_counter!(REQUESTS_FORWARDED, "Requests streamed to the replica serving their execution");
     describe_counter!(ROWS_RECEIVED, Unit::Count, "Rows accepted in batch requests");
@@ -250,6 +254,13 @@ fn describe() {
         Unit::Count,
         "Failed attempts of any BigQuery call that were retried, by operation and code"
     );
+    describe_quotas_and_traces();
+    describe_uploads_and_timings();
+}
+
+/// The pacers of BigQuery's quotas, the fleet and trace export.
+fn describe_quotas_and_traces() {
+    use metrics::{Unit, describe_counter, describe_gauge};
     describe_gauge!(QUOTA_RATE, "This replica's pace under a BigQuery rate quota (its fleet share), calls per second");
     describe_gauge!(QUOTA_WAITING, Unit::Count, "Calls waiting for their turn under a BigQuery rate quota");
     describe_gauge!(QUOTA_IN_FLIGHT, Unit::Count, "REST requests in flight under the concurrent API requests quota");
@@ -259,6 +270,16 @@ fn describe() {
         Unit::Count,
         "Live replicas sharing BigQuery's quotas, as this replica counts them"
     );
+    describe_counter!(
+        TRACE_SPANS_DROPPED,
+        Unit::Count,
+        "Trace spans dropped because the export queue was full or the OTLP endpoint refused them"
+    );
+}
+
+/// Uploads, publications and HTTP timings.
+fn describe_uploads_and_timings() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_histogram!(APPEND_LATENCY, Unit::Seconds, "From sending an AppendRows request to its response");
     describe_gauge!(
         APPEND_CONNECTIONS_OPEN,

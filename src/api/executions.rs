@@ -272,7 +272,11 @@ pub(crate) async fn commit_execution(
     audit::execution_committed(caller.name(), &run_id, &execution_id);
     let publisher = state.publisher.clone();
     let started = committing.execution.clone();
-    let task = state.commits.spawn(async move { publisher.commit(*committing).await });
+    // The commit runs after the answer, under a span of the request's trace.
+    let span = tracing::trace_span!(target: crate::traces::TARGET, "execution.commit", run_id = %run_id,
+        execution_id = %execution_id);
+    let commit = async move { publisher.commit(*committing).await };
+    let task = state.commits.spawn(tracing::Instrument::instrument(commit, span));
     if !params.wait {
         return Ok((StatusCode::ACCEPTED, axum::Json(execution_view(&state.store, started).await?)));
     }

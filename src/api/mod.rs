@@ -269,7 +269,12 @@ async fn record_request(request: Request, next: Next) -> Response {
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "unmatched".to_string());
     let started = Instant::now();
-    let response = next.run(request).await;
+    let span = tracing::trace_span!(target: crate::traces::TARGET, "http.request",
+        otel.name = %format_args!("{method} {route}"), http.request.method = %method, http.route = %route,
+        http.response.status_code = tracing::field::Empty);
+    crate::traces::continue_remote_trace(&span, request.headers());
+    let response = tracing::Instrument::instrument(next.run(request), span.clone()).await;
+    span.record("http.response.status_code", response.status().as_u16());
     metrics::counter!(telemetry::HTTP_REQUESTS, "method" => method, "route" => route, "status" => response.status().as_u16().to_string())
         .increment(1);
     metrics::histogram!(telemetry::HTTP_REQUEST_DURATION).record(started.elapsed().as_secs_f64());

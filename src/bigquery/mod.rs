@@ -97,7 +97,10 @@ where
     loop {
         let answer = {
             let _place = quotas.before_rest_call(operation).await;
-            within(operation, REST_CALL_DEADLINE, async { Ok(call().await) }).await?
+            let span = tracing::trace_span!(target: crate::traces::TARGET, "bigquery.rest", otel.name = operation,
+                bigquery.operation = operation, attempt = failures.attempts() + 1);
+            let answer = within(operation, REST_CALL_DEADLINE, async { Ok(call().await) });
+            tracing::Instrument::instrument(answer, span).await?
         };
         let error = match answer {
             Err(e) if e.http_status_code() == Some(429) || error::is_quota(&e) => e,

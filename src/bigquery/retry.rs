@@ -167,6 +167,11 @@ impl FailureStreak {
         *self = Self::default();
     }
 
+    /// Failed attempts in the streak so far, of either kind (the next attempt is this plus one).
+    pub(crate) fn attempts(&self) -> u32 {
+        self.attempts + self.quota_attempts
+    }
+
     /// Counts a failure of `class` and returns its attempt number (within its kind) and the
     /// decision.
     pub(crate) fn record(&mut self, policy: &RetryPolicy, class: RetryClass) -> (u32, RetryAction) {

@@ -164,11 +164,21 @@ impl WriteClient {
 
     /// Finalizes a stream; returns its row count.
     pub(crate) async fn finalize(&self, stream_name: &str) -> BigQueryResult<i64> {
-        let message = FinalizeWriteStreamRequest { name: stream_name.to_string() };
-        let request = self.request(message, "name", stream_name).await?;
-        let response =
-            self.client().finalize_write_stream(request).await.map_err(BigQueryError::grpc("FinalizeWriteStream"))?;
-        Ok(response.into_inner().row_count)
+        let span = tracing::trace_span!(target: crate::traces::TARGET, "bigquery.finalize_write_stream",
+            stream = stream_name, row_count = tracing::field::Empty);
+        let finalized = async {
+            let message = FinalizeWriteStreamRequest { name: stream_name.to_string() };
+            let request = self.request(message, "name", stream_name).await?;
+            let response = self
+                .client()
+                .finalize_write_stream(request)
+                .await
+                .map_err(BigQueryError::grpc("FinalizeWriteStream"))?;
+            Ok(response.into_inner().row_count)
+        };
+        let row_count = tracing::Instrument::instrument(finalized, span.clone()).await?;
+        span.record("row_count", row_count);
+        Ok(row_count)
     }
 
     /// Commits finalized streams of one table atomically.
@@ -177,14 +187,17 @@ impl WriteClient {
         table_path: &str,
         stream_names: Vec<String>,
     ) -> BigQueryResult<CommitOutcome> {
+        let span = tracing::trace_span!(target: crate::traces::TARGET, "bigquery.batch_commit_write_streams",
+            table = table_path, streams = stream_names.len());
         let message = BatchCommitWriteStreamsRequest { parent: table_path.to_string(), write_streams: stream_names };
-        let request = self.request(message, "parent", table_path).await?;
-        let response = self
-            .client()
-            .batch_commit_write_streams(request)
-            .await
-            .map_err(BigQueryError::grpc("BatchCommitWriteStreams"))?
-            .into_inner();
+        let committed = async {
+            let request = self.request(message, "parent", table_path).await?;
+            self.client()
+                .batch_commit_write_streams(request)
+                .await
+                .map_err(BigQueryError::grpc("BatchCommitWriteStreams"))
+        };
+        let response = tracing::Instrument::instrument(committed, span).await?.into_inner();
         if response.commit_time.is_some() {
             return Ok(CommitOutcome::Committed);
         }

@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt as _};
+use tracing::Instrument as _;
 
 use crate::error::{ErrorCode, Problem};
 use crate::ingest::IngestError;
@@ -98,12 +99,21 @@ impl Intake<'_> {
         let share = self.pipeline.principal_share(principal.name.as_str(), principal.max_buffered_bytes);
         let admitted_at = Instant::now();
         let admitted = async {
-            let mut admission =
-                self.pipeline.admit(&loaded.lanes, &loaded.resource.resource, declared_length, share).await?;
-            let body = self.receive_body(body, &mut admission).await?;
-            Ok::<_, Problem>(match self.prepare_body(&loaded, seq, body).await? {
+            let admitting = stage_span("batch.admission");
+            let mut admission = self
+                .pipeline
+                .admit(&loaded.lanes, &loaded.resource.resource, declared_length, share)
+                .instrument(admitting.clone())
+                .await?;
+            let decoding = stage_span("batch.decode");
+            let body = self.receive_body(body, &mut admission).instrument(decoding.clone()).await?;
+            let prepared = self.prepare_body(&loaded, seq, body).instrument(decoding).await?;
+            Ok::<_, Problem>(match prepared {
                 Prepared::Replay(receipt) => Admitted::Replay(receipt),
-                Prepared::New(prepared) => Admitted::New(admission.reserve(prepared.staged_bytes()).await?, prepared),
+                Prepared::New(prepared) => {
+                    let reserved = admission.reserve(prepared.staged_bytes()).instrument(admitting).await?;
+                    Admitted::New(reserved, prepared)
+                }
             })
         };
         let (converting, prepared) = match admitted.await {
@@ -119,7 +129,7 @@ impl Intake<'_> {
             }
         };
         self.record_backpressure(&loaded.resource, converting.waited(), false);
-        let (mut encoded, summary) = prepared.encode()?;
+        let (mut encoded, summary) = stage_span("batch.convert_and_encode").in_scope(|| prepared.encode())?;
         let key_ranges = encoded.key_ranges.take();
         let reserved = converting.settle(encoded);
         self.record_and_enqueue(&loaded, seq, summary, key_ranges, reserved).await
@@ -285,4 +295,9 @@ enum Prepared {
     /// The `seq` was accepted before: its receipt.
     Replay(ReceiptRecord),
     New(Box<PreparedBatch>),
+}
+
+/// A span of one stage of accepting a batch, under the request's (`crate::traces`).
+fn stage_span(stage: &'static str) -> tracing::Span {
+    tracing::trace_span!(target: crate::traces::TARGET, "batch.stage", otel.name = stage)
 }

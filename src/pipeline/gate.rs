@@ -32,6 +32,9 @@ pub(crate) struct DeliveryLanes {
 pub(super) struct Lane {
     pub(super) commands: mpsc::UnboundedSender<LaneCommand>,
     pub(super) worker: tokio::task::JoinHandle<Result<LaneReport, Problem>>,
+    /// The lane's trace span (`crate::traces`): its uploads run under it, and it links to every
+    /// request whose rows it uploads.
+    pub(super) span: tracing::Span,
 }
 
 /// The gate held shared: no state transition happens while a batch is being accepted.

@@ -231,15 +231,23 @@ impl Pipeline {
     ) {
         let delivery_lanes = &accepting.lanes;
         let share = self.resource_share(delivery_lanes, resource);
+        let request = crate::traces::current_span_context();
         let mut by_resource = lock(&delivery_lanes.by_resource);
         let lane = by_resource.entry(resource.clone()).or_insert_with(|| {
             let (commands, receiver) = mpsc::unbounded_channel();
             let pressure =
                 LanePressure { budget: self.budget.pressure().subscribe(), share: share.pressure().subscribe() };
+            // The lane runs after the answer: its span continues the trace of the request that
+            // started it, and links to every request whose rows it uploads (below).
+            let span = tracing::trace_span!(target: crate::traces::TARGET, "lane.upload", resource = %resource);
+            crate::traces::follow(&span, request.as_ref(), &[]);
             let lane =
                 lane::run_lane(self.context.clone(), target(), receiver, pressure, delivery_lanes.cancel.clone());
-            Lane { commands, worker: tokio::spawn(lane) }
+            Lane { commands, worker: tokio::spawn(tracing::Instrument::instrument(lane, span.clone())), span }
         });
+        if let Some(request) = &request {
+            crate::traces::follow(&lane.span, None, std::slice::from_ref(request));
+        }
         // A closed lane has failed (and failed its execution) or was cancelled; `drain` reports why.
         let _ = lane.commands.send(LaneCommand::Rows(rows));
     }

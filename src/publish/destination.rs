@@ -352,7 +352,11 @@ impl Publisher {
         tracing::info!(run_id = %job.delivery.run_id(), execution_id = %job.delivery.execution_id(), resource = %name,
             %job_id, staged_rows, "bigquery.write.publish.started");
         self.store.record_event(job.delivery, Some(name), Event::PublicationStarted { job_id }).await;
-        let labels = job_id::publication_labels(job.delivery, name);
+        let span = tracing::trace_span!(target: crate::traces::TARGET, "publication.job", resource = %name,
+            table = %job.destination(), bigquery.job_id = job_id);
+        let mut labels = job_id::publication_labels(job.delivery, name);
+        // BigQuery's job history leads back to the trace.
+        labels.extend(crate::traces::trace_id_of(&span).map(|trace_id| (job_id::TRACE_LABEL, trace_id)));
         let query = QueryJob {
             project: run.job_project.as_deref().unwrap_or(&run.destination.project),
             location: run.destination.location(),
@@ -365,7 +369,7 @@ impl Publisher {
             insert_retry: RetryPolicy::ONCE,
         };
         let started = Instant::now();
-        let outcome = self.bigquery.run_query_job(&query).await;
+        let outcome = tracing::Instrument::instrument(self.bigquery.run_query_job(&query), span).await;
         let duration = started.elapsed();
         let outcome_label = match &outcome {
             Ok(_) => "done",

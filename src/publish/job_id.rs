@@ -47,6 +47,9 @@ fn label_value(part: &str) -> String {
         .collect()
 }
 
+/// The label of a publication job carrying its trace id (`crate::traces`), when traces are on.
+pub(crate) const TRACE_LABEL: &str = "filament_trace_id";
+
 /// The labels of a publication job, so users find it in `INFORMATION_SCHEMA.JOBS` and billing
 /// exports: `filament_run`, `filament_execution`, `filament_resource`.
 pub(crate) fn publication_labels(delivery: &DeliveryRef, resource: &str) -> Vec<(&'static str, String)> {

@@ -36,6 +36,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 
 use super::accumulator::UploadBatch;
+use super::connections::{ASK_AGAIN, AppendConnections};
 use super::{AppendTimeouts, LaneContext, LaneTarget};
 use crate::bigquery::BigQueryError;
 use crate::bigquery::error::Stage;
@@ -45,9 +46,6 @@ use crate::error::Problem;
 use crate::store::Event;
 use crate::telemetry::{self, AppendAcknowledged};
 
-/// How often a lane waiting for a place under `max_append_connections` asks an idle lane again
-/// to give its place back (the idle lane it asked may have become busy meanwhile).
-const ASK_AGAIN: Duration = Duration::from_secs(1);
 /// How long a closing connection waits for the server to end the call before its place is
 /// given back anyway.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
@@ -167,34 +165,6 @@ impl AppendSettings {
     }
 }
 
-/// The gateway's AppendRows connections: at most `max_append_connections` open, each kept
-/// while idle for `idle_lifetime` (BigQuery advises connections that live for minutes: short
-/// ones inflate its connection quota's use), unless a lane waits for a place, which an idle
-/// one then gives back. Cheap to clone (clones share the places).
-#[derive(Debug, Clone)]
-pub(crate) struct AppendConnections {
-    places: Arc<Semaphore>,
-    /// Lanes waiting for a place ask idle ones to give theirs back.
-    wanted: Arc<tokio::sync::Notify>,
-    pub(crate) idle_lifetime: Duration,
-}
-
-impl AppendConnections {
-    pub(crate) fn new(max_append_connections: usize, idle_lifetime: Duration) -> Self {
-        Self { places: Arc::new(Semaphore::new(max_append_connections)), wanted: Arc::default(), idle_lifetime }
-    }
-
-    /// Whether every place is taken (a lane needing one waits).
-    fn exhausted(&self) -> bool {
-        self.places.available_permits() == 0
-    }
-
-    /// Asks one idle lane to give its place back.
-    fn ask_for_a_place(&self) {
-        self.wanted.notify_one();
-    }
-}
-
 /// A place under `max_append_connections`, counted in `filament_append_connections_open`.
 #[derive(Debug)]
 struct ConnectionSlot {
@@ -222,6 +192,8 @@ struct InFlight {
     sent_at: Instant,
     send_duration: Duration,
     _slot: OwnedSemaphorePermit,
+    /// The request's trace span (`crate::traces`), ended with its answer.
+    _span: tracing::Span,
 }
 
 /// A request whose connection failed before its acknowledgement: sent again at its offset.
@@ -481,7 +453,10 @@ impl<'a, S: AppendService> Appender<'a, S> {
         };
         metrics::gauge!(telemetry::APPENDS_IN_FLIGHT).increment(1.0);
         let send_duration = started.elapsed();
-        self.in_flight.push_back(InFlight { offset, upload, sent_at: Instant::now(), send_duration, _slot: slot });
+        let span = tracing::trace_span!(target: crate::traces::TARGET, "bigquery.append_rows", offset, rows = upload.rows,
+            bytes = upload.message.len(), attempt = self.failures.attempts() + 1);
+        let sent_at = Instant::now();
+        self.in_flight.push_back(InFlight { offset, upload, sent_at, send_duration, _slot: slot, _span: span });
         if let Err(error) = sent {
             // Judged like a failed response (logged, retried or not), with the real error.
             self.connection = Connection::Broken(error);

@@ -7,6 +7,7 @@
 
 pub(super) mod accumulator;
 mod appender;
+mod connections;
 mod set_up;
 
 use std::sync::Arc;
@@ -30,8 +31,8 @@ use crate::model::{ResourceName, ResourceRef};
 use crate::store::Store;
 use crate::store::{ResourceRecord, RunRecord};
 use accumulator::{LanePressure, UploadBatch, accumulate};
-pub(crate) use appender::AppendConnections;
 use appender::{AppendSettings, Appender, LaneStream};
+pub(crate) use connections::AppendConnections;
 use set_up::SetUp;
 
 /// Where one lane's rows go.
@@ -137,7 +138,7 @@ pub(crate) struct LaneContext {
     pub(crate) inflight_requests: Arc<Semaphore>,
     /// Gateway-wide AppendRows connections open (`max_append_connections`) and how long an
     /// idle one lives.
-    pub(crate) append_connections: appender::AppendConnections,
+    pub(crate) append_connections: AppendConnections,
     /// Resources being set up (tables, stream) at once: the adaptive set-up limit.
     pub(crate) prepares: crate::bigquery::adaptive::AdaptiveConcurrency,
     /// `CreateWriteStream` calls at once: the adaptive stream-creation limit (BigQuery limits

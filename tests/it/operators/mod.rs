@@ -5,4 +5,5 @@ mod operations;
 mod operator_cli;
 mod run_list;
 mod timeline;
+mod traces;
 mod troubleshooting;

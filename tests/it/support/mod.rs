@@ -37,6 +37,7 @@ pub mod generated_docs;
 mod grpc_inflate;
 pub mod jwks;
 pub mod lease;
+pub mod otlp;
 pub mod principals;
 pub mod proxy;
 pub mod quota_meter;

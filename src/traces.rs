@@ -1,0 +1,176 @@
+//! OpenTelemetry traces, off unless an OTLP endpoint is configured (the standard
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, with
+//! `OTEL_EXPORTER_OTLP_PROTOCOL` `http/protobuf` (the default) or `grpc`, `OTEL_SERVICE_NAME`,
+//! and sampling by `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG`).
+//!
+//! The gateway's spans are `tracing` spans of target [`TARGET`] at TRACE level, bridged by
+//! `tracing-opentelemetry`: one per HTTP request (continuing the caller's W3C `traceparent`),
+//! and below it decode, admission, conversion and encoding; per resource its set-up and each
+//! AppendRows request (parented to the request that accepted its first rows, linked to the
+//! others); at commit the finalize, the commit of streams and each publication job. Nothing
+//! else sees them (the log layer's filter is its own), so with no endpoint they cost a disabled
+//! callsite each. Attributes carry names, counts and ids, never row payloads or credentials.
+//!
+//! Export never blocks or slows ingestion: ended spans go into a bounded queue
+//! ([`QUEUE_SPANS`]) that a task drains to the exporter in batches; a span that finds the queue
+//! full is dropped and counted (`filament_trace_spans_dropped_total`).
+
+use std::time::Duration;
+
+use opentelemetry::propagation::{Extractor, TextMapPropagator as _};
+use opentelemetry::trace::{SpanContext, TraceContextExt as _, TracerProvider as _};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanProcessor};
+use tokio::sync::mpsc;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+use crate::telemetry;
+
+/// The `tracing` target of every span exported as a trace.
+pub const TARGET: &str = "filament_trace";
+/// Ended spans waiting for export at most; beyond, spans are dropped (and counted).
+pub(crate) const QUEUE_SPANS: usize = 4096;
+/// Spans exported in one request at most.
+const BATCH_SPANS: usize = 512;
+/// How long an ended span waits for a fuller batch at most.
+const BATCH_DELAY: Duration = Duration::from_secs(1);
+
+/// Whether the standard variables configure an OTLP endpoint for traces.
+pub fn configured() -> bool {
+    ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"]
+        .iter()
+        .any(|name| std::env::var(name).is_ok_and(|value| !value.trim().is_empty()))
+}
+
+/// The tracer provider exporting to the configured endpoint (inside a tokio runtime: the
+/// export task runs on it).
+pub fn provider() -> anyhow::Result<SdkTracerProvider> {
+    // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES are read by the resource's detectors.
+    let mut resource = opentelemetry_sdk::Resource::builder();
+    if std::env::var("OTEL_SERVICE_NAME").is_err() {
+        resource = resource.with_service_name("filament-bigquery");
+    }
+    let resource = resource.build();
+    let grpc = std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL").is_ok_and(|protocol| protocol.trim() == "grpc");
+    let builder = opentelemetry_otlp::SpanExporter::builder();
+    let processor = if grpc {
+        BoundedBatchProcessor::start(builder.with_tonic().build()?, &resource)
+    } else {
+        BoundedBatchProcessor::start(builder.with_http().build()?, &resource)
+    };
+    Ok(SdkTracerProvider::builder().with_span_processor(processor).with_resource(resource).build())
+}
+
+/// The `tracing` layer that turns [`TARGET`] spans into OpenTelemetry spans of `provider`.
+pub fn layer<S>(provider: &SdkTracerProvider) -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+{
+    use tracing_subscriber::Layer as _;
+    let filter = tracing_subscriber::filter::Targets::new().with_target(TARGET, tracing::Level::TRACE);
+    tracing_opentelemetry::layer().with_tracer(provider.tracer("filament-bigquery")).with_filter(filter)
+}
+
+/// Makes `span` continue the trace of the W3C `traceparent` (and `tracestate`) in `headers`,
+/// when they carry a valid one.
+pub(crate) fn continue_remote_trace(span: &tracing::Span, headers: &axum::http::HeaderMap) {
+    let remote = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&HeaderExtractor(headers));
+    if remote.span().span_context().is_valid() {
+        // Fails only when the span is not exported (traces off): nothing to continue then.
+        let _ = span.set_parent(remote);
+    }
+}
+
+/// The OpenTelemetry identity of the current span, when traces are on and it is sampled: what
+/// work done later, elsewhere, links back to.
+pub(crate) fn current_span_context() -> Option<SpanContext> {
+    let context = tracing::Span::current().context();
+    let span_context = context.span().span_context().clone();
+    span_context.is_valid().then_some(span_context)
+}
+
+/// Parents `span` on `parent` (another task's span, ended or not) and links it to `links`.
+pub(crate) fn follow(span: &tracing::Span, parent: Option<&SpanContext>, links: &[SpanContext]) {
+    if let Some(parent) = parent {
+        let remote = opentelemetry::Context::new().with_remote_span_context(parent.clone());
+        let _ = span.set_parent(remote);
+    }
+    for link in links {
+        span.add_link(link.clone());
+    }
+}
+
+/// The trace id of `span` (32 lowercase hex digits), when it is exported.
+pub(crate) fn trace_id_of(span: &tracing::Span) -> Option<String> {
+    let context = span.context();
+    let span_context = context.span().span_context().clone();
+    span_context.is_valid().then(|| span_context.trace_id().to_string())
+}
+
+struct HeaderExtractor<'a>(&'a axum::http::HeaderMap);
+
+impl Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|value| value.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(axum::http::HeaderName::as_str).collect()
+    }
+}
+
+/// A batch span processor whose queue is bounded and never waited on: a span that finds it
+/// full is dropped and counted.
+#[derive(Debug)]
+struct BoundedBatchProcessor {
+    queue: mpsc::Sender<SpanData>,
+}
+
+impl BoundedBatchProcessor {
+    /// Starts the export task; the exporter describes its spans with `resource`.
+    fn start<E: opentelemetry_sdk::trace::SpanExporter + 'static>(mut exporter: E, resource: &Resource) -> Self {
+        exporter.set_resource(resource);
+        let (queue, spans) = mpsc::channel(QUEUE_SPANS);
+        tokio::spawn(export_batches(exporter, spans));
+        Self { queue }
+    }
+}
+
+impl SpanProcessor for BoundedBatchProcessor {
+    fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &opentelemetry::Context) {}
+
+    fn on_end(&self, span: SpanData) {
+        if self.queue.try_send(span).is_err() {
+            metrics::counter!(telemetry::TRACE_SPANS_DROPPED).increment(1);
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
+        Ok(())
+    }
+}
+
+/// Sends the queued spans to `exporter`, a batch when [`BATCH_SPANS`] are queued or the oldest
+/// waited [`BATCH_DELAY`], until the queue closes.
+async fn export_batches<E: opentelemetry_sdk::trace::SpanExporter>(exporter: E, mut spans: mpsc::Receiver<SpanData>) {
+    while let Some(first) = spans.recv().await {
+        let mut batch = vec![first];
+        let deadline = tokio::time::Instant::now() + BATCH_DELAY;
+        while batch.len() < BATCH_SPANS {
+            match tokio::time::timeout_at(deadline, spans.recv()).await {
+                Ok(Some(span)) => batch.push(span),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let exported = batch.len();
+        if let Err(e) = exporter.export(batch).await {
+            metrics::counter!(telemetry::TRACE_SPANS_DROPPED).increment(exported as u64);
+            tracing::warn!(error = %e, spans = exported, "could not export spans");
+        }
+    }
+}

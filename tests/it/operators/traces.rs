@@ -1,0 +1,94 @@
+//! OpenTelemetry traces (`crate::traces`) received by a real OTLP/HTTP receiver decoding the
+//! OpenTelemetry project's protobuf: an extractor's `traceparent` is continued from the batch
+//! request through its upload to the publication job, whose label carries the trace id.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+
+use crate::support::arrow::{ids, ipc_stream};
+use crate::support::otlp::{OtlpReceiver, ReceivedSpan};
+use crate::support::{GatewayOptions, TestRun, within};
+
+/// The extractor's trace (W3C trace context: version, trace id, parent span id, sampled).
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+fn named<'a>(spans: &'a [ReceivedSpan], name: &str) -> Vec<&'a ReceivedSpan> {
+    spans.iter().filter(|span| span.name == name && span.trace_id == TRACE_ID).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_is_followed_from_the_extractors_request_to_the_publication_job() {
+    let receiver = OtlpReceiver::start().await;
+    let gw = GatewayOptions::new()
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.endpoint)
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        .env("OTEL_SERVICE_NAME", "filament-under-test")
+        .spawn()
+        .await;
+    TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
+    let post = gw
+        .request(Method::POST, "/v1/runs/run/executions/e/resources/t/batches")
+        .header("content-type", "application/vnd.apache.arrow.stream")
+        .header("traceparent", TRACEPARENT)
+        .body(ipc_stream(&[ids(0..7)]));
+    assert_eq!(post.send().await.unwrap().status(), StatusCode::ACCEPTED);
+    let commit =
+        gw.request(Method::POST, "/v1/runs/run/executions/e/commit?wait=true").header("traceparent", TRACEPARENT);
+    let committed = commit.send().await.unwrap();
+    assert_eq!(committed.status(), StatusCode::OK, "{}", committed.text().await.unwrap());
+
+    let wanted = ["batch.decode", "lane.upload", "bigquery.append_rows", "publication.job"];
+    let spans = within(Duration::from_secs(30), Duration::from_millis(200), || async {
+        let spans = receiver.spans();
+        let seen =
+            |name: &str| spans.iter().any(|s| s.trace_id == TRACE_ID && (s.name == name || s.name.starts_with(name)));
+        (wanted.iter().all(|name| seen(name)) && seen("POST ")).then_some(spans)
+    })
+    .await
+    .unwrap_or_else(|| panic!("spans of the trace within 30 s: {:#?}", receiver.spans()));
+
+    let requests: Vec<_> = spans.iter().filter(|s| s.trace_id == TRACE_ID && s.name.starts_with("POST ")).collect();
+    let batch_request = requests
+        .iter()
+        .find(|s| {
+            s.attribute("http.route")
+                == Some("/v1/runs/{run_id}/executions/{execution_id}/resources/{resource}/batches")
+        })
+        .unwrap_or_else(|| panic!("the batch request's span: {requests:#?}"));
+    assert_eq!(batch_request.parent_span_id, "00f067aa0ba902b7", "it continues the extractor's span");
+    assert_eq!(batch_request.attribute("http.response.status_code"), Some("202"));
+    assert_eq!(batch_request.service_name, "filament-under-test");
+    for stage in ["batch.admission", "batch.decode", "batch.convert_and_encode"] {
+        let stage = named(&spans, stage);
+        assert!(stage.iter().any(|s| s.parent_span_id == batch_request.span_id), "{stage:#?}");
+    }
+    let lane = named(&spans, "lane.upload");
+    assert_eq!(lane.len(), 1, "{lane:#?}");
+    assert_eq!(lane[0].parent_span_id, batch_request.span_id, "the upload continues the request that accepted it");
+    assert!(lane[0].linked_traces.iter().any(|t| t == TRACE_ID), "and links to it");
+    let appends = named(&spans, "bigquery.append_rows");
+    assert!(!appends.is_empty() && appends.iter().all(|s| s.parent_span_id == lane[0].span_id), "{appends:#?}");
+    let append = appends[0];
+    assert_eq!((append.attribute("offset"), append.attribute("rows")), (Some("0"), Some("7")), "{append:#?}");
+    assert!(
+        append.attribute("bytes").is_some_and(|b| b.parse::<u64>().unwrap() > 0)
+            && append.attribute("attempt") == Some("1")
+    );
+    for name in ["execution.commit", "bigquery.finalize_write_stream", "bigquery.batch_commit_write_streams"] {
+        assert_eq!(named(&spans, name).len(), 1, "{name}: {spans:#?}");
+    }
+    let job = named(&spans, "publication.job");
+    let job_id = job[0].attribute("bigquery.job_id").expect("the job span names its job").to_string();
+    // BigQuery's job history leads back to the trace: the job carries its id as a label.
+    let proxy = gw.rest_conformance.as_ref().expect("the harness proxies REST calls");
+    let inserted = proxy.requests("POST", "/jobs");
+    let submitted = inserted
+        .iter()
+        .find(|r| r.body["jobReference"]["jobId"] == job_id.as_str())
+        .unwrap_or_else(|| panic!("the job {job_id} was submitted"));
+    assert_eq!(submitted.body["configuration"]["labels"]["filament_trace_id"], TRACE_ID, "{}", submitted.body);
+    // No row payload in any attribute: the rows' values never appear.
+    assert!(spans.iter().all(|s| s.attributes.iter().all(|(_, v)| !v.contains("\"id\""))), "{spans:#?}");
+}
