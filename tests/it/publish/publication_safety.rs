@@ -161,11 +161,7 @@ async fn a_corrected_attempt_after_a_failed_execution_replaces_again() {
             gw.commit_and_wait("r", execution).await
         }
     };
-    proxy.set_jobs(JobMode::Fail {
-        query_contains: "`tb`".into(),
-        reason: "invalidQuery".into(),
-        message: "Query error: boom".into(),
-    });
+    proxy.set_jobs(JobMode::invalid_query("`tb`", "Query error: boom"));
     let failed = load("e1").await;
     assert_eq!(failed["state"], "failed", "{failed}");
     assert_eq!(count_rows(&gw, "ta").await, 10, "the failed attempt replaced ta");
