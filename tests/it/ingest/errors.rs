@@ -280,6 +280,7 @@ async fn hold_the_only_slot(gw: &Gateway) -> HeldRequest {
     const ARRIVAL: Duration = Duration::from_millis(200);
     crate::support::eventually(Duration::from_secs(20), "a request holding the only slot", || async {
         let (sender, held) = start_held_batch(gw);
+        // A head start, not a wait for a state: the probe cannot look without taking the slot.
         tokio::time::sleep(ARRIVAL).await;
         let shed = gw.json(Method::GET, "/v1/runs/run", None).await.0 == StatusCode::SERVICE_UNAVAILABLE;
         (shed && !held.is_finished()).then_some((sender, held))

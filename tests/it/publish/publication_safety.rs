@@ -88,6 +88,7 @@ async fn an_abort_either_wins_before_publication_or_is_refused_and_the_commit_co
         gw.post_accepted(&run, "e", "t", None, ipc_stream(&[ids(0..5_000)])).await;
         let (status, _) = gw.json(Method::POST, &format!("/v1/runs/{run}/executions/e/commit"), None).await;
         assert_eq!(status, StatusCode::ACCEPTED);
+        // The abort lands this long after the commit: a sweep over the race, not a wait for a state.
         tokio::time::sleep(Duration::from_millis(delay_ms)).await;
         let (abort_status, abort) = gw.json(Method::POST, &format!("/v1/runs/{run}/executions/e/abort"), None).await;
         let ended = terminal(&gw, &run, "e", Duration::from_secs(60)).await;
