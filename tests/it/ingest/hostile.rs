@@ -307,8 +307,7 @@ async fn slow_heads_and_idle_connections_are_closed_and_capped() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_declaration_is_fixed_once_a_batch_uses_it() {
     let gw = Gateway::spawn().await;
-    gw.create_run("run").await;
-    gw.open_new_execution("run", "e").await;
+    TestRun::new("run", "e").open(&gw).await;
     let big = ipc_stream(&[ids(0..400_000)]);
     let mut refusals = 0;
     for round in 0..20 {

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use crate::support::arrow::{batch, ipc_stream};
 use crate::support::rows::int;
-use crate::support::{Gateway, assert_problem};
+use crate::support::{Gateway, TestRun, assert_problem};
 
 const ALL_METADATA: [&str; 3] = ["loaded_at", "run_id", "execution_id"];
 
@@ -511,9 +511,7 @@ async fn delete_missing_deletes_only_when_the_snapshot_completes_across_paused_s
 
         // Run 2 spans two paused segments and a completing one. Keys the run has not reached
         // yet survive the paused segments; the completing one removes 1 and 5.
-        gw.create_run(&run(2)).await;
-        gw.declare(&run(2), "s", declaration(soft)).await;
-        gw.open_new_execution(&run(2), "e1").await;
+        TestRun::new(&run(2), "e1").resource("s", declaration(soft)).open(&gw).await;
         gw.post_accepted(&run(2), "e1", "s", None, upserts(&[(2, "b"), (3, "b"), (2, "c")])).await;
         commit_paused(&gw, &run(2), "e1").await;
         let after_first = [(1, "a", false), (2, "c", false), (3, "b", false), (4, "a", false), (5, "a", false)];
@@ -544,9 +542,7 @@ async fn delete_missing_deletes_only_when_the_snapshot_completes_across_paused_s
         assert_eq!(snapshot_rows(&gw, table, soft).await, expected(&after_run_2), "{table}: no second completion");
 
         // Run 3 finds the source empty: its completing execution has no rows of the resource.
-        gw.create_run(&run(3)).await;
-        gw.declare(&run(3), "s", declaration(soft)).await;
-        gw.open_new_execution(&run(3), "e1").await;
+        TestRun::new(&run(3), "e1").resource("s", declaration(soft)).open(&gw).await;
         let committed = gw.commit_and_wait(&run(3), "e1").await;
         assert_eq!(committed["state"], "committed", "{committed}");
         let remaining = snapshot_rows(&gw, table, soft).await;
@@ -560,9 +556,7 @@ async fn delete_missing_deletes_only_when_the_snapshot_completes_across_paused_s
     // time stays on the keys still missing.
     let deleted_at = format!("SELECT id, UNIX_MICROS(_filament_deleted_at) FROM {}.snap_soft ORDER BY id", gw.dataset);
     let before = gw.query(&deleted_at).await;
-    gw.create_run("snap_soft-4").await;
-    gw.declare("snap_soft-4", "s", declaration(true)).await;
-    gw.open_new_execution("snap_soft-4", "e1").await;
+    TestRun::new("snap_soft-4", "e1").resource("s", declaration(true)).open(&gw).await;
     gw.post_accepted("snap_soft-4", "e1", "s", None, upserts(&[(1, "back")])).await;
     let committed = gw.commit_and_wait("snap_soft-4", "e1").await;
     assert_eq!(committed["state"], "committed", "{committed}");
