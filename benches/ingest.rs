@@ -35,6 +35,9 @@ use measure::{
     GIB, Gzip, GzipAlone, cpu_seconds, gateway_gzip_level, gateway_settings, gzip_alone, peak_rss_mib, previous_main,
     sha256_alone,
 };
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom as _;
+use rand::{Rng as _, SeedableRng as _};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use support::fake_write::FakeWrite;
@@ -46,18 +49,6 @@ const DISTINCT_BODIES: usize = 8;
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// A deterministic xorshift generator: the same data on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
 }
 
 const WORDS: [&str; 32] = [
@@ -107,7 +98,8 @@ fn compressed_body(seed: u64, compression: arrow_ipc::CompressionType) -> Vec<u8
 
 /// The realistic mix in `rows` rows.
 fn record_batch(seed: u64, rows: usize) -> RecordBatch {
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    // Seeded: the same data on every run.
+    let mut rng = StdRng::seed_from_u64(seed);
     let ids: Vec<i64> = (0..rows as i64).map(|i| seed as i64 * 1_000_000 + i).collect();
     let mut short = Vec::with_capacity(rows);
     let mut long = Vec::with_capacity(rows);
@@ -115,13 +107,13 @@ fn record_batch(seed: u64, rows: usize) -> RecordBatch {
     let mut times = Vec::with_capacity(rows);
     let mut flags = Vec::with_capacity(rows);
     for i in 0..rows {
-        short.push(format!("{}-{}", WORDS[(rng.next() % 32) as usize], rng.next() % 10_000));
-        let words = 8 + rng.next() % 16;
-        let text: Vec<&str> = (0..words).map(|_| WORDS[(rng.next() % 32) as usize]).collect();
-        long.push(format!("{} #{}", text.join(" "), rng.next() % 1_000_000));
-        amounts.push((rng.next() % 1_000_000) as f64 / 100.0);
-        times.push(1_700_000_000_000_000 + i as i64 * 1_000 + (rng.next() % 1_000) as i64);
-        flags.push(rng.next().is_multiple_of(3));
+        short.push(format!("{}-{}", WORDS.choose(&mut rng).unwrap(), rng.random_range(0..10_000)));
+        let words = rng.random_range(8..24);
+        let text: Vec<&str> = (0..words).map(|_| *WORDS.choose(&mut rng).unwrap()).collect();
+        long.push(format!("{} #{}", text.join(" "), rng.random_range(0..1_000_000)));
+        amounts.push(rng.random_range(0..1_000_000) as f64 / 100.0);
+        times.push(1_700_000_000_000_000 + i as i64 * 1_000 + rng.random_range(0..1_000));
+        flags.push(rng.random_ratio(1, 3));
     }
     RecordBatch::try_new(
         Arc::new(Schema::new(vec![

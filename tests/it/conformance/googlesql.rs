@@ -23,6 +23,7 @@ use filament_bigquery::model::write_options::{Deletes, MetadataColumn};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 
+use super::keyed;
 use crate::support::zetasql::Analyzer;
 
 const PROJECT: &str = "my-project";
@@ -386,14 +387,7 @@ fn generated_case() -> impl Strategy<Value = GeneratedCase> {
             let mut key_ranges = Vec::new();
             let key =
                 unique(key.into_iter().map(|(name, kind, collated, picks)| (name, (kind, collated, picks))).collect());
-            let keyed = matches!(
-                write_mode,
-                WriteMode::FullUpsert
-                    | WriteMode::IncrementalUpsert
-                    | WriteMode::IncrementalDelete
-                    | WriteMode::CdcMerge
-                    | WriteMode::History
-            );
+            let keyed = keyed(write_mode);
             for (name, ((data_type, bigquery_type), collated, (pick_low, pick_high, low, high))) in &key {
                 fields.push(Field::new(name, data_type.clone(), true));
                 if !keyed {

@@ -21,6 +21,7 @@ use google_cloud_bigquery_v2::client::{DatasetService, JobService, TableService}
 use google_cloud_bigquery_v2::model::{Dataset, DatasetReference, QueryRequest, Table};
 use serde_json::{Value, json};
 
+use super::keyed;
 use crate::support::arrow::{batch, ipc_stream};
 use crate::support::{Gateway, GatewayOptions, TestRun, random_suffix};
 
@@ -204,18 +205,6 @@ fn converted_rows(ids: &[i64], ops: Option<&[&str]>) -> RecordBatch {
         columns.push(Arc::new(StringArray::from_iter_values(ops.iter().copied())));
     }
     batch(fields, columns)
-}
-
-/// Whether a mode merges on a primary key.
-fn keyed(write_mode: WriteMode) -> bool {
-    matches!(
-        write_mode,
-        WriteMode::FullUpsert
-            | WriteMode::IncrementalUpsert
-            | WriteMode::IncrementalDelete
-            | WriteMode::CdcMerge
-            | WriteMode::History
-    )
 }
 
 const WRITE_MODES: [(&str, WriteMode); 8] = [

@@ -3,12 +3,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow_array::{Int64Array, StringArray, TimestampNanosecondArray};
+use arrow_array::{Int64Array, RecordBatch, StringArray, TimestampNanosecondArray};
 use arrow_schema::{DataType, Field, TimeUnit};
 use reqwest::{Method, StatusCode};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::support::arrow::{batch, ids, ipc_stream, ipc_stream_compressed};
+use crate::support::rows::post_ids;
 use crate::support::{Gateway, GatewayOptions, TestRun, assert_problem, send};
 
 /// A gateway with run `run`, resource `t` (full_append) and execution `e` extracting.
@@ -18,31 +19,40 @@ async fn ready_gateway(options: GatewayOptions) -> Gateway {
     gw
 }
 
-/// Runs `attempt`, asserts its problem, and asserts the database is unchanged.
-macro_rules! rejected_without_trace {
-    ($gw:expr, $status:expr, $code:expr, $attempt:expr) => {{
-        let before = $gw.db_snapshot().await;
-        let body = assert_problem($attempt, $status, $code);
-        assert_eq!($gw.db_snapshot().await, before, "a rejected request changed the state ({})", $code);
-        body
-    }};
+/// Awaits `attempt` (a request not sent before it is awaited), asserts its problem (`status`,
+/// `code`) and that the database is unchanged; the problem.
+async fn rejected_without_trace(
+    gw: &Gateway,
+    status: StatusCode,
+    code: &str,
+    attempt: impl Future<Output = (StatusCode, Value)>,
+) -> Value {
+    let before = gw.db_snapshot().await;
+    let body = assert_problem(attempt.await, status, code);
+    assert_eq!(gw.db_snapshot().await, before, "a rejected request changed the state ({code})");
+    body
+}
+
+/// Posts `rows` as a batch of `resource` (execution `e` of run `run`): refused 422 with `code`
+/// and without a trace, its detail naming each of `named`.
+async fn batch_refused(gw: &Gateway, resource: &str, rows: RecordBatch, code: &str, named: &[&str]) {
+    let attempt = gw.post_batch("run", "e", resource, None, ipc_stream(&[rows]));
+    let body = rejected_without_trace(gw, StatusCode::UNPROCESSABLE_ENTITY, code, attempt).await;
+    let detail = body["detail"].as_str().unwrap();
+    for name in named {
+        assert!(detail.contains(name), "the detail names {name}: {body}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn missing_or_wrong_tokens_are_unauthorized() {
     let gw = ready_gateway(GatewayOptions::new()).await;
-    rejected_without_trace!(
-        gw,
-        StatusCode::UNAUTHORIZED,
-        "unauthorized",
-        send(gw.unauthenticated(Method::GET, "/v1/runs/run")).await
-    );
-    rejected_without_trace!(
-        gw,
-        StatusCode::UNAUTHORIZED,
-        "unauthorized",
-        send(gw.unauthenticated(Method::GET, "/v1/runs/run").bearer_auth("test-token-wrong")).await
-    );
+    for request in [
+        gw.unauthenticated(Method::GET, "/v1/runs/run"),
+        gw.unauthenticated(Method::GET, "/v1/runs/run").bearer_auth("test-token-wrong"),
+    ] {
+        rejected_without_trace(&gw, StatusCode::UNAUTHORIZED, "unauthorized", send(request)).await;
+    }
     let response = gw.unauthenticated(Method::POST, "/v1/runs").json(&json!({})).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(response.headers()["content-type"], "application/problem+json");
@@ -53,88 +63,42 @@ async fn missing_or_wrong_tokens_are_unauthorized() {
 async fn unknown_ids_are_not_found() {
     let gw = ready_gateway(GatewayOptions::new()).await;
     // A run that does not exist answers as one the caller may not see: `run_not_found`.
-    rejected_without_trace!(
-        gw,
-        StatusCode::NOT_FOUND,
-        "run_not_found",
-        gw.json(Method::GET, "/v1/runs/nope", None).await
-    );
-    rejected_without_trace!(
-        gw,
-        StatusCode::NOT_FOUND,
-        "not_found",
-        gw.json(Method::GET, "/v1/runs/run/executions/nope", None).await
-    );
-    rejected_without_trace!(
-        gw,
-        StatusCode::NOT_FOUND,
-        "not_found",
-        gw.post_batch("run", "e", "undeclared", None, ipc_stream(&[ids(0..1)])).await
-    );
-    rejected_without_trace!(
-        gw,
-        StatusCode::NOT_FOUND,
-        "not_found",
-        gw.post_batch("run", "nope", "t", None, ipc_stream(&[ids(0..1)])).await
-    );
-    rejected_without_trace!(
-        gw,
-        StatusCode::NOT_FOUND,
-        "run_not_found",
-        gw.json(Method::PUT, "/v1/runs/nope/resources/t", Some(json!({"write_mode": "full_append"}))).await
-    );
+    let unknown_run = gw.json(Method::GET, "/v1/runs/nope", None);
+    rejected_without_trace(&gw, StatusCode::NOT_FOUND, "run_not_found", unknown_run).await;
+    let unknown_execution = gw.json(Method::GET, "/v1/runs/run/executions/nope", None);
+    rejected_without_trace(&gw, StatusCode::NOT_FOUND, "not_found", unknown_execution).await;
+    let undeclared_resource = gw.post_batch("run", "e", "undeclared", None, ipc_stream(&[ids(0..1)]));
+    rejected_without_trace(&gw, StatusCode::NOT_FOUND, "not_found", undeclared_resource).await;
+    let batch_of_unknown_execution = gw.post_batch("run", "nope", "t", None, ipc_stream(&[ids(0..1)]));
+    rejected_without_trace(&gw, StatusCode::NOT_FOUND, "not_found", batch_of_unknown_execution).await;
+    let full_append = Some(json!({"write_mode": "full_append"}));
+    let resource_of_unknown_run = gw.json(Method::PUT, "/v1/runs/nope/resources/t", full_append);
+    rejected_without_trace(&gw, StatusCode::NOT_FOUND, "run_not_found", resource_of_unknown_run).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_identifiers_and_dataset_ids_are_unprocessable() {
     let gw = ready_gateway(GatewayOptions::new()).await;
     let run = |run_id: &str, dataset: &str| json!({"run_id": run_id, "destination": {"project": "filament-demo", "dataset": dataset}});
-    rejected_without_trace!(
-        gw,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid_identifier",
-        gw.json(Method::POST, "/v1/runs", Some(run("bad id!", "ds"))).await
-    );
+    let bad_run_id = gw.json(Method::POST, "/v1/runs", Some(run("bad id!", "ds")));
+    rejected_without_trace(&gw, StatusCode::UNPROCESSABLE_ENTITY, "invalid_identifier", bad_run_id).await;
     for dataset in ["my-dataset", "my.dataset"] {
-        let body = rejected_without_trace!(
-            gw,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_dataset_id",
-            gw.json(Method::POST, "/v1/runs", Some(run("ok_run", dataset))).await
-        );
+        let attempt = gw.json(Method::POST, "/v1/runs", Some(run("ok_run", dataset)));
+        let body = rejected_without_trace(&gw, StatusCode::UNPROCESSABLE_ENTITY, "invalid_dataset_id", attempt).await;
         assert!(body["hint"].as_str().unwrap().contains("letters, numbers, and underscores"), "{body}");
     }
-    rejected_without_trace!(
-        gw,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid_identifier",
-        gw.json(Method::PUT, "/v1/runs/run/resources/bad%20name", Some(json!({"write_mode": "full_append"}))).await
-    );
+    let full_append = Some(json!({"write_mode": "full_append"}));
+    let bad_resource = gw.json(Method::PUT, "/v1/runs/run/resources/bad%20name", full_append);
+    rejected_without_trace(&gw, StatusCode::UNPROCESSABLE_ENTITY, "invalid_identifier", bad_resource).await;
     for table in ["users`; DROP TABLE x", "a;b", "_filament_mine"] {
-        rejected_without_trace!(
-            gw,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_identifier",
-            gw.json(
-                Method::PUT,
-                "/v1/runs/run/resources/r2",
-                Some(json!({"table": table, "write_mode": "full_append"}))
-            )
-            .await
-        );
+        let declaration = Some(json!({"table": table, "write_mode": "full_append"}));
+        let attempt = gw.json(Method::PUT, "/v1/runs/run/resources/r2", declaration);
+        rejected_without_trace(&gw, StatusCode::UNPROCESSABLE_ENTITY, "invalid_identifier", attempt).await;
     }
     // Columns: reserved prefix and names beyond BigQuery's flexible column names.
     for name in ["_filament_seq", "has.dot", "price (usd)"] {
-        let body = ipc_stream(&[batch(
-            vec![Field::new(name, DataType::Int64, true)],
-            vec![Arc::new(Int64Array::from(vec![1]))],
-        )]);
-        rejected_without_trace!(
-            gw,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_identifier",
-            gw.post_batch("run", "e", "t", None, body).await
-        );
+        let column = batch(vec![Field::new(name, DataType::Int64, true)], vec![Arc::new(Int64Array::from(vec![1]))]);
+        batch_refused(&gw, "t", column, "invalid_identifier", &[]).await;
     }
 }
 
@@ -143,78 +107,40 @@ async fn wrong_media_types_and_encodings_are_unsupported() {
     let gw = ready_gateway(GatewayOptions::new()).await;
     let path = "/v1/runs/run/executions/e/resources/t/batches";
     let body = ipc_stream(&[ids(0..3)]);
-    rejected_without_trace!(
-        gw,
-        StatusCode::UNSUPPORTED_MEDIA_TYPE,
-        "unsupported_media_type",
-        send(gw.request(Method::POST, path).header("content-type", "application/json").body(body.clone())).await
-    );
-    rejected_without_trace!(
-        gw,
-        StatusCode::UNSUPPORTED_MEDIA_TYPE,
-        "unsupported_media_type",
-        send(
-            gw.request(Method::POST, path)
-                .header("content-type", "application/vnd.apache.arrow.stream")
-                .header("content-encoding", "br")
-                .body(body.clone())
-        )
-        .await
-    );
-    rejected_without_trace!(
-        gw,
-        StatusCode::UNSUPPORTED_MEDIA_TYPE,
-        "unsupported_media_type",
-        send(gw.request(Method::POST, "/v1/runs").header("content-type", "text/plain").body("{}")).await
-    );
+    for request in [
+        gw.request(Method::POST, path).header("content-type", "application/json").body(body.clone()),
+        gw.request(Method::POST, path)
+            .header("content-type", "application/vnd.apache.arrow.stream")
+            .header("content-encoding", "br")
+            .body(body.clone()),
+        gw.request(Method::POST, "/v1/runs").header("content-type", "text/plain").body("{}"),
+    ] {
+        rejected_without_trace(&gw, StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", send(request)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn malformed_or_truncated_ipc_is_invalid() {
     let gw = ready_gateway(GatewayOptions::new()).await;
     let body = ipc_stream(&[ids(0..100)]);
-    rejected_without_trace!(
-        gw,
-        StatusCode::BAD_REQUEST,
-        "invalid_arrow_ipc",
-        gw.post_batch("run", "e", "t", None, b"definitely not an arrow stream".to_vec()).await
-    );
-    rejected_without_trace!(
-        gw,
-        StatusCode::BAD_REQUEST,
-        "invalid_arrow_ipc",
-        gw.post_batch("run", "e", "t", None, body[..body.len() - 40].to_vec()).await
-    );
-    rejected_without_trace!(
-        gw,
-        StatusCode::BAD_REQUEST,
-        "invalid_arrow_ipc",
-        gw.post_batch("run", "e", "t", None, vec![]).await
-    );
-    rejected_without_trace!(
-        gw,
-        StatusCode::BAD_REQUEST,
-        "invalid_request",
-        gw.json(Method::POST, "/v1/runs", Some(json!({"destination": {"project": "filament-demo"}}))).await
-    );
+    let (garbage, truncated) = (b"definitely not an arrow stream".to_vec(), body[..body.len() - 40].to_vec());
+    for invalid in [garbage, truncated, vec![]] {
+        let attempt = gw.post_batch("run", "e", "t", None, invalid);
+        rejected_without_trace(&gw, StatusCode::BAD_REQUEST, "invalid_arrow_ipc", attempt).await;
+    }
+    let without_run_id = gw.json(Method::POST, "/v1/runs", Some(json!({"destination": {"project": "filament-demo"}})));
+    rejected_without_trace(&gw, StatusCode::BAD_REQUEST, "invalid_request", without_run_id).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_schema_change_within_a_resource_is_refused() {
     let gw = ready_gateway(GatewayOptions::new()).await;
-    let (status, _) = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(0..5)])).await;
-    assert_eq!(status, StatusCode::ACCEPTED);
+    post_ids(&gw, "t", 0..5).await;
     let other = batch(
         vec![Field::new("id", DataType::Int64, false), Field::new("v", DataType::Utf8, true)],
         vec![Arc::new(Int64Array::from(vec![1])), Arc::new(StringArray::from(vec!["x"]))],
     );
-    let body = rejected_without_trace!(
-        gw,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "schema_mismatch",
-        gw.post_batch("run", "e", "t", None, ipc_stream(&[other])).await
-    );
-    assert!(body["detail"].as_str().unwrap().contains("Utf8"), "{body}");
+    batch_refused(&gw, "t", other, "schema_mismatch", &["Utf8"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -223,25 +149,12 @@ async fn unsupported_types_and_precision_loss_name_the_column() {
     // A Null column: BigQuery has no type for it.
     let untyped =
         batch(vec![Field::new("elapsed", DataType::Null, true)], vec![Arc::new(arrow_array::NullArray::new(1))]);
-    let body = rejected_without_trace!(
-        gw,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "unsupported_type",
-        gw.post_batch("run", "e", "t", None, ipc_stream(&[untyped])).await
-    );
-    assert!(body["detail"].as_str().unwrap().contains("elapsed"), "{body}");
+    batch_refused(&gw, "t", untyped, "unsupported_type", &["elapsed"]).await;
     let nanos = batch(
         vec![Field::new("at", DataType::Timestamp(TimeUnit::Nanosecond, None), true)],
         vec![Arc::new(TimestampNanosecondArray::from(vec![1_000, 2_000, 3_001]))],
     );
-    let body = rejected_without_trace!(
-        gw,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "precision_loss",
-        gw.post_batch("run", "e", "t", None, ipc_stream(&[nanos])).await
-    );
-    let detail = body["detail"].as_str().unwrap();
-    assert!(detail.contains("\"at\"") && detail.contains("row 2"), "{body}");
+    batch_refused(&gw, "t", nanos, "precision_loss", &["\"at\"", "row 2"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -250,22 +163,12 @@ async fn oversized_bodies_and_rows_are_refused() {
         .env("FILAMENT_MAX_BATCH_BODY_BYTES", "200000")
         .env("FILAMENT_MAX_APPEND_REQUEST_BYTES", "65536");
     let gw = ready_gateway(options).await;
-    rejected_without_trace!(
-        gw,
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "payload_too_large",
-        gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(0..20_000)])).await
-    );
+    let too_many_rows = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(0..20_000)]));
+    rejected_without_trace(&gw, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", too_many_rows).await;
     let mut values: Vec<String> = (0..10).map(|i| i.to_string()).collect();
     values[6] = "x".repeat(100_000);
     let wide = batch(vec![Field::new("s", DataType::Utf8, true)], vec![Arc::new(StringArray::from(values))]);
-    let body = rejected_without_trace!(
-        gw,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "row_too_large",
-        gw.post_batch("run", "e", "t", None, ipc_stream(&[wide])).await
-    );
-    assert!(body["detail"].as_str().unwrap().contains("row 6"), "{body}");
+    batch_refused(&gw, "t", wide, "row_too_large", &["row 6"]).await;
 }
 
 /// IPC buffer compression counts decompressed: 100,000 equal int64 values (800 KB of buffers)
@@ -278,92 +181,49 @@ async fn compressed_ipc_beyond_the_limit_once_decompressed_is_too_large() {
     for compression in [arrow_ipc::CompressionType::LZ4_FRAME, arrow_ipc::CompressionType::ZSTD] {
         let body = ipc_stream_compressed(std::slice::from_ref(&sevens), compression);
         assert!(body.len() < 200_000, "{compression:?}: {} bytes", body.len());
-        rejected_without_trace!(
-            gw,
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            gw.post_batch("run", "e", "t", None, body).await
-        );
+        let attempt = gw.post_batch("run", "e", "t", None, body);
+        rejected_without_trace(&gw, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", attempt).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn batches_after_pause_or_commit_conflict() {
     let gw = ready_gateway(GatewayOptions::new()).await;
+    let batch_not_extracting = || {
+        let attempt = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(0..3)]));
+        rejected_without_trace(&gw, StatusCode::CONFLICT, "execution_not_extracting", attempt)
+    };
     let (status, paused) = gw.json(Method::POST, "/v1/runs/run/executions/e/pause", None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(paused["state"], "paused");
-    rejected_without_trace!(
-        gw,
-        StatusCode::CONFLICT,
-        "execution_not_extracting",
-        gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(0..3)])).await
-    );
+    batch_not_extracting().await;
     assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
-    rejected_without_trace!(
-        gw,
-        StatusCode::CONFLICT,
-        "execution_not_extracting",
-        gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(0..3)])).await
-    );
-    rejected_without_trace!(
-        gw,
-        StatusCode::CONFLICT,
-        "execution_not_extracting",
-        gw.json(Method::POST, "/v1/runs/run/executions/e/abort", None).await
-    );
+    batch_not_extracting().await;
+    let abort = gw.json(Method::POST, "/v1/runs/run/executions/e/abort", None);
+    rejected_without_trace(&gw, StatusCode::CONFLICT, "execution_not_extracting", abort).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn conflicting_definitions_and_missing_keys_are_refused() {
     let gw = ready_gateway(GatewayOptions::new()).await;
-    let (status, _) = gw
-        .json(
-            Method::POST,
-            "/v1/runs",
-            Some(json!({"run_id": "run", "destination": {"project": "filament-demo", "dataset": gw.dataset}})),
-        )
-        .await;
+    let run =
+        |dataset: &str| Some(json!({"run_id": "run", "destination": {"project": "filament-demo", "dataset": dataset}}));
+    let (status, _) = gw.json(Method::POST, "/v1/runs", run(&gw.dataset)).await;
     assert_eq!(status, StatusCode::OK, "the same definition again is idempotent");
-    rejected_without_trace!(
-        gw,
-        StatusCode::CONFLICT,
-        "run_conflict",
-        gw.json(
-            Method::POST,
-            "/v1/runs",
-            Some(json!({"run_id": "run", "destination": {"project": "filament-demo", "dataset": "other"}}))
-        )
-        .await
-    );
-    rejected_without_trace!(
-        gw,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "primary_key_required",
-        gw.json(Method::PUT, "/v1/runs/run/resources/u", Some(json!({"write_mode": "full_upsert"}))).await
-    );
+    let other_dataset = gw.json(Method::POST, "/v1/runs", run("other"));
+    rejected_without_trace(&gw, StatusCode::CONFLICT, "run_conflict", other_dataset).await;
+    let without_key = gw.json(Method::PUT, "/v1/runs/run/resources/u", Some(json!({"write_mode": "full_upsert"})));
+    rejected_without_trace(&gw, StatusCode::UNPROCESSABLE_ENTITY, "primary_key_required", without_key).await;
     let seventeen: Vec<String> = (0..17).map(|i| format!("k{i}")).collect();
-    rejected_without_trace!(
-        gw,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid_primary_key",
-        gw.json(
-            Method::PUT,
-            "/v1/runs/run/resources/u",
-            Some(json!({"write_mode": "cdc_merge", "primary_key": seventeen}))
-        )
-        .await
-    );
+    let declaration = Some(json!({"write_mode": "cdc_merge", "primary_key": seventeen}));
+    let seventeen_columns_key = gw.json(Method::PUT, "/v1/runs/run/resources/u", declaration);
+    rejected_without_trace(&gw, StatusCode::UNPROCESSABLE_ENTITY, "invalid_primary_key", seventeen_columns_key).await;
     // Before batches a resource may be re-declared; after, changes conflict.
     gw.declare("run", "t", json!({"write_mode": "incremental_append"})).await;
-    let (status, _) = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(0..3)])).await;
-    assert_eq!(status, StatusCode::ACCEPTED);
-    rejected_without_trace!(
-        gw,
-        StatusCode::CONFLICT,
-        "resource_conflict",
-        gw.json(Method::PUT, "/v1/runs/run/resources/t", Some(json!({"write_mode": "full_append"}))).await
-    );
+    post_ids(&gw, "t", 0..3).await;
+    let full_append = Some(json!({"write_mode": "full_append"}));
+    let changed = gw.json(Method::PUT, "/v1/runs/run/resources/t", full_append);
+    rejected_without_trace(&gw, StatusCode::CONFLICT, "resource_conflict", changed).await;
     let (status, same) =
         gw.json(Method::PUT, "/v1/runs/run/resources/t", Some(json!({"write_mode": "incremental_append"}))).await;
     assert_eq!(status, StatusCode::OK, "{same}");
@@ -374,13 +234,9 @@ async fn protective_limits_answer_with_their_documented_errors() {
     let options = GatewayOptions::new().env("FILAMENT_MAX_CONCURRENT_REQUESTS", "1");
     let gw = ready_gateway(options).await;
     let long_path = format!("/v1/runs/{}", "r".repeat(5000));
-    rejected_without_trace!(gw, StatusCode::URI_TOO_LONG, "uri_too_long", gw.json(Method::GET, &long_path, None).await);
-    rejected_without_trace!(
-        gw,
-        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-        "headers_too_large",
-        send(gw.request(Method::GET, "/v1/runs/run").header("x-padding", "p".repeat(20_000))).await
-    );
+    rejected_without_trace(&gw, StatusCode::URI_TOO_LONG, "uri_too_long", gw.json(Method::GET, &long_path, None)).await;
+    let padded = send(gw.request(Method::GET, "/v1/runs/run").header("x-padding", "p".repeat(20_000)));
+    rejected_without_trace(&gw, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "headers_too_large", padded).await;
     // Hold the only request slot with a batch whose body trickles in, then ask for more.
     let (sender, slow) = hold_the_only_slot(&gw).await;
     let before = gw.db_snapshot().await;
@@ -424,6 +280,7 @@ async fn hold_the_only_slot(gw: &Gateway) -> HeldRequest {
     const ARRIVAL: Duration = Duration::from_millis(200);
     crate::support::eventually(Duration::from_secs(20), "a request holding the only slot", || async {
         let (sender, held) = start_held_batch(gw);
+        // A head start, not a wait for a state: the probe cannot look without taking the slot.
         tokio::time::sleep(ARRIVAL).await;
         let shed = gw.json(Method::GET, "/v1/runs/run", None).await.0 == StatusCode::SERVICE_UNAVAILABLE;
         (shed && !held.is_finished()).then_some((sender, held))
@@ -459,12 +316,8 @@ async fn a_too_large_answer_reaches_a_client_still_sending_its_body() {
     let gw = ready_gateway(GatewayOptions::new().env("FILAMENT_MAX_BATCH_BODY_BYTES", "16777216")).await;
     let body = ipc_stream(&[ids(0..1_800_000)]);
     assert!(body.len() > 24 << 20 && body.len() < 32 << 20, "{}", body.len());
-    rejected_without_trace!(
-        gw,
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "payload_too_large",
-        gw.post_batch("run", "e", "t", None, body).await
-    );
+    let attempt = gw.post_batch("run", "e", "t", None, body);
+    rejected_without_trace(&gw, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", attempt).await;
 }
 
 /// With `Expect: 100-continue`, a request shed before its body is read gets its answer instead
@@ -503,67 +356,25 @@ async fn keyed_batches_need_eligible_non_null_keys_and_valid_operations() {
             vec![Arc::new(Int64Array::from(ids)), Arc::new(StringArray::from(ops))],
         )
     };
-    let body = rejected_without_trace!(
-        gw,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "null_primary_key",
-        gw.post_batch("run", "e", "m", None, ipc_stream(&[id_op(vec![Some(1), None], vec![Some("insert"); 2])])).await
-    );
-    assert!(body["detail"].as_str().unwrap().contains("row 1"), "{body}");
-    let body = rejected_without_trace!(
-        gw,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid_operation",
-        gw.post_batch(
-            "run",
-            "e",
-            "m",
-            None,
-            ipc_stream(&[id_op(vec![Some(1), Some(2)], vec![Some("insert"), Some("replace")])])
-        )
-        .await
-    );
-    assert!(body["detail"].as_str().unwrap().contains("row 1"), "{body}");
-    rejected_without_trace!(
-        gw,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid_operation",
-        gw.post_batch("run", "e", "m", None, ipc_stream(&[ids(0..2)])).await
-    );
-    rejected_without_trace!(
-        gw,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid_operation",
-        gw.post_batch("run", "e", "t", None, ipc_stream(&[id_op(vec![Some(1)], vec![Some("insert")])])).await
-    );
-    rejected_without_trace!(
-        gw,
-        StatusCode::BAD_REQUEST,
-        "invalid_request",
-        gw.post_batch("run", "e", "m", Some(1 << 31), ipc_stream(&[id_op(vec![Some(1)], vec![Some("insert")])])).await
-    );
+    let null_key = id_op(vec![Some(1), None], vec![Some("insert"); 2]);
+    batch_refused(&gw, "m", null_key, "null_primary_key", &["row 1"]).await;
+    let unknown_operation = id_op(vec![Some(1), Some(2)], vec![Some("insert"), Some("replace")]);
+    batch_refused(&gw, "m", unknown_operation, "invalid_operation", &["row 1"]).await;
+    batch_refused(&gw, "m", ids(0..2), "invalid_operation", &[]).await;
+    batch_refused(&gw, "t", id_op(vec![Some(1)], vec![Some("insert")]), "invalid_operation", &[]).await;
+    let beyond_seq_range = ipc_stream(&[id_op(vec![Some(1)], vec![Some("insert")])]);
+    let attempt = gw.post_batch("run", "e", "m", Some(1 << 31), beyond_seq_range);
+    rejected_without_trace(&gw, StatusCode::BAD_REQUEST, "invalid_request", attempt).await;
     let float_key = batch(
         vec![Field::new("score", DataType::Float64, false)],
         vec![Arc::new(arrow_array::Float64Array::from(vec![1.5]))],
     );
-    let body = rejected_without_trace!(
-        gw,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid_primary_key",
-        gw.post_batch("run", "e", "f", None, ipc_stream(&[float_key])).await
-    );
-    assert!(body["detail"].as_str().unwrap().contains("FLOAT64"), "{body}");
+    batch_refused(&gw, "f", float_key, "invalid_primary_key", &["FLOAT64"]).await;
     let json_field = Field::new("doc", DataType::Utf8, true).with_metadata(std::collections::HashMap::from([(
         "ARROW:extension:name".to_string(),
         "arrow.json".to_string(),
     )]));
     let bad_json =
         batch(vec![json_field], vec![Arc::new(StringArray::from(vec![Some("{\"a\": 1}"), Some("{\"b\": ")]))]);
-    let body = rejected_without_trace!(
-        gw,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid_value",
-        gw.post_batch("run", "e", "t", None, ipc_stream(&[bad_json])).await
-    );
-    assert!(body["detail"].as_str().unwrap().contains("row 1"), "{body}");
+    batch_refused(&gw, "t", bad_json, "invalid_value", &["row 1"]).await;
 }

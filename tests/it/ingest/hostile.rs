@@ -179,6 +179,7 @@ async fn trickle_body(address: String, token: String, length: usize) -> String {
                     break;
                 }
             }
+            // The slow client's pace: one more byte a second until it is answered.
             () = tokio::time::sleep(Duration::from_secs(1)) => {
                 if stream.write_all(b"\xff").await.is_err() {
                     break;
@@ -205,6 +206,7 @@ async fn slow_bodies_cost_a_connection_never_a_slot_others_need() {
         let (status, body) = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(i * 10..i * 10 + 10)])).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
         assert!(started.elapsed() < Duration::from_secs(2), "batch {i} waited {:?}", started.elapsed());
+        // The extractor's pace: its ten batches span the slow bodies' 3 s read timeout.
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     for answer in slow {
@@ -229,6 +231,7 @@ async fn closed_within(address: &str, head: &[u8], every: Duration, within: Dura
                 Ok(0) | Err(_) => return true,
                 Ok(_) => {}
             },
+            // The slowloris pace: one byte of the head every `every`.
             () = tokio::time::sleep(every) => {
                 if sent < head.len() && stream.write_all(&head[sent..=sent]).await.is_err() {
                     return true;
@@ -274,6 +277,7 @@ async fn slow_heads_and_idle_connections_are_closed_and_capped() {
             })
             .count()
     };
+    // Time for the gateway to take in all of the flood it would: the cap must still hold after.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(sockets() <= 300 + 64, "{} sockets open", sockets());
     for closed in slowloris {
@@ -303,8 +307,7 @@ async fn slow_heads_and_idle_connections_are_closed_and_capped() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_declaration_is_fixed_once_a_batch_uses_it() {
     let gw = Gateway::spawn().await;
-    gw.create_run("run").await;
-    gw.open_new_execution("run", "e").await;
+    TestRun::new("run", "e").open(&gw).await;
     let big = ipc_stream(&[ids(0..400_000)]);
     let mut refusals = 0;
     for round in 0..20 {
@@ -312,6 +315,7 @@ async fn a_declaration_is_fixed_once_a_batch_uses_it() {
         gw.declare("run", &resource, json!({"write_mode": "full_append"})).await;
         let path = format!("/v1/runs/run/resources/{resource}");
         let redeclare = async {
+            // Starts 20 ms into the batch's upload, to race its read.
             tokio::time::sleep(Duration::from_millis(20)).await;
             gw.json(Method::PUT, &path, Some(json!({"write_mode": "full_upsert", "primary_key": ["id"]}))).await
         };

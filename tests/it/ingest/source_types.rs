@@ -217,9 +217,7 @@ fn measured(columns: Vec<ArrayRef>) -> RecordBatch {
 #[tokio::test(flavor = "multi_thread")]
 async fn int64_batches_publish_into_existing_float64_and_numeric_columns() {
     let gw = Gateway::spawn().await;
-    gw.create_run("r").await;
-    gw.declare("r", "m", json!({"write_mode": "full_append"})).await;
-    gw.open_new_execution("r", "e1").await;
+    TestRun::new("r", "e1").full_append(&["m"]).open(&gw).await;
     let decimal = arrow_array::Decimal128Array::from(vec![1_250]).with_precision_and_scale(20, 2).unwrap();
     let wide =
         measured(vec![Arc::new(Int64Array::from(vec![1])), Arc::new(Float64Array::from(vec![0.5])), Arc::new(decimal)]);
@@ -268,10 +266,7 @@ async fn int64_batches_publish_into_existing_float64_and_numeric_columns() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_existing_required_column_the_batches_omit_is_refused_before_anything_is_staged() {
     let gw = Gateway::spawn().await;
-    gw.create_run("r").await;
-    gw.declare("r", "first", json!({"write_mode": "full_append"})).await;
-    gw.declare("r", "required", json!({"write_mode": "full_append"})).await;
-    gw.open_new_execution("r", "e1").await;
+    TestRun::new("r", "e1").full_append(&["first", "required"]).open(&gw).await;
     let ids = |column: &str| {
         batch(vec![Field::new(column, DataType::Int64, true)], vec![Arc::new(Int64Array::from(vec![1]))])
     };

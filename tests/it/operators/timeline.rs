@@ -6,13 +6,13 @@
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
-use serde_json::{Value, json};
+use serde_json::Value;
 use sqlx::Connection as _;
 
 use crate::support::arrow::{ids, ipc_stream};
 use crate::support::fake_write::{AppendFault, FakeWrite};
-use crate::support::rest_proxy::{JobMode, RestProxy};
-use crate::support::{Gateway, GatewayOptions, assert_problem, eventually, required_env};
+use crate::support::rest_proxy::{JobMode, one_batch_behind_a_proxy};
+use crate::support::{Gateway, GatewayOptions, TestRun, assert_problem, eventually};
 
 async fn events(gw: &Gateway, after: i64) -> Value {
     let (status, page) = gw.json(Method::GET, &format!("/v1/runs/r/executions/e/events?after={after}"), None).await;
@@ -50,9 +50,7 @@ async fn the_timeline_shows_a_coalesced_retry_the_commit_and_the_end_in_order() 
     let fake = FakeWrite::start().await;
     fake.script([AppendFault::Status(tonic::Code::Unavailable), AppendFault::Status(tonic::Code::Unavailable)]);
     let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(Duration::from_millis(20)).spawn().await;
-    gw.create_run("r").await;
-    gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
-    gw.open_new_execution("r", "e").await;
+    TestRun::new("r", "e").full_append(&["t"]).open(&gw).await;
     gw.post_accepted("r", "e", "t", Some(0), ipc_stream(&[ids(0..10)])).await;
     acknowledged(&gw, 10).await;
     let before_commit = events(&gw, 0).await;
@@ -110,20 +108,10 @@ async fn the_timeline_shows_a_coalesced_retry_the_commit_and_the_end_in_order() 
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_publication_job_and_the_failed_end_carry_their_code() {
-    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
-    let fake = FakeWrite::start().await;
-    let gw = GatewayOptions::new().rest_proxy(&proxy).fake_write(&fake).spawn().await;
-    gw.create_run("r").await;
-    gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
-    gw.open_new_execution("r", "e").await;
-    gw.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..5)])).await;
+    let (proxy, _fake, gw) = one_batch_behind_a_proxy(0..5).await;
     // The commit may begin while the lane still prepares; waiting makes the order one.
     acknowledged(&gw, 5).await;
-    proxy.set_jobs(JobMode::Fail {
-        query_contains: String::new(),
-        reason: "invalidQuery".into(),
-        message: "Query error: boom".into(),
-    });
+    proxy.set_jobs(JobMode::invalid_query("", "Query error: boom"));
     assert_eq!(gw.commit_and_wait("r", "e").await["state"], "failed");
     let timeline = events(&gw, 0).await;
     assert_eq!(
@@ -155,9 +143,7 @@ async fn an_upload_failure_while_extracting_ends_the_timeline_with_its_code() {
     let fake = FakeWrite::start().await;
     fake.script([AppendFault::InResponseError(3)]);
     let gw = GatewayOptions::new().fake_write(&fake).spawn().await;
-    gw.create_run("r").await;
-    gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
-    gw.open_new_execution("r", "e").await;
+    TestRun::new("r", "e").full_append(&["t"]).open(&gw).await;
     gw.post_accepted("r", "e", "t", Some(0), ipc_stream(&[ids(0..10)])).await;
     eventually(Duration::from_secs(30), "the execution to fail", || async {
         let (_, execution) = gw.json(Method::GET, "/v1/runs/r/executions/e", None).await;
@@ -188,9 +174,7 @@ async fn gateway_with_a_small_budget(ack_delay: Duration, wait: Duration) -> (Fa
         .env("FILAMENT_BACKPRESSURE_WAIT_MS", &wait.as_millis().to_string())
         .spawn()
         .await;
-    gw.create_run("r").await;
-    gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
-    gw.open_new_execution("r", "e").await;
+    TestRun::new("r", "e").full_append(&["t"]).open(&gw).await;
     (fake, gw)
 }
 

@@ -76,30 +76,55 @@ async fn the_connection_test_names_disabled_apis_missing_permissions_and_locatio
     assert!(body["hint"].as_str().unwrap().contains("location"), "{body}");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_disabled_storage_api_fails_the_run_with_its_fix() {
-    use googleapis_tonic_google_rpc::google::rpc::{ErrorInfo, Status};
+/// What Google answers a call to an API the project has not enabled: `PERMISSION_DENIED`, its
+/// message naming the project, and as details the `ErrorInfo` (reason `SERVICE_DISABLED`, the
+/// service among its metadata), the message again localized and a `Help` link to enable it.
+fn service_disabled_status(service: &str, title: &str) -> tonic::Status {
+    use googleapis_tonic_google_rpc::google::rpc::{ErrorInfo, Help, LocalizedMessage, Status, help::Link};
     use prost::Message as _;
+    let activation_url = format!("https://console.developers.google.com/apis/api/{service}/overview?project=123456");
+    let message = format!(
+        "{title} has not been used in project 123456 before or it is disabled. Enable it by visiting {activation_url} \
+         then retry. If you enabled this API recently, wait a few minutes for the action to propagate to our systems \
+         and retry."
+    );
+    let metadata = [
+        ("consumer", "projects/123456"),
+        ("service", service),
+        ("activationUrl", &activation_url),
+        ("serviceTitle", title),
+        ("containerInfo", "123456"),
+    ];
     let info = ErrorInfo {
         reason: "SERVICE_DISABLED".into(),
         domain: "googleapis.com".into(),
-        metadata: [("service".to_string(), "bigquerystorage.googleapis.com".to_string())].into_iter().collect(),
+        metadata: metadata.into_iter().map(|(key, value)| (key.to_string(), value.to_string())).collect(),
     };
-    let details = Status {
-        code: 7,
-        message: "BigQuery Storage API has not been used in project 123456 before or it is disabled.".into(),
-        details: vec![prost_types::Any {
-            type_url: "type.googleapis.com/google.rpc.ErrorInfo".into(),
-            value: info.encode_to_vec(),
-        }],
+    let localized = LocalizedMessage { locale: "en-US".into(), message: message.clone() };
+    let help = Help {
+        links: vec![Link { description: "Google developers console API activation".into(), url: activation_url }],
     };
+    let detail = |name: &str, value: Vec<u8>| prost_types::Any {
+        type_url: format!("type.googleapis.com/google.rpc.{name}"),
+        value,
+    };
+    let status = Status {
+        code: tonic::Code::PermissionDenied as i32,
+        message: message.clone(),
+        details: vec![
+            detail("ErrorInfo", info.encode_to_vec()),
+            detail("LocalizedMessage", localized.encode_to_vec()),
+            detail("Help", help.encode_to_vec()),
+        ],
+    };
+    tonic::Status::with_details(tonic::Code::PermissionDenied, message, status.encode_to_vec().into())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_disabled_storage_api_fails_the_run_with_its_fix() {
     let fake = FakeWrite::start().await;
     fake.with(|s| {
-        s.create_error = Some(tonic::Status::with_details(
-            tonic::Code::PermissionDenied,
-            "BigQuery Storage API has not been used in project 123456 before or it is disabled.",
-            details.encode_to_vec().into(),
-        ))
+        s.create_error = Some(service_disabled_status("bigquerystorage.googleapis.com", "BigQuery Storage API"))
     });
     let gw = GatewayOptions::new().fake_write(&fake).spawn().await;
     TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;

@@ -2,12 +2,13 @@
 //! connection-cutting TCP proxy, against the emulator. Every test asserts the exact rows and
 //! offsets that end up in the stream: nothing lost, nothing duplicated.
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::support::arrow::{ids, ipc_stream};
 use crate::support::emulator::PrivateEmulator;
@@ -19,16 +20,50 @@ use crate::support::{Gateway, GatewayOptions, TestRun, eventually};
 /// Appends retried this soon after a scripted fault keep the tests fast.
 const FAST_RETRY: Duration = Duration::from_millis(20);
 
+/// Options for a gateway whose appends go to `fake`, retried soon after a fault.
+fn fast_retries_on(fake: &FakeWrite) -> GatewayOptions {
+    GatewayOptions::new().fake_write(fake).append_initial_backoff(FAST_RETRY)
+}
+
+/// Run `run` with execution `e` open, upload batches of ten rows, `resources` full_append.
+async fn open_with_batches_of_ten(gw: &Gateway, resources: &[&str]) {
+    TestRun::new("run", "e").batching(json!({"max_rows": 10})).full_append(resources).open(gw).await;
+}
+
+/// Posts the numbered `batches` of ten rows each to `resource`: batch n holds ids 10n to 10n + 9.
+async fn post_batches_of_ten(gw: &Gateway, resource: &str, batches: Range<i64>) {
+    for batch in batches {
+        post_ids(gw, resource, batch * 10..batch * 10 + 10).await;
+    }
+}
+
+/// Commits execution `e` of run `run` and waits, asserting it committed; the execution.
+async fn commit(gw: &Gateway) -> Value {
+    let committed = gw.commit_and_wait("run", "e").await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+    committed
+}
+
+/// A Storage Write fake that answers each stream's appends 100 ms apart, and holds every answer
+/// until the test sets `hold_responses` back to false; a gateway on it with fast retries.
+async fn answers_held(resources: &[&str]) -> (FakeWrite, Gateway) {
+    let fake = FakeWrite::start().await;
+    fake.with(|s| {
+        s.table_delays.push((String::new(), Duration::from_millis(100)));
+        s.hold_responses = true;
+    });
+    let gw = fast_retries_on(&fake).spawn().await;
+    open_with_batches_of_ten(&gw, resources).await;
+    (fake, gw)
+}
+
 /// Posts `batches` batches of ten rows (ids 0, 1, ...) to resource `t` of a new run whose
 /// upload batches hold ten rows, commits, and checks that every row landed exactly once, in
 /// order; the gateway's append retry log lines.
 async fn load_in_batches_of_ten(gw: &Gateway, fake: &FakeWrite, batches: i64) -> Vec<String> {
-    TestRun::new("run", "e").batching(json!({"max_rows": 10})).full_append(&["t"]).open(gw).await;
-    for batch in 0..batches {
-        post_ids(gw, "t", batch * 10..batch * 10 + 10).await;
-    }
-    let committed = gw.commit_and_wait("run", "e").await;
-    assert_eq!(committed["state"], "committed", "{committed}");
+    open_with_batches_of_ten(gw, &["t"]).await;
+    post_batches_of_ten(gw, "t", 0..batches).await;
+    let committed = commit(gw).await;
     assert_eq!(committed["resources"][0]["rows_acknowledged"], batches * 10);
     assert_exact_stream(&fake.stream_for("_filament_stg_t_"), 0..batches * 10);
     gw.logs().lines().filter(|l| l.contains("bigquery.write.retry")).map(str::to_string).collect()
@@ -38,18 +73,10 @@ async fn load_in_batches_of_ten(gw: &Gateway, fake: &FakeWrite, batches: i64) ->
 /// appends in flight, and the gateway eight in all (the defaults), the streams sharing them.
 #[tokio::test(flavor = "multi_thread")]
 async fn at_most_four_appends_per_stream_and_eight_in_all_are_in_flight() {
-    let fake = FakeWrite::start().await;
-    fake.with(|s| {
-        s.table_delays.push((String::new(), Duration::from_millis(100)));
-        s.hold_responses = true;
-    });
-    let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
-    TestRun::new("run", "e").batching(json!({"max_rows": 10})).full_append(&["a", "b", "c"]).open(&gw).await;
+    let (fake, gw) = answers_held(&["a", "b", "c"]).await;
     // Stream a fills its window of 4 first, so the limits are observed deterministically: the
     // other two streams then share the remaining 4 of the 8 gateway-wide slots.
-    for batch in 0..10 {
-        post_ids(&gw, "a", batch * 10..batch * 10 + 10).await;
-    }
+    post_batches_of_ten(&gw, "a", 0..10).await;
     eventually(Duration::from_secs(30), "stream a to hold a full window", || async {
         let held = fake.with(|s| {
             s.outstanding_per_stream
@@ -68,8 +95,7 @@ async fn at_most_four_appends_per_stream_and_eight_in_all_are_in_flight() {
     }
     // Every batch is queued; now let the fake answer, one request per 100 ms per stream.
     fake.with(|s| s.hold_responses = false);
-    let committed = gw.commit_and_wait("run", "e").await;
-    assert_eq!(committed["state"], "committed", "{committed}");
+    commit(&gw).await;
     for resource in ["a", "b", "c"] {
         assert_exact_stream(&fake.stream_for(&format!("_filament_stg_{resource}_")), 0..100);
     }
@@ -107,18 +133,10 @@ async fn an_upload_logs_the_writers_settings_its_stages_and_each_appends_timing(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_window_refills_per_acknowledgement() {
-    let fake = FakeWrite::start().await;
-    fake.with(|s| {
-        s.table_delays.push((String::new(), Duration::from_millis(100)));
-        s.hold_responses = true;
-    });
-    let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
-    TestRun::new("run", "e").batching(json!({"max_rows": 10})).full_append(&["t"]).open(&gw).await;
-    for batch in 0..12 {
-        post_ids(&gw, "t", batch * 10..batch * 10 + 10).await;
-    }
+    let (fake, gw) = answers_held(&["t"]).await;
+    post_batches_of_ten(&gw, "t", 0..12).await;
     fake.with(|s| s.hold_responses = false);
-    assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
+    commit(&gw).await;
     assert_exact_stream(&fake.stream_for("_filament_stg_t_"), 0..120);
     // Every batch was queued before the fake answered its first request, then it answered one
     // per 100 ms: a window refilled per acknowledgement sends each new request while three are
@@ -133,19 +151,14 @@ async fn the_window_refills_per_acknowledgement() {
 async fn resources_set_up_at_once_stay_within_the_maximum() {
     let fake = FakeWrite::start().await;
     fake.with(|s| s.create_delay = Duration::from_millis(400));
-    let gw = GatewayOptions::new()
-        .fake_write(&fake)
-        .append_initial_backoff(FAST_RETRY)
-        .env("FILAMENT_MAX_CONCURRENT_PREPARES", "8")
-        .spawn()
-        .await;
+    let gw = fast_retries_on(&fake).env("FILAMENT_MAX_CONCURRENT_PREPARES", "8").spawn().await;
     let resources: Vec<String> = (0..12).map(|i| format!("r{i}")).collect();
     let names: Vec<&str> = resources.iter().map(String::as_str).collect();
     TestRun::new("run", "e").full_append(&names).open(&gw).await;
     for resource in &names {
         post_ids(&gw, resource, 0..5).await;
     }
-    assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
+    commit(&gw).await;
     let max = fake.with(|s| s.max_creates_in_progress);
     assert!((2..=8).contains(&max), "stream creations in parallel: {max}");
     assert_eq!(fake.with(|s| s.streams.len()), 12);
@@ -167,7 +180,7 @@ async fn lost_responses_and_dropped_connections_neither_lose_nor_duplicate_rows(
         AppendFault::DropResponseAfterApply,
         AppendFault::Status(tonic::Code::ResourceExhausted),
     ]);
-    let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
+    let gw = fast_retries_on(&fake).spawn().await;
     let retries = load_in_batches_of_ten(&gw, &fake, 20).await;
     assert!(fake.with(|s| s.connections) >= 4, "each failure reconnected");
     assert!(retries.len() >= 4, "{retries:?}");
@@ -193,12 +206,7 @@ async fn lost_responses_and_dropped_connections_neither_lose_nor_duplicate_rows(
 async fn a_connection_that_stops_answering_is_replaced_without_losing_or_duplicating_rows() {
     let fake = FakeWrite::start().await;
     fake.script([AppendFault::Delay(Duration::ZERO), AppendFault::HangAfterApply]);
-    let gw = GatewayOptions::new()
-        .fake_write(&fake)
-        .append_initial_backoff(FAST_RETRY)
-        .env("FILAMENT_APPEND_RESPONSE_TIMEOUT_SECS", "2")
-        .spawn()
-        .await;
+    let gw = fast_retries_on(&fake).env("FILAMENT_APPEND_RESPONSE_TIMEOUT_SECS", "2").spawn().await;
     let retries = load_in_batches_of_ten(&gw, &fake, 6).await;
     assert_eq!(fake.with(|s| s.connections), 2, "the silent connection was replaced once");
     assert!(retries.len() == 1 && retries[0].contains("timeout"), "{retries:?}");
@@ -212,9 +220,7 @@ async fn a_connection_that_stops_answering_is_replaced_without_losing_or_duplica
 async fn a_connection_whose_peer_stops_reading_is_replaced_without_losing_or_duplicating_rows() {
     let fake = FakeWrite::start().await;
     fake.with(|s| s.stall_reading_connections = 1);
-    let gw = GatewayOptions::new()
-        .fake_write(&fake)
-        .append_initial_backoff(FAST_RETRY)
+    let gw = fast_retries_on(&fake)
         // Uncompressed, so each request (1.6 MB) is more than the fake's 1 MiB HTTP/2 window.
         .env("FILAMENT_APPEND_GZIP_LEVEL", "0")
         .env("FILAMENT_APPEND_SEND_TIMEOUT_SECS", "2")
@@ -224,8 +230,7 @@ async fn a_connection_whose_peer_stops_reading_is_replaced_without_losing_or_dup
     for part in 0..6 {
         post_ids(&gw, "t", part * 100_000..(part + 1) * 100_000).await;
     }
-    let committed = gw.commit_and_wait("run", "e").await;
-    assert_eq!(committed["state"], "committed", "{committed}");
+    commit(&gw).await;
     assert_exact_stream(&fake.stream_for("_filament_stg_t_"), 0..600_000);
     let retries: Vec<String> =
         gw.logs().lines().filter(|l| l.contains("bigquery.write.retry")).map(str::to_string).collect();
@@ -244,9 +249,7 @@ async fn frames_waiting_to_be_sent_count_in_the_upload_budget() {
     const ROWS_PER_BATCH: i64 = 100_000;
     let fake = FakeWrite::start().await;
     fake.with(|s| s.stall_reading_connections = 1);
-    let gw = GatewayOptions::new()
-        .fake_write(&fake)
-        .append_initial_backoff(FAST_RETRY)
+    let gw = fast_retries_on(&fake)
         .env("FILAMENT_APPEND_GZIP_LEVEL", "0")
         .env("FILAMENT_APPEND_SEND_TIMEOUT_SECS", "10")
         .env("FILAMENT_INFLIGHT_PER_STREAM", "16")
@@ -285,7 +288,7 @@ async fn frames_waiting_to_be_sent_count_in_the_upload_budget() {
     for seq in refused {
         post_until_accepted(&gw, "t", seq, ipc_stream(&[ids(rows_of(seq))]), &rejected).await;
     }
-    assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
+    commit(&gw).await;
     assert_exact_stream(&fake.stream_for("_filament_stg_t_"), 0..9 * ROWS_PER_BATCH);
     // The frames the stalled call never took are given back when that call ends: the fake holds
     // it open for `STALL` from its first request, whenever the commit finished meanwhile (it
@@ -335,7 +338,7 @@ async fn permanent_append_errors_fail_the_execution_without_a_retry() {
     for (fault, name) in cases {
         let fake = FakeWrite::start().await;
         fake.script([fault]);
-        let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
+        let gw = fast_retries_on(&fake).spawn().await;
         TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
         post_ids(&gw, "t", 0..10).await;
         let (status, body) = gw.json(Method::POST, "/v1/runs/run/executions/e/commit?wait=true", None).await;
@@ -352,14 +355,10 @@ async fn permanent_append_errors_fail_the_execution_without_a_retry() {
 async fn a_slow_table_does_not_stall_a_fast_one() {
     let fake = FakeWrite::start().await;
     fake.with(|s| s.table_delays.push(("_filament_stg_slow_".into(), Duration::from_millis(400))));
-    let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
-    TestRun::new("run", "e").batching(json!({"max_rows": 10})).full_append(&["slow", "fast"]).open(&gw).await;
-    for batch in 0..8 {
-        post_ids(&gw, "slow", batch * 10..batch * 10 + 10).await;
-    }
-    for batch in 0..40 {
-        post_ids(&gw, "fast", batch * 10..batch * 10 + 10).await;
-    }
+    let gw = fast_retries_on(&fake).spawn().await;
+    open_with_batches_of_ten(&gw, &["slow", "fast"]).await;
+    post_batches_of_ten(&gw, "slow", 0..8).await;
+    post_batches_of_ten(&gw, "fast", 0..40).await;
     // Poll until the fast table is fully acknowledged; the slow one must still be uploading.
     let progress = eventually(Duration::from_secs(30), "the fast table to be fully acknowledged", || async {
         let (status, execution) = gw.json(Method::GET, "/v1/runs/run/executions/e", None).await;
@@ -374,7 +373,7 @@ async fn a_slow_table_does_not_stall_a_fast_one() {
         progress["rows_acknowledged"].as_i64().unwrap() < progress["rows_received"].as_i64().unwrap(),
         "the fast table finished first: {progress}"
     );
-    assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
+    commit(&gw).await;
     assert_exact_stream(&fake.stream_for("_filament_stg_fast_"), 0..400);
     assert_exact_stream(&fake.stream_for("_filament_stg_slow_"), 0..80);
 }
@@ -410,9 +409,7 @@ async fn the_upload_budget_bounds_unacknowledged_bytes_and_answers_429_when_full
     const RESOURCES: [&str; 2] = ["a", "b"];
     let fake = FakeWrite::start().await;
     fake.with(|s| s.table_delays.push((String::new(), Duration::from_millis(60))));
-    let gw = GatewayOptions::new()
-        .fake_write(&fake)
-        .append_initial_backoff(FAST_RETRY)
+    let gw = fast_retries_on(&fake)
         .env("FILAMENT_MAX_BUFFERED_BYTES", &BUDGET.to_string())
         .env("FILAMENT_MAX_BUFFERED_BYTES_PER_RESOURCE", &BUDGET.to_string())
         .env("FILAMENT_BACKPRESSURE_WAIT_MS", "100")
@@ -438,7 +435,7 @@ async fn the_upload_budget_bounds_unacknowledged_bytes_and_answers_429_when_full
     for worker in workers {
         worker.await.unwrap();
     }
-    assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
+    commit(&gw).await;
     let unacknowledged = fake.with(|s| s.max_bytes_in_flight);
     assert!(
         unacknowledged <= BUDGET,
@@ -483,7 +480,7 @@ async fn rows_held_back_go_out_when_a_request_waits_for_the_budget() {
     }
     let waits = gw.metric("filament_backpressure_waits_total").await;
     assert!(waits.is_some_and(|waits| waits > 0.0), "requests waited for the full budget: {waits:?}");
-    assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
+    commit(&gw).await;
     for (i, resource) in resources.iter().enumerate() {
         let first = i as i64 * ROWS_PER_BATCH;
         assert_exact_stream(&fake.stream_for(&format!("_filament_stg_{resource}_")), first..first + ROWS_PER_BATCH);
@@ -519,11 +516,10 @@ async fn connections_cut_mid_stream_to_the_emulator_still_load_every_row_once() 
 async fn a_lost_commit_response_is_resolved_by_asking_bigquery() {
     let fake = FakeWrite::start().await;
     fake.with(|s| s.lose_commit_response = true);
-    let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
+    let gw = fast_retries_on(&fake).spawn().await;
     TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
     post_ids(&gw, "t", 0..50).await;
-    let committed = gw.commit_and_wait("run", "e").await;
-    assert_eq!(committed["state"], "committed", "{committed}");
+    commit(&gw).await;
     assert_eq!(fake.with(|s| s.get_write_stream_calls), 1, "the commit was checked, not redone");
     assert_exact_stream(&fake.stream_for("_filament_stg_t_"), 0..50);
 }
@@ -531,12 +527,7 @@ async fn a_lost_commit_response_is_resolved_by_asking_bigquery() {
 #[tokio::test(flavor = "multi_thread")]
 async fn commit_refuses_pending_streams_older_than_the_limit() {
     let fake = FakeWrite::start().await;
-    let gw = GatewayOptions::new()
-        .fake_write(&fake)
-        .append_initial_backoff(FAST_RETRY)
-        .env("FILAMENT_PENDING_STREAM_MAX_AGE_SECS", "0")
-        .spawn()
-        .await;
+    let gw = fast_retries_on(&fake).env("FILAMENT_PENDING_STREAM_MAX_AGE_SECS", "0").spawn().await;
     TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
     post_ids(&gw, "t", 0..5).await;
     // Once the store records the stream's creation, the stream is older than 0 s.
@@ -570,7 +561,7 @@ async fn a_body_of_more_rows_than_the_runs_batch_size_is_appended_in_requests_of
     let gw = GatewayOptions::new().fake_write(&fake).spawn().await;
     TestRun::new("run", "e").batching(json!({"max_rows": 1000})).full_append(&["t"]).open(&gw).await;
     post_ids(&gw, "t", 0..2500).await;
-    assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
+    commit(&gw).await;
     let stream = fake.stream_for("_filament_stg_t_");
     assert_exact_stream(&stream, 0..2500);
     let rows_per_request: Vec<usize> = stream.appends.iter().map(|(_, rows)| *rows).collect();
@@ -587,7 +578,7 @@ async fn only_operations_of_a_second_or_more_log_their_timing_at_info() {
     TestRun::new("run", "e").full_append(&["slow", "fast"]).open(&gw).await;
     post_ids(&gw, "slow", 0..5).await;
     post_ids(&gw, "fast", 0..5).await;
-    assert_eq!(gw.commit_and_wait("run", "e").await["state"], "committed");
+    commit(&gw).await;
     let logs = gw.logs();
     let appends: Vec<&str> =
         logs.lines().filter(|l| l.contains("bigquery.write.timing") && l.contains("phase=\"append\"")).collect();

@@ -13,19 +13,16 @@ use serde_json::{Value, json};
 
 use crate::support::arrow::{batch, ids, ipc_stream};
 use crate::support::fake_write::FakeWrite;
-use crate::support::rest_proxy::{JobMode, RestProxy};
+use crate::support::rest_proxy::{JobMode, RestProxy, one_batch_behind_a_proxy};
 use crate::support::rows::count_rows;
 use crate::support::{Gateway, GatewayOptions, TestRun, eventually, required_env};
 
 /// Run `r`, execution `e`: twelve `full_append` resources (tables `t00` to `t11` of one
 /// dataset), ten rows posted to each at once.
 async fn post_to_twelve_tables(gw: &Gateway) {
-    gw.create_run("r").await;
     let resources: Vec<String> = (0..12).map(|i| format!("t{i:02}")).collect();
-    for resource in &resources {
-        gw.declare("r", resource, json!({"write_mode": "full_append"})).await;
-    }
-    gw.open_new_execution("r", "e").await;
+    let names: Vec<&str> = resources.iter().map(String::as_str).collect();
+    TestRun::new("r", "e").full_append(&names).open(gw).await;
     let posts = resources.iter().map(|r| gw.post_accepted("r", "e", r, None, ipc_stream(&[ids(0..10)])));
     futures::future::join_all(posts).await;
 }
@@ -110,9 +107,7 @@ async fn resources_sharing_a_dataset_check_it_once() {
 async fn an_existing_job_id_is_reused_and_never_run_twice() {
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
     let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
-    gw.create_run("r").await;
-    gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
-    gw.open_new_execution("r", "e").await;
+    TestRun::new("r", "e").full_append(&["t"]).open(&gw).await;
     gw.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..25)])).await;
     // As if an earlier attempt had submitted the job: insert answers 409, get answers DONE.
     proxy.set_jobs(JobMode::AlreadyExists);
@@ -129,18 +124,8 @@ async fn an_existing_job_id_is_reused_and_never_run_twice() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_job_is_surfaced_on_redelivery_without_a_new_job() {
-    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
-    let fake = FakeWrite::start().await;
-    let gw = GatewayOptions::new().rest_proxy(&proxy).fake_write(&fake).spawn().await;
-    gw.create_run("r").await;
-    gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
-    gw.open_new_execution("r", "e").await;
-    gw.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..5)])).await;
-    proxy.set_jobs(JobMode::Fail {
-        query_contains: String::new(),
-        reason: "invalidQuery".into(),
-        message: "Query error: boom".into(),
-    });
+    let (proxy, _fake, gw) = one_batch_behind_a_proxy(0..5).await;
+    proxy.set_jobs(JobMode::invalid_query("", "Query error: boom"));
     let failed = gw.commit_and_wait("r", "e").await;
     assert_eq!(failed["state"], "failed", "{failed}");
     assert_eq!(failed["error"]["code"], "publication_failed", "{failed}");
@@ -200,9 +185,7 @@ async fn a_job_that_may_still_run_keeps_its_staging_table_and_a_redelivery_reatt
 /// execution `e1` loaded five rows into.
 async fn one_committed_execution(proxy: &RestProxy) -> Gateway {
     let gw = GatewayOptions::new().rest_proxy(proxy).spawn().await;
-    gw.create_run("r").await;
-    gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
-    gw.open_new_execution("r", "e1").await;
+    TestRun::new("r", "e1").full_append(&["t"]).open(&gw).await;
     gw.post_accepted("r", "e1", "t", None, ipc_stream(&[ids(0..5)])).await;
     assert_eq!(gw.commit_and_wait("r", "e1").await["state"], "committed");
     gw
@@ -263,9 +246,7 @@ async fn a_new_column_is_added_with_tables_patch_as_nullable_at_the_end() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_incompatible_existing_type_fails_naming_the_column_and_both_types() {
     let gw = Gateway::spawn().await;
-    gw.create_run("r").await;
-    gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
-    gw.open_new_execution("r", "e1").await;
+    TestRun::new("r", "e1").full_append(&["t"]).open(&gw).await;
     gw.post_accepted("r", "e1", "t", None, ipc_stream(&[ids(0..5)])).await;
     assert_eq!(gw.commit_and_wait("r", "e1").await["state"], "committed");
     let text_v = batch(
@@ -289,8 +270,7 @@ async fn struct_array_and_map_columns_become_record_and_repeated_fields() {
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
     let fake = FakeWrite::start().await;
     let gw = GatewayOptions::new().rest_proxy(&proxy).fake_write(&fake).spawn().await;
-    gw.create_run("r").await;
-    gw.declare("r", "orders", json!({"write_mode": "full_append"})).await;
+    TestRun::new("r", "e").full_append(&["orders"]).open(&gw).await;
 
     let mut tags = ListBuilder::new(StringBuilder::new());
     tags.append_value([Some("a"), Some("b")]);
@@ -319,7 +299,6 @@ async fn struct_array_and_map_columns_become_record_and_repeated_fields() {
         ],
         vec![Arc::new(Int64Array::from(vec![1, 2, 3])), Arc::new(tags), Arc::new(attributes), Arc::new(address)],
     );
-    gw.open_new_execution("r", "e").await;
     gw.post_accepted("r", "e", "orders", None, ipc_stream(&[body])).await;
     proxy.set_jobs(JobMode::RunFor(Duration::ZERO));
     assert_eq!(gw.commit_and_wait("r", "e").await["state"], "committed");
@@ -360,17 +339,10 @@ async fn struct_array_and_map_columns_become_record_and_repeated_fields() {
 async fn a_failure_during_publication_reports_each_destination() {
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
     let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
-    gw.create_run("r").await;
-    gw.declare("r", "good", json!({"write_mode": "full_append"})).await;
-    gw.declare("r", "bad", json!({"write_mode": "full_append"})).await;
-    gw.open_new_execution("r", "e").await;
+    TestRun::new("r", "e").full_append(&["good", "bad"]).open(&gw).await;
     gw.post_accepted("r", "e", "good", None, ipc_stream(&[ids(0..7)])).await;
     gw.post_accepted("r", "e", "bad", None, ipc_stream(&[ids(0..3)])).await;
-    proxy.set_jobs(JobMode::Fail {
-        query_contains: "`bad`".into(),
-        reason: "invalidQuery".into(),
-        message: "Query error: quota".into(),
-    });
+    proxy.set_jobs(JobMode::invalid_query("`bad`", "Query error: quota"));
     let failed = gw.commit_and_wait("r", "e").await;
     assert_eq!(failed["state"], "failed", "{failed}");
     assert_eq!(failed["error"]["code"], "publication_failed", "{failed}");
@@ -397,9 +369,7 @@ async fn a_failure_during_publication_reports_each_destination() {
 async fn abort_before_commit_deletes_the_staging_tables() {
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
     let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
-    gw.create_run("r").await;
-    gw.declare("r", "t", json!({"write_mode": "full_append"})).await;
-    gw.open_new_execution("r", "e").await;
+    TestRun::new("r", "e").full_append(&["t"]).open(&gw).await;
     gw.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..7)])).await;
     // Flushed, so the lane prepares: wait for its staging table.
     let (status, _) =

@@ -6,6 +6,7 @@ use serde_json::json;
 
 use crate::support::arrow::{ids, ipc_stream};
 use crate::support::rest_proxy::{JobMode, RestProxy};
+use crate::support::rows::seed_table;
 use crate::support::{GatewayOptions, TestRun, required_env};
 
 #[tokio::test(flavor = "multi_thread")]
@@ -44,12 +45,9 @@ async fn a_keyed_merge_is_bounded_by_the_staged_key_range_and_its_result_unchang
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
     let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
     // The destination holds keys 0..100; the run upserts 10..20 and 40..45 (two batches).
-    TestRun::new("seed", "e").full_append(&["users"]).open(&gw).await;
-    gw.post_accepted("seed", "e", "users", None, ipc_stream(&[ids(0..100)])).await;
-    assert_eq!(gw.commit_and_wait("seed", "e").await["state"], "committed");
-    gw.create_run("r").await;
-    gw.declare("r", "users", json!({"write_mode": "incremental_upsert", "primary_key": ["id"]})).await;
-    gw.open_new_execution("r", "e").await;
+    seed_table(&gw, "users", 0..100).await;
+    let upserts = json!({"write_mode": "incremental_upsert", "primary_key": ["id"]});
+    TestRun::new("r", "e").resource("users", upserts).open(&gw).await;
     let doubled = |range: std::ops::Range<i64>| {
         use std::sync::Arc;
         crate::support::arrow::batch(
@@ -138,11 +136,8 @@ async fn a_string_key_under_a_collation_gets_no_range_and_folds_under_it() {
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
     proxy.state.lock().unwrap().collated.push(("collated".into(), "code".into()));
     let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
-    gw.create_run("r").await;
-    for table in ["plain", "collated"] {
-        gw.declare("r", table, json!({"write_mode": "incremental_upsert", "primary_key": ["code"]})).await;
-    }
-    gw.open_new_execution("r", "e").await;
+    let upserts = json!({"write_mode": "incremental_upsert", "primary_key": ["code"]});
+    TestRun::new("r", "e").resource("plain", upserts.clone()).resource("collated", upserts).open(&gw).await;
     let rows = codes(&["b", "A", "a"]);
     for table in ["plain", "collated"] {
         gw.post_accepted("r", "e", table, None, ipc_stream(std::slice::from_ref(&rows))).await;
@@ -177,9 +172,8 @@ async fn a_string_key_under_a_collation_gets_no_range_and_folds_under_it() {
 async fn a_string_key_whose_destination_schema_is_unreadable_fails_its_publication() {
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
     let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
-    gw.create_run("r").await;
-    gw.declare("r", "t", json!({"write_mode": "incremental_upsert", "primary_key": ["code"]})).await;
-    gw.open_new_execution("r", "e").await;
+    let upserts = json!({"write_mode": "incremental_upsert", "primary_key": ["code"]});
+    TestRun::new("r", "e").resource("t", upserts).open(&gw).await;
     let rows = codes(&["A", "a"]);
     gw.post_accepted("r", "e", "t", None, ipc_stream(&[rows])).await;
     // The destination is read while the resource is prepared, before its staging table is made.

@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 
 use crate::support::arrow::{batch, ids, ipc_stream};
 use crate::support::rest_proxy::{JobMode, RestProxy};
-use crate::support::rows::{count_rows, count_rows_if_created};
-use crate::support::{Gateway, GatewayOptions, eventually, required_env};
+use crate::support::rows::{count_rows, count_rows_if_created, seed_table};
+use crate::support::{Gateway, GatewayOptions, TestRun, eventually, required_env};
 
 async fn id_list(gw: &Gateway, table: &str) -> Vec<i64> {
     gw.query(&format!("SELECT id FROM {}.{table} ORDER BY id", gw.dataset))
@@ -45,19 +45,16 @@ async fn resources_sharing_a_table_publish_in_declaration_order() {
     let gw = Gateway::spawn().await;
     // The table exists with both columns first: the emulator adds columns to its catalog only
     // (bqemulator.md), so a table the key-only delete resource created could not take `v`.
-    gw.create_run("seed").await;
-    gw.declare("seed", "users", json!({"write_mode": "full_append"})).await;
-    gw.open_new_execution("seed", "e").await;
-    gw.post_accepted("seed", "e", "users", None, ipc_stream(&[ids(0..0)])).await;
-    assert_eq!(gw.commit_and_wait("seed", "e").await["state"], "committed");
+    seed_table(&gw, "users", 0..0).await;
     // The delete resource's name sorts first; the upsert was declared first and must run first.
     for attempt in 0..3 {
         let run = format!("r{attempt}");
-        gw.create_run(&run).await;
         let keyed = |mode: &str| json!({"table": "users", "write_mode": mode, "primary_key": ["id"]});
-        gw.declare(&run, "z_upserts", keyed("incremental_upsert")).await;
-        gw.declare(&run, "a_deletes", keyed("incremental_delete")).await;
-        gw.open_new_execution(&run, "e").await;
+        TestRun::new(&run, "e")
+            .resource("z_upserts", keyed("incremental_upsert"))
+            .resource("a_deletes", keyed("incremental_delete"))
+            .open(&gw)
+            .await;
         gw.post_accepted(&run, "e", "z_upserts", None, ipc_stream(&[ids(0..100)])).await;
         gw.post_accepted(&run, "e", "a_deletes", None, ipc_stream(&[keys(0..50)])).await;
         let committed = gw.commit_and_wait(&run, "e").await;
@@ -82,12 +79,11 @@ async fn an_abort_either_wins_before_publication_or_is_refused_and_the_commit_co
     let mut outcomes = Vec::new();
     for (index, delay_ms) in [0u64, 5, 20, 50, 70, 100, 200, 400].into_iter().enumerate() {
         let (run, table) = (format!("r{index}"), format!("t{index}"));
-        gw.create_run(&run).await;
-        gw.declare(&run, "t", json!({"table": table, "write_mode": "full_append"})).await;
-        gw.open_new_execution(&run, "e").await;
+        TestRun::new(&run, "e").resource("t", json!({"table": table, "write_mode": "full_append"})).open(&gw).await;
         gw.post_accepted(&run, "e", "t", None, ipc_stream(&[ids(0..5_000)])).await;
         let (status, _) = gw.json(Method::POST, &format!("/v1/runs/{run}/executions/e/commit"), None).await;
         assert_eq!(status, StatusCode::ACCEPTED);
+        // The abort lands this long after the commit: a sweep over the race, not a wait for a state.
         tokio::time::sleep(Duration::from_millis(delay_ms)).await;
         let (abort_status, abort) = gw.json(Method::POST, &format!("/v1/runs/{run}/executions/e/abort"), None).await;
         let ended = terminal(&gw, &run, "e", Duration::from_secs(60)).await;
@@ -116,17 +112,11 @@ async fn an_abort_either_wins_before_publication_or_is_refused_and_the_commit_co
 #[tokio::test(flavor = "multi_thread")]
 async fn an_idle_full_replace_resource_truncates_in_the_first_segment_only() {
     let gw = Gateway::spawn().await;
-    gw.create_run("seed").await;
-    gw.declare("seed", "t", json!({"write_mode": "full_append"})).await;
-    gw.open_new_execution("seed", "e").await;
-    gw.post_accepted("seed", "e", "t", None, ipc_stream(&[ids(0..50)])).await;
-    assert_eq!(gw.commit_and_wait("seed", "e").await["state"], "committed");
+    seed_table(&gw, "t", 0..50).await;
 
     // The source is empty now: the run's first execution posts nothing and empties the table.
-    gw.create_run("r").await;
-    gw.declare("r", "t", json!({"write_mode": "full_replace"})).await;
-    gw.declare("r", "never_loaded", json!({"write_mode": "full_replace"})).await;
-    gw.open_new_execution("r", "e1").await;
+    let full_replace = json!({"write_mode": "full_replace"});
+    TestRun::new("r", "e1").resource("t", full_replace.clone()).resource("never_loaded", full_replace).open(&gw).await;
     assert_eq!(gw.commit_and_wait("r", "e1").await["state"], "committed");
     assert_eq!(count_rows_if_created(&gw, "t").await.unwrap_or(0), 0, "the empty replacement truncated the table");
 
@@ -161,11 +151,7 @@ async fn a_corrected_attempt_after_a_failed_execution_replaces_again() {
             gw.commit_and_wait("r", execution).await
         }
     };
-    proxy.set_jobs(JobMode::Fail {
-        query_contains: "`tb`".into(),
-        reason: "invalidQuery".into(),
-        message: "Query error: boom".into(),
-    });
+    proxy.set_jobs(JobMode::invalid_query("`tb`", "Query error: boom"));
     let failed = load("e1").await;
     assert_eq!(failed["state"], "failed", "{failed}");
     assert_eq!(count_rows(&gw, "ta").await, 10, "the failed attempt replaced ta");
@@ -187,9 +173,7 @@ async fn transient_job_failures_are_retried_under_attempt_ids() {
     ];
     for (index, (reason, message)) in failures.into_iter().enumerate() {
         let (run, table) = (format!("r{index}"), format!("t{index}"));
-        gw.create_run(&run).await;
-        gw.declare(&run, "t", json!({"table": table, "write_mode": "full_append"})).await;
-        gw.open_new_execution(&run, "e").await;
+        TestRun::new(&run, "e").resource("t", json!({"table": table, "write_mode": "full_append"})).open(&gw).await;
         gw.post_accepted(&run, "e", "t", None, ipc_stream(&[ids(0..10)])).await;
         proxy.set_jobs(JobMode::FailFirstAttempt { reason: reason.into(), message: message.into() });
         let committed = gw.commit_and_wait(&run, "e").await;

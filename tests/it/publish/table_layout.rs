@@ -203,8 +203,7 @@ async fn invalid_table_options_each_get_their_code_and_change_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn options_that_do_not_fit_the_batch_schema_refuse_the_batch_and_change_nothing() {
     let gw = Gateway::spawn().await;
-    gw.create_run("r").await;
-    gw.open_new_execution("r", "e").await;
+    TestRun::new("r", "e").open(&gw).await;
     let cases = [
         (json!({"partitioning": {"field": "region", "granularity": "DAY"}}), "invalid_partitioning"),
         (json!({"partitioning": {"field": "missing", "granularity": "DAY"}}), "invalid_partitioning"),

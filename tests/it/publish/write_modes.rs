@@ -10,9 +10,9 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, TimeUnit};
 use serde_json::{Value, json};
 
-use crate::support::Gateway;
 use crate::support::arrow::{batch, ids, ipc_stream};
-use crate::support::rows::{count_rows, int};
+use crate::support::rows::{count_rows, int, seed_table};
+use crate::support::{Gateway, TestRun};
 
 /// One change row of the `accounts` resource.
 #[derive(Clone, Copy)]
@@ -86,12 +86,13 @@ async fn commit(gw: &Gateway, run: &str, execution: &str) -> Value {
 #[tokio::test(flavor = "multi_thread")]
 async fn cdc_merge_folds_every_key_to_its_last_operation_and_cdc_append_keeps_them_all() {
     let gw = Gateway::spawn().await;
-    gw.create_run("r").await;
-    gw.declare("r", "accounts", json!({"write_mode": "cdc_merge", "primary_key": ["id"]})).await;
-    gw.declare("r", "audit", json!({"table": "accounts_log", "write_mode": "cdc_append"})).await;
+    TestRun::new("r", "e1")
+        .resource("accounts", json!({"write_mode": "cdc_merge", "primary_key": ["id"]}))
+        .resource("audit", json!({"table": "accounts_log", "write_mode": "cdc_append"}))
+        .open(&gw)
+        .await;
 
     let initial: Vec<Change> = (0..20).map(|id| change(id, "a", i128::from(id) * 15_000, "insert")).collect();
-    gw.open_new_execution("r", "e1").await;
     post(&gw, "r", "e1", "accounts", None, &changes_batch(&initial)).await;
     post(&gw, "r", "e1", "audit", None, &changes_batch(&initial)).await;
     commit(&gw, "r", "e1").await;
@@ -168,18 +169,14 @@ async fn id_values(gw: &Gateway, table: &str) -> BTreeMap<i64, i64> {
 #[tokio::test(flavor = "multi_thread")]
 async fn upserts_and_deletes_converge_on_the_last_value_per_key() {
     let gw = Gateway::spawn().await;
-    gw.create_run("r").await;
-    gw.declare("r", "users", json!({"write_mode": "incremental_upsert", "primary_key": ["id"]})).await;
-    gw.declare(
-        "r",
-        "users_deleted",
-        json!({"table": "users", "write_mode": "incremental_delete", "primary_key": ["id"]}),
-    )
-    .await;
-    gw.declare("r", "users_full", json!({"table": "users", "write_mode": "full_upsert", "primary_key": ["id"]})).await;
+    TestRun::new("r", "e1")
+        .resource("users", json!({"write_mode": "incremental_upsert", "primary_key": ["id"]}))
+        .resource("users_deleted", json!({"table": "users", "write_mode": "incremental_delete", "primary_key": ["id"]}))
+        .resource("users_full", json!({"table": "users", "write_mode": "full_upsert", "primary_key": ["id"]}))
+        .open(&gw)
+        .await;
 
     let mut model = BTreeMap::new();
-    gw.open_new_execution("r", "e1").await;
     let first: Vec<(i64, i64)> = (0..10).map(|i| (i, i * 10)).collect();
     let second: Vec<(i64, i64)> = (0..4).map(|i| (i, -1)).chain([(0, -2)]).collect();
     post(&gw, "r", "e1", "users", None, &id_value(&first)).await;
@@ -211,15 +208,9 @@ async fn upserts_and_deletes_converge_on_the_last_value_per_key() {
 #[tokio::test(flavor = "multi_thread")]
 async fn full_replace_replaces_once_per_run_and_an_empty_replacement_truncates() {
     let gw = Gateway::spawn().await;
-    gw.create_run("seed").await;
-    gw.declare("seed", "t", json!({"write_mode": "full_append"})).await;
-    gw.open_new_execution("seed", "e").await;
-    post(&gw, "seed", "e", "t", None, &ids(0..50)).await;
-    commit(&gw, "seed", "e").await;
+    seed_table(&gw, "t", 0..50).await;
 
-    gw.create_run("r1").await;
-    gw.declare("r1", "t", json!({"write_mode": "full_replace"})).await;
-    gw.open_new_execution("r1", "e1").await;
+    TestRun::new("r1", "e1").resource("t", json!({"write_mode": "full_replace"})).open(&gw).await;
     post(&gw, "r1", "e1", "t", None, &ids(100..130)).await;
     commit(&gw, "r1", "e1").await;
     let count = |rows: Vec<Vec<Value>>| rows[0].iter().map(int).collect::<Vec<_>>();
@@ -233,9 +224,7 @@ async fn full_replace_replaces_once_per_run_and_an_empty_replacement_truncates()
     assert_eq!(count(gw.query(&stats).await), [40, 100, 139], "second segment appended");
 
     // A new run whose replacement is empty (a schema-only stream) leaves the table empty.
-    gw.create_run("r2").await;
-    gw.declare("r2", "t", json!({"write_mode": "full_replace"})).await;
-    gw.open_new_execution("r2", "e1").await;
+    TestRun::new("r2", "e1").resource("t", json!({"write_mode": "full_replace"})).open(&gw).await;
     post(&gw, "r2", "e1", "t", None, &ids(0..0)).await;
     let committed = commit(&gw, "r2", "e1").await;
     assert_eq!(committed["resources"][0]["publication"]["state"], "done", "{committed}");
@@ -247,9 +236,7 @@ async fn full_replace_replaces_once_per_run_and_an_empty_replacement_truncates()
 #[tokio::test(flavor = "multi_thread")]
 async fn numeric_unsigned_and_time_values_arrive_exactly() {
     let gw = Gateway::spawn().await;
-    gw.create_run("r").await;
-    gw.declare("r", "exact", json!({"write_mode": "full_append"})).await;
-    gw.open_new_execution("r", "e").await;
+    TestRun::new("r", "e").full_append(&["exact"]).open(&gw).await;
     let amounts = [Some(123_456_789_012_345_678_901_234_567_890_i128), Some(-1), Some(10_000_000_000), None];
     let body = batch(
         vec![

@@ -7,12 +7,15 @@ use std::sync::Arc;
 
 use arrow_array::{Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field};
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom as _;
+use rand::{Rng as _, SeedableRng as _};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::support::arrow::{batch, ipc_stream};
 use crate::support::rows::int;
-use crate::support::{Gateway, assert_problem};
+use crate::support::{Gateway, TestRun, assert_problem};
 
 const ALL_METADATA: [&str; 3] = ["loaded_at", "run_id", "execution_id"];
 
@@ -162,21 +165,11 @@ struct Change {
     op: &'static str,
 }
 
-/// A small deterministic generator (SplitMix64), so a failure names a seed that replays it.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
+/// The property tests' generator, seeded from `FILAMENT_WRITE_OPTIONS_SEED` (25 unless set):
+/// every failure message names the seed, and setting it replays the same sequence.
+fn seeded_rng() -> (u64, StdRng) {
+    let seed = std::env::var("FILAMENT_WRITE_OPTIONS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(25);
+    (seed, StdRng::seed_from_u64(seed))
 }
 
 /// Where a change falls in its key's order: (order value or 0, seq, row).
@@ -286,32 +279,40 @@ fn changes_body(changes: &[Change], with_op: bool) -> Vec<u8> {
 
 /// One execution's batches: fresh changes with growing order values, sometimes a late one
 /// (older than what the destination holds) or a replay of an earlier batch.
-fn generate_execution(rng: &mut Rng, clock: &mut i64, history: &[Vec<Change>]) -> Vec<Vec<Change>> {
+fn generate_execution(rng: &mut StdRng, clock: &mut i64, history: &[Vec<Change>]) -> Vec<Vec<Change>> {
     let mut batches = Vec::new();
-    for _ in 0..1 + rng.below(3) {
-        if !history.is_empty() && rng.below(4) == 0 {
-            batches.push(history[rng.below(history.len() as u64) as usize].clone());
+    for _ in 0..rng.random_range(1..=3) {
+        if rng.random_ratio(1, 4)
+            && let Some(replayed) = history.choose(rng)
+        {
+            batches.push(replayed.clone());
             continue;
         }
-        let rows = 1 + rng.below(7);
+        let rows = rng.random_range(1..=7);
         let changes = (0..rows)
             .map(|_| {
                 // A tie with a change published earlier: the same key and order value, other
                 // values (a tie goes to the newer publication).
                 let earlier: Vec<&Change> = history.iter().flatten().collect();
-                if !earlier.is_empty() && rng.below(6) == 0 {
-                    let tied = earlier[rng.below(earlier.len() as u64) as usize];
-                    let op = ["update", "upsert", "delete"][rng.below(3) as usize];
-                    return Change { id: tied.id, v: Some(format!("tie{}", rng.below(100))), lsn: tied.lsn, op };
+                if rng.random_ratio(1, 6)
+                    && let Some(tied) = earlier.choose(rng)
+                {
+                    let op = *["update", "upsert", "delete"].choose(rng).unwrap();
+                    return Change {
+                        id: tied.id,
+                        v: Some(format!("tie{}", rng.random_range(0..100))),
+                        lsn: tied.lsn,
+                        op,
+                    };
                 }
-                *clock += 1 + rng.below(3) as i64;
-                let late = rng.below(5) == 0;
-                let op = ["insert", "update", "upsert", "delete"][rng.below(4) as usize];
+                *clock += rng.random_range(1..=3);
+                let late = rng.random_ratio(1, 5);
+                let op = *["insert", "update", "upsert", "delete"].choose(rng).unwrap();
                 Change {
-                    id: rng.below(8) as i64,
-                    v: (rng.below(4) != 0).then(|| format!("v{}", rng.below(100))),
+                    id: rng.random_range(0..8),
+                    v: rng.random_ratio(3, 4).then(|| format!("v{}", rng.random_range(0..100))),
                     // Ties too: the same order value for several changes of a key.
-                    lsn: if late { *clock - 10 - rng.below(20) as i64 } else { *clock / 2 },
+                    lsn: if late { *clock - rng.random_range(10..30) } else { *clock / 2 },
                     op,
                 }
             })
@@ -367,8 +368,7 @@ fn modelled_resources() -> Vec<Modelled> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn ordered_soft_and_arrival_merges_match_an_independent_model_after_every_commit() {
-    let seed: u64 = std::env::var("FILAMENT_WRITE_OPTIONS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(25);
-    let mut rng = Rng(seed);
+    let (seed, mut rng) = seeded_rng();
     let gw = Gateway::spawn().await;
     gw.create_run("r").await;
     let resources = modelled_resources();
@@ -511,9 +511,7 @@ async fn delete_missing_deletes_only_when_the_snapshot_completes_across_paused_s
 
         // Run 2 spans two paused segments and a completing one. Keys the run has not reached
         // yet survive the paused segments; the completing one removes 1 and 5.
-        gw.create_run(&run(2)).await;
-        gw.declare(&run(2), "s", declaration(soft)).await;
-        gw.open_new_execution(&run(2), "e1").await;
+        TestRun::new(&run(2), "e1").resource("s", declaration(soft)).open(&gw).await;
         gw.post_accepted(&run(2), "e1", "s", None, upserts(&[(2, "b"), (3, "b"), (2, "c")])).await;
         commit_paused(&gw, &run(2), "e1").await;
         let after_first = [(1, "a", false), (2, "c", false), (3, "b", false), (4, "a", false), (5, "a", false)];
@@ -544,9 +542,7 @@ async fn delete_missing_deletes_only_when_the_snapshot_completes_across_paused_s
         assert_eq!(snapshot_rows(&gw, table, soft).await, expected(&after_run_2), "{table}: no second completion");
 
         // Run 3 finds the source empty: its completing execution has no rows of the resource.
-        gw.create_run(&run(3)).await;
-        gw.declare(&run(3), "s", declaration(soft)).await;
-        gw.open_new_execution(&run(3), "e1").await;
+        TestRun::new(&run(3), "e1").resource("s", declaration(soft)).open(&gw).await;
         let committed = gw.commit_and_wait(&run(3), "e1").await;
         assert_eq!(committed["state"], "committed", "{committed}");
         let remaining = snapshot_rows(&gw, table, soft).await;
@@ -560,9 +556,7 @@ async fn delete_missing_deletes_only_when_the_snapshot_completes_across_paused_s
     // time stays on the keys still missing.
     let deleted_at = format!("SELECT id, UNIX_MICROS(_filament_deleted_at) FROM {}.snap_soft ORDER BY id", gw.dataset);
     let before = gw.query(&deleted_at).await;
-    gw.create_run("snap_soft-4").await;
-    gw.declare("snap_soft-4", "s", declaration(true)).await;
-    gw.open_new_execution("snap_soft-4", "e1").await;
+    TestRun::new("snap_soft-4", "e1").resource("s", declaration(true)).open(&gw).await;
     gw.post_accepted("snap_soft-4", "e1", "s", None, upserts(&[(1, "back")])).await;
     let committed = gw.commit_and_wait("snap_soft-4", "e1").await;
     assert_eq!(committed["state"], "committed", "{committed}");
@@ -674,8 +668,7 @@ impl HistoryModel {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn history_keeps_every_version_as_an_independent_model_does() {
-    let seed: u64 = std::env::var("FILAMENT_WRITE_OPTIONS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(25);
-    let mut rng = Rng(seed);
+    let (seed, mut rng) = seeded_rng();
     let gw = Gateway::spawn().await;
     gw.create_run("r").await;
     let key = json!(["id"]);
@@ -833,8 +826,7 @@ impl SnapshotModel {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn delete_missing_snapshots_match_an_independent_model_across_runs_and_segments() {
-    let seed: u64 = std::env::var("FILAMENT_WRITE_OPTIONS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(25);
-    let mut rng = Rng(seed);
+    let (seed, mut rng) = seeded_rng();
     let gw = Gateway::spawn().await;
     let mut models: Vec<SnapshotModel> =
         [("hard", false, false), ("soft", false, true), ("hard_ordered", true, false), ("soft_ordered", true, true)]
@@ -849,12 +841,12 @@ async fn delete_missing_snapshots_match_an_independent_model_across_runs_and_seg
         for model in &models {
             gw.declare(&run, model.name, model.declaration()).await;
         }
-        let executions = 1 + rng.below(3);
+        let executions = rng.random_range(1..=3);
         for execution in 0..executions {
             let execution_id = format!("e{execution}");
             gw.open_new_execution(&run, &execution_id).await;
             // Upserts only (full_upsert takes no deletes); sometimes a segment with no rows.
-            let batches: Vec<Vec<Change>> = if rng.below(5) == 0 {
+            let batches: Vec<Vec<Change>> = if rng.random_ratio(1, 5) {
                 Vec::new()
             } else {
                 generate_execution(&mut rng, &mut clock, &history)

@@ -101,6 +101,7 @@ async fn two_hundred_concurrent_valid_tokens_during_a_key_rotation_all_succeed()
     // Google rotates: the new key is published, the old one stays for a while.
     jwks.rotate();
     jwks.set_max_age_secs(3600);
+    // The key set cached under max-age 1 s goes stale, so the tokens below make it fetch again.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let gw = Arc::new(gw);
     let mut tokens: Vec<String> = (0..199).map(|_| jwks.sign_rs256(&valid())).collect();

@@ -342,6 +342,7 @@ async fn a_principal_over_its_share_is_refused_while_another_is_served() {
         let (status, answer) = post_batch_as(&gw, &steady, &path, ipc_stream(&[ids(seq * 100..(seq + 1) * 100)])).await;
         assert_eq!(status, StatusCode::ACCEPTED, "steady batch {seq} refused while flood floods: {answer}");
         seq += 1;
+        // The steady extractor's pace: a batch every 100 ms for as long as the flood lasts.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for flooder in flooders {

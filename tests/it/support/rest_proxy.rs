@@ -11,6 +11,7 @@
 //! such a proxy unless a test points them elsewhere, so the whole suite is judged by it.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -20,8 +21,11 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use super::arrow::{self, ipc_stream};
 use super::discovery::Discovery;
 use super::fake_rest::bigquery_error;
+use super::fake_write::FakeWrite;
+use super::{Gateway, GatewayOptions, TestRun, required_env};
 
 /// BigQuery's discovery document, parsed once per test process.
 fn discovery() -> &'static Discovery {
@@ -47,6 +51,14 @@ pub enum JobMode {
     FailFirstAttempt { reason: String, message: String },
     /// Answer `jobs.insert` with a RUNNING job that `jobs.get` reports DONE after this long.
     RunFor(Duration),
+}
+
+impl JobMode {
+    /// Query jobs whose SQL contains `query_contains` (every one when it is empty) fail as
+    /// BigQuery fails a query it cannot run: reason `invalidQuery`, with `message`.
+    pub fn invalid_query(query_contains: &str, message: &str) -> Self {
+        JobMode::Fail { query_contains: query_contains.into(), reason: "invalidQuery".into(), message: message.into() }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -150,6 +162,18 @@ impl RestProxy {
             .filter_map(|r| r.body["configuration"]["query"]["query"].as_str().map(str::to_string))
             .collect()
     }
+}
+
+/// A gateway whose REST calls a new proxy in front of the shared emulator records and whose
+/// appends go to a new Storage Write fake, with run `r` (resource `t`, full_append) and its
+/// execution `e` open, and one batch of the rows `ids` posted to `t`.
+pub async fn one_batch_behind_a_proxy(ids: Range<i64>) -> (RestProxy, FakeWrite, Gateway) {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    let fake = FakeWrite::start().await;
+    let gw = GatewayOptions::new().rest_proxy(&proxy).fake_write(&fake).spawn().await;
+    TestRun::new("r", "e").full_append(&["t"]).open(&gw).await;
+    gw.post_accepted("r", "e", "t", None, ipc_stream(&[arrow::ids(ids)])).await;
+    (proxy, fake, gw)
 }
 
 /// A job resource as BigQuery answers `jobs.insert` and `jobs.get` (`state`: `RUNNING`,

@@ -7,7 +7,7 @@ use std::ops::Range;
 use serde_json::Value;
 
 use super::arrow::{ids, ipc_stream};
-use super::{Gateway, bigquery_query_at};
+use super::{Gateway, TestRun, bigquery_query_at};
 
 /// Posts `body` as a batch of `resource` (execution `e` of run `run`, no `seq`), asserting 202.
 pub async fn post_ok(gw: &Gateway, resource: &str, body: Vec<u8>) {
@@ -17,6 +17,16 @@ pub async fn post_ok(gw: &Gateway, resource: &str, body: Vec<u8>) {
 /// Posts the rows `ids` (one Int64 column `id`) as a batch of `resource`, asserting 202.
 pub async fn post_ids(gw: &Gateway, resource: &str, range: Range<i64>) {
     post_ok(gw, resource, ipc_stream(&[ids(range)])).await;
+}
+
+/// Loads the rows `ids` into table `table` through a run of its own (`seed`, execution `e`, a
+/// full_append resource named as the table), committed: a destination that exists, and holds
+/// rows, before the run under test.
+pub async fn seed_table(gw: &Gateway, table: &str, rows: Range<i64>) {
+    TestRun::new("seed", "e").full_append(&[table]).open(gw).await;
+    gw.post_accepted("seed", "e", table, None, ipc_stream(&[ids(rows)])).await;
+    let committed = gw.commit_and_wait("seed", "e").await;
+    assert_eq!(committed["state"], "committed", "{committed}");
 }
 
 /// A query answer's cell holding an integer.
