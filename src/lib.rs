@@ -14,13 +14,15 @@
 //!   lanes (`pipeline::lane`: set-up of tables and stream, accumulation, the appender's
 //!   windows and replays).
 //! - `bigquery`: Storage Write client (tonic), datasets/tables/jobs (REST), credentials, the
-//!   one retry policy and the adaptive concurrency that learns from call results.
+//!   one retry policy, the pacers of BigQuery's published quotas (`bigquery::quota`, shared
+//!   by the fleet) and the adaptive concurrency that learns from call results.
 //! - `publish`: commit in phases: every stream finalized and committed to staging, then (the
 //!   barrier) one query job per resource, eight tables at a time by default; its decisions
 //!   pure (`publish::decide`), SQL generation, deterministic job ids, fingerprints and the
 //!   redelivery decision.
 //! - `store`: the only module that talks to Postgres (sqlx).
-//! - `replica`: this process as one replica of a fleet: leases on the executions it serves.
+//! - `replica`: this process as one replica of a fleet: leases on the executions it serves,
+//!   and its place in the fleet that divides BigQuery's quotas.
 //! - `principals`: who may call (the principals file, its reloads, Google ID tokens); `audit`:
 //!   what they did.
 //! - `cli`: the operator CLI over the HTTP API; the operator console lives in `api::console`.
@@ -29,7 +31,8 @@
 //! - [`conformance`]: every statement and table body the gateway would send for one resource,
 //!   for judges outside the crate (Google's SQL analyzer, live-BigQuery dry runs).
 //! - [`error`]: the closed set of stable error codes and their HTTP statuses.
-//! - [`telemetry`]: logging set-up, metric names and telemetry events.
+//! - [`telemetry`]: logging set-up, metric names and telemetry events; [`traces`]: OpenTelemetry
+//!   spans exported over OTLP, off unless configured.
 //!
 //! The public surface is what `main`, the integration tests and the fuzz target use; the
 //! rest is `pub(crate)`.
