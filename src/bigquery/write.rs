@@ -152,13 +152,13 @@ impl WriteClient {
             parent: table_path.to_string(),
             write_stream: Some(WriteStream { r#type: write_stream::Type::Pending as i32, ..Default::default() }),
         };
-        let request = self.request(message, "parent", table_path).await?;
-        let stream = self
-            .client()
-            .create_write_stream(request)
-            .await
-            .map_err(BigQueryError::grpc("CreateWriteStream"))?
-            .into_inner();
+        let span =
+            tracing::trace_span!(target: crate::traces::TARGET, "bigquery.create_write_stream", table = table_path);
+        let created = async {
+            let request = self.request(message, "parent", table_path).await?;
+            self.client().create_write_stream(request).await.map_err(BigQueryError::grpc("CreateWriteStream"))
+        };
+        let stream = tracing::Instrument::instrument(created, span).await?.into_inner();
         Ok(stream.name)
     }
 

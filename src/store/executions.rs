@@ -1,6 +1,8 @@
 //! Executions, their deliveries and checkpoints, and the durable checkpoint of a run.
 
 use chrono::{DateTime, Utc};
+use sqlx::Postgres;
+use sqlx::postgres::PgArguments;
 
 use super::{BindKey as _, DELIVERY_KEY, EXECUTION_KEY, Store, StoreError, StoreResult, state_names};
 use crate::error::{ErrorCode, Problem};
@@ -96,6 +98,16 @@ pub(crate) enum OpenExecution {
     Committing(ExecutionRecord),
 }
 
+/// Binds a new delivery's parameters: the execution's key ($1, $2), its owner's lease ($3 to
+/// $5) and its state, extracting ($6).
+fn bind_new_delivery<'q>(
+    query: sqlx::query::QueryAs<'q, Postgres, ExecutionRecord, PgArguments>,
+    key: &'q ExecutionKey,
+    lease: &'q Lease,
+) -> sqlx::query::QueryAs<'q, Postgres, ExecutionRecord, PgArguments> {
+    query.bind_execution(key).bind(&lease.owner).bind(lease.seconds()).bind(&lease.url).bind(ExecutionState::Extracting)
+}
+
 fn problem_json(problem: &Problem) -> StoreResult<serde_json::Value> {
     serde_json::to_value(problem).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
@@ -114,15 +126,14 @@ impl Store {
                 .await?;
         let outcome = match existing {
             None => {
-                let record: ExecutionRecord = sqlx::query_as(
-                    "INSERT INTO executions (run_id, execution_id, delivery, state, owner, lease_expires_at, owner_url)
-                     VALUES ($1, $2, 1, $6, $3, now() + $4 * interval '1 second', $5) RETURNING *",
+                let record: ExecutionRecord = bind_new_delivery(
+                    sqlx::query_as(
+                        "INSERT INTO executions (run_id, execution_id, delivery, state, owner, lease_expires_at, owner_url)
+                         VALUES ($1, $2, 1, $6, $3, now() + $4 * interval '1 second', $5) RETURNING *",
+                    ),
+                    key,
+                    lease,
                 )
-                .bind_execution(key)
-                .bind(&lease.owner)
-                .bind(lease.seconds())
-                .bind(&lease.url)
-                .bind(ExecutionState::Extracting)
                 .fetch_one(&mut *tx)
                 .await?;
                 sqlx::query("INSERT INTO deliveries (run_id, execution_id, delivery) VALUES ($1, $2, 1)")
@@ -144,20 +155,15 @@ impl Store {
                 .bind(DeliveryOutcome::replaced_in(current.state))
                 .execute(&mut *tx)
                 .await?;
-                let record: ExecutionRecord = sqlx::query_as(&format!(
+                let sql = format!(
                     "UPDATE executions SET delivery = delivery + 1, state = $6, error = NULL,
                             publishing_at = NULL, paused_at = NULL, finished_at = NULL, updated_at = now(),
                             owner = $3, lease_expires_at = now() + $4 * interval '1 second',
                             owner_url = $5, handed_over = false
                      WHERE {EXECUTION_KEY} RETURNING *"
-                ))
-                .bind_execution(key)
-                .bind(&lease.owner)
-                .bind(lease.seconds())
-                .bind(&lease.url)
-                .bind(ExecutionState::Extracting)
-                .fetch_one(&mut *tx)
-                .await?;
+                );
+                let record: ExecutionRecord =
+                    bind_new_delivery(sqlx::query_as(&sql), key, lease).fetch_one(&mut *tx).await?;
                 sqlx::query("INSERT INTO deliveries (run_id, execution_id, delivery) VALUES ($1, $2, $3)")
                     .bind_delivery(&record.delivery_ref())
                     .execute(&mut *tx)

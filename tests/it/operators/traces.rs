@@ -68,6 +68,11 @@ async fn a_batch_is_followed_from_the_extractors_request_to_the_publication_job(
     assert_eq!(lane.len(), 1, "{lane:#?}");
     assert_eq!(lane[0].parent_span_id, batch_request.span_id, "the upload continues the request that accepted it");
     assert!(lane[0].linked_traces.iter().any(|t| t == TRACE_ID), "and links to it");
+    // Set-up runs in the lane: its REST calls and the stream's creation.
+    for set_up in ["tables.insert", "bigquery.create_write_stream"] {
+        let calls = named(&spans, set_up);
+        assert!(!calls.is_empty() && calls.iter().all(|s| s.parent_span_id == lane[0].span_id), "{set_up}: {calls:#?}");
+    }
     let appends = named(&spans, "bigquery.append_rows");
     assert!(!appends.is_empty() && appends.iter().all(|s| s.parent_span_id == lane[0].span_id), "{appends:#?}");
     let append = appends[0];
