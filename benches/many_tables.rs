@@ -120,6 +120,34 @@ impl Point {
         self.measured_seconds / self.floor.seconds()
     }
 
+    /// The point as a row of the table in docs/performance.md (and the line the run prints).
+    fn markdown_row(&self) -> String {
+        let (floor, calls) = (self.floor, self.calls_per_resource);
+        format!(
+            "| {} | {} | {} | {} | {:.1} ({:.1} / {:.1} / {:.1}, then {:.1}) | {:.1} | {:.2} | {:.1} / {:.1} / {:.1} | {:.2} ({}) | {} | {:.0} | {:.2} | {} |",
+            self.resources,
+            self.replicas,
+            self.stream_quota.name(),
+            self.setting,
+            floor.seconds(),
+            floor.tables_insert_seconds,
+            floor.stream_creation_seconds,
+            floor.data_seconds,
+            floor.publication_seconds,
+            self.measured_seconds,
+            self.ratio(),
+            calls.rest,
+            calls.grpc,
+            calls.postgres,
+            self.max_quota_use,
+            self.busiest_quota,
+            self.quota_refusals,
+            self.peak_rss_mib,
+            self.cpu_ms_per_resource,
+            self.rows_exact
+        )
+    }
+
     fn json(&self, data_cpu_floor_ms: f64) -> Value {
         json!({
             "resources": self.resources,
@@ -416,29 +444,7 @@ fn main() {
 }
 
 fn report(point: Point) -> Point {
-    let calls = point.calls_per_resource;
-    println!(
-        "many tables: {:>6} resources on {} replica(s), stream quota {:<10} {:<24} floor {:>6.1} s (tables.insert {:.1}, streams {:.1}, data {:.1}, then publication {:.1}), measured {:>6.1} s ({:.2}x), calls per resource {:.1} REST / {:.1} gRPC / {:.1} Postgres, max quota use {:.2} ({}), {} refusals, peak RSS {:.0} MiB, {:.2} ms CPU per resource",
-        point.resources,
-        point.replicas,
-        point.stream_quota.name(),
-        point.setting,
-        point.floor.seconds(),
-        point.floor.tables_insert_seconds,
-        point.floor.stream_creation_seconds,
-        point.floor.data_seconds,
-        point.floor.publication_seconds,
-        point.measured_seconds,
-        point.ratio(),
-        calls.rest,
-        calls.grpc,
-        calls.postgres,
-        point.max_quota_use,
-        point.busiest_quota,
-        point.quota_refusals,
-        point.peak_rss_mib,
-        point.cpu_ms_per_resource,
-    );
+    println!("many tables: {}", point.markdown_row());
     point
 }
 
@@ -463,31 +469,9 @@ fn write_results(root: &std::path::Path, points: &[Point], throughput: f64, sour
          | resources | replicas | stream quota | build | floor s (tables.insert / streams / data, then publication) | measured s | ratio | calls per resource (REST / gRPC / Postgres) | max quota use | refusals | peak RSS MiB | CPU ms per resource | rows exact |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
-    for p in points {
-        let c = p.calls_per_resource;
-        md.push_str(&format!(
-            "| {} | {} | {} | {} | {:.1} ({:.1} / {:.1} / {:.1}, then {:.1}) | {:.1} | {:.2} | {:.1} / {:.1} / {:.1} | {:.2} ({}) | {} | {:.0} | {:.2} | {} |\n",
-            p.resources,
-            p.replicas,
-            p.stream_quota.name(),
-            p.setting,
-            p.floor.seconds(),
-            p.floor.tables_insert_seconds,
-            p.floor.stream_creation_seconds,
-            p.floor.data_seconds,
-            p.floor.publication_seconds,
-            p.measured_seconds,
-            p.ratio(),
-            c.rest,
-            c.grpc,
-            c.postgres,
-            p.max_quota_use,
-            p.busiest_quota,
-            p.quota_refusals,
-            p.peak_rss_mib,
-            p.cpu_ms_per_resource,
-            p.rows_exact
-        ));
+    for point in points {
+        md.push_str(&point.markdown_row());
+        md.push('\n');
     }
     let gzip = Gzip::gateway(gateway_gzip_level()).name();
     md.push_str(&format!(
