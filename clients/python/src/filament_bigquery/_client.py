@@ -27,6 +27,7 @@ from ._errors import (
     ProblemError,
     problem_from_response,
 )
+from ._tracing import inject_trace_context
 from ._types import (
     TERMINAL_STATES,
     CheckpointResponse,
@@ -193,6 +194,9 @@ class _Transport:
         all_headers["Authorization"] = f"Bearer {bearer}"
         if headers:
             all_headers.update(headers)
+        # The caller's trace (W3C `traceparent`), when opentelemetry-api is installed; retries
+        # of this request carry the same one.
+        inject_trace_context(all_headers)
         started = time.monotonic()
         attempt = 0
         while True:

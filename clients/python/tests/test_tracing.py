@@ -1,0 +1,90 @@
+"""traceparent: every request carries the caller's OpenTelemetry trace (the `otel` extra)."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from typing import Any, Iterator
+
+import pytest
+
+from filament_bigquery import Client, RetryPolicy
+
+trace = pytest.importorskip("opentelemetry.trace")
+sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
+
+
+class HeaderRecorder:
+    """A tiny HTTP server answering every request with a run view, keeping its headers."""
+
+    def __init__(self) -> None:
+        self.headers: list[dict[str, str]] = []
+        recorder = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                recorder.headers.append({k.lower(): v for k, v in self.headers.items()})
+                body = b'{"run_id": "r1", "destination": {}, "batching": {}, "resources": [], "executions": [], "created_at": ""}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def recorder() -> Iterator[HeaderRecorder]:
+    r = HeaderRecorder()
+    yield r
+    r.close()
+
+
+def test_requests_carry_the_current_span_as_traceparent(recorder: HeaderRecorder) -> None:
+    tracer = sdk_trace.TracerProvider().get_tracer("extractor")
+    client = Client(recorder.url, token="t" * 20, retry=RetryPolicy(max_attempts=1))
+    with tracer.start_as_current_span("extract users") as span:
+        client.create_run(project="p", dataset="d", run_id="r1")
+        client.get_run("r1")
+    context = span.get_span_context()
+    trace_id = format(context.trace_id, "032x")
+    span_id = format(context.span_id, "016x")
+    flags = format(context.trace_flags, "02x")
+    assert len(recorder.headers) == 2
+    for headers in recorder.headers:
+        assert headers["traceparent"] == f"00-{trace_id}-{span_id}-{flags}"
+    # Outside a span there is no trace to carry, and nothing else changes.
+    client.get_run("r1")
+    assert "traceparent" not in recorder.headers[-1]
+    assert recorder.headers[-1]["authorization"] == "Bearer " + "t" * 20
+
+
+def test_tracestate_travels_with_the_trace(recorder: HeaderRecorder) -> None:
+    parent = trace.SpanContext(
+        trace_id=0x0AF7651916CD43DD8448EB211C80319C,
+        span_id=0xB7AD6B7169203331,
+        is_remote=True,
+        trace_flags=trace.TraceFlags(1),
+        trace_state=trace.TraceState([("vendor", "value")]),
+    )
+    client = Client(recorder.url, token="t" * 20, retry=RetryPolicy(max_attempts=1))
+    with trace.use_span(trace.NonRecordingSpan(parent)):
+        client.get_run("r1")
+    headers = recorder.headers[-1]
+    assert headers["traceparent"] == "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert headers["tracestate"] == "vendor=value"
