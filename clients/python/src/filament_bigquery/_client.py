@@ -457,6 +457,13 @@ class Run:
             ResourceView, self.client._transport.json("PUT", f"{self._path}/resources/{_segment(resource)}", json=body)
         )
 
+    def get_execution(self, execution_id: str) -> ExecutionView:
+        """The execution `execution_id` of this run as it stands (`NotFound` when there is
+        none), without starting a delivery."""
+        return cast(
+            ExecutionView, self.client._transport.json("GET", f"{self._path}/executions/{_segment(execution_id)}")
+        )
+
     def execution(
         self,
         execution_id: Optional[str] = None,
