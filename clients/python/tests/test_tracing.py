@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import http.server
+import json
 import threading
 from typing import Any, Iterator
 
+import pyarrow as pa
 import pytest
 
 from filament_bigquery import Client, RetryPolicy
@@ -27,10 +29,15 @@ class HeaderRecorder:
 
             def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                if length:
-                    self.rfile.read(length)
+                payload = self.rfile.read(length) if length else b""
                 recorder.headers.append({k.lower(): v for k, v in self.headers.items()})
                 body = b'{"run_id": "r1", "destination": {}, "batching": {}, "resources": [], "executions": [], "created_at": ""}'
+                if self.path.endswith("/executions"):  # open: an execution view
+                    body = json.dumps({"run_id": "r1", "execution_id": "e1", "delivery": 1, "state": "extracting"}).encode()
+                elif "/batches?seq=" in self.path:  # a batch: its receipt
+                    rows = pa.ipc.open_stream(payload).read_all().num_rows
+                    seq = int(self.path.rsplit("=", 1)[1])
+                    body = json.dumps({"resource": "r", "seq": seq, "rows": rows, "state": "queued"}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -88,3 +95,18 @@ def test_tracestate_travels_with_the_trace(recorder: HeaderRecorder) -> None:
     headers = recorder.headers[-1]
     assert headers["traceparent"] == "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     assert headers["tracestate"] == "vendor=value"
+
+
+def test_background_writes_carry_the_trace_of_the_caller(recorder: HeaderRecorder) -> None:
+    tracer = sdk_trace.TracerProvider().get_tracer("extractor")
+    client = Client(recorder.url, token="t" * 20, compression="none", max_in_flight=2)
+    run = client.run("r1")
+    with tracer.start_as_current_span("extract") as span:
+        ex = run.execution("e1")
+        futures = [ex.submit(name, pa.table({"id": [1, 2, 3]})) for name in ("users", "orders")]
+        ex.flush()
+    assert [f.result().rows for f in futures] == [3, 3]
+    trace_id = format(span.get_span_context().trace_id, "032x")
+    batch_headers = recorder.headers[1:]
+    assert len(batch_headers) == 2
+    assert all(h["traceparent"].split("-")[1] == trace_id for h in batch_headers)

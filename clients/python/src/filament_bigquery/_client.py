@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import contextvars
 import json as jsonlib
 import logging
 import random
@@ -602,7 +603,8 @@ class Execution:
     ) -> Future[WriteResult]:
         """Like `write`, in the background: writes of different resources run concurrently (at
         most `max_in_flight` at once), writes of one resource one after the other in submission
-        order. `checkpoint`, `commit` and `flush` wait for them first."""
+        order. `checkpoint`, `commit` and `flush` wait for them first. The write runs in the
+        caller's context (its OpenTelemetry span: the requests carry the caller's trace)."""
         with self._locks_guard:
             queue = self._queues.get(resource)
             if queue is None:
@@ -613,7 +615,7 @@ class Execution:
             with self._slots:
                 return self.write(resource, data, compression=compression, max_body_bytes=max_body_bytes)
 
-        future = queue.submit(task)
+        future = queue.submit(contextvars.copy_context().run, task)
         self._futures.append(future)
         return future
 
