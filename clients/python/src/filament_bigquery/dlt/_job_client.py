@@ -90,7 +90,14 @@ class FilamentJobClient(JobClientBase):
 
     def initialize_storage(self, truncate_tables: Optional[Iterable[str]] = None) -> None:
         """Nothing to do: the gateway creates the dataset and the tables, and a replaced table
-        is emptied by its load's `full_replace` publication, atomically with its new rows."""
+        is emptied by its load's `full_replace` publication, atomically with its new rows.
+        Emptying any other table (dlt's `refresh="drop_data"`) has no gateway equivalent."""
+        for table in truncate_tables or ():
+            if self._plan(table).write_mode != "full_replace":
+                raise DestinationTerminalException(
+                    f"table {table}: dlt asks to empty it before the load (refresh), which the gateway cannot do for "
+                    "a table that is not replaced; load it with write_disposition='replace' instead"
+                )
 
     def is_storage_initialized(self) -> bool:
         return True
@@ -103,13 +110,16 @@ class FilamentJobClient(JobClientBase):
     ) -> LoadJob:
         """Checks that the table maps to a gateway write mode (a failure names the table and
         the hint); the file itself is sent by `complete_load`, with the rest of the package."""
-        try:
-            plan_table(self.schema, str(table["name"]))
-        except UnsupportedHint as unsupported:
-            raise DestinationTerminalException(str(unsupported)) from unsupported
+        self._plan(str(table["name"]))
         if not file_path.endswith(".parquet"):
             raise DestinationTerminalException(f"{os.path.basename(file_path)}: the filament destination reads parquet files only")
         return FinalizedLoadJob.from_file_path(file_path, status="completed")
+
+    def _plan(self, table: str) -> TablePlan:
+        try:
+            return plan_table(self.schema, table)
+        except UnsupportedHint as unsupported:
+            raise DestinationTerminalException(str(unsupported)) from unsupported
 
     def complete_load(self, load_id: str) -> None:
         storage = Container()[LoadPackageStateInjectableContext].storage
