@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import http.server
+import importlib
 import json
+import sys
 import threading
 from typing import Any, Iterator
 
@@ -110,3 +112,21 @@ def test_background_writes_carry_the_trace_of_the_caller(recorder: HeaderRecorde
     batch_headers = recorder.headers[1:]
     assert len(batch_headers) == 2
     assert all(h["traceparent"].split("-")[1] == trace_id for h in batch_headers)
+
+
+def test_without_opentelemetry_nothing_is_added(recorder: HeaderRecorder, monkeypatch: pytest.MonkeyPatch) -> None:
+    from filament_bigquery import _tracing
+
+    tracer = sdk_trace.TracerProvider().get_tracer("extractor")
+    monkeypatch.setitem(sys.modules, "opentelemetry.propagate", None)  # as if not installed
+    try:
+        importlib.reload(_tracing)
+        assert not _tracing.tracing_available()
+        headers: dict[str, str] = {}
+        with tracer.start_as_current_span("extract"):
+            _tracing.inject_trace_context(headers)
+        assert headers == {}
+    finally:
+        monkeypatch.undo()
+        importlib.reload(_tracing)
+    assert _tracing.tracing_available()

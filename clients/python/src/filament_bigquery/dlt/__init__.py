@@ -15,6 +15,11 @@ Layout: `_factory` (the `filament` destination and its capabilities), `_configur
 settings), `_job_client` (a load package -> one gateway execution), `_mapping` (ids, write
 modes and Arrow schemas: pure functions)."""
 
+try:
+    import dlt as _dlt  # noqa: F401 - only to say what is missing
+except ImportError as missing:  # pragma: no cover - depends on the environment
+    raise ImportError("the dlt destination needs dlt: pip install 'filament-bigquery[dlt]'") from missing
+
 from ._configuration import FilamentClientConfiguration, FilamentCredentials
 from ._factory import filament
 from ._mapping import UnsupportedHint, execution_id_for, run_id_for
