@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from types import TracebackType
 from typing import Any, Iterable, Iterator, Optional, Type
 
@@ -76,7 +77,7 @@ class FilamentJobClient(JobClientBase):
             raise DestinationTerminalException("the filament destination needs the BigQuery project: filament(project=...)")
         self.project: str = config.project
         self.dataset: str = config.normalize_dataset_name(schema)
-        self._gateway = Client(
+        self.gateway = Client(
             credentials.url,
             token=str(credentials.token),
             timeout=config.request_timeout,
@@ -141,7 +142,7 @@ class FilamentJobClient(JobClientBase):
     def __exit__(
         self, exc_type: Optional[Type[BaseException]], exc_val: Optional[BaseException], exc_tb: Optional[TracebackType]
     ) -> None:
-        self._gateway.close()
+        self.gateway.close()
 
     # -- ids --------------------------------------------------------------------------------
 
@@ -165,19 +166,31 @@ class _PackageLoad:
         client = self.job_client
         run_id = client.run_id(self.load_id)
         execution_id = execution_id_for(self.load_id)
-        run = client._gateway.create_run(
+        run = client.gateway.create_run(
             project=client.project, dataset=client.dataset, run_id=run_id, location=client.config.location
         )
-        try:
-            previous = run.get_execution(execution_id)
-        except NotFound:
-            previous = None
-        if previous is not None and previous["state"] == "committed":
+        if self._previous_state(run, execution_id) == "committed":
             log.info("load %s is committed already (run %s): nothing to send", self.load_id, run_id)
             return
         self._declare(run)
         log.info("load %s: run %s, execution %s, %d tables", self.load_id, run_id, execution_id, len(self.plans))
         run.deliver(self._send, execution_id, max_deliveries=client.config.max_deliveries)
+
+    def _previous_state(self, run: Run, execution_id: str) -> Optional[str]:
+        """The state of an earlier delivery of this load, if any, once it is not committing
+        (a process that died during the commit leaves the gateway committing: its outcome
+        decides whether anything is sent again)."""
+        deadline = time.monotonic() + self.job_client.config.commit_timeout
+        pause = 0.5
+        while True:
+            try:
+                state = run.get_execution(execution_id)["state"]
+            except NotFound:
+                return None
+            if state != "committing" or time.monotonic() > deadline:
+                return state
+            time.sleep(pause)
+            pause = min(5.0, pause * 2)
 
     # -- the package ------------------------------------------------------------------------
 
