@@ -3,13 +3,16 @@ duckdb destination loading the same source: the BigQuery tables must hold the sa
 
 from __future__ import annotations
 
+import datetime as dt
 import decimal
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+import requests
 
 from conftest import PROJECT, TOKEN, Gateway, query
 
@@ -27,7 +30,14 @@ def shop(version: int) -> Any:
     def events() -> Iterator[dict[str, Any]]:
         start = 0 if version == 1 else 100
         for i in range(start, start + 40):
-            yield {"event_id": i, "kind": "click" if i % 2 else "view", "payload": {"n": i, "tags": ["a", "b"][: i % 3]}}
+            yield {
+                "event_id": i,
+                "kind": "click" if i % 2 else "view",
+                "payload": {"n": i, "tags": ["a", "b"][: i % 3]},
+                "happened_at": dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(minutes=i, microseconds=i),
+                "happened_on": dt.date(2024, 1, 1) + dt.timedelta(days=i),
+                "score": i / 4,
+            }
 
     @dlt.resource(write_disposition="replace")
     def orders() -> Iterator[dict[str, Any]]:
@@ -75,7 +85,10 @@ def new_pipeline(tmp_path: Path, name: str, destination: Any, dataset: str) -> A
 # and the list position (the `_dlt_id`, `_dlt_parent_id` and `_dlt_root_id` values are random
 # per destination for append and replace tables, and `_dlt_load_id` differs per pipeline).
 COMPARED: dict[str, tuple[str, list[str]]] = {
-    "events": ("SELECT event_id, kind, payload FROM {t}", ["int", "str", "json"]),
+    "events": (
+        "SELECT event_id, kind, payload, happened_at, happened_on, score FROM {t}",
+        ["int", "str", "json", "timestamp", "date", "float"],
+    ),
     "orders": ("SELECT order_id, total FROM {t}", ["int", "decimal"]),
     "orders__items": (
         "SELECT p.order_id, c._dlt_list_idx, c.sku, c.qty FROM {t} c JOIN {orders} p ON c._dlt_parent_id = p._dlt_id",
@@ -98,6 +111,16 @@ def _normal(value: Any, kind: str) -> Any:
         return decimal.Decimal(str(value)).normalize()
     if kind == "bool":
         return value if isinstance(value, bool) else str(value).lower() == "true"
+    if kind == "float":
+        return float(value)
+    if kind == "timestamp":  # the REST answer: microseconds (or seconds, `1.7E9`) since the epoch, as text
+        if isinstance(value, str):
+            number = decimal.Decimal(value)
+            micros = int(number if value.isdigit() else (number * 1_000_000).to_integral_value())
+            return dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=micros)
+        return value.astimezone(dt.timezone.utc)
+    if kind == "date":
+        return value if isinstance(value, dt.date) else dt.date.fromisoformat(value)
     if kind == "json":
         return json.loads(value) if isinstance(value, str) else value
     return str(value)
@@ -118,6 +141,15 @@ def bigquery_rows(dataset: str) -> Callable[[str], list[tuple[Any, ...]]]:
 
 def bq_name(dataset: str) -> Callable[[str], str]:
     return lambda table: f"`{PROJECT}.{dataset}.{table}`"
+
+
+def column_types(dataset: str, table: str) -> dict[str, str]:
+    host = os.environ["BIGQUERY_EMULATOR_HOST"]
+    url = f"http://{host}/bigquery/v2/projects/{PROJECT}/datasets/{dataset}/tables/{table}"
+    response = requests.get(url, timeout=30)
+    assert response.status_code == 200, response.text[:500]
+    legacy = {"INTEGER": "INT64", "FLOAT": "FLOAT64", "BOOLEAN": "BOOL"}
+    return {f["name"]: legacy.get(f["type"], f["type"]) for f in response.json()["schema"]["fields"]}
 
 
 def count(dataset: str, table: str) -> int:
@@ -154,6 +186,13 @@ def test_a_nested_source_loads_like_duckdb_through_two_loads(gateway: Gateway, t
     assert through_gateway.default_schema.version_hash in {r["version_hash"] for r in hashes}
     for table in ("_dlt_loads", "_dlt_pipeline_state"):
         assert count(dataset, table) == duck(f"SELECT COUNT(*) FROM shop.{table}")[0][0], table
+    # The BigQuery types dlt's column types became.
+    assert column_types(dataset, "events") == {
+        "event_id": "INT64", "kind": "STRING", "payload": "JSON", "happened_at": "TIMESTAMP",
+        "happened_on": "DATE", "score": "FLOAT64", "_dlt_load_id": "STRING", "_dlt_id": "STRING",
+    }
+    assert column_types(dataset, "orders")["total"] == "NUMERIC"
+    assert column_types(dataset, "accounts")["active"] == "BOOL"
     # JSON stayed JSON (a BigQuery JSON column, queried as such).
     kinds = query(f"SELECT JSON_VALUE(payload, '$.n') AS n FROM `{PROJECT}.{dataset}.events` WHERE event_id = 7")
     assert kinds == [{"n": "7"}]
