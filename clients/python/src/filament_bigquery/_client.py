@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import contextvars
 import json as jsonlib
 import logging
 import random
@@ -27,6 +28,7 @@ from ._errors import (
     ProblemError,
     problem_from_response,
 )
+from ._tracing import inject_trace_context
 from ._types import (
     TERMINAL_STATES,
     CheckpointResponse,
@@ -193,6 +195,9 @@ class _Transport:
         all_headers["Authorization"] = f"Bearer {bearer}"
         if headers:
             all_headers.update(headers)
+        # The caller's trace (W3C `traceparent`), when opentelemetry-api is installed; retries
+        # of this request carry the same one.
+        inject_trace_context(all_headers)
         started = time.monotonic()
         attempt = 0
         while True:
@@ -453,6 +458,13 @@ class Run:
             ResourceView, self.client._transport.json("PUT", f"{self._path}/resources/{_segment(resource)}", json=body)
         )
 
+    def get_execution(self, execution_id: str) -> ExecutionView:
+        """The execution `execution_id` of this run as it stands (`NotFound` when there is
+        none), without starting a delivery."""
+        return cast(
+            ExecutionView, self.client._transport.json("GET", f"{self._path}/executions/{_segment(execution_id)}")
+        )
+
     def execution(
         self,
         execution_id: Optional[str] = None,
@@ -591,7 +603,8 @@ class Execution:
     ) -> Future[WriteResult]:
         """Like `write`, in the background: writes of different resources run concurrently (at
         most `max_in_flight` at once), writes of one resource one after the other in submission
-        order. `checkpoint`, `commit` and `flush` wait for them first."""
+        order. `checkpoint`, `commit` and `flush` wait for them first. The write runs in the
+        caller's context (its OpenTelemetry span: the requests carry the caller's trace)."""
         with self._locks_guard:
             queue = self._queues.get(resource)
             if queue is None:
@@ -602,7 +615,7 @@ class Execution:
             with self._slots:
                 return self.write(resource, data, compression=compression, max_body_bytes=max_body_bytes)
 
-        future = queue.submit(task)
+        future = queue.submit(contextvars.copy_context().run, task)
         self._futures.append(future)
         return future
 
