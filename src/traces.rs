@@ -75,6 +75,9 @@ where
 /// Makes `span` continue the trace of the W3C `traceparent` (and `tracestate`) in `headers`,
 /// when they carry a valid one.
 pub(crate) fn continue_remote_trace(span: &tracing::Span, headers: &axum::http::HeaderMap) {
+    if span.is_disabled() {
+        return;
+    }
     let remote = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&HeaderExtractor(headers));
     if remote.span().span_context().is_valid() {
         // Fails only when the span is not exported (traces off): nothing to continue then.
@@ -87,7 +90,7 @@ pub(crate) fn continue_remote_trace(span: &tracing::Span, headers: &axum::http::
 pub(crate) fn current_span_context() -> Option<SpanContext> {
     let context = tracing::Span::current().context();
     let span_context = context.span().span_context().clone();
-    span_context.is_valid().then_some(span_context)
+    (span_context.is_valid() && span_context.is_sampled()).then_some(span_context)
 }
 
 /// Parents `span` on `parent` (another task's span, ended or not) and links it to `links`.
@@ -101,11 +104,11 @@ pub(crate) fn follow(span: &tracing::Span, parent: Option<&SpanContext>, links: 
     }
 }
 
-/// The trace id of `span` (32 lowercase hex digits), when it is exported.
+/// The trace id of `span` (32 lowercase hex digits), when it is sampled (exported).
 pub(crate) fn trace_id_of(span: &tracing::Span) -> Option<String> {
     let context = span.context();
     let span_context = context.span().span_context().clone();
-    span_context.is_valid().then(|| span_context.trace_id().to_string())
+    (span_context.is_valid() && span_context.is_sampled()).then(|| span_context.trace_id().to_string())
 }
 
 struct HeaderExtractor<'a>(&'a axum::http::HeaderMap);

@@ -118,7 +118,8 @@ pub(crate) struct TokenBucket {
 
 #[derive(Debug)]
 struct BucketState {
-    /// Tokens at `updated`; negative while callers wait for reserved ones.
+    /// Tokens at `updated`; negative while callers wait for reserved ones (a cancelled wait
+    /// gives its token back).
     tokens: f64,
     updated: Instant,
     /// The share the tokens were counted under.
@@ -135,14 +136,15 @@ impl TokenBucket {
     }
 
     /// Takes one token, waiting for it when there is none (callers are served in the order they
-    /// reserved). Cancel-safe: a cancelled wait forfeits its token, which only slows the pace.
+    /// reserved). Cancel-safe: a cancelled wait gives its reserved token back.
     pub(crate) async fn take(&self) {
         let wait = self.reserve(Instant::now());
         if wait.is_zero() {
             return;
         }
-        let _waiting = Waiting::new(self);
+        let mut waiting = Waiting::new(self);
         tokio::time::sleep(wait).await;
+        waiting.granted = true;
     }
 
     /// Reserves a token at `now`: how long until it is there.
@@ -211,20 +213,28 @@ fn method_labels(method: &'static str) -> Vec<metrics::Label> {
 }
 
 /// A caller waiting for its token, counted in `filament_bigquery_quota_waiting` until dropped.
-struct Waiting<'a>(&'a TokenBucket);
+/// A wait that ends before its token is granted (cancelled) gives the token back.
+struct Waiting<'a> {
+    bucket: &'a TokenBucket,
+    granted: bool,
+}
 
 impl<'a> Waiting<'a> {
     fn new(bucket: &'a TokenBucket) -> Self {
-        let waiting = bucket.waiting.fetch_add(1, Ordering::Relaxed) + 1;
-        metrics::gauge!(telemetry::QUOTA_WAITING, bucket.labels.clone()).set(waiting as f64);
-        Waiting(bucket)
+        bucket.waiting.fetch_add(1, Ordering::Relaxed);
+        metrics::gauge!(telemetry::QUOTA_WAITING, bucket.labels.clone()).increment(1.0);
+        Waiting { bucket, granted: false }
     }
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        let waiting = self.0.waiting.fetch_sub(1, Ordering::Relaxed) - 1;
-        metrics::gauge!(telemetry::QUOTA_WAITING, self.0.labels.clone()).set(waiting as f64);
+        self.bucket.waiting.fetch_sub(1, Ordering::Relaxed);
+        metrics::gauge!(telemetry::QUOTA_WAITING, self.bucket.labels.clone()).decrement(1.0);
+        if !self.granted {
+            let mut state = self.bucket.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            state.tokens += 1.0;
+        }
     }
 }
 
@@ -255,7 +265,10 @@ impl ConcurrencyShare {
     /// Waits for a place.
     pub(crate) async fn enter(&self) -> InFlight<'_> {
         loop {
+            // Registered before the check, so a place freed meanwhile wakes this caller.
             let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
             {
                 let mut in_flight = self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 if *in_flight < self.limit() {
@@ -323,6 +336,8 @@ impl Quotas {
                 {
                     bucket.catch_up();
                 }
+                // A larger share lets waiting callers in at once.
+                quotas.concurrent_api_requests.freed.notify_waiters();
             }
         });
     }
@@ -342,13 +357,15 @@ impl Quotas {
     }
 
     /// Waits until REST `method` may be called within every quota it counts against; the
-    /// place it returns is held until the call's answer.
+    /// place it returns is held until the call's answer. The place is taken first: calls that
+    /// waited for one then go out at the rate quotas' pace, not all at once.
     pub(crate) async fn before_rest_call(&self, method: &'static str) -> RestPlace<'_> {
+        let place = self.concurrent_api_requests.enter().await;
         if method == "tables.insert" {
             self.tables_insert.take().await;
         }
         self.method(method).take().await;
-        self.concurrent_api_requests.enter().await
+        place
     }
 
     /// Waits until `CreateWriteStream` may be called.

@@ -153,3 +153,36 @@ async fn tables_insert_waits_for_its_own_quota_and_its_method_bucket() {
     drop(quotas.before_rest_call("tables.get").await);
     assert_eq!(start.elapsed(), Duration::ZERO, "another method: its own bucket, full");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_gets_in_when_the_share_grows() {
+    let (sender, fleet) = fleet(2);
+    let quotas =
+        std::sync::Arc::new(Quotas::new(QuotaSettings { concurrent_api_requests: 2, ..QuotaSettings::GOOGLE }, fleet));
+    Quotas::follow_fleet(&quotas);
+    let _held = quotas.concurrent_api_requests.enter().await;
+    let waiter = {
+        let quotas = std::sync::Arc::clone(&quotas);
+        tokio::spawn(async move {
+            let _place = quotas.concurrent_api_requests.enter().await;
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!waiter.is_finished(), "one of two places is this replica's, and it is held");
+    sender.send(1).unwrap();
+    tokio::time::timeout(Duration::from_secs(1), waiter).await.expect("the larger share lets it in").unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_wait_gives_its_token_back() {
+    let (_sender, fleet) = fleet(1);
+    let bucket = TokenBucket::new(quota_label("t"), Rate::per_second(10.0), fleet);
+    granted_after(&bucket, 10).await;
+    // Ten callers give up while waiting: their reservations are not left as debt.
+    for _ in 0..10 {
+        assert!(tokio::time::timeout(Duration::from_millis(1), bucket.take()).await.is_err());
+    }
+    // 10 ms went by in those waits: the next token is 90 ms away, not a second.
+    let granted = granted_after(&bucket, 1).await;
+    assert_eq!(millis(&granted), [90]);
+}

@@ -233,7 +233,9 @@ impl Pipeline {
         let share = self.resource_share(delivery_lanes, resource);
         let request = crate::traces::current_span_context();
         let mut by_resource = lock(&delivery_lanes.by_resource);
+        let mut started = false;
         let lane = by_resource.entry(resource.clone()).or_insert_with(|| {
+            started = true;
             let (commands, receiver) = mpsc::unbounded_channel();
             let pressure =
                 LanePressure { budget: self.budget.pressure().subscribe(), share: share.pressure().subscribe() };
@@ -245,7 +247,7 @@ impl Pipeline {
                 lane::run_lane(self.context.clone(), target(), receiver, pressure, delivery_lanes.cancel.clone());
             Lane { commands, worker: tokio::spawn(tracing::Instrument::instrument(lane, span.clone())), span }
         });
-        if let Some(request) = &request {
+        if let Some(request) = request.as_ref().filter(|_| !started) {
             crate::traces::follow(&lane.span, None, std::slice::from_ref(request));
         }
         // A closed lane has failed (and failed its execution) or was cancelled; `drain` reports why.

@@ -36,7 +36,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 
 use super::accumulator::UploadBatch;
-use super::connections::{ASK_AGAIN, AppendConnections};
+use super::connections::{AppendConnections, PlaceRequest};
 use super::{AppendTimeouts, LaneContext, LaneTarget};
 use crate::bigquery::BigQueryError;
 use crate::bigquery::error::Stage;
@@ -268,7 +268,7 @@ impl<'a, S: AppendService> Appender<'a, S> {
             reconnecting: false,
         };
         let mut input_open = true;
-        let mut asked_for_a_place: Option<Instant> = None;
+        let mut place_request = PlaceRequest::default();
         while input_open || appender.has_unsent() || !appender.in_flight.is_empty() {
             let connected = appender.connection_slot.is_some();
             let needs_connection = !connected && appender.has_unsent();
@@ -277,13 +277,7 @@ impl<'a, S: AppendService> Appender<'a, S> {
             let connections = appender.settings.connections.clone();
             let idle_at = appender.last_activity + connections.idle_lifetime;
             let waiting_for_a_place = needs_connection && connections.exhausted();
-            if !waiting_for_a_place {
-                asked_for_a_place = None;
-            } else if asked_for_a_place.is_none_or(|asked| asked.elapsed() >= ASK_AGAIN) {
-                connections.ask_for_a_place();
-                asked_for_a_place = Some(Instant::now());
-            }
-            let ask_again_at = asked_for_a_place.map_or(idle_at, |asked| asked + ASK_AGAIN);
+            let ask_again_at = place_request.update(&connections, waiting_for_a_place).unwrap_or(idle_at);
             let inflight_requests = Arc::clone(&appender.settings.inflight_requests);
             tokio::select! {
                 biased;
@@ -304,7 +298,11 @@ impl<'a, S: AppendService> Appender<'a, S> {
                 },
                 () = tokio::time::sleep_until(idle_at), if idle => appender.close_connection().await,
                 // Another lane waits for a place: this idle one gives its own back.
-                () = connections.wanted.notified(), if idle => appender.close_connection().await,
+                () = connections.wanted.notified(), if idle => {
+                    if connections.someone_waits() {
+                        appender.close_connection().await;
+                    }
+                }
                 () = tokio::time::sleep_until(ask_again_at), if waiting_for_a_place => {}
             }
         }
