@@ -8,6 +8,9 @@ use filament_bigquery::config::{Cli, Command, LogFormat};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// How long a stopping gateway waits for its last spans to be exported.
+const TRACE_FLUSH_AT_MOST: std::time::Duration = std::time::Duration::from_secs(5);
+
 #[tokio::main]
 async fn main() -> anyhow::Result<std::process::ExitCode> {
     let cli = Cli::parse();
@@ -25,12 +28,18 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
     match cli.command {
         Command::Serve(config) => {
             let traces = filament_bigquery::traces::configured()
-                .then(filament_bigquery::traces::provider)
+                .then(filament_bigquery::traces::export)
                 .transpose()
                 .context("OTLP trace export (OTEL_EXPORTER_OTLP_*)")?;
-            filament_bigquery::telemetry::init_logging(config.log_format, traces.as_ref());
+            let trace_provider = traces.as_ref().map(filament_bigquery::traces::TraceExport::provider);
+            filament_bigquery::telemetry::init_logging(config.log_format, trace_provider);
             config.validate().map_err(anyhow::Error::msg).context("invalid configuration")?;
-            filament_bigquery::app::serve(*config).await?;
+            let served = filament_bigquery::app::serve(*config).await;
+            if let Some(traces) = &traces {
+                // The last requests' spans are still queued: send them before the process ends.
+                traces.flush(TRACE_FLUSH_AT_MOST).await;
+            }
+            served?;
             Ok(std::process::ExitCode::SUCCESS)
         }
         Command::Migrate(database) => {

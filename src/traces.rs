@@ -11,9 +11,12 @@
 //! else sees them (the log layer's filter is its own), so with no endpoint they cost a disabled
 //! callsite each. Attributes carry names, counts and ids, never row payloads or credentials.
 //!
-//! Export never blocks or slows ingestion: ended spans go into a bounded queue
-//! ([`QUEUE_SPANS`]) that a task drains to the exporter in batches; a span that finds the queue
-//! full is dropped and counted (`filament_trace_spans_dropped_total`).
+//! Export never blocks or slows ingestion: ended spans go into a bounded queue that a task
+//! drains to the exporter in batches; a span that finds the queue full is dropped and counted
+//! (`filament_trace_spans_dropped_total`). The queue and batches follow the standard
+//! `OTEL_BSP_MAX_QUEUE_SIZE` (default 4096), `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` (512) and
+//! `OTEL_BSP_SCHEDULE_DELAY` (milliseconds, 1000). At shutdown [`TraceExport::flush`] sends
+//! what is still queued, so the last requests' spans are not lost with the process.
 
 use std::time::Duration;
 
@@ -22,19 +25,67 @@ use opentelemetry::trace::{SpanContext, TraceContextExt as _, TracerProvider as 
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanProcessor};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::telemetry;
 
 /// The `tracing` target of every span exported as a trace.
 pub const TARGET: &str = "filament_trace";
-/// Ended spans waiting for export at most; beyond, spans are dropped (and counted).
-pub(crate) const QUEUE_SPANS: usize = 4096;
-/// Spans exported in one request at most.
-const BATCH_SPANS: usize = 512;
-/// How long an ended span waits for a fuller batch at most.
-const BATCH_DELAY: Duration = Duration::from_secs(1);
+/// Ended spans waiting for export at most, unless `OTEL_BSP_MAX_QUEUE_SIZE` says otherwise;
+/// beyond, spans are dropped (and counted).
+const DEFAULT_QUEUE_SPANS: usize = 4096;
+/// Spans exported in one request at most, unless `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` says otherwise.
+const DEFAULT_BATCH_SPANS: usize = 512;
+/// How long an ended span waits for a fuller batch at most, unless `OTEL_BSP_SCHEDULE_DELAY`
+/// (milliseconds) says otherwise.
+const DEFAULT_BATCH_DELAY: Duration = Duration::from_secs(1);
+
+/// The trace export of a serving gateway: the provider its `tracing` layer feeds, and the way
+/// to send what is still queued before the process exits.
+#[derive(Debug)]
+pub struct TraceExport {
+    provider: SdkTracerProvider,
+    flush_requests: mpsc::Sender<oneshot::Sender<()>>,
+}
+
+impl TraceExport {
+    /// The provider to build the `tracing` layer on ([`layer`]).
+    pub fn provider(&self) -> &SdkTracerProvider {
+        &self.provider
+    }
+
+    /// Exports every span ended so far, waiting `at_most` for the exporter.
+    pub async fn flush(&self, at_most: Duration) {
+        let (done, exported) = oneshot::channel();
+        let flushed = async {
+            if self.flush_requests.send(done).await.is_ok() {
+                let _ = exported.await;
+            }
+        };
+        if tokio::time::timeout(at_most, flushed).await.is_err() {
+            tracing::warn!(waited_secs = at_most.as_secs(), "spans still queued at shutdown were not all exported");
+        }
+    }
+}
+
+/// The batching of the export, from the standard `OTEL_BSP_*` variables.
+#[derive(Debug, Clone, Copy)]
+struct BatchSettings {
+    queue_spans: usize,
+    batch_spans: usize,
+    delay: Duration,
+}
+
+impl BatchSettings {
+    fn from_env() -> Self {
+        let read = |name: &str| std::env::var(name).ok().and_then(|value| value.trim().parse::<u64>().ok());
+        let queue_spans = read("OTEL_BSP_MAX_QUEUE_SIZE").map_or(DEFAULT_QUEUE_SPANS, |n| n as usize).max(1);
+        let batch_spans = read("OTEL_BSP_MAX_EXPORT_BATCH_SIZE").map_or(DEFAULT_BATCH_SPANS, |n| n as usize).max(1);
+        let delay = read("OTEL_BSP_SCHEDULE_DELAY").map_or(DEFAULT_BATCH_DELAY, Duration::from_millis);
+        Self { queue_spans, batch_spans: batch_spans.min(queue_spans), delay }
+    }
+}
 
 /// Whether the standard variables configure an OTLP endpoint for traces.
 pub fn configured() -> bool {
@@ -43,9 +94,9 @@ pub fn configured() -> bool {
         .any(|name| std::env::var(name).is_ok_and(|value| !value.trim().is_empty()))
 }
 
-/// The tracer provider exporting to the configured endpoint (inside a tokio runtime: the
-/// export task runs on it).
-pub fn provider() -> anyhow::Result<SdkTracerProvider> {
+/// The trace export to the configured endpoint (inside a tokio runtime: the export task runs
+/// on it).
+pub fn export() -> anyhow::Result<TraceExport> {
     // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES are read by the resource's detectors.
     let mut resource = opentelemetry_sdk::Resource::builder();
     if std::env::var("OTEL_SERVICE_NAME").is_err() {
@@ -54,12 +105,14 @@ pub fn provider() -> anyhow::Result<SdkTracerProvider> {
     let resource = resource.build();
     let grpc = std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL").is_ok_and(|protocol| protocol.trim() == "grpc");
     let builder = opentelemetry_otlp::SpanExporter::builder();
-    let processor = if grpc {
-        BoundedBatchProcessor::start(builder.with_tonic().build()?, &resource)
+    let settings = BatchSettings::from_env();
+    let (processor, flush_requests) = if grpc {
+        BoundedBatchProcessor::start(builder.with_tonic().build()?, &resource, settings)
     } else {
-        BoundedBatchProcessor::start(builder.with_http().build()?, &resource)
+        BoundedBatchProcessor::start(builder.with_http().build()?, &resource, settings)
     };
-    Ok(SdkTracerProvider::builder().with_span_processor(processor).with_resource(resource).build())
+    let provider = SdkTracerProvider::builder().with_span_processor(processor).with_resource(resource).build();
+    Ok(TraceExport { provider, flush_requests })
 }
 
 /// The `tracing` layer that turns [`TARGET`] spans into OpenTelemetry spans of `provider`.
@@ -131,12 +184,18 @@ struct BoundedBatchProcessor {
 }
 
 impl BoundedBatchProcessor {
-    /// Starts the export task; the exporter describes its spans with `resource`.
-    fn start<E: opentelemetry_sdk::trace::SpanExporter + 'static>(mut exporter: E, resource: &Resource) -> Self {
+    /// Starts the export task; the exporter describes its spans with `resource`. Returns the
+    /// processor and where flush requests go.
+    fn start<E: opentelemetry_sdk::trace::SpanExporter + 'static>(
+        mut exporter: E,
+        resource: &Resource,
+        settings: BatchSettings,
+    ) -> (Self, mpsc::Sender<oneshot::Sender<()>>) {
         exporter.set_resource(resource);
-        let (queue, spans) = mpsc::channel(QUEUE_SPANS);
-        tokio::spawn(export_batches(exporter, spans));
-        Self { queue }
+        let (queue, spans) = mpsc::channel(settings.queue_spans);
+        let (flush_requests, flushes) = mpsc::channel(1);
+        tokio::spawn(export_batches(exporter, spans, flushes, settings));
+        (Self { queue }, flush_requests)
     }
 }
 
@@ -158,18 +217,63 @@ impl SpanProcessor for BoundedBatchProcessor {
     }
 }
 
-/// Sends the queued spans to `exporter`, a batch when [`BATCH_SPANS`] are queued or the oldest
-/// waited [`BATCH_DELAY`], until the queue closes.
-async fn export_batches<E: opentelemetry_sdk::trace::SpanExporter>(exporter: E, mut spans: mpsc::Receiver<SpanData>) {
-    while let Some(first) = spans.recv().await {
-        let mut batch = vec![first];
-        let deadline = tokio::time::Instant::now() + BATCH_DELAY;
-        while batch.len() < BATCH_SPANS {
-            match tokio::time::timeout_at(deadline, spans.recv()).await {
-                Ok(Some(span)) => batch.push(span),
-                Ok(None) | Err(_) => break,
+/// Sends the queued spans to `exporter`, a batch when `batch_spans` are queued or the oldest
+/// waited `delay`, and everything queued when a flush is requested, until the queue closes.
+async fn export_batches<E: opentelemetry_sdk::trace::SpanExporter>(
+    exporter: E,
+    mut spans: mpsc::Receiver<SpanData>,
+    mut flushes: mpsc::Receiver<oneshot::Sender<()>>,
+    settings: BatchSettings,
+) {
+    let mut pending: Vec<SpanData> = Vec::new();
+    let mut oldest_due: Option<tokio::time::Instant> = None;
+    loop {
+        let delay_over = async {
+            match oldest_due {
+                Some(due) => tokio::time::sleep_until(due).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            span = spans.recv() => match span {
+                Some(span) => {
+                    oldest_due.get_or_insert_with(|| tokio::time::Instant::now() + settings.delay);
+                    pending.push(span);
+                    if pending.len() >= settings.batch_spans {
+                        export_all(&exporter, &mut pending, settings.batch_spans).await;
+                        oldest_due = None;
+                    }
+                }
+                None => {
+                    export_all(&exporter, &mut pending, settings.batch_spans).await;
+                    return;
+                }
+            },
+            () = delay_over => {
+                export_all(&exporter, &mut pending, settings.batch_spans).await;
+                oldest_due = None;
+            }
+            Some(done) = flushes.recv() => {
+                while let Ok(span) = spans.try_recv() {
+                    pending.push(span);
+                }
+                export_all(&exporter, &mut pending, settings.batch_spans).await;
+                oldest_due = None;
+                let _ = done.send(());
             }
         }
+    }
+}
+
+/// Exports `pending` in batches of `batch_spans` at most, counting what the exporter refuses
+/// as dropped.
+async fn export_all<E: opentelemetry_sdk::trace::SpanExporter>(
+    exporter: &E,
+    pending: &mut Vec<SpanData>,
+    batch_spans: usize,
+) {
+    while !pending.is_empty() {
+        let batch: Vec<SpanData> = pending.drain(..pending.len().min(batch_spans)).collect();
         let exported = batch.len();
         if let Err(e) = exporter.export(batch).await {
             metrics::counter!(telemetry::TRACE_SPANS_DROPPED).increment(exported as u64);

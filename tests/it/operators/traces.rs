@@ -130,3 +130,27 @@ async fn a_batch_is_followed_from_the_extractors_request_to_the_publication_job(
     };
     assert!(!receiver.spans().iter().any(leaks), "{spans:#?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn spans_still_queued_when_the_gateway_stops_are_exported_before_it_exits() {
+    let receiver = OtlpReceiver::start().await;
+    // A batch waits ten minutes to fill: only the flush at shutdown can send these spans.
+    let mut gw = GatewayOptions::new()
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.endpoint)
+        .env("OTEL_BSP_SCHEDULE_DELAY", "600000")
+        .spawn()
+        .await;
+    TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
+    post_traced(&gw, TRACEPARENT, rows_with_sentinel(0..3)).await;
+    assert!(receiver.spans().is_empty(), "nothing is exported before the batch delay: {:#?}", receiver.spans());
+
+    let exit = gw.terminate().await;
+    assert!(exit.success(), "{exit:?}: {}", gw.logs());
+    let spans = receiver.spans();
+    let batch_request = spans.iter().find(|s| {
+        s.trace_id == TRACE_ID
+            && s.attribute("http.route")
+                == Some("/v1/runs/{run_id}/executions/{execution_id}/resources/{resource}/batches")
+    });
+    assert!(batch_request.is_some(), "the last request's span left with the process: {spans:#?}");
+}
