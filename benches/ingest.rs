@@ -480,20 +480,30 @@ fn main() {
 }
 
 /// `FILAMENT_BENCH_ONLY_K=K`: one plain run at K resources (1 MiB bodies from K=1024 on),
-/// printed and not written anywhere: for profiling one point (`perf record -p`).
+/// printed and not written anywhere: for profiling one point (`perf record -p`). With a
+/// previous main (`FILAMENT_BENCH_PREVIOUS_GATEWAY`), both builds run the point in turn,
+/// `FILAMENT_BENCH_ROUNDS` times (default 3), so a change's cost shows beside the machine's noise.
 fn one_point(k: usize, bodies: Vec<Vec<u8>>, total_bytes: u64) {
     let set = if k >= 1024 { small_bodies() } else { BodySet::plain("plain", bodies) };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    let run = runtime.block_on(run_k(None, k, &set, total_bytes));
-    println!(
-        "K={k}: {:.1} MB/s, {:.2} gateway CPU s/GiB, peak RSS {:.0} MiB, {:.1} s ({:.1} s to the last receipt, {} requests refused with 429)",
-        run.mb_per_second(),
-        run.cpu_seconds_per_gib(),
-        run.peak_rss_mib,
-        run.seconds,
-        run.receipts_seconds,
-        run.refused
-    );
+    let previous = previous_main();
+    let rounds = if previous.is_some() { env_or("FILAMENT_BENCH_ROUNDS", 3) } else { 1 };
+    for round in 1..=rounds {
+        let builds = std::iter::once(("this build".to_string(), None))
+            .chain(previous.iter().map(|p| (format!("previous main {}", p.commit), Some(p.binary.as_path()))));
+        for (build, binary) in builds {
+            let run = runtime.block_on(run_k(binary, k, &set, total_bytes));
+            println!(
+                "round {round}, {build}, K={k}: {:.1} MB/s, {:.2} gateway CPU s/GiB, peak RSS {:.0} MiB, {:.1} s ({:.1} s to the last receipt, {} requests refused with 429)",
+                run.mb_per_second(),
+                run.cpu_seconds_per_gib(),
+                run.peak_rss_mib,
+                run.seconds,
+                run.receipts_seconds,
+                run.refused
+            );
+        }
+    }
 }
 
 /// gzip alone on the benchmark's bodies, per implementation and level.

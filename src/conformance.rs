@@ -98,6 +98,7 @@ pub fn shape(case: &Case, project: &str, dataset: &str, table: &str) -> Result<S
         deletes: Some(case.deletes),
         delete_missing: Some(case.delete_missing),
         widen_columns: None,
+        direct_append: None,
     };
     let options = WriteOptions::parse(case.write_mode, declared)?;
     let table_columns: Vec<_> =

@@ -61,6 +61,7 @@ error_codes! {
     InvalidOrderBy => "invalid_order_by", UNPROCESSABLE_ENTITY, "Invalid order_by";
     InvalidDeletes => "invalid_deletes", UNPROCESSABLE_ENTITY, "Deletes option not available to the write mode";
     InvalidDeleteMissing => "invalid_delete_missing", UNPROCESSABLE_ENTITY, "delete_missing not available to the write mode";
+    InvalidDirectAppend => "invalid_direct_append", UNPROCESSABLE_ENTITY, "direct_append not available to the declaration";
     InvalidPartitioning => "invalid_partitioning", UNPROCESSABLE_ENTITY, "Invalid table partitioning";
     InvalidClustering => "invalid_clustering", UNPROCESSABLE_ENTITY, "Invalid table clustering";
     InvalidTableLabels => "invalid_table_labels", UNPROCESSABLE_ENTITY, "Invalid table labels";

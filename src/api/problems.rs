@@ -100,6 +100,7 @@ problems! {
             InvalidOrderBy,
             InvalidDeletes,
             InvalidDeleteMissing,
+            InvalidDirectAppend,
             InvalidPartitioning,
             InvalidClustering,
             InvalidTableLabels,

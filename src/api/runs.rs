@@ -79,6 +79,14 @@ pub(crate) struct PutResourceRequest {
     /// instead of failing with `incompatible_schema`. The only DDL the gateway submits; off by
     /// default (absent: false).
     pub(crate) widen_columns: Option<bool>,
+    /// Append modes (`full_append`, `incremental_append`, `cdc_append`) without
+    /// `metadata_columns`: the rows are written straight into the destination table's PENDING
+    /// stream and committed at publication with `BatchCommitWriteStreams` (atomic per table):
+    /// no staging table, no query job, no bytes billed. Applies when every column goes into
+    /// the table as sent (no TIME, NUMERIC, BIGNUMERIC, JSON, GEOGRAPHY, RANGE or INTERVAL
+    /// value, which are converted by a query; no flexible name; no cast into a wider column);
+    /// otherwise the resource loads through staging and its timeline says why. Off by default.
+    pub(crate) direct_append: Option<bool>,
 }
 
 /// The run, if the caller may see it (its own, or any with `read_all`); otherwise the same
@@ -245,6 +253,7 @@ pub(crate) async fn put_resource(
         deletes: request.deletes,
         delete_missing: request.delete_missing,
         widen_columns: request.widen_columns,
+        direct_append: request.direct_append,
     };
     let write_options = WriteOptions::parse(request.write_mode, declared_options)?;
     let run = load_run(&state, &caller, &run_id, RunAccess::Change).await?;
@@ -263,7 +272,8 @@ pub(crate) async fn put_resource(
             ErrorCode::ResourceConflict,
             format!(
                 "resource {resource} already has batches as {} into {} (key {:?}); its declaration (mode, key, \
-                 table, table_options, order_by, metadata_columns, deletes, delete_missing, widen_columns) cannot change",
+                 table, table_options, order_by, metadata_columns, deletes, delete_missing, widen_columns, \
+                 direct_append) cannot change",
                 current.write_mode, current.table_name, current.primary_key
             ),
         )),

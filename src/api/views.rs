@@ -41,6 +41,9 @@ pub(crate) struct ResourceView {
     /// Whether an existing column narrower than the batches' type is widened (absent: false).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) widen_columns: bool,
+    /// Whether the rows are written straight into the destination (absent: false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) direct_append: bool,
     /// How the existing destination table's layout differs from `table_options`, as the last
     /// upload found (the table is left as it is and loading goes on); absent when it does not.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -60,6 +63,7 @@ impl From<ResourceRecord> for ResourceView {
             deletes: (r.write_options.deletes == Deletes::Soft).then_some(Deletes::Soft),
             delete_missing: r.write_options.delete_missing,
             widen_columns: r.write_options.widen_columns,
+            direct_append: r.write_options.direct_append,
             layout_mismatch: r.layout_mismatch,
         }
     }
@@ -100,6 +104,7 @@ pub(crate) struct RunView {
 /// The publication (query job) of one destination table.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub(crate) struct PublicationView {
+    /// The query job that published, or `BatchCommitWriteStreams` for a direct append.
     pub(crate) job_id: String,
     pub(crate) state: PublicationState,
     pub(crate) rows_affected: Option<i64>,
@@ -107,11 +112,21 @@ pub(crate) struct PublicationView {
     /// What the job cost and did, when BigQuery reported it.
     #[serde(flatten)]
     pub(crate) cost: JobCost,
+    /// A direct append: the write streams committed into the destination (or being committed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) committed_streams: Option<Vec<String>>,
 }
 
 impl From<PublicationRecord> for PublicationView {
     fn from(p: PublicationRecord) -> Self {
-        Self { job_id: p.job_id, state: p.state, rows_affected: p.rows_affected, error: p.error, cost: p.cost }
+        Self {
+            job_id: p.job_id,
+            state: p.state,
+            rows_affected: p.rows_affected,
+            error: p.error,
+            cost: p.cost,
+            committed_streams: p.committed_streams,
+        }
     }
 }
 

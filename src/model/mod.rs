@@ -87,6 +87,12 @@ impl WriteMode {
         )
     }
 
+    /// Modes whose publication inserts every staged row as it is (`insert_select`, no fold):
+    /// the ones `direct_append` may write straight into the destination.
+    pub(crate) fn is_append(self) -> bool {
+        matches!(self, WriteMode::FullAppend | WriteMode::IncrementalAppend | WriteMode::CdcAppend)
+    }
+
     /// Modes that need a primary key.
     pub(crate) fn requires_primary_key(self) -> bool {
         self.is_merge()

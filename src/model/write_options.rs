@@ -109,6 +109,7 @@ pub(crate) struct DeclaredWriteOptions<'a> {
     pub(crate) deletes: Option<Deletes>,
     pub(crate) delete_missing: Option<bool>,
     pub(crate) widen_columns: Option<bool>,
+    pub(crate) direct_append: Option<bool>,
 }
 
 /// The declaration's write options. The default writes as the seed's modes do.
@@ -136,6 +137,12 @@ pub(crate) struct WriteOptions {
     /// one departure from "no DDL", declared per resource.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) widen_columns: bool,
+    /// Append modes: the lane writes its PENDING stream into the destination table itself and
+    /// the publication commits it (`BatchCommitWriteStreams`), with no staging table and no
+    /// query job, where set-up finds the batches' columns go in as they are
+    /// (`pipeline::lane::write_path`); otherwise the resource loads through staging as usual.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) direct_append: bool,
 }
 
 impl WriteOptions {
@@ -143,9 +150,11 @@ impl WriteOptions {
     /// 16 distinct column names (`invalid_order_by`); `metadata_columns` each at most once
     /// (`invalid_request`); soft `deletes` only for the keyed modes (`invalid_deletes`);
     /// `delete_missing` only for `full_upsert` (`invalid_delete_missing`), adding `run_id` to
-    /// the metadata columns.
+    /// the metadata columns; `direct_append` only for the append modes and without metadata
+    /// columns, which only a statement sets (`invalid_direct_append`).
     pub(crate) fn parse(write_mode: WriteMode, declared: DeclaredWriteOptions<'_>) -> Result<Self, Problem> {
-        let DeclaredWriteOptions { order_by, metadata_columns, deletes, delete_missing, widen_columns } = declared;
+        let DeclaredWriteOptions { order_by, metadata_columns, deletes, delete_missing, widen_columns, direct_append } =
+            declared;
         let delete_missing = delete_missing.unwrap_or(false);
         if delete_missing && write_mode != WriteMode::FullUpsert {
             return Err(Problem::new(
@@ -186,7 +195,9 @@ impl WriteOptions {
             columns.sort_unstable();
         }
         let widen_columns = widen_columns.unwrap_or(false);
-        Ok(Self { order_by, metadata_columns: columns, deletes, delete_missing, widen_columns })
+        let direct_append = direct_append.unwrap_or(false);
+        check_direct_append(write_mode, direct_append, &columns)?;
+        Ok(Self { order_by, metadata_columns: columns, deletes, delete_missing, widen_columns, direct_append })
     }
 
     /// Whether these are the seed's defaults (a fingerprint then leaves them out, so
@@ -213,6 +224,31 @@ impl WriteOptions {
         }
         columns
     }
+}
+
+/// `direct_append` writes the batches' rows as they are, committed by no statement: only an
+/// append mode's publication is that, and only without metadata columns.
+fn check_direct_append(write_mode: WriteMode, direct_append: bool, metadata: &[MetadataColumn]) -> Result<(), Problem> {
+    if !direct_append {
+        return Ok(());
+    }
+    if !write_mode.is_append() {
+        return Err(Problem::new(
+            ErrorCode::InvalidDirectAppend,
+            format!(
+                "direct_append commits the appended rows into the table as they are; {write_mode} publishes them with \
+                 a statement (only full_append, incremental_append and cdc_append write directly)"
+            ),
+        ));
+    }
+    if !metadata.is_empty() {
+        return Err(Problem::new(
+            ErrorCode::InvalidDirectAppend,
+            "direct_append writes no column the batches do not send; metadata_columns are set by a publication \
+             statement: declare one or the other",
+        ));
+    }
+    Ok(())
 }
 
 fn invalid_order_by(detail: String) -> Problem {
@@ -256,7 +292,14 @@ mod tests {
     ) -> Result<WriteOptions, Problem> {
         WriteOptions::parse(
             write_mode,
-            DeclaredWriteOptions { order_by, metadata_columns, deletes, delete_missing, widen_columns: None },
+            DeclaredWriteOptions {
+                order_by,
+                metadata_columns,
+                deletes,
+                delete_missing,
+                widen_columns: None,
+                direct_append: None,
+            },
         )
     }
 
@@ -343,5 +386,22 @@ mod tests {
             assert_eq!(refused.code, ErrorCode::InvalidDeleteMissing, "{write_mode}");
         }
         assert!(parse_with(WriteMode::CdcMerge, None, None, None, Some(false)).unwrap().is_default());
+    }
+
+    #[test]
+    fn direct_append_is_refused_outside_the_append_modes_and_beside_metadata_columns() {
+        let declared = |write_mode, metadata_columns| {
+            let options =
+                DeclaredWriteOptions { metadata_columns, direct_append: Some(true), ..DeclaredWriteOptions::default() };
+            WriteOptions::parse(write_mode, options)
+        };
+        for write_mode in [WriteMode::FullAppend, WriteMode::IncrementalAppend, WriteMode::CdcAppend] {
+            assert!(declared(write_mode, None).unwrap().direct_append, "{write_mode}");
+            let metadata: &[MetadataColumn] = &[MetadataColumn::RunId];
+            assert_eq!(declared(write_mode, Some(metadata)).unwrap_err().code, ErrorCode::InvalidDirectAppend);
+        }
+        for write_mode in WriteMode::ALL.into_iter().filter(|mode| !mode.is_append()) {
+            assert_eq!(declared(write_mode, None).unwrap_err().code, ErrorCode::InvalidDirectAppend, "{write_mode}");
+        }
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! 1. **Staging.** Each lane drains (every row uploaded); as soon as it has, its PENDING stream
 //!    is finalized (the row count checked against what was appended) and committed to its
-//!    staging table, at most `max_concurrent_publications` streams at once. No destination
-//!    changes. The first failure cancels the lanes still uploading.
+//!    staging table, at most `max_concurrent_publications` streams at once. A `direct_append`
+//!    stream is only finalized: it writes into the destination, and its commit is the
+//!    publication. No destination changes. The first failure cancels the lanes still uploading.
 //! 2. **The barrier.** Only when every lane has drained and every stream is committed is the
 //!    delivery marked publishing (the point of no return, refused when an abort or a lane's
 //!    failure came first). A failure or an abort before it publishes nothing, and every staging
@@ -191,6 +192,10 @@ impl Publisher {
         }
         let resource = delivery.resource(report.resource.clone());
         self.store.set_stream_finalized(&resource, row_count).await?;
+        if report.direct_append {
+            // Committed into the destination at publication, after the barrier.
+            return Ok(());
+        }
         let path = table_path(&run.destination.project, &run.destination.dataset, &report.staging_table);
         let started = tokio::time::Instant::now();
         let committed = writer.batch_commit(&path, vec![report.stream_name.clone()]).await;

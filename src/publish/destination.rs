@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::decide::{self, PublicationResult, PublishOutcome, StatementChoice};
+use super::direct::DirectPublication;
 use super::plan::{DestinationPlan, PlannedPublication};
 use super::reconcile::{Reconciled, reconcile};
 use super::{Publisher, fingerprint, job_id, sql};
@@ -115,7 +116,9 @@ impl Publisher {
                 self.publish(run, delivery, planned).await
             };
             blocked |= !matches!(outcome, Ok(PublishOutcome::Done));
-            let staging_table = planned.staged.map(|report| report.staging_table.clone());
+            // A direct append wrote no staging table.
+            let staged = planned.staged.filter(|report| !report.direct_append);
+            let staging_table = staged.map(|report| report.staging_table.clone());
             results.push(PublicationResult { resource: planned.resource.resource.clone(), staging_table, outcome });
         }
         results
@@ -131,7 +134,22 @@ impl Publisher {
         let resource = planned.resource;
         let (fingerprint, key_ranges) = self.fingerprint(run, delivery, planned).await?;
         let previous = self.store.get_publication(&delivery.execution, &resource.resource).await?;
-        match reconcile(previous.as_ref(), &fingerprint) {
+        let decision = reconcile(previous.as_ref(), &fingerprint);
+        // Streams an earlier delivery was committing into the destination when it stopped.
+        let earlier_streams = match (&decision, &previous) {
+            (Reconciled::Reattach, Some(previous)) => previous.committed_streams.as_deref(),
+            _ => None,
+        };
+        // A running query job of an earlier delivery (which staged) is re-attached to under its
+        // job id whichever way this delivery wrote.
+        let written_directly = planned.staged.is_some_and(|report| report.direct_append);
+        if earlier_streams.is_some() || (written_directly && decision == Reconciled::Submit) {
+            let staged = planned.staged;
+            let direct =
+                DirectPublication { run, delivery, resource, fingerprint: &fingerprint, staged, earlier_streams };
+            return self.publish_direct(&direct).await;
+        }
+        match decision {
             Reconciled::Submit | Reconciled::Reattach => {}
             Reconciled::Reuse { job_id } => {
                 tracing::info!(run_id = %run.run_id, execution_id = %delivery.execution_id(),
@@ -325,6 +343,7 @@ impl Publisher {
                 destination: &destination,
                 job_id: &job_id,
                 fingerprint: &job.fingerprint,
+                committed_streams: None,
             };
             self.store.begin_publication(&record).await?;
             let started = Instant::now();

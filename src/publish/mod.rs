@@ -10,11 +10,13 @@
 //! Decisions are pure ([`decide`]: which statement, whether a failed job runs again, how the
 //! outcomes combine), as are [`sql`] (statements per write mode), [`job_id`], [`fingerprint`],
 //! [`plan`] (which publications, per table in declaration order) and [`reconcile`] (what a
-//! redelivered publication does). [`lifecycle`] begins a commit and aborts.
+//! redelivered publication does). A `direct_append` resource publishes by committing the
+//! stream its lane wrote into the destination ([`direct`]) instead of a query job. [`lifecycle`] begins a commit and aborts.
 
 mod commit;
 pub(crate) mod decide;
 pub(crate) mod destination;
+pub(crate) mod direct;
 pub(crate) mod fingerprint;
 pub(crate) mod job_id;
 mod lifecycle;
@@ -59,10 +61,13 @@ impl Publisher {
         self.delete_staging_tables(run, tables).await;
     }
 
-    /// Every staging table of the delivery (best effort: they expire anyway).
+    /// Every staging table of the delivery (best effort: they expire anyway). A
+    /// `direct_append` stream has none: it writes into the destination, never deleted.
     async fn staging_tables(&self, delivery: &DeliveryRef) -> Vec<String> {
         match self.store.list_staging_streams(delivery).await {
-            Ok(streams) => streams.into_iter().map(|stream| stream.staging_table).collect(),
+            Ok(streams) => {
+                streams.into_iter().filter(|stream| !stream.direct_append).map(|stream| stream.staging_table).collect()
+            }
             Err(e) => {
                 tracing::warn!(execution_id = %delivery.execution_id(), error = %e,
                     "could not list staging tables to delete; they expire");

@@ -88,6 +88,7 @@ mod tests {
             destination_columns: Vec::new(),
             stream_name: format!("stream-{name}"),
             rows_acknowledged: 1,
+            direct_append: false,
         }
     }
 

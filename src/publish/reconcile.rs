@@ -70,6 +70,7 @@ mod tests {
             error: (state == PublicationState::Failed)
                 .then(|| Problem::new(ErrorCode::PublicationFailed, "syntax error")),
             cost: Default::default(),
+            committed_streams: None,
         }
     }
 

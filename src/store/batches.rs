@@ -64,6 +64,8 @@ pub(crate) struct StagingStreamRecord {
     pub(crate) arrow_schema_sha256: String,
     pub(crate) staging_table: String,
     pub(crate) stream_created_at: Option<DateTime<Utc>>,
+    /// Its stream writes into the destination table (`direct_append`): no staging table exists.
+    pub(crate) direct_append: bool,
 }
 
 /// A stream whose lane ran on a replica that shut down cleanly: every accepted row of it was
@@ -77,6 +79,8 @@ pub(crate) struct HandedOverStream {
     pub(crate) rows_acknowledged: i64,
     #[sqlx(json)]
     pub(crate) destination_columns: Vec<Column>,
+    /// The stream writes into the destination table (`direct_append`).
+    pub(crate) direct_append: bool,
 }
 
 /// The advisory lock that lets one replica at a time prune.
@@ -84,7 +88,8 @@ const PRUNE_LOCK: i64 = 0x66696c_7072756e;
 
 /// Streams a replica handed over (their acknowledged rows and columns recorded) that are not
 /// finalized yet; callers add the delivery's or the resource's key.
-const HANDED_OVER_STREAMS: &str = "SELECT resource, staging_table, stream_name, rows_acknowledged, destination_columns
+const HANDED_OVER_STREAMS: &str = "SELECT resource, staging_table, stream_name, rows_acknowledged, destination_columns,
+            direct_append
      FROM staging_streams
      WHERE destination_columns IS NOT NULL AND stream_name IS NOT NULL AND finalized_row_count IS NULL";
 

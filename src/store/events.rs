@@ -230,7 +230,9 @@ const RECORD_EVENT: &str = concat!("WITH ", record_event_ctes!());
 pub(crate) enum StreamChange<'a> {
     /// Its PENDING stream exists: its name is recorded before any commit, so a commit whose
     /// answer was lost can be resolved by asking BigQuery (`prepare_finished`).
-    Created { stream_name: &'a str, duration_ms: u64, table: &'a str },
+    /// `direct_append`: the stream writes into the destination `table` itself; `declined`: why
+    /// a resource declared `direct_append` loads through staging all the same.
+    Created { stream_name: &'a str, duration_ms: u64, table: &'a str, direct_append: bool, declined: Option<&'a str> },
     /// Its stream was finalized and committed into its staging table (`stream_committed`).
     Committed { stream_name: &'a str, rows: i64 },
 }
@@ -239,7 +241,14 @@ impl StreamChange<'_> {
     /// The event's detail as stored and answered.
     fn detail(self) -> Value {
         match self {
-            StreamChange::Created { duration_ms, table, .. } => json!({"duration_ms": duration_ms, "table": table}),
+            StreamChange::Created { duration_ms, table, direct_append, declined, .. } => {
+                let path = if direct_append { "direct_append" } else { "staging" };
+                let mut detail = json!({"duration_ms": duration_ms, "table": table, "path": path});
+                if let Some(declined) = declined {
+                    detail["direct_append_declined"] = json!(declined);
+                }
+                detail
+            }
             StreamChange::Committed { stream_name, rows } => json!({"rows": rows, "stream": stream_name}),
         }
     }
@@ -252,7 +261,8 @@ impl StreamChange<'_> {
             StreamChange::Created { .. } => (
                 EventKind::PrepareFinished,
                 concat!(
-                    "WITH changed AS (UPDATE staging_streams SET stream_name = $10, stream_created_at = now()
+                    "WITH changed AS (UPDATE staging_streams SET stream_name = $10, stream_created_at = now(),
+                             direct_append = $11
                          WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND resource = $5), ",
                     record_event_ctes!()
                 ),
@@ -295,7 +305,7 @@ impl Store {
         let detail = change.detail();
         let query = bind_event(statement, &resource.delivery, kind, Some(&resource.resource), &detail);
         let query = match change {
-            StreamChange::Created { stream_name, .. } => query.bind(stream_name),
+            StreamChange::Created { stream_name, direct_append, .. } => query.bind(stream_name).bind(direct_append),
             StreamChange::Committed { .. } => query,
         };
         query.execute(&self.pool).await?;

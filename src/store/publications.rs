@@ -17,6 +17,9 @@ pub(crate) struct PublicationRecord {
     pub(crate) error: Option<Problem>,
     #[sqlx(flatten)]
     pub(crate) cost: JobCost,
+    /// A direct append's publication: the streams it commits into the destination (recorded
+    /// before the commit), instead of a query job.
+    pub(crate) committed_streams: Option<Vec<String>>,
 }
 
 /// How a publication's job ended.
@@ -39,6 +42,8 @@ pub(crate) struct NewPublication<'a> {
     pub(crate) destination: &'a str,
     pub(crate) job_id: &'a str,
     pub(crate) fingerprint: &'a str,
+    /// A direct append's publication: the streams it is about to commit.
+    pub(crate) committed_streams: Option<&'a [String]>,
 }
 
 impl Store {
@@ -64,12 +69,13 @@ impl Store {
     /// Persists the job id and fingerprint before the job is submitted.
     pub(crate) async fn begin_publication(&self, publication: &NewPublication<'_>) -> StoreResult<()> {
         sqlx::query(
-            "INSERT INTO publications (run_id, execution_id, resource, delivery, destination, job_id, fingerprint, state)
-             VALUES ($1, $2, $4, $3, $5, $6, $7, $8)
+            "INSERT INTO publications (run_id, execution_id, resource, delivery, destination, job_id, fingerprint, state,
+                                       committed_streams)
+             VALUES ($1, $2, $4, $3, $5, $6, $7, $8, $9)
              ON CONFLICT (run_id, execution_id, resource) DO UPDATE
                SET delivery = EXCLUDED.delivery, destination = EXCLUDED.destination, job_id = EXCLUDED.job_id,
                    fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, rows_affected = NULL, error = NULL,
-                   updated_at = now()",
+                   committed_streams = EXCLUDED.committed_streams, updated_at = now()",
         )
         .bind_delivery(publication.delivery)
         .bind(publication.resource)
@@ -77,6 +83,7 @@ impl Store {
         .bind(publication.job_id)
         .bind(publication.fingerprint)
         .bind(PublicationState::Running)
+        .bind(publication.committed_streams)
         .execute(&self.pool)
         .await?;
         Ok(())

@@ -9,6 +9,7 @@ pub(super) mod accumulator;
 mod appender;
 mod connections;
 mod set_up;
+mod write_path;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,6 +63,9 @@ pub(crate) struct LaneTarget {
     /// The key and `order_by` columns: compared as sent, so never cast into an existing
     /// table's wider type.
     pub(crate) compared_columns: Vec<String>,
+    /// The resource declared `direct_append`: set-up writes the stream into the destination
+    /// where its columns allow ([`write_path`]).
+    pub(crate) direct_append: bool,
 }
 
 /// When accumulated rows become an upload batch.
@@ -117,6 +121,7 @@ impl LaneTarget {
             serialized_schema,
             batching: BatchingPolicy::new(&run.batching, max_payload_bytes),
             widen_columns: declared.write_options.widen_columns,
+            direct_append: declared.write_options.direct_append,
             compared_columns: mapped
                 .key_columns
                 .iter()
@@ -169,6 +174,9 @@ pub(crate) struct LaneReport {
     pub(crate) stream_name: String,
     /// Rows appended to the stream (acknowledged, in order).
     pub(crate) rows_acknowledged: i64,
+    /// The stream writes into the destination table: its publication commits it, and
+    /// `staging_table` was never created.
+    pub(crate) direct_append: bool,
 }
 
 impl From<crate::store::HandedOverStream> for LaneReport {
@@ -180,6 +188,7 @@ impl From<crate::store::HandedOverStream> for LaneReport {
             destination_columns: stream.destination_columns,
             stream_name: stream.stream_name,
             rows_acknowledged: stream.rows_acknowledged,
+            direct_append: stream.direct_append,
         }
     }
 }
@@ -238,12 +247,16 @@ async fn upload(
     let (set_up, start_offset) = match context.store.handed_over_stream(&target.resource).await? {
         // Another replica drained this stream and shut down: go on at its recorded offset.
         Some(stream) => {
-            let set_up = SetUp { stream_name: stream.stream_name, destination_columns: stream.destination_columns };
+            let set_up = SetUp {
+                stream_name: stream.stream_name,
+                destination_columns: stream.destination_columns,
+                direct_append: stream.direct_append,
+            };
             (set_up, stream.rows_acknowledged)
         }
         None => (set_up::set_up(context, target).await?, 0),
     };
-    let SetUp { stream_name, destination_columns } = set_up;
+    let SetUp { stream_name, destination_columns, direct_append } = set_up;
     let stream = LaneStream { context, target, stream_name: &stream_name };
     let settings = AppendSettings::of_lane(context, target, &stream_name, start_offset);
     let rows_acknowledged = Appender::run(&stream, settings, upload_batches).await?;
@@ -253,5 +266,6 @@ async fn upload(
         destination_columns,
         stream_name,
         rows_acknowledged,
+        direct_append,
     })
 }

@@ -3,13 +3,16 @@
 //! columns, its layout compared with the declaration and never changed), the staging table
 //! (expiring after [`STAGING_TABLE_TTL`], without layout: it is read whole once by the
 //! publication) and its PENDING write stream, whose name is recorded in Postgres before any row
-//! is sent. The [`super::appender`] appends to that stream. (Logs and metrics keep the
+//! is sent. The [`super::appender`] appends to that stream. A resource declared `direct_append`
+//! whose columns go in as sent gets no staging table: its stream writes into the destination
+//! ([`super::write_path`]). (Logs and metrics keep the
 //! documented name `prepare`: `bigquery.write.prepare.started`, `max_concurrent_prepares`.)
 
 use tokio::time::Instant;
 
 use google_cloud_bigquery_v2::model::{Table, TableFieldSchema};
 
+use super::write_path::WritePath;
 use super::{LaneContext, LaneTarget};
 use crate::bigquery::error::{Stage, dataset_location_mismatch};
 use sha2::{Digest as _, Sha256};
@@ -114,6 +117,8 @@ pub(super) struct SetUp {
     /// The staged columns as the destination takes them: the lane's, with the casts into an
     /// existing table's wider types (`Column::published_as`).
     pub(super) destination_columns: Vec<Column>,
+    /// The stream writes into the destination table (`direct_append`), not a staging table.
+    pub(super) direct_append: bool,
 }
 
 /// One attempt at the lane's set-up: the dataset, the destination, the staging table, the
@@ -127,24 +132,36 @@ async fn set_up_once(context: &LaneContext, bigquery: &BigQuery, target: &LaneTa
     let existing_location = bigquery.ensure_dataset(project, dataset, target.location.as_deref()).await?;
     check_location(target, existing_location.as_deref())?;
     let destination_columns = set_up_destination(context, bigquery, target).await?;
-    let expires_at_ms = chrono::Utc::now().timestamp_millis() + STAGING_TABLE_TTL.as_millis() as i64;
-    bigquery
-        .create_staging_table(project, dataset, &target.staging_table, &target.staging_columns, Some(expires_at_ms))
-        .await?;
-    let staging_path = table_path(project, dataset, &target.staging_table);
+    let path = WritePath::choose(target.direct_append, &target.staging_columns, &destination_columns);
+    let stream_table = match &path {
+        WritePath::DirectAppend => &target.destination_table,
+        WritePath::Staging { .. } => {
+            let expires_at_ms = chrono::Utc::now().timestamp_millis() + STAGING_TABLE_TTL.as_millis() as i64;
+            let staging_columns = &target.staging_columns;
+            bigquery
+                .create_staging_table(project, dataset, &target.staging_table, staging_columns, Some(expires_at_ms))
+                .await?;
+            &target.staging_table
+        }
+    };
     // A stream created by an attempt whose answer was lost stays empty and is never committed.
     // Stream creation has its own limit: BigQuery's rate limit on it is the project's, and its
     // refusals say nothing about the table calls.
     // Its own retries ran out: not run again here.
-    let stream_name = create_pending_stream(context, target, &staging_path)
+    let stream_name = create_pending_stream(context, target, &table_path(project, dataset, stream_table))
         .await
         .map_err(|e| SetUpFailure::Failed(e.problem(Stage::Upload)))?;
     let duration = started.elapsed();
     let (duration_ms, table) = (duration.as_millis() as u64, target.destination_table.as_str());
-    let created = StreamChange::Created { stream_name: &stream_name, duration_ms, table };
+    let declined = match &path {
+        WritePath::Staging { declined } => declined.as_deref(),
+        WritePath::DirectAppend => None,
+    };
+    let direct_append = path.is_direct();
+    let created = StreamChange::Created { stream_name: &stream_name, duration_ms, table, direct_append, declined };
     context.store.change_stream(resource, created).await.map_err(Problem::from)?;
     PhaseTiming { resource: &resource.resource, phase: "prepare", duration }.emit();
-    Ok(SetUp { stream_name, destination_columns })
+    Ok(SetUp { stream_name, destination_columns, direct_append })
 }
 
 /// Runs `CreateWriteStream` again after transient failures and pushback, as the retry policy
@@ -155,13 +172,13 @@ async fn set_up_once(context: &LaneContext, bigquery: &BigQuery, target: &LaneTa
 async fn create_pending_stream(
     context: &LaneContext,
     target: &LaneTarget,
-    staging_path: &str,
+    table_path: &str,
 ) -> Result<String, BigQueryError> {
     let mut failures = FailureStreak::default();
     let quotas = &context.bigquery.quotas;
     loop {
         quotas.before_create_write_stream().await;
-        let created = context.stream_creations.run(context.bigquery.writer().create_pending_stream(staging_path));
+        let created = context.stream_creations.run(context.bigquery.writer().create_pending_stream(table_path));
         let error = match created.await {
             Ok(stream_name) => return Ok(stream_name),
             Err(error) => error,

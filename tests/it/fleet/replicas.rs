@@ -280,3 +280,56 @@ async fn transitions_of_an_ended_execution_leave_no_uploads_behind() {
     assert_eq!(count_rows_and_ids(&a, "t").await, (10, 10));
     assert!(a.metrics().await.contains("filament_requests_forwarded_total 2"), "the batch and the commit");
 }
+
+/// Declares resource `t` of run `r` as `full_append` written straight into its table.
+fn direct_append_run() -> TestRun {
+    TestRun::new("r", "e").resource("t", json!({"write_mode": "full_append", "direct_append": true}))
+}
+
+/// Waits until BigQuery acknowledged `rows` rows of resource `t` (appended, not committed).
+async fn acknowledged(gw: &Gateway, rows: i64) {
+    eventually(Duration::from_secs(30), "the rows to be acknowledged", || async {
+        let (_, seen) = gw.json(Method::GET, "/v1/runs/r/executions/e", None).await;
+        (seen["resources"][0]["rows_acknowledged"].as_i64() == Some(rows)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_direct_append_of_a_crashed_replica_lands_once_after_its_redelivery() {
+    let mut a = first_replica().await;
+    let b = replica_of(&a).await;
+    direct_append_run().open(&a).await;
+    a.post_accepted("r", "e", "t", Some(0), ipc_stream(&[ids(0..100)])).await;
+    // The rows are in the destination's PENDING stream, never committed, when the replica dies.
+    acknowledged(&a, 100).await;
+    a.kill();
+    eventually(Duration::from_secs(15), "the crashed replica's execution to fail", || async {
+        let (_, seen) = b.json(Method::GET, "/v1/runs/r/executions/e", None).await;
+        (seen["state"] == "failed").then_some(())
+    })
+    .await;
+    let (status, redelivered) = b.open_execution("r", "e").await;
+    assert_eq!(status, StatusCode::OK, "{redelivered}");
+    b.post_accepted("r", "e", "t", Some(0), ipc_stream(&[ids(0..100)])).await;
+    let committed = b.commit_and_wait("r", "e").await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+    assert_eq!(committed["resources"][0]["publication"]["job_id"], "BatchCommitWriteStreams", "{committed}");
+    assert_eq!(count_rows_and_ids(&b, "t").await, (100, 100), "every row once: the lost stream was never committed");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_direct_append_handed_over_at_sigterm_goes_on_in_the_same_stream() {
+    let mut a = first_replica().await;
+    let b = replica_of(&a).await;
+    direct_append_run().open(&a).await;
+    a.post_accepted("r", "e", "t", Some(0), ipc_stream(&[ids(0..40)])).await;
+    assert!(a.terminate().await.success());
+    let handed_over = streams_of(&b, "e").await;
+    b.post_accepted("r", "e", "t", Some(1), ipc_stream(&[ids(40..60)])).await;
+    let committed = b.commit_and_wait("r", "e").await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+    let publication = &committed["resources"][0]["publication"];
+    assert_eq!(publication["committed_streams"][0].as_str(), Some(handed_over[0].1.as_str()), "{publication}");
+    assert_eq!(count_rows_and_ids(&b, "t").await, (60, 60));
+}

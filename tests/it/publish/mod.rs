@@ -1,6 +1,7 @@
 //! Commit and publication: order, statements per write mode, options, layouts, cost and safety.
 
 mod commit_order;
+mod direct_append;
 mod publication;
 mod publication_cost;
 mod publication_safety;
