@@ -6,7 +6,8 @@
 //!
 //! Each N runs on one replica and on three sharing one database (each with its own run of N/3
 //! resources, at once), under both readings of the stream quota (hourly, per minute), on the
-//! staging path (the only one this build has). For each: the floor the quotas allow
+//! staging path and with `direct_append` (the stream written into the destination and
+//! committed there: no staging table, no query job). For each: the floor the quotas allow
 //! ([`Limits::floor`]), the measured time and their ratio, calls per resource (REST, gRPC,
 //! Postgres transactions), the highest use of any quota (at most 1.0 when the fleet paced
 //! within them) and the refusals, peak RSS and CPU per resource (summed over the replicas),
@@ -81,11 +82,30 @@ const PROFILE: &str = "many-tables profile (64 / 100)";
 const MANY_TABLES_PROFILE: [(&str, &str); 2] =
     [("FILAMENT_MAX_CONCURRENT_PREPARES", "64"), ("FILAMENT_MAX_CONCURRENT_PUBLICATIONS", "100")];
 
+/// Which way the rows reach their tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WritePath {
+    /// The seed's: a staging table per resource, published by a query job.
+    Staging,
+    /// `direct_append`: the stream writes into the destination and its commit publishes.
+    DirectAppend,
+}
+
+impl WritePath {
+    fn name(self) -> &'static str {
+        match self {
+            WritePath::Staging => "staging",
+            WritePath::DirectAppend => "direct_append",
+        }
+    }
+}
+
 /// What one point runs.
 struct Scenario<'a> {
     resources: usize,
     replicas: usize,
     stream_quota: StreamQuota,
+    path: WritePath,
     contender: &'a Contender,
 }
 
@@ -101,6 +121,7 @@ struct Point {
     resources: usize,
     replicas: usize,
     stream_quota: StreamQuota,
+    path: WritePath,
     setting: String,
     floor: Floor,
     measured_seconds: f64,
@@ -124,10 +145,11 @@ impl Point {
     fn markdown_row(&self) -> String {
         let (floor, calls) = (self.floor, self.calls_per_resource);
         format!(
-            "| {} | {} | {} | {} | {:.1} ({:.1} / {:.1} / {:.1}, then {:.1}) | {:.1} | {:.2} | {:.1} / {:.1} / {:.1} | {:.2} ({}) | {} | {:.0} | {:.2} | {} |",
+            "| {} | {} | {} | {} | {} | {:.1} ({:.1} / {:.1} / {:.1}, then {:.1}) | {:.1} | {:.2} | {:.1} / {:.1} / {:.1} | {:.2} ({}) | {} | {:.0} | {:.2} | {} |",
             self.resources,
             self.replicas,
             self.stream_quota.name(),
+            self.path.name(),
             self.setting,
             floor.seconds(),
             floor.tables_insert_seconds,
@@ -153,7 +175,7 @@ impl Point {
             "resources": self.resources,
             "replicas": self.replicas,
             "stream_quota": self.stream_quota.name(),
-            "path": "staging",
+            "path": self.path.name(),
             "setting": self.setting,
             "floor_seconds": self.floor.seconds(),
             "floor_tables_insert_seconds": self.floor.tables_insert_seconds,
@@ -219,12 +241,16 @@ async fn commit_and_await(gw: &Gateway, run: &str) -> Value {
     body
 }
 
-async fn set_up_run(gw: &Gateway, run: &str, resources: &[String]) {
+async fn set_up_run(gw: &Gateway, run: &str, resources: &[String], write_path: WritePath) {
     gw.create_run(run).await;
+    let declaration = match write_path {
+        WritePath::Staging => json!({"write_mode": "full_append"}),
+        WritePath::DirectAppend => json!({"write_mode": "full_append", "direct_append": true}),
+    };
+    let declaration = &declaration;
     let declarations = futures::stream::iter(resources.iter().map(|resource| async move {
         let path = format!("/v1/runs/{run}/resources/{resource}");
-        let (status, body) =
-            send_retrying(|| gw.request(Method::PUT, &path).json(&json!({"write_mode": "full_append"}))).await;
+        let (status, body) = send_retrying(|| gw.request(Method::PUT, &path).json(&declaration)).await;
         assert_eq!(status, StatusCode::OK, "{body}");
     }));
     declarations.buffer_unordered(32).collect::<Vec<()>>().await;
@@ -318,7 +344,7 @@ async fn run_point(scenario: Scenario<'_>, throughput: f64) -> Point {
     let names: Vec<String> = (0..scenario.resources).map(|i| format!("t{i:05}")).collect();
     let shares: Vec<&[String]> = names.chunks(scenario.resources.div_ceil(scenario.replicas)).collect();
     for (i, (gw, share)) in fleet.iter().zip(&shares).enumerate() {
-        set_up_run(gw, &format!("bench{i}"), share).await;
+        set_up_run(gw, &format!("bench{i}"), share, scenario.path).await;
     }
     let (rest_before, grpc_before) = (rest.rest_calls(), grpc_calls(&fake));
     let postgres_before = postgres_transactions(&fleet[0].database_url).await;
@@ -342,9 +368,10 @@ async fn run_point(scenario: Scenario<'_>, throughput: f64) -> Point {
         let committed: Vec<_> = s.streams.values().filter(|st| st.committed).collect();
         (committed.len(), committed.iter().map(|st| st.rows).sum::<i64>())
     });
+    let jobs_expected = if scenario.path == WritePath::DirectAppend { 0 } else { scenario.resources };
     let rows_exact = committed_streams == scenario.resources
         && rows == ROWS_PER_RESOURCE * n as i64
-        && counters.jobs_inserted == scenario.resources;
+        && counters.jobs_inserted == jobs_expected;
     assert!(rows_exact, "{committed_streams} streams committed, {rows} rows, {} jobs", counters.jobs_inserted);
     let mut uses = rest.quota_use();
     uses.extend(fake.with(|s| s.create_quota.as_ref().map(support::quota_meter::QuotaUse::from)));
@@ -353,8 +380,14 @@ async fn run_point(scenario: Scenario<'_>, throughput: f64) -> Point {
         resources: scenario.resources,
         replicas: scenario.replicas,
         stream_quota: scenario.stream_quota,
+        path: scenario.path,
         setting: scenario.contender.setting.clone(),
-        floor: limits.floor(scenario.resources, body.len() as u64, throughput * 1e6),
+        floor: limits.floor(
+            scenario.resources,
+            body.len() as u64,
+            throughput * 1e6,
+            scenario.path == WritePath::DirectAppend,
+        ),
         measured_seconds,
         peak_rss_mib: fleet.iter().map(|gw| peak_rss_mib(gw.pid())).sum(),
         cpu_ms_per_resource: cpu * 1000.0 / n,
@@ -398,19 +431,22 @@ fn main() {
     if !std::env::args().any(|arg| arg == "--bench") {
         // `cargo test --all-targets`: a small smoke run on two replicas (exact rows and the
         // quotas still checked).
-        let scenario =
-            Scenario { resources: 10, replicas: 2, stream_quota: StreamQuota::PerMinute, contender: &this_build };
-        let point = runtime.block_on(run_point(scenario, DEFAULT_THROUGHPUT_MB_PER_SECOND));
-        assert!(
-            point.max_quota_use <= 1.0 && point.quota_refusals == 0,
-            "{}: {}",
-            point.busiest_quota,
-            point.max_quota_use
-        );
-        println!(
-            "many-tables smoke (not a measurement): 10 resources on 2 replicas loaded exactly once: {}",
-            point.rows_exact
-        );
+        for path in [WritePath::Staging, WritePath::DirectAppend] {
+            let stream_quota = StreamQuota::PerMinute;
+            let scenario = Scenario { resources: 10, replicas: 2, stream_quota, path, contender: &this_build };
+            let point = runtime.block_on(run_point(scenario, DEFAULT_THROUGHPUT_MB_PER_SECOND));
+            assert!(
+                point.max_quota_use <= 1.0 && point.quota_refusals == 0,
+                "{}: {}",
+                point.busiest_quota,
+                point.max_quota_use
+            );
+            println!(
+                "many-tables smoke (not a measurement): 10 resources on 2 replicas, {} path, loaded exactly once: {}",
+                path.name(),
+                point.rows_exact
+            );
+        }
         return;
     }
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -425,18 +461,23 @@ fn main() {
         if resources == 100
             && let Some(previous) = &previous
         {
-            let scenario =
-                Scenario { resources, replicas: 1, stream_quota: StreamQuota::PerMinute, contender: previous };
+            let (stream_quota, path) = (StreamQuota::PerMinute, WritePath::Staging);
+            let scenario = Scenario { resources, replicas: 1, stream_quota, path, contender: previous };
             points.push(report(runtime.block_on(run_point(scenario, throughput))));
         }
-        // 10,000 new tables take at least half an hour of tables.insert: one replica, one reading.
+        // 10,000 new tables take at least half an hour of tables.insert: one replica, one
+        // reading, the seed's path.
         let fleets: &[usize] = if resources > 1_000 { &[1] } else { &[1, 3] };
         let readings: &[StreamQuota] =
             if resources > 1_000 { &[StreamQuota::Hourly] } else { &[StreamQuota::Hourly, StreamQuota::PerMinute] };
-        for &replicas in fleets {
-            for &stream_quota in readings {
-                let scenario = Scenario { resources, replicas, stream_quota, contender: &this_build };
-                points.push(report(runtime.block_on(run_point(scenario, throughput))));
+        let paths: &[WritePath] =
+            if resources > 1_000 { &[WritePath::Staging] } else { &[WritePath::Staging, WritePath::DirectAppend] };
+        for &path in paths {
+            for &replicas in fleets {
+                for &stream_quota in readings {
+                    let scenario = Scenario { resources, replicas, stream_quota, path, contender: &this_build };
+                    points.push(report(runtime.block_on(run_point(scenario, throughput))));
+                }
             }
         }
     }
@@ -466,8 +507,8 @@ fn write_results(root: &std::path::Path, points: &[Point], throughput: f64, sour
         "Measured by `make bench` (`benches/many_tables.rs`): runs of N resources of about 1 MiB, first batch to\n\
          `committed`, against the simulated control plane under Google's published quotas (the model above), the null\n\
          Storage Write sink and Postgres on this machine; three replicas share one database and the quotas.\n\n\
-         | resources | replicas | stream quota | build | floor s (tables.insert / streams / data, then publication) | measured s | ratio | calls per resource (REST / gRPC / Postgres) | max quota use | refusals | peak RSS MiB | CPU ms per resource | rows exact |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         | resources | replicas | stream quota | path | build | floor s (tables.insert / streams / data, then publication) | measured s | ratio | calls per resource (REST / gRPC / Postgres) | max quota use | refusals | peak RSS MiB | CPU ms per resource | rows exact |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for point in points {
         md.push_str(&point.markdown_row());

@@ -11,6 +11,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::support::arrow::{batch, ids, ipc_stream};
+use crate::support::fake_write::FakeWrite;
 use crate::support::rest_proxy::RestProxy;
 use crate::support::rows::count_rows_and_ids;
 use crate::support::{Gateway, GatewayOptions, TestRun, assert_problem, required_env};
@@ -119,4 +120,54 @@ async fn direct_append_is_refused_outside_the_append_modes_and_beside_metadata_c
     }
     let (_, run) = gw.json(Method::GET, "/v1/runs/r", None).await;
     assert_eq!(run["resources"], json!([]), "nothing declared: {run}");
+}
+
+/// The fake's streams into table `t` itself (not a staging table): (committed, rows) of each.
+fn destination_streams(fake: &FakeWrite) -> Vec<(bool, i64)> {
+    fake.with(|s| {
+        let direct = s.streams.values().filter(|st| st.table.ends_with("/tables/t"));
+        direct.map(|st| (st.committed, st.rows)).collect()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_direct_commit_whose_answer_was_lost_is_resolved_by_asking_bigquery() {
+    let fake = FakeWrite::start().await;
+    fake.with(|s| s.lose_commit_response = true);
+    let gw = GatewayOptions::new().fake_write(&fake).spawn().await;
+    open_direct(&gw, "full_append").await;
+    gw.post_accepted("r", "e", "t", Some(0), ipc_stream(&[ids(0..50)])).await;
+    let committed = gw.commit_and_wait("r", "e").await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+    assert_eq!(fake.with(|s| s.get_write_stream_calls), 1, "the commit was checked, not redone");
+    assert_eq!(destination_streams(&fake), [(true, 50)]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redelivery_commits_the_streams_an_unfinished_direct_publication_recorded_and_not_its_own() {
+    let fake = FakeWrite::start().await;
+    // The commit happens, its answer is lost and BigQuery cannot be asked: the outcome is unknown.
+    let unreachable = tonic::Status::unavailable("fake: BigQuery unreachable");
+    fake.with(|s| (s.lose_commit_response, s.get_write_stream_error) = (true, Some(unreachable)));
+    let gw = GatewayOptions::new().fake_write(&fake).spawn().await;
+    open_direct(&gw, "full_append").await;
+    let body = ipc_stream(&[ids(0..50)]);
+    gw.post_accepted("r", "e", "t", Some(0), body.clone()).await;
+    let unknown = gw.commit_and_wait("r", "e").await;
+    assert_eq!(unknown["state"], "failed", "{unknown}");
+    let publication = &unknown["resources"][0]["publication"];
+    assert_eq!(publication["state"], "running", "the outcome is unknown, not failed: {publication}");
+    let recorded = publication["committed_streams"][0].as_str().unwrap().to_string();
+
+    fake.with(|s| (s.lose_commit_response, s.get_write_stream_error) = (false, None));
+    let (status, redelivered) = gw.open_execution("r", "e").await;
+    assert_eq!(status, StatusCode::OK, "{redelivered}");
+    gw.post_accepted("r", "e", "t", Some(0), body).await;
+    let committed = gw.commit_and_wait("r", "e").await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+    let publication = &committed["resources"][0]["publication"];
+    assert_eq!(publication["committed_streams"][0].as_str(), Some(recorded.as_str()), "{publication}");
+    let mut streams = destination_streams(&fake);
+    streams.sort_unstable();
+    assert_eq!(streams, [(false, 50), (true, 50)], "the earlier stream committed, the redelivery's never");
 }

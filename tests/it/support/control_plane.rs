@@ -177,12 +177,19 @@ impl Limits {
     }
 
     /// The floor of a run of `resources` new tables of `bytes_per_resource` each (a
-    /// `tables.insert` for the destination and one for the staging table), its data moving at
+    /// `tables.insert` for the destination and one for the staging table, then a query job;
+    /// with `direct_append`, the destination's only and no job), its data moving at
     /// `throughput_bytes_per_second`.
-    pub fn floor(&self, resources: usize, bytes_per_resource: u64, throughput_bytes_per_second: f64) -> Floor {
+    pub fn floor(
+        &self,
+        resources: usize,
+        bytes_per_resource: u64,
+        throughput_bytes_per_second: f64,
+        direct_append: bool,
+    ) -> Floor {
         let n = resources as f64;
-        let waves = (n / self.concurrent_queries as f64).ceil();
-        let inserts = 2.0 * n;
+        let waves = if direct_append { 0.0 } else { (n / self.concurrent_queries as f64).ceil() };
+        let inserts = if direct_append { n } else { 2.0 * n };
         let (stream_burst, streams_per_second) = self.stream_bucket();
         Floor {
             tables_insert_seconds: (inserts - self.tables_insert_per_second).max(0.0) / self.tables_insert_per_second,

@@ -105,6 +105,8 @@ pub struct FakeState {
     /// Commit the streams, then answer the BatchCommit call with UNAVAILABLE (a lost response).
     pub lose_commit_response: bool,
     pub get_write_stream_calls: usize,
+    /// Answer GetWriteStream with this status (BigQuery unreachable when a commit is checked).
+    pub get_write_stream_error: Option<Status>,
     /// While set, appends are received (and counted) but not answered.
     pub hold_responses: bool,
     /// Answer CreateWriteStream with this status instead of creating a stream.
@@ -352,6 +354,9 @@ async fn get_write_stream(
 ) -> Result<Response<WriteStream>, Status> {
     let mut s = state.lock().unwrap();
     s.get_write_stream_calls += 1;
+    if let Some(status) = &s.get_write_stream_error {
+        return Err(status.clone());
+    }
     let stream = s.streams.get(&request.get_ref().name).ok_or_else(|| Status::not_found("no stream"))?;
     Ok(Response::new(WriteStream {
         name: request.get_ref().name.clone(),
