@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::decide::{self, PublicationResult, PublishOutcome, StatementChoice};
 use super::direct::DirectPublication;
 use super::plan::{DestinationPlan, PlannedPublication};
-use super::reconcile::{Reconciled, reconcile};
+use super::reconcile::{PublishBy, Reconciled, publish_by, reconcile};
 use super::{Publisher, fingerprint, job_id, sql};
 
 use google_cloud_bigquery_v2::model::Table;
@@ -135,15 +135,10 @@ impl Publisher {
         let (fingerprint, key_ranges) = self.fingerprint(run, delivery, planned).await?;
         let previous = self.store.get_publication(&delivery.execution, &resource.resource).await?;
         let decision = reconcile(previous.as_ref(), &fingerprint);
-        // Streams an earlier delivery was committing into the destination when it stopped.
-        let earlier_streams = match (&decision, &previous) {
-            (Reconciled::Reattach, Some(previous)) => previous.committed_streams.as_deref(),
-            _ => None,
-        };
-        // A running query job of an earlier delivery (which staged) is re-attached to under its
-        // job id whichever way this delivery wrote.
         let written_directly = planned.staged.is_some_and(|report| report.direct_append);
-        if earlier_streams.is_some() || (written_directly && decision == Reconciled::Submit) {
+        if let PublishBy::CommittingStreams { earlier_streams } =
+            publish_by(&decision, previous.as_ref(), written_directly)
+        {
             let staged = planned.staged;
             let direct =
                 DirectPublication { run, delivery, resource, fingerprint: &fingerprint, staged, earlier_streams };

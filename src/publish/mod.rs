@@ -11,7 +11,8 @@
 //! outcomes combine), as are [`sql`] (statements per write mode), [`job_id`], [`fingerprint`],
 //! [`plan`] (which publications, per table in declaration order) and [`reconcile`] (what a
 //! redelivered publication does). A `direct_append` resource publishes by committing the
-//! stream its lane wrote into the destination ([`direct`]) instead of a query job. [`lifecycle`] begins a commit and aborts.
+//! stream its lane wrote into the destination ([`direct`]) instead of a query job.
+//! [`lifecycle`] begins a commit and aborts.
 
 mod commit;
 pub(crate) mod decide;

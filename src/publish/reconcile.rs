@@ -1,5 +1,7 @@
 //! What a publication does given what this execution published before (a redelivery), decided
-//! purely from the stored record and the fingerprint of what is staged now.
+//! purely from the stored record and the fingerprint of what is staged now ([`reconcile`]), and
+//! whether it then runs a query job or commits write streams into the destination
+//! ([`publish_by`], `direct_append`).
 
 use crate::error::{ErrorCode, Problem};
 use crate::model::PublicationState;
@@ -52,6 +54,37 @@ pub(crate) fn reconcile(previous: Option<&PublicationRecord>, fingerprint: &str)
             )
             .with_hint("a corrected load needs a new execution ID"),
         ),
+    }
+}
+
+/// How a publication that is to run (submitted or re-attached) publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PublishBy<'a> {
+    /// A query job over the staging table, under the publication's deterministic job id (an
+    /// earlier delivery's running job is re-attached to under it, whichever way this delivery
+    /// wrote).
+    QueryJob,
+    /// Committing write streams into the destination (`direct_append`): the streams an earlier
+    /// delivery recorded and was committing when it stopped, first, when there are some.
+    CommittingStreams { earlier_streams: Option<&'a [String]> },
+}
+
+/// The way a publication `decision` runs ([`Reconciled::Submit`] or [`Reconciled::Reattach`];
+/// the others never run), from the `previous` record and whether this delivery's lane
+/// `written_directly` into the destination.
+pub(crate) fn publish_by<'a>(
+    decision: &Reconciled,
+    previous: Option<&'a PublicationRecord>,
+    written_directly: bool,
+) -> PublishBy<'a> {
+    let earlier_streams = match decision {
+        Reconciled::Reattach => previous.and_then(|previous| previous.committed_streams.as_deref()),
+        _ => None,
+    };
+    if earlier_streams.is_some() || (written_directly && *decision == Reconciled::Submit) {
+        PublishBy::CommittingStreams { earlier_streams }
+    } else {
+        PublishBy::QueryJob
     }
 }
 
@@ -114,5 +147,28 @@ mod tests {
             assert_eq!(problem.code, ErrorCode::PublicationFailed);
             assert!(problem.detail.contains("syntax error"), "{problem}");
         }
+    }
+
+    #[test]
+    fn a_direct_append_commits_its_stream_and_a_staged_one_runs_a_job() {
+        assert_eq!(publish_by(&Reconciled::Submit, None, true), PublishBy::CommittingStreams { earlier_streams: None });
+        assert_eq!(publish_by(&Reconciled::Submit, None, false), PublishBy::QueryJob);
+    }
+
+    #[test]
+    fn an_unfinished_commit_of_streams_is_resolved_by_those_streams_whichever_way_this_delivery_wrote() {
+        let mut committing = record(PublicationState::Running, "f");
+        committing.committed_streams = Some(vec!["streams/earlier".into()]);
+        let earlier_streams = Some(&["streams/earlier".to_string()][..]);
+        for written_directly in [true, false] {
+            let by = publish_by(&Reconciled::Reattach, Some(&committing), written_directly);
+            assert_eq!(by, PublishBy::CommittingStreams { earlier_streams }, "{written_directly}");
+        }
+    }
+
+    #[test]
+    fn an_unfinished_query_job_is_reattached_to_even_when_this_delivery_wrote_directly() {
+        let running_job = record(PublicationState::Running, "f");
+        assert_eq!(publish_by(&Reconciled::Reattach, Some(&running_job), true), PublishBy::QueryJob);
     }
 }
