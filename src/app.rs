@@ -18,7 +18,7 @@ use crate::principals::watch::{self, PrincipalSources};
 use tokio_util::task::TaskTracker;
 
 use crate::api::console::session::{ConsoleSessions, MIN_KEY_FILE_BYTES};
-use crate::api::server::{self, ConnectionLimits, http1_read_buffer_bytes};
+use crate::api::server::{self, ConnectionLimits, http1_header_fields_parsed, http1_read_buffer_bytes};
 use crate::api::{ApiSettings, ApiState, router};
 use crate::bigquery::adaptive::{AdaptiveConcurrency, BIGQUERY_CONCURRENT_QUERIES};
 use crate::bigquery::quota::{QuotaSettings, Quotas};
@@ -372,6 +372,7 @@ fn connection_limits(config: &ServeConfig) -> ConnectionLimits {
     };
     ConnectionLimits {
         read_buffer_bytes: http1_read_buffer_bytes(config.max_uri_bytes, config.max_header_bytes),
+        http1_header_fields_parsed: http1_header_fields_parsed(config.max_header_count as usize),
         max_connections: max_connections as usize,
         header_read_timeout: Duration::from_secs(config.header_read_timeout_secs),
         idle_timeout: Duration::from_secs(config.idle_timeout_secs),

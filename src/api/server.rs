@@ -67,6 +67,20 @@ pub(crate) fn open_files_limit() -> Option<u64> {
     line.split_whitespace().nth(3)?.parse().ok()
 }
 
+/// The fewest header fields hyper's HTTP/1 parser takes in one head: far beyond what a client
+/// sends, so a head over the gateway's own count limit is answered with its problem document.
+/// hyper makes room for all of them at every head it parses (64 bytes a field: 64 KiB here;
+/// a head of the read buffer's own worst case, `read_buffer_bytes / 4` fields, cost 1 MiB at
+/// every request, 1% of the gateway's CPU at K=8).
+const MIN_HTTP1_HEADER_FIELDS_PARSED: usize = 1024;
+
+/// The header fields hyper's HTTP/1 parser takes in one head: at least one beyond the gateway's
+/// count limit (which then answers with `headers_too_large`), and never below
+/// [`MIN_HTTP1_HEADER_FIELDS_PARSED`]. A head with more gets hyper's bare 431.
+pub(crate) fn http1_header_fields_parsed(max_header_count: usize) -> usize {
+    max_header_count.saturating_add(1).max(MIN_HTTP1_HEADER_FIELDS_PARSED)
+}
+
 /// How long a connection that was asked to close may take to finish before it is dropped.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
@@ -82,6 +96,8 @@ const HTTP2_MAX_SEND_BUFFER_BYTES: usize = 1024 * 1024;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ConnectionLimits {
     pub(crate) read_buffer_bytes: usize,
+    /// The header fields an HTTP/1 head may have before hyper refuses it itself.
+    pub(crate) http1_header_fields_parsed: usize,
     pub(crate) max_connections: usize,
     pub(crate) header_read_timeout: Duration,
     pub(crate) idle_timeout: Duration,
@@ -102,9 +118,9 @@ pub(crate) async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    // Every head that fits the buffer reaches the gateway's own limits (`api::protect`), whose
-    // answers are problem documents; the count of header fields is one of them.
-    builder.http1().max_buf_size(limits.read_buffer_bytes).max_headers(limits.read_buffer_bytes / 4);
+    // Every head that fits the buffer, with no more fields than the parser takes, reaches the
+    // gateway's own limits (`api::protect`), whose answers are problem documents.
+    builder.http1().max_buf_size(limits.read_buffer_bytes).max_headers(limits.http1_header_fields_parsed);
     builder
         .http2()
         .timer(TokioTimer::new())

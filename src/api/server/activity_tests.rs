@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use super::super::{ConnectionLimits, MIN_HTTP1_READ_BUFFER_BYTES, http1_read_buffer_bytes};
+use super::super::{
+    ConnectionLimits, MIN_HTTP1_HEADER_FIELDS_PARSED, MIN_HTTP1_READ_BUFFER_BYTES, http1_header_fields_parsed,
+    http1_read_buffer_bytes,
+};
 use super::*;
 
 #[test]
@@ -11,9 +14,16 @@ fn the_read_buffer_fits_the_request_head_limits() {
     assert_eq!(http1_read_buffer_bytes(4096, 60 * 1024), 2 * (4096 + 60 * 1024));
 }
 
+#[test]
+fn the_parser_takes_one_header_field_beyond_the_count_limit_and_at_least_its_minimum() {
+    assert_eq!(http1_header_fields_parsed(100), MIN_HTTP1_HEADER_FIELDS_PARSED);
+    assert_eq!(http1_header_fields_parsed(10_000), 10_001);
+}
+
 fn limits() -> ConnectionLimits {
     ConnectionLimits {
         read_buffer_bytes: MIN_HTTP1_READ_BUFFER_BYTES,
+        http1_header_fields_parsed: MIN_HTTP1_HEADER_FIELDS_PARSED,
         max_connections: 1,
         header_read_timeout: Duration::from_secs(10),
         idle_timeout: Duration::from_secs(60),
