@@ -180,7 +180,19 @@ fn api_settings(config: &ServeConfig) -> ApiSettings {
     }
 }
 
+/// The quotas this replica paces BigQuery's calls by, its share counted before the first call
+/// (a replica joining a fleet starts with its share, not the whole) and kept current.
+async fn paced_quotas(config: &ServeConfig, replica: &Replica) -> Arc<Quotas> {
+    replica.renew_fleet_membership().await;
+    let quotas = Arc::new(Quotas::new(quota_settings(config), replica.fleet_size()));
+    Quotas::follow_fleet(&quotas);
+    quotas
+}
+
 pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
+    // Installed before anything records: a gauge set at start (the fleet count, each quota
+    // pacer's rate) is otherwise lost until it changes.
+    let metrics = telemetry::metrics_handle();
     let limits = pipeline_limits(&config).context("invalid configuration")?;
     let store = Store::connect(&store_settings(&config.database)).await.context("connecting to Postgres")?;
     store.migrate().await.context("applying migrations")?;
@@ -201,10 +213,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         advertise_url = replica.lease.url.as_deref().unwrap_or("none (no forwarding to this replica)"), "gateway replica");
     let endpoints =
         Endpoints::new(config.bigquery_emulator_host.as_deref(), config.bigquery_storage_emulator_host.as_deref());
-    // Counted before the first call: a replica joining a fleet starts with its share, not the whole.
-    replica.renew_fleet_membership().await;
-    let quotas = Arc::new(Quotas::new(quota_settings(&config), replica.fleet_size()));
-    Quotas::follow_fleet(&quotas);
+    let quotas = paced_quotas(&config, &replica).await;
     let bigquery = connect_bigquery(&endpoints, config.append_gzip_level, retry_policy(&config), quotas).await?;
 
     let (sources, principals, generated_token) = initial_principals(&config)?;
@@ -222,7 +231,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         publisher,
         settings: api_settings(&config),
         auth: Authenticator::new(principals.clone(), id_token_verifier(&config)?),
-        metrics: telemetry::metrics_handle(),
+        metrics,
         commits: commits.clone(),
         request_slots: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_requests as usize)),
         replica: replica.clone(),

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::bigquery::quota::FleetSize;
+use crate::bigquery::quota::{FleetMembership, FleetSize};
 use crate::error::{ErrorCode, Problem};
 use crate::model::ExecutionState;
 use crate::pipeline::Pipeline;
@@ -33,8 +33,12 @@ pub(crate) struct Replica {
     store: Store,
     /// Set on SIGTERM: unready, adopts nothing, opens no execution, hands over what it owns.
     draining: Arc<AtomicBool>,
-    /// The live replicas of the fleet, this one included, as the last renewal counted them.
-    fleet_size: Arc<tokio::sync::watch::Sender<usize>>,
+    /// This replica's place in the fleet: the live replicas as the last renewal counted them,
+    /// or lapsed.
+    fleet_size: Arc<tokio::sync::watch::Sender<FleetMembership>>,
+    /// Until when the others count this replica live: its last successful renewal's start
+    /// plus the lease.
+    counted_until: Arc<tokio::sync::watch::Sender<tokio::time::Instant>>,
 }
 
 fn gateway_restarted(detail: &str) -> Problem {
@@ -48,8 +52,10 @@ impl Replica {
     pub(crate) fn new(store: Store, lease_duration: Duration, url: Option<String>) -> Self {
         let host = std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| "gateway".into());
         let owner = format!("{host}-{}", hex::encode(rand::random::<[u8; 4]>()));
-        let fleet_size = Arc::new(tokio::sync::watch::channel(1).0);
-        Self { lease: Lease { owner, duration: lease_duration, url }, store, draining: Arc::default(), fleet_size }
+        let fleet_size = Arc::new(tokio::sync::watch::channel(FleetMembership::ALONE).0);
+        let counted_until = Arc::new(tokio::sync::watch::channel(tokio::time::Instant::now() + lease_duration).0);
+        let lease = Lease { owner, duration: lease_duration, url };
+        Self { lease, store, draining: Arc::default(), fleet_size, counted_until }
     }
 
     /// How many live replicas share BigQuery's quotas (`bigquery::quota`), kept current by the
@@ -59,15 +65,54 @@ impl Replica {
     }
 
     /// Renews this replica's place in the fleet and counts the live replicas (a replica whose
-    /// lease lapsed is lost and no longer counted). On a store failure the last count stands.
+    /// lease lapsed is lost and no longer counted). On a store failure the last count stands
+    /// until the lease it renewed runs out ([`Replica::watch_for_lapse`]).
     pub(crate) async fn renew_fleet_membership(&self) {
+        let started = tokio::time::Instant::now();
         match self.store.renew_fleet_membership(&self.lease).await {
-            Ok(live) => {
-                self.fleet_size.send_if_modified(|size| std::mem::replace(size, live) != live);
-                metrics::gauge!(telemetry::FLEET_REPLICAS).set(live as f64);
+            Ok(live_replicas) => {
+                let membership = FleetMembership::Counted { live_replicas };
+                self.fleet_size.send_if_modified(|now| std::mem::replace(now, membership) != membership);
+                // The row's expiry is set later than this, so the others count this replica
+                // at least until then.
+                self.counted_until.send_replace(started + self.lease.duration);
+                metrics::gauge!(telemetry::FLEET_REPLICAS).set(live_replicas as f64);
             }
             Err(e) => tracing::warn!(error = %e, "could not renew this replica's place in the fleet"),
         }
+    }
+
+    /// Once the lease of the last successful renewal runs out, the other replicas count this one
+    /// lost and share the quotas without it: its membership lapses, and it paces no BigQuery
+    /// call until a renewal counts it again (a renewal that hangs on an unreachable Postgres
+    /// does not keep its share). Runs until `stop`.
+    async fn watch_for_lapse(&self, stop: &CancellationToken) {
+        let mut counted_until = self.counted_until.subscribe();
+        loop {
+            let until = *counted_until.borrow_and_update();
+            tokio::select! {
+                () = stop.cancelled() => return,
+                renewed = counted_until.changed() => if renewed.is_err() { return },
+                () = tokio::time::sleep_until(until) => {
+                    let lapsed = self.fleet_size.send_if_modified(|now| {
+                        std::mem::replace(now, FleetMembership::Lapsed) != FleetMembership::Lapsed
+                    });
+                    if lapsed {
+                        tracing::warn!("fleet membership lapsed: no paced BigQuery call until it is renewed");
+                        metrics::gauge!(telemetry::FLEET_REPLICAS).set(0.0);
+                    }
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        renewed = counted_until.changed() => if renewed.is_err() { return },
+                    }
+                }
+            }
+        }
+    }
+
+    /// How often the heartbeat renews the leases and the fleet membership: a third of the lease.
+    fn heartbeat_interval(&self) -> Duration {
+        self.lease.duration / 3
     }
 
     /// Shutting down: from now on unready, adopting and opening nothing.
@@ -116,25 +161,28 @@ impl Replica {
 
     /// Renews this replica's leases and sweeps orphaned executions every third of the lease,
     /// and prunes old batch receipts (retention `retention_days`) at start and every hour,
-    /// until `stop`.
+    /// until `stop`; meanwhile watches for its fleet membership to lapse.
     pub(crate) fn spawn_heartbeat(&self, retention_days: u32, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
         let replica = self.clone();
         tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(replica.lease.duration / 3);
-            let mut prunes = tokio::time::interval(PRUNE_INTERVAL);
-            loop {
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    _ = ticks.tick() => {
-                        if let Err(e) = replica.store.renew_leases(&replica.lease).await {
-                            tracing::warn!(error = %e, "could not renew execution leases");
+            let heartbeat = async {
+                let mut ticks = tokio::time::interval(replica.heartbeat_interval());
+                let mut prunes = tokio::time::interval(PRUNE_INTERVAL);
+                loop {
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        _ = ticks.tick() => {
+                            if let Err(e) = replica.store.renew_leases(&replica.lease).await {
+                                tracing::warn!(error = %e, "could not renew execution leases");
+                            }
+                            replica.renew_fleet_membership().await;
+                            replica.sweep().await;
                         }
-                        replica.renew_fleet_membership().await;
-                        replica.sweep().await;
+                        _ = prunes.tick() => replica.prune(retention_days).await,
                     }
-                    _ = prunes.tick() => replica.prune(retention_days).await,
                 }
-            }
+            };
+            tokio::join!(heartbeat, replica.watch_for_lapse(&stop));
         })
     }
 

@@ -268,7 +268,7 @@ fn describe_quotas_and_traces() {
     describe_gauge!(
         FLEET_REPLICAS,
         Unit::Count,
-        "Live replicas sharing BigQuery's quotas, as this replica counts them"
+        "Live replicas sharing BigQuery's quotas, as this replica counts them (0: its own place lapsed)"
     );
     describe_counter!(
         TRACE_SPANS_DROPPED,

@@ -89,20 +89,47 @@ impl Rate {
         Rate { burst: self.burst * PACE_FRACTION, per_second: self.per_second * PACE_FRACTION }
     }
 
-    /// This replica's share among `replicas`.
-    fn share(self, replicas: usize) -> Rate {
-        let replicas = replicas.max(1) as f64;
-        Rate { burst: self.burst / replicas, per_second: self.per_second / replicas }
+    /// This replica's share: the rate divided among the live replicas, nothing once lapsed.
+    fn share(self, membership: FleetMembership) -> Rate {
+        let fraction = membership.share_of_each_quota();
+        Rate { burst: self.burst * fraction, per_second: self.per_second * fraction }
+    }
+
+    fn is_zero(self) -> bool {
+        self.per_second <= 0.0
     }
 }
 
-/// How many live replicas share the quotas (at least 1), as the replica heartbeat counts them.
-pub(crate) type FleetSize = watch::Receiver<usize>;
+/// This replica's place in the fleet, as its heartbeat last counted it in Postgres (`replica`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FleetMembership {
+    /// Counted among `live_replicas` (this one included): a share of each quota each.
+    Counted { live_replicas: usize },
+    /// Not renewed before its lease ran out: the other replicas count it lost and share the
+    /// quotas without it, so it has no share until it is counted again.
+    Lapsed,
+}
+
+impl FleetMembership {
+    /// A replica alone, as a gateway starts before its first count.
+    pub(crate) const ALONE: FleetMembership = FleetMembership::Counted { live_replicas: 1 };
+
+    /// The fraction of each quota this replica paces at.
+    fn share_of_each_quota(self) -> f64 {
+        match self {
+            FleetMembership::Counted { live_replicas } => 1.0 / live_replicas.max(1) as f64,
+            FleetMembership::Lapsed => 0.0,
+        }
+    }
+}
+
+/// This replica's place in the fleet, kept current by the replica heartbeat.
+pub(crate) type FleetSize = watch::Receiver<FleetMembership>;
 
 /// A fleet of one that never changes (the value outlives its sender).
 #[cfg(test)]
 fn fleet_of_one() -> FleetSize {
-    watch::channel(1).1
+    watch::channel(FleetMembership::ALONE).1
 }
 
 /// One rate quota, paced as a token bucket with this replica's share.
@@ -136,26 +163,45 @@ impl TokenBucket {
     }
 
     /// Takes one token, waiting for it when there is none (callers are served in the order they
-    /// reserved). Cancel-safe: a cancelled wait gives its reserved token back.
+    /// reserved), and for a share while this replica's membership has lapsed. Cancel-safe: a
+    /// cancelled wait gives its reserved token back.
     pub(crate) async fn take(&self) {
-        let wait = self.reserve(Instant::now());
-        if wait.is_zero() {
+        loop {
+            let Some(wait) = self.reserve(Instant::now()) else {
+                let _waiting = Waiting::new(self, false);
+                self.counted_again().await;
+                continue;
+            };
+            if wait.is_zero() {
+                return;
+            }
+            let mut waiting = Waiting::new(self, true);
+            tokio::time::sleep(wait).await;
+            waiting.holds_reserved_token = false;
             return;
         }
-        let mut waiting = Waiting::new(self);
-        tokio::time::sleep(wait).await;
-        waiting.granted = true;
     }
 
-    /// Reserves a token at `now`: how long until it is there.
-    fn reserve(&self, now: Instant) -> Duration {
+    /// Reserves a token at `now`: how long until it is there; `None` (nothing reserved) while
+    /// this replica has no share.
+    fn reserve(&self, now: Instant) -> Option<Duration> {
         let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         self.refill(&mut state, now);
+        if state.rate.is_zero() {
+            return None;
+        }
         state.tokens -= 1.0;
-        if state.tokens >= 0.0 {
-            Duration::ZERO
-        } else {
-            Duration::from_secs_f64(-state.tokens / state.rate.per_second)
+        Some(match state.tokens >= 0.0 {
+            true => Duration::ZERO,
+            false => Duration::from_secs_f64(-state.tokens / state.rate.per_second),
+        })
+    }
+
+    /// Waits until the fleet counts this replica again (forever once its heartbeat is gone).
+    async fn counted_again(&self) {
+        let mut fleet = self.fleet.clone();
+        if fleet.wait_for(|membership| *membership != FleetMembership::Lapsed).await.is_err() {
+            std::future::pending::<()>().await;
         }
     }
 
@@ -212,18 +258,19 @@ fn method_labels(method: &'static str) -> Vec<metrics::Label> {
     ]
 }
 
-/// A caller waiting for its token, counted in `filament_bigquery_quota_waiting` until dropped.
-/// A wait that ends before its token is granted (cancelled) gives the token back.
+/// A caller waiting for its token (or for a share), counted in
+/// `filament_bigquery_quota_waiting` until dropped. A wait that ends while it holds a reserved
+/// token not yet granted (cancelled) gives the token back.
 struct Waiting<'a> {
     bucket: &'a TokenBucket,
-    granted: bool,
+    holds_reserved_token: bool,
 }
 
 impl<'a> Waiting<'a> {
-    fn new(bucket: &'a TokenBucket) -> Self {
+    fn new(bucket: &'a TokenBucket, holds_reserved_token: bool) -> Self {
         bucket.waiting.fetch_add(1, Ordering::Relaxed);
         metrics::gauge!(telemetry::QUOTA_WAITING, bucket.labels.clone()).increment(1.0);
-        Waiting { bucket, granted: false }
+        Waiting { bucket, holds_reserved_token }
     }
 }
 
@@ -231,7 +278,7 @@ impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.bucket.waiting.fetch_sub(1, Ordering::Relaxed);
         metrics::gauge!(telemetry::QUOTA_WAITING, self.bucket.labels.clone()).decrement(1.0);
-        if !self.granted {
+        if self.holds_reserved_token {
             let mut state = self.bucket.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             state.tokens += 1.0;
         }
@@ -257,9 +304,13 @@ impl ConcurrencyShare {
         ConcurrencyShare { name, quota, fleet, in_flight: Mutex::new(0), freed: Notify::new() }
     }
 
-    /// This replica's share: the quota divided among the replicas, at least one call.
+    /// This replica's share: the quota divided among the replicas, at least one call; none
+    /// while its membership has lapsed.
     pub(crate) fn limit(&self) -> usize {
-        (self.quota / (*self.fleet.borrow()).max(1)).max(1)
+        match *self.fleet.borrow() {
+            FleetMembership::Counted { live_replicas } => (self.quota / live_replicas.max(1)).max(1),
+            FleetMembership::Lapsed => 0,
+        }
     }
 
     /// Waits for a place.

@@ -5,8 +5,12 @@ use tokio::time::Instant;
 
 use super::*;
 
-fn fleet(replicas: usize) -> (watch::Sender<usize>, FleetSize) {
-    watch::channel(replicas)
+fn fleet(replicas: usize) -> (watch::Sender<FleetMembership>, FleetSize) {
+    watch::channel(counted(replicas))
+}
+
+fn counted(live_replicas: usize) -> FleetMembership {
+    FleetMembership::Counted { live_replicas }
 }
 
 /// Takes `calls` tokens one after another; when each was granted, from the start.
@@ -72,7 +76,7 @@ async fn a_fleet_divides_the_rate_and_a_lost_replica_hands_its_share_back() {
     granted_after(&bucket, 5).await;
     let granted = granted_after(&bucket, 2).await;
     assert_eq!(millis(&granted), [200, 400], "half the rate each");
-    sender.send(1).unwrap();
+    sender.send(counted(1)).unwrap();
     assert!((bucket.rate_per_second() - 10.0).abs() < 1e-9);
     let granted = granted_after(&bucket, 2).await;
     assert_eq!(millis(&granted), [100, 200], "the whole rate once alone");
@@ -83,7 +87,7 @@ async fn a_shrinking_share_keeps_no_more_tokens_than_its_burst() {
     let (sender, fleet) = fleet(1);
     let bucket = TokenBucket::new(quota_label("t"), Rate::per_second(10.0), fleet);
     tokio::time::sleep(Duration::from_secs(5)).await;
-    sender.send(5).unwrap();
+    sender.send(counted(5)).unwrap();
     let granted = granted_after(&bucket, 3).await;
     assert_eq!(millis(&granted), [0, 0, 500], "two at once (10 / 5), then 2 per second");
 }
@@ -131,7 +135,7 @@ async fn concurrent_requests_stay_within_the_share() {
     assert!(!waiter.is_finished(), "a third request waits while two of four are this replica's");
     drop(first);
     tokio::time::timeout(Duration::from_secs(1), waiter).await.expect("a freed place lets it in").unwrap();
-    sender.send(1).unwrap();
+    sender.send(counted(1)).unwrap();
     assert_eq!(share.limit(), 4);
 }
 
@@ -169,7 +173,7 @@ async fn a_waiter_gets_in_when_the_share_grows() {
     };
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!waiter.is_finished(), "one of two places is this replica's, and it is held");
-    sender.send(1).unwrap();
+    sender.send(counted(1)).unwrap();
     tokio::time::timeout(Duration::from_secs(1), waiter).await.expect("the larger share lets it in").unwrap();
 }
 
@@ -185,4 +189,48 @@ async fn a_cancelled_wait_gives_its_token_back() {
     // 10 ms went by in those waits: the next token is 90 ms away, not a second.
     let granted = granted_after(&bucket, 1).await;
     assert_eq!(millis(&granted), [90]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lapsed_replica_paces_no_call_until_it_is_counted_again() {
+    let (sender, fleet) = fleet(2);
+    let bucket = std::sync::Arc::new(TokenBucket::new(quota_label("t"), Rate::per_second(10.0), fleet));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    sender.send(FleetMembership::Lapsed).unwrap();
+    assert_eq!(bucket.rate_per_second(), 0.0);
+    let start = Instant::now();
+    let caller = {
+        let bucket = std::sync::Arc::clone(&bucket);
+        tokio::spawn(async move {
+            bucket.take().await;
+            start.elapsed()
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(!caller.is_finished(), "no call while lapsed, its full bucket of before included");
+    assert_eq!(bucket.waiting.load(Ordering::Relaxed), 1, "the caller is counted waiting");
+    sender.send(counted(1)).unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(1), caller).await.expect("counted again: it goes").unwrap();
+    assert_eq!(granted.as_millis(), 60_100, "from an empty bucket, at the whole rate");
+    assert_eq!(bucket.waiting.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lapsed_replica_holds_no_concurrent_request() {
+    let (sender, fleet) = fleet(1);
+    let quotas =
+        std::sync::Arc::new(Quotas::new(QuotaSettings { concurrent_api_requests: 4, ..QuotaSettings::GOOGLE }, fleet));
+    Quotas::follow_fleet(&quotas);
+    sender.send(FleetMembership::Lapsed).unwrap();
+    assert_eq!(quotas.concurrent_api_requests.limit(), 0);
+    let waiter = {
+        let quotas = std::sync::Arc::clone(&quotas);
+        tokio::spawn(async move {
+            let _place = quotas.concurrent_api_requests.enter().await;
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(!waiter.is_finished(), "no place while lapsed");
+    sender.send(counted(3)).unwrap();
+    tokio::time::timeout(Duration::from_secs(1), waiter).await.expect("counted again: a place").unwrap();
 }

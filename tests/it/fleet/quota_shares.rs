@@ -1,7 +1,8 @@
 //! BigQuery's quotas shared by a fleet (`bigquery::quota`): replicas on one database pace their
 //! share of each quota of one simulated project (`support::control_plane`, which counts every
 //! call against every quota), re-divided when a replica is lost; a quota the operator lowers is
-//! honoured, and a gateway that does not know it is refused, slowed down, and still loads.
+//! honoured, and a gateway that does not know it is refused, slowed down, and still loads; a
+//! replica cut off from Postgres gives its share up before the others take it.
 
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use serde_json::Value;
 use crate::support::arrow::{ids, ipc_stream};
 use crate::support::control_plane::{Limits, SimulatedRest, StreamQuota};
 use crate::support::fake_write::FakeWrite;
+use crate::support::proxy::SeveringProxy;
 use crate::support::quota_meter::QuotaUse;
 use crate::support::{Gateway, GatewayOptions, TestRun, within};
 
@@ -90,6 +92,12 @@ fn rate_of(metrics: &str, quota: &str) -> Option<f64> {
     metrics.lines().find_map(|line| line.strip_prefix(&series)?.trim().parse().ok())
 }
 
+/// The replica's `tables.insert` pace, calls per second.
+async fn insert_rate(replica: &Gateway) -> f64 {
+    let metrics = replica.metrics().await;
+    rate_of(&metrics, "tables.insert").unwrap_or_else(|| panic!("the tables.insert pacer is in /metrics: {metrics}"))
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn three_replicas_loading_at_once_stay_within_every_quota_in_sum() {
     let limits = small_project();
@@ -133,6 +141,49 @@ async fn a_lost_replica_hands_its_share_to_the_others() {
     });
     handed_back.await.expect("the survivor paces at the whole quota");
     let ended = load(survivor, "after", 4).await;
+    assert_eq!(ended["state"], "committed", "{ended}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gateway_shows_each_pacer_from_its_start() {
+    let gw = GatewayOptions::new().spawn().await;
+    // Google's 10 tables.insert per second, paced at 90%, before any call and any change.
+    assert_eq!(insert_rate(&gw).await, 9.0);
+    let metrics = gw.metrics().await;
+    assert!(rate_of(&metrics, "CreateWriteStream").is_some_and(|rate| rate > 0.0), "{metrics}");
+    assert_eq!(gw.metric("filament_fleet_replicas").await, Some(1.0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replica_cut_off_from_postgres_gives_up_its_share_before_the_others_take_it() {
+    let limits = small_project();
+    let fake = FakeWrite::start().await;
+    limits.apply_to(&fake);
+    let rest = SimulatedRest::start(limits, 0).await;
+    let reachable = replica_options(&fake, &rest, &limits).spawn().await;
+    let proxy = SeveringProxy::in_front_of(&reachable.database_url).await;
+    let mut cut_off = replica_options(&fake, &rest, &limits);
+    cut_off.database_url = Some(proxy.url.clone());
+    let cut_off = cut_off.spawn().await;
+    fleet_counted(&reachable, 2).await;
+    fleet_counted(&cut_off, 2).await;
+    assert_eq!(insert_rate(&cut_off).await, 6.0 * 0.9 / 2.0);
+
+    proxy.sever();
+    // The reachable replica counts itself alone once the other's 3 s lease ran out: by then
+    // the cut-off one has given its share up (it cannot know what the others count).
+    fleet_counted(&reachable, 1).await;
+    assert_eq!(cut_off.metric("filament_fleet_replicas").await, Some(0.0), "lapsed");
+    assert_eq!(insert_rate(&cut_off).await, 0.0);
+    let whole = within(Duration::from_secs(10), Duration::from_millis(200), || async {
+        (insert_rate(&reachable).await == 6.0 * 0.9).then_some(())
+    });
+    whole.await.expect("the reachable replica paces at the whole quota");
+
+    proxy.restore();
+    fleet_counted(&cut_off, 2).await;
+    assert_eq!(insert_rate(&cut_off).await, 6.0 * 0.9 / 2.0, "counted again: its share back");
+    let ended = load(&cut_off, "back", 3).await;
     assert_eq!(ended["state"], "committed", "{ended}");
 }
 

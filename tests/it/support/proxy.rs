@@ -91,3 +91,52 @@ impl CuttingProxy {
         self.cuts.load(Ordering::SeqCst)
     }
 }
+
+/// A TCP proxy in front of a database URL's host that can be severed:
+/// [`SeveringProxy::sever`] closes every connection it carries and refuses new ones (accepted
+/// and closed at once) until [`SeveringProxy::restore`]: a database one process can no longer
+/// reach while the others still can.
+pub struct SeveringProxy {
+    /// The database URL with the proxy's address as its host.
+    pub url: String,
+    severed: tokio::sync::watch::Sender<bool>,
+}
+
+impl SeveringProxy {
+    /// In front of `url` (`scheme://user@host:port/path`).
+    pub async fn in_front_of(url: &str) -> Self {
+        let after_scheme = url.find("://").map_or(0, |i| i + 3);
+        let host_start = url[after_scheme..].find('@').map_or(after_scheme, |i| after_scheme + i + 1);
+        let host_end = url[host_start..].find('/').map_or(url.len(), |i| host_start + i);
+        let target = url[host_start..host_end].to_string();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let severed = tokio::sync::watch::channel(false).0;
+        let watch = severed.subscribe();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if *watch.borrow() {
+                    continue;
+                }
+                let (mut watch, target) = (watch.clone(), target.clone());
+                tokio::spawn(async move {
+                    let Ok(mut server) = TcpStream::connect(&target).await else { return };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = watch.wait_for(|severed| *severed) => {}
+                    }
+                });
+            }
+        });
+        let url = format!("{}{address}{}", &url[..host_start], &url[host_end..]);
+        Self { url, severed }
+    }
+
+    pub fn sever(&self) {
+        self.severed.send_replace(true);
+    }
+
+    pub fn restore(&self) {
+        self.severed.send_replace(false);
+    }
+}
