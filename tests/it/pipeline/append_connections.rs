@@ -21,6 +21,11 @@ const OPEN_CONNECTIONS: &str = "filament_append_connections_open";
 
 /// `count` resources, `r0` ... , each posted 7 rows of its own ids, then committed.
 async fn post_to_resources_and_commit(gw: &Gateway, count: usize) -> serde_json::Value {
+    post_to_resources(gw, count).await;
+    gw.commit_and_wait("run", "e").await
+}
+
+async fn post_to_resources(gw: &Gateway, count: usize) {
     let resources: Vec<String> = (0..count).map(|i| format!("r{i}")).collect();
     let names: Vec<&str> = resources.iter().map(String::as_str).collect();
     TestRun::new("run", "e").full_append(&names).open(gw).await;
@@ -28,7 +33,6 @@ async fn post_to_resources_and_commit(gw: &Gateway, count: usize) -> serde_json:
         let first = i as i64 * 100;
         post_ids(gw, resource, first..first + 7).await;
     }
-    gw.commit_and_wait("run", "e").await
 }
 
 fn assert_every_stream_exact(fake: &FakeWrite, count: usize) {
@@ -91,7 +95,14 @@ async fn an_idle_lane_gives_its_connection_back_and_opens_another_for_its_next_b
 async fn connections_refused_by_bigquery_slow_the_run_and_every_row_still_loads() {
     let fake = fake_with_connection_limit(3, Duration::from_millis(200)).await;
     let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
-    let committed = post_to_resources_and_commit(&gw, 30).await;
+    post_to_resources(&gw, 30).await;
+    // Every lane set up before the commit, so that their first appends start together: set-ups
+    // paced by the tables.insert quota would otherwise let lanes finish one after another.
+    eventually(Duration::from_secs(30), "every lane has its stream", || async {
+        (fake.with(|s| s.streams.len()) == 30).then_some(())
+    })
+    .await;
+    let committed = gw.commit_and_wait("run", "e").await;
     assert_eq!(committed["state"], "committed", "{committed}");
     assert_every_stream_exact(&fake, 30);
     let (most_open, refused) = fake.with(|s| (s.max_open_connections, s.refused_connections));
