@@ -184,7 +184,7 @@ fn api_settings(config: &ServeConfig) -> ApiSettings {
 /// (a replica joining a fleet starts with its share, not the whole) and kept current.
 async fn paced_quotas(config: &ServeConfig, replica: &Replica) -> Arc<Quotas> {
     replica.renew_fleet_membership().await;
-    let quotas = Arc::new(Quotas::new(quota_settings(config), replica.fleet_size()));
+    let quotas = Arc::new(Quotas::new(quota_settings(config), replica.fleet_membership()));
     Quotas::follow_fleet(&quotas);
     quotas
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::bigquery::quota::{FleetMembership, FleetSize};
+use crate::bigquery::quota::{FleetMembership, FleetMembershipWatch};
 use crate::error::{ErrorCode, Problem};
 use crate::model::ExecutionState;
 use crate::pipeline::Pipeline;
@@ -35,7 +35,7 @@ pub(crate) struct Replica {
     draining: Arc<AtomicBool>,
     /// This replica's place in the fleet: the live replicas as the last renewal counted them,
     /// or lapsed.
-    fleet_size: Arc<tokio::sync::watch::Sender<FleetMembership>>,
+    fleet_membership: Arc<tokio::sync::watch::Sender<FleetMembership>>,
     /// Until when the others count this replica live: its last successful renewal's start
     /// plus the lease.
     counted_until: Arc<tokio::sync::watch::Sender<tokio::time::Instant>>,
@@ -52,16 +52,16 @@ impl Replica {
     pub(crate) fn new(store: Store, lease_duration: Duration, url: Option<String>) -> Self {
         let host = std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| "gateway".into());
         let owner = format!("{host}-{}", hex::encode(rand::random::<[u8; 4]>()));
-        let fleet_size = Arc::new(tokio::sync::watch::channel(FleetMembership::ALONE).0);
+        let fleet_membership = Arc::new(tokio::sync::watch::channel(FleetMembership::ALONE).0);
         let counted_until = Arc::new(tokio::sync::watch::channel(tokio::time::Instant::now() + lease_duration).0);
         let lease = Lease { owner, duration: lease_duration, url };
-        Self { lease, store, draining: Arc::default(), fleet_size, counted_until }
+        Self { lease, store, draining: Arc::default(), fleet_membership, counted_until }
     }
 
-    /// How many live replicas share BigQuery's quotas (`bigquery::quota`), kept current by the
-    /// heartbeat.
-    pub(crate) fn fleet_size(&self) -> FleetSize {
-        self.fleet_size.subscribe()
+    /// This replica's place among those sharing BigQuery's quotas (`bigquery::quota`): how many
+    /// are counted live, or lapsed; kept current by the heartbeat.
+    pub(crate) fn fleet_membership(&self) -> FleetMembershipWatch {
+        self.fleet_membership.subscribe()
     }
 
     /// Renews this replica's place in the fleet and counts the live replicas (a replica whose
@@ -72,7 +72,7 @@ impl Replica {
         match self.store.renew_fleet_membership(&self.lease).await {
             Ok(live_replicas) => {
                 let membership = FleetMembership::Counted { live_replicas };
-                self.fleet_size.send_if_modified(|now| std::mem::replace(now, membership) != membership);
+                self.fleet_membership.send_if_modified(|now| std::mem::replace(now, membership) != membership);
                 // The row's expiry is set later than this, so the others count this replica
                 // at least until then.
                 self.counted_until.send_replace(started + self.lease.duration);
@@ -94,7 +94,7 @@ impl Replica {
                 () = stop.cancelled() => return,
                 renewed = counted_until.changed() => if renewed.is_err() { return },
                 () = tokio::time::sleep_until(until) => {
-                    let lapsed = self.fleet_size.send_if_modified(|now| {
+                    let lapsed = self.fleet_membership.send_if_modified(|now| {
                         std::mem::replace(now, FleetMembership::Lapsed) != FleetMembership::Lapsed
                     });
                     if lapsed {

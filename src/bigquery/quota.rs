@@ -124,11 +124,11 @@ impl FleetMembership {
 }
 
 /// This replica's place in the fleet, kept current by the replica heartbeat.
-pub(crate) type FleetSize = watch::Receiver<FleetMembership>;
+pub(crate) type FleetMembershipWatch = watch::Receiver<FleetMembership>;
 
 /// A fleet of one that never changes (the value outlives its sender).
 #[cfg(test)]
-fn fleet_of_one() -> FleetSize {
+fn fleet_of_one() -> FleetMembershipWatch {
     watch::channel(FleetMembership::ALONE).1
 }
 
@@ -138,7 +138,7 @@ pub(crate) struct TokenBucket {
     /// `quota` (and `method`, for a per-method quota) in `/metrics`.
     labels: Vec<metrics::Label>,
     quota: Rate,
-    fleet: FleetSize,
+    fleet: FleetMembershipWatch,
     state: Mutex<BucketState>,
     waiting: AtomicUsize,
 }
@@ -154,7 +154,7 @@ struct BucketState {
 }
 
 impl TokenBucket {
-    fn new(labels: Vec<metrics::Label>, quota: Rate, fleet: FleetSize) -> Self {
+    fn new(labels: Vec<metrics::Label>, quota: Rate, fleet: FleetMembershipWatch) -> Self {
         let rate = quota.share(*fleet.borrow());
         let state = BucketState { tokens: rate.burst, updated: Instant::now(), rate };
         let bucket = TokenBucket { labels, quota, fleet, state: Mutex::new(state), waiting: AtomicUsize::new(0) };
@@ -290,7 +290,7 @@ impl Drop for Waiting<'_> {
 pub(crate) struct ConcurrencyShare {
     name: &'static str,
     quota: usize,
-    fleet: FleetSize,
+    fleet: FleetMembershipWatch,
     in_flight: Mutex<usize>,
     freed: Notify,
 }
@@ -300,7 +300,7 @@ pub(crate) struct ConcurrencyShare {
 pub(crate) struct InFlight<'a>(&'a ConcurrencyShare);
 
 impl ConcurrencyShare {
-    fn new(name: &'static str, quota: usize, fleet: FleetSize) -> Self {
+    fn new(name: &'static str, quota: usize, fleet: FleetMembershipWatch) -> Self {
         ConcurrencyShare { name, quota, fleet, in_flight: Mutex::new(0), freed: Notify::new() }
     }
 
@@ -346,7 +346,7 @@ impl Drop for InFlight<'_> {
 #[derive(Debug)]
 pub(crate) struct Quotas {
     settings: QuotaSettings,
-    fleet: FleetSize,
+    fleet: FleetMembershipWatch,
     tables_insert: TokenBucket,
     create_write_stream: TokenBucket,
     concurrent_api_requests: ConcurrencyShare,
@@ -358,7 +358,7 @@ pub(crate) struct Quotas {
 pub(crate) type RestPlace<'a> = InFlight<'a>;
 
 impl Quotas {
-    pub(crate) fn new(settings: QuotaSettings, fleet: FleetSize) -> Self {
+    pub(crate) fn new(settings: QuotaSettings, fleet: FleetMembershipWatch) -> Self {
         let bucket = |name, rate: Rate| TokenBucket::new(quota_label(name), rate.paced(), fleet.clone());
         Quotas {
             tables_insert: bucket("tables.insert", Rate::per_second(settings.tables_insert_per_second)),

@@ -5,7 +5,7 @@ use tokio::time::Instant;
 
 use super::*;
 
-fn fleet(replicas: usize) -> (watch::Sender<FleetMembership>, FleetSize) {
+fn fleet(replicas: usize) -> (watch::Sender<FleetMembership>, FleetMembershipWatch) {
     watch::channel(counted(replicas))
 }
 
