@@ -24,6 +24,22 @@ async fn granted_after(bucket: &TokenBucket, calls: usize) -> Vec<Duration> {
     granted
 }
 
+/// Google's quotas with `concurrent_api_requests`, following `fleet`.
+fn following_the_fleet(concurrent_api_requests: usize, fleet: FleetMembershipWatch) -> std::sync::Arc<Quotas> {
+    let settings = QuotaSettings { concurrent_api_requests, ..QuotaSettings::GOOGLE };
+    let quotas = std::sync::Arc::new(Quotas::new(settings, fleet));
+    Quotas::follow_fleet(&quotas);
+    quotas
+}
+
+/// A task that takes a place under the concurrent-requests share and gives it back at once.
+fn enter_in_a_task(quotas: &std::sync::Arc<Quotas>) -> tokio::task::JoinHandle<()> {
+    let quotas = std::sync::Arc::clone(quotas);
+    tokio::spawn(async move {
+        let _place = quotas.concurrent_api_requests.enter().await;
+    })
+}
+
 fn millis(durations: &[Duration]) -> Vec<u128> {
     durations.iter().map(Duration::as_millis).collect()
 }
@@ -161,16 +177,9 @@ async fn tables_insert_waits_for_its_own_quota_and_its_method_bucket() {
 #[tokio::test(start_paused = true)]
 async fn a_waiter_gets_in_when_the_share_grows() {
     let (sender, fleet) = fleet(2);
-    let quotas =
-        std::sync::Arc::new(Quotas::new(QuotaSettings { concurrent_api_requests: 2, ..QuotaSettings::GOOGLE }, fleet));
-    Quotas::follow_fleet(&quotas);
+    let quotas = following_the_fleet(2, fleet);
     let _held = quotas.concurrent_api_requests.enter().await;
-    let waiter = {
-        let quotas = std::sync::Arc::clone(&quotas);
-        tokio::spawn(async move {
-            let _place = quotas.concurrent_api_requests.enter().await;
-        })
-    };
+    let waiter = enter_in_a_task(&quotas);
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!waiter.is_finished(), "one of two places is this replica's, and it is held");
     sender.send(counted(1)).unwrap();
@@ -218,17 +227,10 @@ async fn a_lapsed_replica_paces_no_call_until_it_is_counted_again() {
 #[tokio::test(start_paused = true)]
 async fn a_lapsed_replica_holds_no_concurrent_request() {
     let (sender, fleet) = fleet(1);
-    let quotas =
-        std::sync::Arc::new(Quotas::new(QuotaSettings { concurrent_api_requests: 4, ..QuotaSettings::GOOGLE }, fleet));
-    Quotas::follow_fleet(&quotas);
+    let quotas = following_the_fleet(4, fleet);
     sender.send(FleetMembership::Lapsed).unwrap();
     assert_eq!(quotas.concurrent_api_requests.limit(), 0);
-    let waiter = {
-        let quotas = std::sync::Arc::clone(&quotas);
-        tokio::spawn(async move {
-            let _place = quotas.concurrent_api_requests.enter().await;
-        })
-    };
+    let waiter = enter_in_a_task(&quotas);
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert!(!waiter.is_finished(), "no place while lapsed");
     sender.send(counted(3)).unwrap();

@@ -36,6 +36,13 @@ fn small_project() -> Limits {
     }
 }
 
+/// The Storage Write fake and the simulated REST control plane of one project with `limits`.
+async fn simulated(limits: Limits) -> (FakeWrite, SimulatedRest) {
+    let fake = FakeWrite::start().await;
+    limits.apply_to(&fake);
+    (fake, SimulatedRest::start(limits, 0).await)
+}
+
 /// The gateway's options for the simulated project, pacing by `limits` as an operator would set
 /// them, renewing its fleet membership every second.
 fn replica_options(fake: &FakeWrite, rest: &SimulatedRest, limits: &Limits) -> GatewayOptions {
@@ -101,9 +108,7 @@ async fn insert_rate(replica: &Gateway) -> f64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn three_replicas_loading_at_once_stay_within_every_quota_in_sum() {
     let limits = small_project();
-    let fake = FakeWrite::start().await;
-    limits.apply_to(&fake);
-    let rest = SimulatedRest::start(limits, 0).await;
+    let (fake, rest) = simulated(limits).await;
     let replicas = fleet(3, || replica_options(&fake, &rest, &limits)).await;
     // 3 x 14 tables: 84 tables.insert (14 s at 6 per second) and 42 streams (beyond the 30 at once).
     let loads = replicas.iter().enumerate().map(|(i, gw)| load(gw, ["a", "b", "c"][i], 14));
@@ -125,9 +130,7 @@ async fn three_replicas_loading_at_once_stay_within_every_quota_in_sum() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lost_replica_hands_its_share_to_the_others() {
     let limits = small_project();
-    let fake = FakeWrite::start().await;
-    limits.apply_to(&fake);
-    let rest = SimulatedRest::start(limits, 0).await;
+    let (fake, rest) = simulated(limits).await;
     let mut replicas = fleet(2, || replica_options(&fake, &rest, &limits)).await;
     let mut lost = replicas.pop().unwrap();
     let survivor = &replicas[0];
@@ -157,9 +160,7 @@ async fn a_gateway_shows_each_pacer_from_its_start() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_replica_cut_off_from_postgres_gives_up_its_share_before_the_others_take_it() {
     let limits = small_project();
-    let fake = FakeWrite::start().await;
-    limits.apply_to(&fake);
-    let rest = SimulatedRest::start(limits, 0).await;
+    let (fake, rest) = simulated(limits).await;
     let reachable = replica_options(&fake, &rest, &limits).spawn().await;
     let proxy = SeveringProxy::in_front_of(&reachable.database_url).await;
     let mut cut_off = replica_options(&fake, &rest, &limits);
@@ -190,9 +191,7 @@ async fn a_replica_cut_off_from_postgres_gives_up_its_share_before_the_others_ta
 #[tokio::test(flavor = "multi_thread")]
 async fn a_quota_lowered_by_the_operator_is_honoured_and_one_not_told_is_refused_but_loads() {
     let limits = Limits { tables_insert_per_second: 2.0, ..small_project() };
-    let fake = FakeWrite::start().await;
-    limits.apply_to(&fake);
-    let told_rest = SimulatedRest::start(limits, 0).await;
+    let (fake, told_rest) = simulated(limits).await;
     let told = replica_options(&fake, &told_rest, &limits).spawn().await;
     let ended = load(&told, "told", 8).await;
     assert_eq!(ended["state"], "committed", "{ended}");
