@@ -112,6 +112,7 @@ impl Pipeline {
                 inflight_per_stream: limits.inflight_per_stream,
                 retry: limits.retry,
                 append_timeouts: limits.append_timeouts,
+                destination_tables: Arc::default(),
             },
             budget,
             receiving: ByteBudget::new(limits.max_receiving_bytes, "the receive budget")

@@ -8,6 +8,7 @@
 pub(super) mod accumulator;
 mod appender;
 mod connections;
+mod destination_tables;
 mod set_up;
 mod write_path;
 
@@ -34,6 +35,7 @@ use crate::store::{ResourceRecord, RunRecord};
 use accumulator::{LanePressure, UploadBatch, accumulate};
 use appender::{AppendSettings, Appender, LaneStream};
 pub(crate) use connections::AppendConnections;
+use destination_tables::DestinationTables;
 use set_up::SetUp;
 
 /// Where one lane's rows go.
@@ -152,6 +154,9 @@ pub(crate) struct LaneContext {
     pub(crate) inflight_per_stream: usize,
     pub(crate) retry: RetryPolicy,
     pub(crate) append_timeouts: AppendTimeouts,
+    /// The destination tables each delivery's lanes have read, so resources sharing a table
+    /// read it once.
+    pub(crate) destination_tables: Arc<DestinationTables>,
 }
 
 /// When an AppendRows attempt counts as failed although its connection stays open.
@@ -244,6 +249,9 @@ async fn upload(
     target: &LaneTarget,
     upload_batches: mpsc::UnboundedReceiver<UploadBatch>,
 ) -> Result<LaneReport, Problem> {
+    // Held until the lane drains, so the delivery's other lanes into this table find what it read.
+    let (project, dataset) = (&target.project, &target.dataset);
+    let destination = context.destination_tables.of(&target.resource, project, dataset, &target.destination_table);
     let (set_up, start_offset) = match context.store.handed_over_stream(&target.resource).await? {
         // Another replica drained this stream and shut down: go on at its recorded offset.
         Some(stream) => {
@@ -254,7 +262,7 @@ async fn upload(
             };
             (set_up, stream.rows_acknowledged)
         }
-        None => (set_up::set_up(context, target).await?, 0),
+        None => (set_up::set_up(context, target, &destination).await?, 0),
     };
     let SetUp { stream_name, destination_columns, direct_append } = set_up;
     let stream = LaneStream { context, target, stream_name: &stream_name };

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use google_cloud_bigquery_v2::model::{Table, TableFieldSchema};
 
+use super::destination_tables::DestinationTable;
 use super::write_path::WritePath;
 use super::{LaneContext, LaneTarget};
 use crate::bigquery::error::{Stage, dataset_location_mismatch};
@@ -43,11 +44,15 @@ use crate::telemetry::{LayoutMismatch, PhaseTiming};
 /// limit), and the whole set-up runs again after the retry policy's quota backoff (every step
 /// is idempotent) until the pushback has lasted its `quota_wait`: a quota slows a run down, it
 /// does not fail one a slower pace completes.
-pub(super) async fn set_up(context: &LaneContext, target: &LaneTarget) -> Result<SetUp, Problem> {
+pub(super) async fn set_up(
+    context: &LaneContext,
+    target: &LaneTarget,
+    destination: &DestinationTable,
+) -> Result<SetUp, Problem> {
     let bigquery = context.bigquery.with_rest_retry(RetryPolicy::ONCE);
     let mut refusals = FailureStreak::default();
     loop {
-        let problem = match context.prepares.run(set_up_once(context, &bigquery, target)).await {
+        let problem = match context.prepares.run(set_up_once(context, &bigquery, target, destination)).await {
             Ok(set_up) => return Ok(set_up),
             Err(SetUpFailure::Failed(problem)) => return Err(problem),
             Err(SetUpFailure::PushedBack(problem)) => problem,
@@ -123,7 +128,12 @@ pub(super) struct SetUp {
 
 /// One attempt at the lane's set-up: the dataset, the destination, the staging table, the
 /// stream (its name recorded in Postgres before any row is sent).
-async fn set_up_once(context: &LaneContext, bigquery: &BigQuery, target: &LaneTarget) -> Result<SetUp, SetUpFailure> {
+async fn set_up_once(
+    context: &LaneContext,
+    bigquery: &BigQuery,
+    target: &LaneTarget,
+    destination: &DestinationTable,
+) -> Result<SetUp, SetUpFailure> {
     let started = Instant::now();
     let resource = &target.resource;
     tracing::info!(run_id = %resource.delivery.run_id(), execution_id = %resource.delivery.execution_id(),
@@ -131,7 +141,7 @@ async fn set_up_once(context: &LaneContext, bigquery: &BigQuery, target: &LaneTa
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
     let existing_location = bigquery.ensure_dataset(project, dataset, target.location.as_deref()).await?;
     check_location(target, existing_location.as_deref())?;
-    let destination_columns = set_up_destination(context, bigquery, target).await?;
+    let destination_columns = set_up_destination(context, bigquery, target, destination).await?;
     let path = WritePath::choose(target.direct_append, &target.staging_columns, &destination_columns);
     let stream_table = match &path {
         WritePath::DirectAppend => &target.destination_table,
@@ -214,21 +224,31 @@ fn check_location(target: &LaneTarget, existing: Option<&str>) -> Result<(), Pro
 /// Creates the destination table with its layout, or checks that the existing one takes the
 /// batches' columns (existing columns are never altered), adds the missing ones and reports a
 /// layout other than the declared one. Returns the staged columns as the destination takes them.
+///
+/// Reads the table once per delivery (`destination`, held by every lane of the delivery into
+/// it, one set-up at a time): a set-up that finds the table as the last one read it, and leaves
+/// it so, leaves it remembered; one that creates or alters it leaves it to be read again.
 async fn set_up_destination(
     context: &LaneContext,
     bigquery: &BigQuery,
     target: &LaneTarget,
+    destination: &DestinationTable,
 ) -> Result<Vec<Column>, SetUpFailure> {
+    let mut last_read = destination.lock().await;
     let layout = &target.destination_layout;
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
     let (table, wanted) = (&target.destination_table, &target.table_columns());
-    let Some(existing_table) = bigquery.get_table(project, dataset, table).await? else {
+    let existing_table = match last_read.take() {
+        Some(table) => Some(table),
+        None => bigquery.get_table(project, dataset, table).await?,
+    };
+    let Some(existing_table) = existing_table else {
         bigquery.create_destination_table(project, dataset, table, wanted, layout).await?;
         context.store.set_layout_mismatch(&target.resource, &[]).await.map_err(Problem::from)?;
         return Ok(target.destination_columns.clone());
     };
     report_layout(context, target, &existing_table).await?;
-    let existing = existing_table.schema.map(|s| s.fields).unwrap_or_default();
+    let existing = existing_table.schema.as_ref().map(|s| s.fields.clone()).unwrap_or_default();
     // Widening (declared `widen_columns`) is decided, then every check runs against the table
     // as it would be after it, and only then is the table altered: a delivery that fails a
     // check leaves its columns as they were.
@@ -243,7 +263,10 @@ async fn set_up_destination(
     if !widened.is_empty() {
         Box::pin(widen_columns(bigquery, target, &widened)).await?;
     }
-    add_missing_columns(bigquery, target, &as_widened).await?;
+    let added = add_missing_columns(bigquery, target, &as_widened).await?;
+    if widened.is_empty() && added == 0 {
+        *last_read = Some(existing_table);
+    }
     Ok(published)
 }
 
@@ -348,12 +371,12 @@ fn check_compatible(target: &LaneTarget, existing: &[TableFieldSchema]) -> Resul
     Ok(published)
 }
 
-/// Adds the columns the existing table lacks (NULLABLE, with `tables.patch`).
+/// Adds the columns the existing table lacks (NULLABLE, with `tables.patch`); how many.
 async fn add_missing_columns(
     bigquery: &BigQuery,
     target: &LaneTarget,
     existing: &[TableFieldSchema],
-) -> Result<(), SetUpFailure> {
+) -> Result<usize, SetUpFailure> {
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
     let (table, wanted) = (&target.destination_table, &target.table_columns());
     let added = bigquery.add_missing_columns(project, dataset, table, existing, wanted).await?;
@@ -363,5 +386,5 @@ async fn add_missing_columns(
         tracing::info!(run_id = %delivery.run_id(), execution_id = %delivery.execution_id(), %table,
             columns = %names.join(","), "bigquery.table.columns_added");
     }
-    Ok(())
+    Ok(added.len())
 }

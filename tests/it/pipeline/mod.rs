@@ -3,6 +3,7 @@
 mod adaptive_concurrency;
 mod append_connections;
 mod append_e2e;
+mod destination_reads;
 mod quotas;
 mod reliability;
 mod unreachable;

@@ -123,27 +123,10 @@ async fn an_abort_while_the_commit_waits_for_uploads_publishes_nothing_and_delet
     assert!(jobs_submitted(&gw).is_empty(), "{:?}", jobs_submitted(&gw));
 }
 
-/// The simulated control plane with short latencies, where set-ups and jobs overlap.
-fn quick_control_plane() -> Limits {
-    Limits {
-        metadata_read: Duration::from_millis(20),
-        metadata_write: Duration::from_millis(40),
-        table_updates_per_10s: 100,
-        table_delete: Duration::from_millis(20),
-        create_stream: Duration::from_millis(400),
-        create_write_streams_per_hour: 3_600_000.0,
-        finalize: Duration::from_millis(20),
-        batch_commit: Duration::from_millis(20),
-        query: Duration::from_millis(600),
-        query_per_mib: Duration::ZERO,
-        ..Limits::default()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn twenty_tables_set_up_and_publish_at_most_eight_at_once_with_the_default_settings() {
     const TABLES: usize = 20;
-    let limits = quick_control_plane();
+    let limits = Limits::quick();
     let fake = FakeWrite::start().await;
     limits.apply_to(&fake);
     let rest = SimulatedRest::start(limits, 0).await;

@@ -134,6 +134,24 @@ impl Floor {
 }
 
 impl Limits {
+    /// Short latencies and room in every quota, where set-ups and jobs overlap (the tests'
+    /// control plane: what they count is calls and order, not time).
+    pub fn quick() -> Limits {
+        Limits {
+            metadata_read: Duration::from_millis(20),
+            metadata_write: Duration::from_millis(40),
+            table_updates_per_10s: 100,
+            table_delete: Duration::from_millis(20),
+            create_stream: Duration::from_millis(400),
+            create_write_streams_per_hour: 3_600_000.0,
+            finalize: Duration::from_millis(20),
+            batch_commit: Duration::from_millis(20),
+            query: Duration::from_millis(600),
+            query_per_mib: Duration::ZERO,
+            ..Limits::default()
+        }
+    }
+
     /// The Storage Write fake with these limits: stream creation's latency and quota, the
     /// concurrent connections, finalize and commit latencies.
     pub fn apply_to(&self, fake: &FakeWrite) {
@@ -322,6 +340,11 @@ impl SimulatedRest {
     /// REST calls made so far (refused ones included).
     pub fn rest_calls(&self) -> usize {
         self.shared.quotas.lock().unwrap().calls.values().sum()
+    }
+
+    /// Calls of one REST method (`tables.get`, ...) made so far, refused ones included.
+    pub fn calls_of(&self, method: &str) -> usize {
+        self.shared.quotas.lock().unwrap().calls.get(method).copied().unwrap_or(0)
     }
 }
 
