@@ -234,6 +234,9 @@ async fn send_retrying(make: impl Fn() -> reqwest::RequestBuilder) -> (StatusCod
     }
 }
 
+/// The states an execution ends in.
+const ENDED_STATES: [&str; 3] = ["committed", "failed", "aborted"];
+
 /// Commits and waits for the execution to end (a commit of 10,000 tables outlasts an HTTP
 /// request's timeout, so the end is polled, with a deadline). The poll reads the timeline's new
 /// events (`after`) for the `ended` one, which costs the gateway the same at 10,000 resources
@@ -247,6 +250,12 @@ async fn commit_and_await(gw: &Gateway, run: &str) -> Value {
     let ended = support::within(Duration::from_secs(3600), Duration::from_millis(200), || async {
         let path = format!("/v1/runs/{run}/executions/e/events?after={}&limit=1000", seen.get());
         let (status, body) = gw.json(Method::GET, &path, None).await;
+        if status == StatusCode::NOT_FOUND {
+            // A previous main without the timeline: its execution, read once a second.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let (_, execution) = gw.json(Method::GET, &format!("/v1/runs/{run}/executions/e"), None).await;
+            return ENDED_STATES.contains(&execution["state"].as_str().unwrap_or("")).then_some(());
+        }
         assert_eq!(status, StatusCode::OK, "{body}");
         seen.set(body["next_after"].as_i64().expect("the events answer has next_after"));
         let events = body["events"].as_array().expect("the events answer has events");
@@ -256,7 +265,7 @@ async fn commit_and_await(gw: &Gateway, run: &str) -> Value {
     ended.expect("the bench's execution ended within an hour");
     let (status, body) = gw.json(Method::GET, &format!("/v1/runs/{run}/executions/e"), None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert!(["committed", "failed", "aborted"].contains(&body["state"].as_str().unwrap_or("")), "{body}");
+    assert!(ENDED_STATES.contains(&body["state"].as_str().unwrap_or("")), "{body}");
     body
 }
 
@@ -285,8 +294,9 @@ async fn set_up_run(gw: &Gateway, run: &str, resources: &[String], write_path: W
     assert_eq!(status, StatusCode::CREATED, "{body}");
 }
 
-/// Posts one body to each of `resources` in `run`, then commits and waits for `committed`.
-async fn load_run(gw: &Gateway, run: &str, resources: &[String], body: &[u8]) {
+/// Posts one body to each of `resources` in `run`, then commits and waits for its end: the
+/// ended execution.
+async fn load_run(gw: &Gateway, run: &str, resources: &[String], body: &[u8]) -> Value {
     let posts = futures::stream::iter(resources.iter().map(|resource| async move {
         let path = format!("/v1/runs/{run}/executions/e/resources/{resource}/batches");
         let post = || {
@@ -298,8 +308,27 @@ async fn load_run(gw: &Gateway, run: &str, resources: &[String], body: &[u8]) {
         assert_eq!(status, StatusCode::ACCEPTED, "{receipt}");
     }));
     posts.buffer_unordered(64).collect::<Vec<()>>().await;
-    let committed = commit_and_await(gw, run).await;
-    assert_eq!(committed["state"], "committed", "{committed}");
+    commit_and_await(gw, run).await
+}
+
+/// A point whose execution did not commit (the previous main, which does not pace the quotas,
+/// can fail under them): its end, and when.
+#[derive(Debug)]
+struct NotCommitted {
+    resources: usize,
+    setting: String,
+    state: String,
+    code: String,
+    seconds: f64,
+}
+
+impl NotCommitted {
+    fn sentence(&self) -> String {
+        format!(
+            "{} ({} resources): {} after {:.1} s, `{}`",
+            self.setting, self.resources, self.state, self.seconds, self.code
+        )
+    }
 }
 
 /// `replicas` gateways on one database, each pacing its share of `limits` (they know each other
@@ -360,7 +389,7 @@ fn grpc_calls(fake: &FakeWrite) -> usize {
 
 /// One point: `scenario.resources` resources, split among `scenario.replicas` runs, through
 /// the simulation under Google's quotas (on the scenario's clock: [`Limits::on_faster_clock`]).
-async fn run_point(scenario: Scenario<'_>, throughput: f64) -> Point {
+async fn run_point(scenario: Scenario<'_>, throughput: f64) -> Result<Point, NotCommitted> {
     let limits = Limits { stream_quota: scenario.stream_quota, ..Limits::default() };
     let simulated = limits.on_faster_clock(scenario.time_scale);
     let flush_interval = Duration::from_secs(10).div_f64(scenario.time_scale);
@@ -383,8 +412,17 @@ async fn run_point(scenario: Scenario<'_>, throughput: f64) -> Point {
         let body = &body;
         async move { load_run(gw, &format!("bench{i}"), share, body).await }
     });
-    futures::future::join_all(runs).await;
+    let ends = futures::future::join_all(runs).await;
     let measured_seconds = started.elapsed().as_secs_f64() * scenario.time_scale;
+    if let Some(end) = ends.iter().find(|end| end["state"] != "committed") {
+        return Err(NotCommitted {
+            resources: scenario.resources,
+            setting: scenario.contender.setting.clone(),
+            state: end["state"].as_str().unwrap_or("unknown").to_string(),
+            code: end["error"]["code"].as_str().unwrap_or("none").to_string(),
+            seconds: measured_seconds,
+        });
+    }
     let cpu: f64 = fleet.iter().zip(&cpu_before).map(|(gw, before)| process_cpu_seconds(gw.pid()) - before).sum();
     let n = scenario.resources as f64;
     let calls_per_resource = Calls {
@@ -405,7 +443,7 @@ async fn run_point(scenario: Scenario<'_>, throughput: f64) -> Point {
     let mut uses = rest.quota_use();
     uses.extend(fake.with(|s| s.create_quota.as_ref().map(support::quota_meter::QuotaUse::from)));
     let busiest = uses.iter().max_by(|a, b| a.max_use.total_cmp(&b.max_use)).cloned().unwrap();
-    Point {
+    Ok(Point {
         resources: scenario.resources,
         replicas: scenario.replicas,
         stream_quota: scenario.stream_quota,
@@ -428,7 +466,7 @@ async fn run_point(scenario: Scenario<'_>, throughput: f64) -> Point {
         quota_refusals: uses.iter().map(|u| u.refused).sum(),
         max_running_queries: counters.max_running_queries,
         max_open_connections: fake.with(|s| s.max_open_connections),
-    }
+    })
 }
 
 /// CPU milliseconds the data of one resource costs at the least: gzip alone as the gateway
@@ -467,7 +505,7 @@ fn main() {
             let stream_quota = StreamQuota::PerMinute;
             let contender = &this_build;
             let scenario = Scenario { resources: 10, replicas: 2, stream_quota, path, contender, time_scale };
-            let point = runtime.block_on(run_point(scenario, DEFAULT_THROUGHPUT_MB_PER_SECOND));
+            let point = runtime.block_on(run_point(scenario, DEFAULT_THROUGHPUT_MB_PER_SECOND)).unwrap();
             assert!(
                 point.max_quota_use <= 1.0 && point.quota_refusals == 0,
                 "{}: {}",
@@ -493,6 +531,7 @@ fn main() {
         .unwrap_or(LARGE_POINT_TIME_SCALE);
     let previous = Contender::previous_main().filter(|_| std::env::var_os("FILAMENT_BENCH_SKIP_PREVIOUS").is_none());
     let mut points = Vec::new();
+    let mut not_committed = Vec::new();
     for &resources in &sizes {
         if resources == 100
             && let Some(previous) = &previous
@@ -500,7 +539,13 @@ fn main() {
             let (stream_quota, path) = (StreamQuota::PerMinute, WritePath::Staging);
             let scenario =
                 Scenario { resources, replicas: 1, stream_quota, path, contender: previous, time_scale: 1.0 };
-            points.push(report(runtime.block_on(run_point(scenario, throughput))));
+            match runtime.block_on(run_point(scenario, throughput)) {
+                Ok(point) => points.push(report(point)),
+                Err(end) => {
+                    println!("many tables: {}", end.sentence());
+                    not_committed.push(end);
+                }
+            }
         }
         // 10,000 new tables take at least half an hour of tables.insert: one replica, one
         // reading, the seed's path, on the faster clock.
@@ -515,12 +560,13 @@ fn main() {
                 for &stream_quota in readings {
                     let contender = &this_build;
                     let scenario = Scenario { resources, replicas, stream_quota, path, contender, time_scale };
-                    points.push(report(runtime.block_on(run_point(scenario, throughput))));
+                    let point = runtime.block_on(run_point(scenario, throughput));
+                    points.push(report(point.unwrap_or_else(|end| panic!("{}", end.sentence()))));
                 }
             }
         }
     }
-    write_results(root, &points, throughput, source, data_cpu_floor_ms(&body()));
+    write_results(root, &points, &not_committed, (throughput, source), data_cpu_floor_ms(&body()));
 }
 
 fn report(point: Point) -> Point {
@@ -528,7 +574,13 @@ fn report(point: Point) -> Point {
     point
 }
 
-fn write_results(root: &std::path::Path, points: &[Point], throughput: f64, source: &str, data_cpu_floor_ms: f64) {
+fn write_results(
+    root: &std::path::Path,
+    points: &[Point],
+    not_committed: &[NotCommitted],
+    (throughput, source): (f64, &str),
+    data_cpu_floor_ms: f64,
+) {
     let path = root.join("build/bench/result.json");
     let mut result: Value = std::fs::read_to_string(&path)
         .ok()
@@ -536,7 +588,11 @@ fn write_results(root: &std::path::Path, points: &[Point], throughput: f64, sour
         .unwrap_or_else(|| json!({}));
     let this_build = |p: &&Point| p.setting == PROFILE;
     let current: Vec<Value> = points.iter().filter(this_build).map(|p| p.json(data_cpu_floor_ms)).collect();
-    let previous: Vec<Value> = points.iter().filter(|p| !this_build(p)).map(|p| p.json(data_cpu_floor_ms)).collect();
+    let mut previous: Vec<Value> =
+        points.iter().filter(|p| !this_build(p)).map(|p| p.json(data_cpu_floor_ms)).collect();
+    previous.extend(not_committed.iter().map(|end| {
+        json!({"resources": end.resources, "setting": end.setting, "state": end.state, "code": end.code, "seconds": end.seconds})
+    }));
     result["many_tables"] = json!(current);
     result["many_tables_previous_main"] = json!(previous);
     result["many_tables_data_throughput_mb_per_second"] = json!({"value": throughput, "source": source});
@@ -555,6 +611,9 @@ fn write_results(root: &std::path::Path, points: &[Point], throughput: f64, sour
     for point in points {
         md.push_str(&point.markdown_row());
         md.push('\n');
+    }
+    for end in not_committed {
+        md.push_str(&format!("\nNot committed: {}.\n", end.sentence()));
     }
     let gzip = Gzip::gateway(gateway_gzip_level()).name();
     md.push_str(&format!(
