@@ -50,7 +50,7 @@ use support::fake_write::FakeWrite;
 use support::{Gateway, GatewayOptions};
 
 /// How much faster than real time a point beyond 1,000 resources runs by default.
-const LARGE_POINT_TIME_SCALE: f64 = 4.0;
+const LARGE_POINT_TIME_SCALE: f64 = 8.0;
 
 /// Rows per resource: with the `ids` column and a padding string, about 1 MiB of Arrow IPC.
 const ROWS_PER_RESOURCE: i64 = 16_384;

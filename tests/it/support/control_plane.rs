@@ -174,8 +174,8 @@ impl Limits {
     /// is not simulated (the gateway's CPU, Postgres, the network) and the per-table update
     /// window (kept at 10 wall seconds) weigh `time_scale` times more: an upper bound. What it
     /// gives the other way: a bucket holds one window's worth at the higher rate, so its first
-    /// burst is `time_scale` times larger (at 4 and 10,000 tables, 30 `tables.insert` of a
-    /// floor of 2,000 s).
+    /// burst is `time_scale` times larger (at 8 and 10,000 tables, 70 `tables.insert` more at
+    /// once: 7 s of a floor of 2,151 s).
     pub fn on_faster_clock(&self, time_scale: f64) -> Limits {
         let shorter = |latency: Duration| latency.div_f64(time_scale);
         Limits {
