@@ -180,6 +180,10 @@ start_emulator() { # env-file mode
   {
     echo "export BIGQUERY_EMULATOR_HOST=127.0.0.1:$rest BIGQUERY_STORAGE_EMULATOR_HOST=127.0.0.1:$grpc"
     echo "export FILAMENT_EMULATOR_PID=$(cat "$BUILD/bqemulator/pid-$rest")"
+    # The suite's emulator watch (tests/it/support/emulator_watch.rs) restarts a crashed
+    # emulator on the same ports: it appends to the log, rewrites the pid file (which `stop`
+    # kills) and reports each crash in the crash log `make test` prints.
+    echo "export FILAMENT_EMULATOR_LOG=$BUILD/bqemulator/emulator-$rest.log FILAMENT_EMULATOR_PIDFILE=$BUILD/bqemulator/pid-$rest FILAMENT_EMULATOR_CRASH_LOG=$BUILD/bqemulator/crashes-$rest.log"
     # Tests that may leave an emulator in a bad state (cut connections) start their own.
     echo "export FILAMENT_BQEMULATOR_PYTHON=$EMULATOR_VENV/bin/python FILAMENT_BQEMULATOR_LAUNCH=$ROOT/scripts/bqemulator_launch.py FILAMENT_BQEMULATOR_HOME=$BUILD/bqemulator-home"
   } >>"$1"
@@ -209,6 +213,9 @@ cmd_stop() {
   unset FILAMENT_LOCAL_PG_BORROWED
   # shellcheck disable=SC1090
   source "$env_file"
+  if [ -n "${FILAMENT_EMULATOR_PIDFILE:-}" ] && [ -f "$FILAMENT_EMULATOR_PIDFILE" ]; then
+    kill "$(cat "$FILAMENT_EMULATOR_PIDFILE")" 2>/dev/null || true
+  fi
   if [ -n "${FILAMENT_EMULATOR_PID:-}" ]; then kill "$FILAMENT_EMULATOR_PID" 2>/dev/null || true; fi
   "$ROOT/scripts/zetasql.sh" stop "$env_file"
   if [ -n "${FILAMENT_LOCAL_PG_DATA:-}" ] && [ -z "${FILAMENT_LOCAL_PG_BORROWED:-}" ]; then

@@ -8,6 +8,7 @@ mod support;
 
 mod conformance;
 mod fleet;
+mod harness;
 mod ingest;
 mod operators;
 mod pipeline;

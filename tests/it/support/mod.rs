@@ -29,6 +29,7 @@ pub mod browser;
 pub mod control_plane;
 pub mod discovery;
 pub mod emulator;
+pub mod emulator_watch;
 mod eventually;
 pub mod fake_rest;
 pub mod fake_write;
@@ -150,6 +151,8 @@ pub struct Gateway {
     /// the test pointed them elsewhere).
     pub rest_conformance: Option<rest_proxy::RestProxy>,
     http: reqwest::Client,
+    /// This test's use of the shared emulator (which a crash report names), when it uses it.
+    _emulator_use: Option<emulator_watch::EmulatorUse>,
 }
 
 /// How to spawn a gateway, as a builder:
@@ -268,6 +271,10 @@ impl Gateway {
             .env("RUST_LOG", "info,filament_bigquery=debug")
             .stdout(Stdio::piped())
             .stderr(Stdio::from(stderr));
+        let emulator_use = match options.live_bigquery_project {
+            Some(_) => None,
+            None => Some(emulator_watch::EmulatorWatch::shared().use_for_test().await),
+        };
         let (project, emulator_rest, rest_conformance) = match &options.live_bigquery_project {
             Some(project) => {
                 // Application Default Credentials: a key file, gcloud's, or the metadata server.
@@ -297,6 +304,7 @@ impl Gateway {
             emulator_rest,
             rest_conformance,
             http: http_client(options.trusted_ca_pem.as_deref()),
+            _emulator_use: emulator_use,
         }
     }
 
