@@ -51,6 +51,7 @@ async fn a_batch_is_followed_from_the_extractors_request_to_the_publication_job(
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.endpoint)
         .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
         .env("OTEL_SERVICE_NAME", "filament-under-test")
+        .env("OTEL_BSP_SCHEDULE_DELAY", "500")
         .spawn()
         .await;
     TestRun::new("run", "e").full_append(&["t"]).open(&gw).await;
