@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import gzip
+import hashlib
 import http.client
 import http.server
 import os
@@ -27,6 +28,10 @@ import requests
 TOKEN = "client-tests-token-0123456789"
 PROJECT = "filament-demo"
 START_DEADLINE_S = 60.0
+# A second principal of the session's gateway, which may create only runs whose id starts
+# with its `run_id_prefix` (docs/security.md).
+PREFIXED_TOKEN = "client-tests-prefixed-token-0123456789"
+RUN_ID_PREFIX = "team-a-"
 
 
 def _env(name: str) -> str:
@@ -150,9 +155,25 @@ def spawn_gateway(extra_env: Optional[dict[str, str]] = None) -> Gateway:
     return gateway
 
 
+def principals_file() -> str:
+    """A principals file with the prefixed principal (the `default` one comes from
+    FILAMENT_API_TOKENS beside it)."""
+    path = f"/tmp/fbq-client-principals-{uuid.uuid4().hex[:8]}.toml"
+    digest = hashlib.sha256(PREFIXED_TOKEN.encode()).hexdigest()
+    with open(path, "w") as f:
+        f.write(
+            "[[principal]]\n"
+            'name = "prefixed"\n'
+            f'token_sha256 = ["{digest}"]\n'
+            f'destinations = ["{PROJECT}.*"]\n'
+            f'run_id_prefix = "{RUN_ID_PREFIX}"\n'
+        )
+    return path
+
+
 @pytest.fixture(scope="session")
 def gateway() -> Iterator[Gateway]:
-    gw = spawn_gateway()
+    gw = spawn_gateway({"FILAMENT_PRINCIPALS_FILE": principals_file()})
     yield gw
     gw.kill(signal.SIGTERM)
 

@@ -77,15 +77,20 @@ class FilamentJobClient(JobClientBase):
             raise DestinationTerminalException("the filament destination needs the BigQuery project: filament(project=...)")
         self.project: str = config.project
         self.dataset: str = config.normalize_dataset_name(schema)
-        self.gateway = Client(
-            credentials.url,
-            token=str(credentials.token),
-            timeout=config.request_timeout,
-            commit_timeout=config.commit_timeout,
-            max_body_bytes=config.max_body_bytes,
-            compression=config.compression,
-            retry=RetryPolicy(),
-        )
+        try:
+            self.gateway = Client(
+                credentials.url,
+                token=str(credentials.token),
+                timeout=config.request_timeout,
+                commit_timeout=config.commit_timeout,
+                max_body_bytes=config.max_body_bytes,
+                compression=config.compression,
+                retry=RetryPolicy(),
+                allow_insecure_http=config.allow_insecure_http,
+                run_id_prefix=config.run_id_prefix,
+            )
+        except ValueError as refused:
+            raise DestinationTerminalException(f"the filament destination: {refused}") from None
 
     # -- what dlt asks of every destination ------------------------------------------------
 
@@ -147,7 +152,8 @@ class FilamentJobClient(JobClientBase):
     # -- ids --------------------------------------------------------------------------------
 
     def run_id(self, load_id: str) -> str:
-        return run_id_for(_pipeline_name(self.schema), self.project, self.dataset, load_id)
+        prefix = self.gateway.run_id_prefix
+        return run_id_for(_pipeline_name(self.schema), self.project, self.dataset, load_id, prefix)
 
 
 class _PackageLoad:
