@@ -281,6 +281,29 @@ def test_a_principal_with_a_run_id_prefix_loads_under_it(gateway: Gateway, tmp_p
     assert count(dataset, "numbers") == 25
 
 
+def test_a_load_whose_commit_wait_times_out_is_retried_under_its_execution_id(gateway: Gateway, tmp_path: Path) -> None:
+    # The proxy gives up the first commit's wait during the commit and answers nothing for
+    # longer than the destination's commit timeout: the client stops waiting and asks again.
+    proxy = LossyProxy(gateway.url, drop=0, abandon_commits=1, hold_seconds=4.0)
+    try:
+        dataset = f"dlt_{uuid.uuid4().hex[:10]}"
+        destination = filament_dlt.filament(url=proxy.url, token=TOKEN, project=PROJECT, commit_timeout=2.0)
+        pipeline = new_pipeline(tmp_path, f"slow_{uuid.uuid4().hex[:6]}", destination, dataset)
+        pipeline.run(numbers(40))
+        (load_id,) = pipeline.list_completed_load_packages()
+        execution_id = filament_dlt.execution_id_for(load_id)
+        assert proxy.states_when_abandoned == ["committing"]
+        assert len(proxy.commit_paths) >= 2
+        assert all(f"/executions/{execution_id}/commit" in path for path in proxy.commit_paths)
+        run_id = filament_dlt.run_id_for(pipeline.pipeline_name, PROJECT, dataset, load_id)
+        with Client(gateway.url, token=TOKEN) as client:
+            execution = client.run(run_id).get_execution(execution_id)
+        assert (execution["state"], execution["delivery"]) == ("committed", 1)
+        assert count(dataset, "numbers") == 40 and count(dataset, "_dlt_loads") == 1
+    finally:
+        proxy.close()
+
+
 def test_plain_http_to_another_host_is_refused_before_anything_is_sent(tmp_path: Path) -> None:
     destination = filament_dlt.filament(url="http://gateway.invalid:8080", token=TOKEN, project=PROJECT)
     pipeline = new_pipeline(tmp_path, f"http_{uuid.uuid4().hex[:6]}", destination, "dlt_refused")

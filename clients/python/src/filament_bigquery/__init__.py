@@ -14,6 +14,7 @@ from ._bodies import ArrowData, Body, bodies
 from ._client import ARROW_STREAM, Client, Execution, IdTokenCredential, RetryPolicy, Run, Stats, WriteResult
 from ._errors import (
     Backpressure,
+    CommitStillRunning,
     Conflict,
     ExecutionFailed,
     FilamentError,
@@ -51,6 +52,7 @@ __all__ = [
     "Body",
     "CheckpointResponse",
     "Client",
+    "CommitStillRunning",
     "Conflict",
     "Execution",
     "ExecutionFailed",

@@ -23,10 +23,12 @@ import requests
 
 from ._bodies import COMPRESSIONS, ArrowData, Body, bodies
 from ._errors import (
+    CommitStillRunning,
     Conflict,
     ExecutionFailed,
     FilamentError,
     GatewayUnreachable,
+    NotFound,
     ProblemError,
     problem_from_response,
 )
@@ -552,6 +554,25 @@ class Run:
             max_in_flight=max_in_flight or client.max_in_flight,
         )
 
+    def wait_for_commit(self, execution_id: str) -> Optional[ExecutionView]:
+        """The execution `execution_id` once no commit of it is running, or None when there is
+        none. A commit under way (asked by an earlier process, or by a call that stopped waiting)
+        is waited for, up to the client's `commit_timeout` (then `CommitStillRunning`): it runs
+        to its end whoever waits."""
+        deadline = time.monotonic() + self.client.commit_timeout
+        try:
+            view = self.get_execution(execution_id)
+        except NotFound:
+            return None
+        pause = 0.2
+        while view["state"] == "committing":
+            if time.monotonic() > deadline:
+                raise CommitStillRunning(self.run_id, execution_id, view["state"])
+            time.sleep(pause)
+            pause = min(5.0, pause * 2)
+            view = self.get_execution(execution_id)
+        return view
+
     def deliver(
         self,
         extract: Callable[[Execution], None],
@@ -562,7 +583,18 @@ class Run:
     ) -> Execution:
         """Runs `extract(ex)` in an execution and commits it; when the execution fails with a
         redeliverable error (`gateway_restarted`, ...), delivers the same execution id again,
-        up to `max_deliveries` times. Returns the committed execution (`ex.result`)."""
+        up to `max_deliveries` times. Returns the committed execution (`ex.result`).
+
+        Retries stay exactly once only under the same `execution_id`: pass one the caller can
+        name again (a date, a batch number) and call `deliver` again with it after any failure,
+        including a lost answer or `CommitStillRunning`. An execution of that id that is
+        committing is waited for (`wait_for_commit`); one that committed is returned as it is,
+        `extract` not called and nothing sent again."""
+        if execution_id is not None:
+            earlier = self.wait_for_commit(execution_id)
+            if earlier is not None and earlier["state"] == "committed":
+                log.info("execution %s of run %s is committed already: nothing to send", execution_id, self.run_id)
+                return Execution.finished(self, earlier)
         execution_id = execution_id or _new_id()
         for delivery in range(1, max_deliveries + 1):
             try:
@@ -606,6 +638,13 @@ class Execution:
         self._queues: dict[str, ThreadPoolExecutor] = {}
         self._slots = threading.BoundedSemaphore(max_in_flight)
         self._futures: list[Future[WriteResult]] = []
+
+    @classmethod
+    def finished(cls, run: Run, view: ExecutionView) -> Execution:
+        """A handle on an execution that ended (`view`), its `result`."""
+        execution = cls(run, view)
+        execution.result = view
+        return execution
 
     def __repr__(self) -> str:
         return f"Execution(run_id={self.run.run_id!r}, execution_id={self.execution_id!r}, delivery={self.delivery})"
@@ -759,7 +798,12 @@ class Execution:
 
     def commit(self, wait: bool = True, timeout: Optional[float] = None) -> ExecutionView:
         """Commits: with `wait`, returns the terminal execution (also as `result`) and raises
-        `ExecutionFailed` when it failed; without, returns the `committing` view."""
+        `ExecutionFailed` when it failed; without, returns the `committing` view.
+
+        Once asked, a commit runs to its end at the gateway: a wait that ends early (the
+        answer lost, the read timed out) is retried on this execution id, and past `timeout`
+        (default: the client's `commit_timeout`) `CommitStillRunning` is raised with the commit
+        still going on. `abort` cancels an execution only until its publication starts."""
         self.flush()
         timeout = timeout if timeout is not None else self.run.client.commit_timeout
         deadline = time.monotonic() + timeout
@@ -789,7 +833,7 @@ class Execution:
         pause = 0.2
         while view["state"] not in TERMINAL_STATES:
             if time.monotonic() > deadline:
-                raise FilamentError(f"execution {self.execution_id} still {view['state']} at the commit deadline")
+                raise CommitStillRunning(self.run_id, self.execution_id, view["state"])
             if view["state"] in ("extracting", "paused"):
                 # The commit request never arrived (its connection failed): send it again.
                 remaining = max(1.0, deadline - time.monotonic())

@@ -15,6 +15,27 @@ class GatewayUnreachable(FilamentError):
     """The gateway could not be reached (connection errors or timeouts) within the retry policy."""
 
 
+class CommitStillRunning(FilamentError):
+    """`commit(wait=True)` stopped waiting (the client's `commit_timeout` passed) while the
+    execution was still committing. Nothing was cancelled: a commit, once asked, runs to its end
+    at the gateway (`committed` or `failed`). Learn the outcome under the same execution id
+    (`Run.wait_for_commit`, or `Run.deliver` with the same `execution_id`, which sends nothing
+    again once it committed); a new execution id would load the rows a second time.
+    """
+
+    def __init__(self, run_id: str, execution_id: str, state: str) -> None:
+        super().__init__(
+            f"execution {execution_id} of run {run_id} still {state} at the client's commit deadline; the commit goes "
+            f"on at the gateway: ask for its outcome (or retry) with execution_id={execution_id!r}"
+        )
+        self.run_id = run_id
+        self.execution_id = execution_id
+        self.state = state
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.execution_id, self.state))
+
+
 class ProblemError(FilamentError):
     """A gateway answer with an error status, parsed from its `application/problem+json` body.
 
