@@ -671,8 +671,10 @@ class Execution:
         compression: Optional[str] = None,
         max_body_bytes: Optional[int] = None,
     ) -> WriteResult:
-        """Sends `data` (a pyarrow Table, RecordBatch, list of RecordBatches or a
-        RecordBatchReader, streamed batch by batch) to `resource`, in bodies of at most
+        """Sends `data` (a pyarrow Table, RecordBatch, list of RecordBatches or
+        RecordBatchReader, or any object that exports an Arrow stream with
+        `__arrow_c_stream__`: a Polars DataFrame, a DuckDB relation, a nanoarrow stream; read
+        batch by batch, never through pandas) to `resource`, in bodies of at most
         `max_body_bytes` of Arrow IPC numbered with the next `seq` values; returns when every
         body has its receipt. Retried bodies keep their `seq` and bytes. `compression` and
         `max_body_bytes` override the execution's for this write."""
