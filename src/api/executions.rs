@@ -52,7 +52,8 @@ pub(crate) struct CheckpointResponse {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub(crate) struct CommitParams {
-    /// Wait for the terminal state and answer 200 with it.
+    /// Wait for the terminal state and answer 200 with it. Closing the connection stops only
+    /// the waiting: the commit goes on.
     #[serde(default)]
     pub(crate) wait: bool,
 }
@@ -247,6 +248,16 @@ pub(crate) async fn pause_execution(
 }
 
 /// Finish extraction and publish: drain uploads, commit streams, run one query job per table.
+///
+/// Once asked, a commit runs to its end (`committed` or `failed`) whoever waits: a client that
+/// stops waiting (closes the connection of `wait=true`, times out, exits) cancels nothing.
+/// `POST .../abort` is the way to cancel, accepted until publication starts (the first
+/// destination job; then 409 `publication_in_progress` and the commit finishes). To learn the
+/// outcome, or to retry after a lost answer, use the same execution id: `GET` it, or commit it
+/// again (200 once committed; with `wait=true` it waits for a commit still running; 409
+/// `execution_not_extracting` once it failed or was aborted). A new delivery of a committed
+/// execution publishes nothing twice (its fingerprint is matched); a retry under a new execution
+/// id is a new load, and appends its rows again.
 #[utoipa::path(
     post, path = "/v1/runs/{run_id}/executions/{execution_id}/commit", tag = "executions", security(("bearer" = []), ("google_id_token" = [])),
     params(("run_id" = String, Path, description = "Run id"), ("execution_id" = String, Path, description = "Execution id"), CommitParams),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import gzip
+import hashlib
 import http.client
 import http.server
 import os
@@ -27,6 +28,10 @@ import requests
 TOKEN = "client-tests-token-0123456789"
 PROJECT = "filament-demo"
 START_DEADLINE_S = 60.0
+# A second principal of the session's gateway, which may create only runs whose id starts
+# with its `run_id_prefix` (docs/security.md).
+PREFIXED_TOKEN = "client-tests-prefixed-token-0123456789"
+RUN_ID_PREFIX = "team-a-"
 
 
 def _env(name: str) -> str:
@@ -150,9 +155,25 @@ def spawn_gateway(extra_env: Optional[dict[str, str]] = None) -> Gateway:
     return gateway
 
 
+def principals_file() -> str:
+    """A principals file with the prefixed principal (the `default` one comes from
+    FILAMENT_API_TOKENS beside it)."""
+    path = f"/tmp/fbq-client-principals-{uuid.uuid4().hex[:8]}.toml"
+    digest = hashlib.sha256(PREFIXED_TOKEN.encode()).hexdigest()
+    with open(path, "w") as f:
+        f.write(
+            "[[principal]]\n"
+            'name = "prefixed"\n'
+            f'token_sha256 = ["{digest}"]\n'
+            f'destinations = ["{PROJECT}.*"]\n'
+            f'run_id_prefix = "{RUN_ID_PREFIX}"\n'
+        )
+    return path
+
+
 @pytest.fixture(scope="session")
 def gateway() -> Iterator[Gateway]:
-    gw = spawn_gateway()
+    gw = spawn_gateway({"FILAMENT_PRINCIPALS_FILE": principals_file()})
     yield gw
     gw.kill(signal.SIGTERM)
 
@@ -173,6 +194,7 @@ def query(sql: str) -> list[dict[str, Any]]:
     assert response.status_code == 200, f"{sql}: {response.status_code} {response.text[:1000]}"
     body = response.json()
     assert body.get("jobComplete", True), body
+    assert not body.get("errors"), f"{sql}: {body['errors']}"  # the emulator answers 200 with errors
     names = [f["name"] for f in body.get("schema", {}).get("fields", [])]
     return [dict(zip(names, (cell["v"] for cell in row["f"]))) for row in body.get("rows", [])]
 
@@ -183,13 +205,28 @@ class LossyProxy:
     gateway's whole answer and closes the connection without answering: the client sees a
     lost response."""
 
-    def __init__(self, upstream: str, drop: int = 1, unavailable: int = 0, retry_after: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        drop: int = 1,
+        unavailable: int = 0,
+        retry_after: Optional[int] = None,
+        abandon_commits: int = 0,
+        hold_seconds: float = 0.0,
+    ) -> None:
         self.upstream = urlsplit(upstream).netloc
         self.remaining = drop
         self.unavailable = unavailable
         self.retry_after = retry_after
         self.dropped = 0
         self.forwarded_batches = 0
+        # The first `abandon_commits` commit requests are forwarded, their wait given up once
+        # the gateway shows the execution committing (the connection to the gateway closed),
+        # and the client left without an answer for `hold_seconds`, then disconnected.
+        self.abandon_commits = abandon_commits
+        self.hold_seconds = hold_seconds
+        self.commit_paths: list[str] = []
+        self.states_when_abandoned: list[str] = []
         self.lock = threading.Lock()
         proxy = self
 
@@ -217,8 +254,18 @@ class LossyProxy:
                         self.wfile.write(problem)
                         return
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                is_commit = self.command == "POST" and urlsplit(self.path).path.endswith("/commit")
+                with proxy.lock:
+                    if is_commit:
+                        proxy.commit_paths.append(self.path)
+                    abandon = is_commit and proxy.abandon_commits > 0
+                    proxy.abandon_commits -= int(abandon)
                 conn = http.client.HTTPConnection(proxy.upstream, timeout=120)
                 conn.request(self.command, self.path, body=body, headers=headers)
+                if abandon:
+                    proxy._abandon(conn, self.path, headers)
+                    self.close_connection = True
+                    return
                 upstream = conn.getresponse()
                 payload = upstream.read()
                 conn.close()
@@ -248,6 +295,23 @@ class LossyProxy:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def _abandon(self, conn: http.client.HTTPConnection, commit_path: str, headers: dict[str, str]) -> None:
+        """Gives up the commit's wait once the execution is committing (or has ended), as a
+        caller that stops waiting does; the client gets no answer for `hold_seconds`."""
+        execution_path = urlsplit(commit_path).path.removesuffix("/commit")
+        auth = {"Authorization": headers.get("Authorization", headers.get("authorization", ""))}
+        deadline = time.monotonic() + 60
+        state = "extracting"
+        while state == "extracting" and time.monotonic() < deadline:
+            response = requests.get(f"http://{self.upstream}{execution_path}", headers=auth, timeout=10)
+            state = response.json()["state"]
+            if state == "extracting":
+                time.sleep(0.01)
+        conn.close()
+        with self.lock:
+            self.states_when_abandoned.append(state)
+        time.sleep(self.hold_seconds)
 
     def close(self) -> None:
         self.server.shutdown()

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 import pytest
 import requests
 
-from conftest import PROJECT, TOKEN, Gateway, query
+from conftest import PREFIXED_TOKEN, PROJECT, RUN_ID_PREFIX, TOKEN, Gateway, LossyProxy, query
 
 dlt = pytest.importorskip("dlt")
 duckdb = pytest.importorskip("duckdb")
@@ -252,6 +252,66 @@ def test_an_interrupted_load_retried_by_dlt_lands_exactly_once(
     assert (execution["state"], execution["delivery"]) == ("committed", 2)
 
 
+def numbers(count: int) -> Any:
+    @dlt.resource(write_disposition="append", table_name="numbers")
+    def rows() -> Iterator[dict[str, Any]]:
+        for i in range(count):
+            yield {"n": i, "label": f"n-{i}"}
+
+    return rows()
+
+
+def test_a_principal_with_a_run_id_prefix_loads_under_it(gateway: Gateway, tmp_path: Path) -> None:
+    dataset = f"dlt_{uuid.uuid4().hex[:10]}"
+    unprefixed = filament_dlt.filament(url=gateway.url, token=PREFIXED_TOKEN, project=PROJECT)
+    refused = new_pipeline(tmp_path, f"pfx_refused_{uuid.uuid4().hex[:6]}", unprefixed, dataset)
+    with pytest.raises(Exception, match="run_id_not_permitted"):
+        refused.run(numbers(5))
+
+    prefixed = filament_dlt.filament(url=gateway.url, token=PREFIXED_TOKEN, project=PROJECT, run_id_prefix=RUN_ID_PREFIX)
+    pipeline = new_pipeline(tmp_path, f"pfx_{uuid.uuid4().hex[:6]}", prefixed, dataset)
+    pipeline.run(numbers(25))
+    (load_id,) = pipeline.list_completed_load_packages()
+    run_id = filament_dlt.run_id_for(pipeline.pipeline_name, PROJECT, dataset, load_id, RUN_ID_PREFIX)
+    assert run_id.startswith(RUN_ID_PREFIX + "dlt_pfx_")
+    with Client(gateway.url, token=PREFIXED_TOKEN) as client:
+        execution = client.run(run_id).get_execution(filament_dlt.execution_id_for(load_id))
+        assert execution["state"] == "committed"
+        assert client.get_run(run_id)["principal"] == "prefixed"
+    assert count(dataset, "numbers") == 25
+
+
+def test_a_load_whose_commit_wait_times_out_is_retried_under_its_execution_id(gateway: Gateway, tmp_path: Path) -> None:
+    # The proxy gives up the first commit's wait during the commit and answers nothing for
+    # longer than the destination's commit timeout: the client stops waiting and asks again.
+    proxy = LossyProxy(gateway.url, drop=0, abandon_commits=1, hold_seconds=4.0)
+    try:
+        dataset = f"dlt_{uuid.uuid4().hex[:10]}"
+        destination = filament_dlt.filament(url=proxy.url, token=TOKEN, project=PROJECT, commit_timeout=2.0)
+        pipeline = new_pipeline(tmp_path, f"slow_{uuid.uuid4().hex[:6]}", destination, dataset)
+        pipeline.run(numbers(40))
+        (load_id,) = pipeline.list_completed_load_packages()
+        execution_id = filament_dlt.execution_id_for(load_id)
+        assert proxy.states_when_abandoned == ["committing"]
+        assert len(proxy.commit_paths) >= 2
+        assert all(f"/executions/{execution_id}/commit" in path for path in proxy.commit_paths)
+        run_id = filament_dlt.run_id_for(pipeline.pipeline_name, PROJECT, dataset, load_id)
+        with Client(gateway.url, token=TOKEN) as client:
+            execution = client.run(run_id).get_execution(execution_id)
+        assert (execution["state"], execution["delivery"]) == ("committed", 1)
+        assert count(dataset, "numbers") == 40 and count(dataset, "_dlt_loads") == 1
+    finally:
+        proxy.close()
+
+
+def test_plain_http_to_another_host_is_refused_before_anything_is_sent(tmp_path: Path) -> None:
+    destination = filament_dlt.filament(url="http://gateway.invalid:8080", token=TOKEN, project=PROJECT)
+    pipeline = new_pipeline(tmp_path, f"http_{uuid.uuid4().hex[:6]}", destination, "dlt_refused")
+    with pytest.raises(Exception, match="clear text") as raised:
+        pipeline.run(numbers(1))
+    assert TOKEN not in str(raised.value)
+
+
 def test_a_merge_key_is_refused_with_the_table_and_hint(gateway: Gateway, tmp_path: Path) -> None:
     @dlt.resource(write_disposition={"disposition": "merge", "strategy": "upsert"}, primary_key="id", merge_key="day")
     def daily() -> Iterator[dict[str, Any]]:
@@ -283,6 +343,15 @@ def test_ids_of_a_load_are_stable_and_in_the_gateway_alphabet() -> None:
     assert run != filament_dlt.run_id_for("my pipeline/prod", "proj", "raw2", "1733290000.123456")
     long_run = filament_dlt.run_id_for("p" * 200, "proj", "raw", "9" * 80)
     assert len(long_run) <= 64 and all(c.isalnum() or c in "_-" for c in long_run)
+    # A principal's run_id_prefix starts the id, kept whole; the rest still tells loads apart.
+    prefixed = filament_dlt.run_id_for("my pipeline/prod", "proj", "raw", "1733290000.123456", "team-a-")
+    assert prefixed == "team-a-" + run
+    longest = "p" * 36
+    first = filament_dlt.run_id_for("p" * 200, "proj", "raw", "9" * 80, longest)
+    second = filament_dlt.run_id_for("p" * 200, "proj", "raw", "9" * 79 + "8", longest)
+    assert first.startswith(longest) and len(first) == 64 and first != second
+    with pytest.raises(ValueError, match="run_id_prefix"):
+        filament_dlt.run_id_for("p", "proj", "raw", "1", "no spaces")
 
 
 def test_write_dispositions_map_to_write_modes_and_unmapped_hints_are_named() -> None:

@@ -5,15 +5,16 @@
     run = client.create_run(project="p", dataset="d")
     run.declare("public.users", write_mode="full_append")
     with run.execution() as ex:
-        ex.write("public.users", table)
+        ex.write("public.users", table)  # pyarrow, Polars, DuckDB, ...: any Arrow stream
         ex.checkpoint({"lsn": 42})
     print(ex.result)
 """
 
-from ._bodies import ArrowData, Body, bodies
+from ._bodies import ArrowData, ArrowStreamExportable, Body, bodies
 from ._client import ARROW_STREAM, Client, Execution, IdTokenCredential, RetryPolicy, Run, Stats, WriteResult
 from ._errors import (
     Backpressure,
+    CommitStillRunning,
     Conflict,
     ExecutionFailed,
     FilamentError,
@@ -47,10 +48,12 @@ __all__ = [
     "IdTokenCredential",
     "ARROW_STREAM",
     "ArrowData",
+    "ArrowStreamExportable",
     "Backpressure",
     "Body",
     "CheckpointResponse",
     "Client",
+    "CommitStillRunning",
     "Conflict",
     "Execution",
     "ExecutionFailed",

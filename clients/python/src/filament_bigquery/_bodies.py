@@ -1,16 +1,30 @@
 """Turning Arrow data into batch bodies: Arrow IPC streams of at most `max_body_bytes`,
-compressed for the wire. Streams a RecordBatchReader batch by batch (never materialised)."""
+compressed for the wire. Streams a RecordBatchReader, or any object that exports an Arrow
+stream through the Arrow PyCapsule interface (Polars, DuckDB, nanoarrow, ...), batch by batch
+(never materialised, never converted through pandas or Python rows)."""
 
 from __future__ import annotations
 
 import gzip
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional, Union
+from typing import Any, Iterable, Iterator, Optional, Protocol, Union, runtime_checkable
 
 import pyarrow as pa
 
+
+@runtime_checkable
+class ArrowStreamExportable(Protocol):
+    """Any object that exports its data as an Arrow C stream: the Arrow PyCapsule interface
+    (https://arrow.apache.org/docs/format/CDataInterface/PyCapsuleInterface.html), which Polars
+    DataFrames, DuckDB relations, nanoarrow streams, pyarrow and pandas through pyarrow have."""
+
+    def __arrow_c_stream__(self, requested_schema: Optional[object] = None) -> object: ...
+
+
 # What `Execution.write` accepts.
-ArrowData = Union["pa.Table", "pa.RecordBatch", "pa.RecordBatchReader", Iterable["pa.RecordBatch"]]
+ArrowData = Union[
+    "pa.Table", "pa.RecordBatch", "pa.RecordBatchReader", ArrowStreamExportable, Iterable["pa.RecordBatch"]
+]
 
 COMPRESSIONS = ("zstd", "gzip", "none")
 
@@ -33,8 +47,15 @@ def record_batches(data: ArrowData) -> tuple[Optional[Any], Iterator[Any]]:
         return data.schema, iter([data])
     if isinstance(data, pa.RecordBatchReader):
         return data.schema, iter(data)
+    if isinstance(data, ArrowStreamExportable):
+        # The producer's own stream, imported without a copy and read batch by batch.
+        reader = pa.RecordBatchReader.from_stream(data)
+        return reader.schema, iter(reader)
     if isinstance(data, (str, bytes, dict)):
-        raise TypeError("write() takes a pyarrow Table, RecordBatch, RecordBatchReader or list of RecordBatches")
+        raise TypeError(
+            "write() takes a pyarrow Table, RecordBatch, RecordBatchReader, list of RecordBatches, or any object "
+            "with __arrow_c_stream__ (Polars, DuckDB, nanoarrow)"
+        )
     batches = iter(data)
     return None, batches
 

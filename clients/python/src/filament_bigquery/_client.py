@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import base64
 import contextvars
+import ipaddress
 import json as jsonlib
 import logging
 import random
+import re
 import threading
 import time
 import uuid
@@ -15,16 +17,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, cast
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import requests
 
 from ._bodies import COMPRESSIONS, ArrowData, Body, bodies
 from ._errors import (
+    CommitStillRunning,
     Conflict,
     ExecutionFailed,
     FilamentError,
     GatewayUnreachable,
+    NotFound,
     ProblemError,
     problem_from_response,
 )
@@ -45,6 +49,11 @@ __all__ = ["Client", "Run", "Execution", "RetryPolicy", "Stats", "WriteResult", 
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+# The gateway's rules for run and execution ids and a principal's `run_id_prefix`
+# (src/model/ids.rs, src/principals/file.rs).
+MAX_ID_CHARS = 64
+MAX_RUN_ID_PREFIX_CHARS = 36
+_RUN_ID_PREFIX = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_RUN_ID_PREFIX_CHARS}}}")
 log = logging.getLogger("filament_bigquery")
 
 
@@ -155,6 +164,37 @@ def _jwt_expiry(token: str) -> float:
         raise ValueError("the ID token is not a JWT with an exp claim") from exc
 
 
+def checked_base_url(base_url: str, allow_insecure_http: bool) -> str:
+    """`base_url` without its trailing `/`, once it is safe to send a credential to: `https://`,
+    or `http://` to a loopback address (`localhost`, 127.0.0.0/8, `::1`). Plain HTTP to any other
+    host carries the bearer token in clear text, so it is refused unless `allow_insecure_http`
+    (a network the caller trusts: a service mesh with mutual TLS, a private link), and then
+    logged at WARNING. Credentials in the URL itself are refused: they would show in logs."""
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"base_url must be an http:// or https:// URL with a host, not {base_url!r}")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("base_url must not carry credentials (user:password@): pass token= instead")
+    if parts.scheme == "http" and not _is_loopback(parts.hostname):
+        if not allow_insecure_http:
+            raise ValueError(
+                f"base_url {base_url!r} is plain HTTP to a host that is not this machine: the bearer token would "
+                "cross the network in clear text. Use https:// (the gateway behind a TLS load balancer, or "
+                "FILAMENT_TLS_CERT_FILE), or pass allow_insecure_http=True on a network you trust"
+            )
+        log.warning("sending credentials over plain HTTP to %s (allow_insecure_http=True)", parts.hostname)
+    return base_url.rstrip("/")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True  # RFC 6761: always the loopback interface
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: not resolved here (what it resolves to can change)
+
+
 class _Transport:
     def __init__(
         self,
@@ -165,7 +205,7 @@ class _Transport:
         session: Optional[requests.Session],
         stats: Stats,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = base_url
         self.timeout = timeout
         self.retry = retry
         self.stats = stats
@@ -203,6 +243,8 @@ class _Transport:
         while True:
             attempt += 1
             self.stats.add("requests")
+            response: Optional[requests.Response] = None
+            failure = ""
             try:
                 response = self.session.request(
                     method,
@@ -214,11 +256,16 @@ class _Transport:
                     timeout=(10.0, timeout if timeout is not None else self.timeout),
                 )
             except (requests.ConnectionError, requests.Timeout) as exc:
+                # Only its text leaves this block: requests' exception holds the prepared
+                # request, `Authorization` header included.
+                failure = f"{type(exc).__name__}: {exc}"
+            if response is None:
                 wait = self.retry.backoff(attempt)
                 if not retry or attempt >= self.retry.max_attempts or self._past(started, wait):
-                    raise GatewayUnreachable(f"{method} {path}: {exc}") from exc
+                    # Raised outside the `except`: no `__context__` leads back to the request.
+                    raise GatewayUnreachable(f"{method} {path}: {failure}")
                 self.stats.add("connection_retries")
-                log.warning("%s %s: %s; retrying in %.1f s (attempt %d)", method, path, exc, wait, attempt)
+                log.warning("%s %s: %s; retrying in %.1f s (attempt %d)", method, path, failure, wait, attempt)
                 time.sleep(wait)
                 continue
             if response.status_code < 400:
@@ -254,9 +301,16 @@ class Client:
     with `id_token_audience`, with Google ID tokens for that audience (Workload Identity; see
     docs/security.md), refreshed before they expire.
 
+    `base_url` is `https://`, or `http://` to this machine (loopback); plain HTTP to another
+    host is refused unless `allow_insecure_http=True` (the token would cross the network in
+    clear text). `run_id_prefix` starts every run id the client generates (a principal with a
+    `run_id_prefix` may create only such runs; see docs/security.md).
+
     Defaults for the executions it opens: `max_body_bytes` of Arrow IPC per batch request,
     `compression` of the bodies (`zstd`, `gzip` or `none`), `max_in_flight` concurrent writes
-    (across resources, with `Execution.submit`). `timeout` is the read timeout of one request.
+    (across resources, with `Execution.submit`). `timeout` is the read timeout of one request;
+    `commit_timeout` how long `commit(wait=True)` waits for the outcome (the commit goes on at
+    the gateway after that: see `CommitStillRunning`).
     """
 
     def __init__(
@@ -273,7 +327,15 @@ class Client:
         max_in_flight: int = 1,
         commit_timeout: float = 3600.0,
         session: Optional[requests.Session] = None,
+        allow_insecure_http: bool = False,
+        run_id_prefix: Optional[str] = None,
     ) -> None:
+        base_url = checked_base_url(base_url, allow_insecure_http)
+        if run_id_prefix is not None and not _RUN_ID_PREFIX.fullmatch(run_id_prefix):
+            raise ValueError(
+                f"run_id_prefix must be 1 to {MAX_RUN_ID_PREFIX_CHARS} letters, digits, - or _, not {run_id_prefix!r}"
+            )
+        self.run_id_prefix = run_id_prefix or ""
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {COMPRESSIONS}")
         if max_in_flight < 1:
@@ -316,8 +378,9 @@ class Client:
         batching: Optional[Mapping[str, int]] = None,
     ) -> Run:
         """Creates the run (or finds the same one again: creating is idempotent). Without
-        `run_id` the client generates one, so that a retried request cannot create two runs."""
-        run_id = run_id or _new_id()
+        `run_id` the client generates one (starting with the client's `run_id_prefix`), so that
+        a retried request cannot create two runs."""
+        run_id = run_id or (self.run_id_prefix + _new_id())[:MAX_ID_CHARS]
         destination: dict[str, Any] = {"project": project, "dataset": dataset}
         if location is not None:
             destination["location"] = location
@@ -491,6 +554,25 @@ class Run:
             max_in_flight=max_in_flight or client.max_in_flight,
         )
 
+    def wait_for_commit(self, execution_id: str) -> Optional[ExecutionView]:
+        """The execution `execution_id` once no commit of it is running, or None when there is
+        none. A commit under way (asked by an earlier process, or by a call that stopped waiting)
+        is waited for, up to the client's `commit_timeout` (then `CommitStillRunning`): it runs
+        to its end whoever waits."""
+        deadline = time.monotonic() + self.client.commit_timeout
+        try:
+            view = self.get_execution(execution_id)
+        except NotFound:
+            return None
+        pause = 0.2
+        while view["state"] == "committing":
+            if time.monotonic() > deadline:
+                raise CommitStillRunning(self.run_id, execution_id, view["state"])
+            time.sleep(pause)
+            pause = min(5.0, pause * 2)
+            view = self.get_execution(execution_id)
+        return view
+
     def deliver(
         self,
         extract: Callable[[Execution], None],
@@ -501,7 +583,18 @@ class Run:
     ) -> Execution:
         """Runs `extract(ex)` in an execution and commits it; when the execution fails with a
         redeliverable error (`gateway_restarted`, ...), delivers the same execution id again,
-        up to `max_deliveries` times. Returns the committed execution (`ex.result`)."""
+        up to `max_deliveries` times. Returns the committed execution (`ex.result`).
+
+        Retries stay exactly once only under the same `execution_id`: pass one the caller can
+        name again (a date, a batch number) and call `deliver` again with it after any failure,
+        including a lost answer or `CommitStillRunning`. An execution of that id that is
+        committing is waited for (`wait_for_commit`); one that committed is returned as it is,
+        `extract` not called and nothing sent again."""
+        if execution_id is not None:
+            earlier = self.wait_for_commit(execution_id)
+            if earlier is not None and earlier["state"] == "committed":
+                log.info("execution %s of run %s is committed already: nothing to send", execution_id, self.run_id)
+                return Execution.finished(self, earlier)
         execution_id = execution_id or _new_id()
         for delivery in range(1, max_deliveries + 1):
             try:
@@ -546,6 +639,13 @@ class Execution:
         self._slots = threading.BoundedSemaphore(max_in_flight)
         self._futures: list[Future[WriteResult]] = []
 
+    @classmethod
+    def finished(cls, run: Run, view: ExecutionView) -> Execution:
+        """A handle on an execution that ended (`view`), its `result`."""
+        execution = cls(run, view)
+        execution.result = view
+        return execution
+
     def __repr__(self) -> str:
         return f"Execution(run_id={self.run.run_id!r}, execution_id={self.execution_id!r}, delivery={self.delivery})"
 
@@ -571,8 +671,10 @@ class Execution:
         compression: Optional[str] = None,
         max_body_bytes: Optional[int] = None,
     ) -> WriteResult:
-        """Sends `data` (a pyarrow Table, RecordBatch, list of RecordBatches or a
-        RecordBatchReader, streamed batch by batch) to `resource`, in bodies of at most
+        """Sends `data` (a pyarrow Table, RecordBatch, list of RecordBatches or
+        RecordBatchReader, or any object that exports an Arrow stream with
+        `__arrow_c_stream__`: a Polars DataFrame, a DuckDB relation, a nanoarrow stream; read
+        batch by batch, never through pandas) to `resource`, in bodies of at most
         `max_body_bytes` of Arrow IPC numbered with the next `seq` values; returns when every
         body has its receipt. Retried bodies keep their `seq` and bytes. `compression` and
         `max_body_bytes` override the execution's for this write."""
@@ -698,7 +800,12 @@ class Execution:
 
     def commit(self, wait: bool = True, timeout: Optional[float] = None) -> ExecutionView:
         """Commits: with `wait`, returns the terminal execution (also as `result`) and raises
-        `ExecutionFailed` when it failed; without, returns the `committing` view."""
+        `ExecutionFailed` when it failed; without, returns the `committing` view.
+
+        Once asked, a commit runs to its end at the gateway: a wait that ends early (the
+        answer lost, the read timed out) is retried on this execution id, and past `timeout`
+        (default: the client's `commit_timeout`) `CommitStillRunning` is raised with the commit
+        still going on. `abort` cancels an execution only until its publication starts."""
         self.flush()
         timeout = timeout if timeout is not None else self.run.client.commit_timeout
         deadline = time.monotonic() + timeout
@@ -728,7 +835,7 @@ class Execution:
         pause = 0.2
         while view["state"] not in TERMINAL_STATES:
             if time.monotonic() > deadline:
-                raise FilamentError(f"execution {self.execution_id} still {view['state']} at the commit deadline")
+                raise CommitStillRunning(self.run_id, self.execution_id, view["state"])
             if view["state"] in ("extracting", "paused"):
                 # The commit request never arrived (its connection failed): send it again.
                 remaining = max(1.0, deadline - time.monotonic())

@@ -15,12 +15,34 @@ class GatewayUnreachable(FilamentError):
     """The gateway could not be reached (connection errors or timeouts) within the retry policy."""
 
 
+class CommitStillRunning(FilamentError):
+    """`commit(wait=True)` stopped waiting (the client's `commit_timeout` passed) while the
+    execution was still committing. Nothing was cancelled: a commit, once asked, runs to its end
+    at the gateway (`committed` or `failed`). Learn the outcome under the same execution id
+    (`Run.wait_for_commit`, or `Run.deliver` with the same `execution_id`, which sends nothing
+    again once it committed); a new execution id would load the rows a second time.
+    """
+
+    def __init__(self, run_id: str, execution_id: str, state: str) -> None:
+        super().__init__(
+            f"execution {execution_id} of run {run_id} still {state} at the client's commit deadline; the commit goes "
+            f"on at the gateway: ask for its outcome (or retry) with execution_id={execution_id!r}"
+        )
+        self.run_id = run_id
+        self.execution_id = execution_id
+        self.state = state
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.execution_id, self.state))
+
+
 class ProblemError(FilamentError):
     """A gateway answer with an error status, parsed from its `application/problem+json` body.
 
     `status`, `code`, `detail` and `hint` come from the body (the `code` is stable, see the
-    contract); `response` is the original `requests.Response` (None for a failed execution read
-    from its view), `problem` the whole parsed body.
+    contract); `response` is the answer as received (status, headers, body, url; None for a
+    failed execution read from its view), detached from its request so that no credential
+    rides on the exception (`response.request` is None); `problem` the whole parsed body.
     """
 
     def __init__(
@@ -36,12 +58,17 @@ class ProblemError(FilamentError):
         self.code = code
         self.detail = detail
         self.hint = hint
-        self.response = response
+        self.response = detached(response) if response is not None else None
         self.problem: dict[str, Any] = problem if problem is not None else {}
         message = f"{status} {code}: {detail}"
         if hint:
             message += f" (hint: {hint})"
         super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled as the arguments of `__init__` (Exception's default pickles the message only,
+        # which `__init__` cannot take back) and the attributes.
+        return (type(self), (self.status, self.code, self.detail, self.hint, None, self.problem), self.__dict__)
 
     @property
     def retry_after(self) -> Optional[float]:
@@ -94,6 +121,9 @@ class ExecutionFailed(ProblemError):
         )
         self.execution = execution
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.execution,), self.__dict__)
+
     @property
     def redeliverable(self) -> bool:
         """True when a new delivery of the same execution id is the fix (`gateway_restarted`,
@@ -111,6 +141,23 @@ REDELIVERABLE_CODES = frozenset(
         "quota_exceeded",
     }
 )
+
+
+def detached(response: requests.Response) -> requests.Response:
+    """A copy of `response` without what leads back to its request: no `request` (whose
+    `Authorization` header holds the caller's token), no `history`, no connection. Safe to
+    keep on an exception, log, or pickle."""
+    if response.request is None and not response.history and response.raw is None:
+        return response
+    copy = requests.Response()
+    copy.status_code = response.status_code
+    copy.headers = requests.structures.CaseInsensitiveDict(response.headers)
+    copy._content = response.content
+    copy.encoding = response.encoding
+    copy.reason = response.reason
+    copy.url = response.url
+    copy.elapsed = response.elapsed
+    return copy
 
 
 def parse_retry_after(value: Optional[str]) -> Optional[float]:

@@ -43,8 +43,17 @@ class FilamentClientConfiguration(DestinationClientDwhConfiguration):
     max_deliveries: int = 3
     """How often one load is delivered within one `complete_load` when the gateway fails it for
     a passing reason (`gateway_restarted`, ...); a later `pipeline.run()` delivers it again."""
+    run_id_prefix: Optional[str] = None
+    """Starts every run id the destination creates: the `run_id_prefix` of the principal whose
+    token it uses, when it has one (such a principal may create no other run ids)."""
+    allow_insecure_http: bool = False
+    """Send the token over plain `http://` to a host that is not this machine (refused
+    otherwise): only on a network you trust."""
     request_timeout: float = 300.0
     commit_timeout: float = 3600.0
+    """How long one `complete_load` waits for its commit; past it the load fails for dlt to
+    retry (the commit goes on at the gateway, and the retry waits for its outcome under the
+    same execution id, sending nothing twice)."""
 
     def fingerprint(self) -> str:
         """What tells two destinations apart in dlt's pipeline state: the gateway's url."""

@@ -20,7 +20,8 @@ class filament(Destination[FilamentClientConfiguration, "FilamentJobClient"]):
                                 dataset_name="shop_raw")
 
     Each load package is one gateway run and execution (its id: the load id), committed when
-    dlt completes the load; see docs/clients.md for the write modes and types."""
+    dlt completes the load; see docs/clients.md for the write modes and types. A principal with
+    a `run_id_prefix` needs the same `run_id_prefix=` here: every run id starts with it."""
 
     spec = FilamentClientConfiguration
 
@@ -55,6 +56,7 @@ class filament(Destination[FilamentClientConfiguration, "FilamentJobClient"]):
         token: Optional[str] = None,
         project: Optional[str] = None,
         location: Optional[str] = None,
+        run_id_prefix: Optional[str] = None,
         credentials: Optional[FilamentCredentials] = None,
         destination_name: Optional[str] = None,
         environment: Optional[str] = None,
@@ -66,6 +68,7 @@ class filament(Destination[FilamentClientConfiguration, "FilamentJobClient"]):
             credentials=credentials,
             project=project,
             location=location,
+            run_id_prefix=run_id_prefix,
             destination_name=destination_name,
             environment=environment,
             **kwargs,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from types import TracebackType
 from typing import Any, Iterable, Iterator, Optional, Type
 
@@ -36,7 +35,13 @@ from dlt.common.storages.load_package import (
 from dlt.destinations.job_impl import FinalizedLoadJob
 
 from .._client import Client, Execution, RetryPolicy, Run
-from .._errors import ExecutionFailed, FilamentError, GatewayUnreachable, NotFound, ProblemError, Unavailable
+from .._errors import (
+    CommitStillRunning,
+    ExecutionFailed,
+    FilamentError,
+    GatewayUnreachable,
+    Unavailable,
+)
 from ._configuration import FilamentClientConfiguration
 from ._mapping import (
     LOADS_TABLE,
@@ -77,15 +82,20 @@ class FilamentJobClient(JobClientBase):
             raise DestinationTerminalException("the filament destination needs the BigQuery project: filament(project=...)")
         self.project: str = config.project
         self.dataset: str = config.normalize_dataset_name(schema)
-        self.gateway = Client(
-            credentials.url,
-            token=str(credentials.token),
-            timeout=config.request_timeout,
-            commit_timeout=config.commit_timeout,
-            max_body_bytes=config.max_body_bytes,
-            compression=config.compression,
-            retry=RetryPolicy(),
-        )
+        try:
+            self.gateway = Client(
+                credentials.url,
+                token=str(credentials.token),
+                timeout=config.request_timeout,
+                commit_timeout=config.commit_timeout,
+                max_body_bytes=config.max_body_bytes,
+                compression=config.compression,
+                retry=RetryPolicy(),
+                allow_insecure_http=config.allow_insecure_http,
+                run_id_prefix=config.run_id_prefix,
+            )
+        except ValueError as refused:
+            raise DestinationTerminalException(f"the filament destination: {refused}") from None
 
     # -- what dlt asks of every destination ------------------------------------------------
 
@@ -128,7 +138,7 @@ class FilamentJobClient(JobClientBase):
             _PackageLoad(self, storage, load_id).deliver()
         except UnsupportedHint as unsupported:
             raise DestinationTerminalException(str(unsupported)) from unsupported
-        except (GatewayUnreachable, Unavailable) as passing:
+        except (GatewayUnreachable, Unavailable, CommitStillRunning) as passing:
             raise DestinationTransientException(f"load {load_id}: {passing}") from passing
         except ExecutionFailed as failed:
             error = DestinationTransientException if failed.redeliverable else DestinationTerminalException
@@ -147,7 +157,8 @@ class FilamentJobClient(JobClientBase):
     # -- ids --------------------------------------------------------------------------------
 
     def run_id(self, load_id: str) -> str:
-        return run_id_for(_pipeline_name(self.schema), self.project, self.dataset, load_id)
+        prefix = self.gateway.run_id_prefix
+        return run_id_for(_pipeline_name(self.schema), self.project, self.dataset, load_id, prefix)
 
 
 class _PackageLoad:
@@ -169,28 +180,16 @@ class _PackageLoad:
         run = client.gateway.create_run(
             project=client.project, dataset=client.dataset, run_id=run_id, location=client.config.location
         )
-        if self._previous_state(run, execution_id) == "committed":
+        # An earlier delivery of this load (a process that died or stopped waiting during the
+        # commit leaves the gateway committing: the commit runs to its end) decides whether
+        # anything is sent again; the retry is always the same execution id.
+        earlier = run.wait_for_commit(execution_id)
+        if earlier is not None and earlier["state"] == "committed":
             log.info("load %s is committed already (run %s): nothing to send", self.load_id, run_id)
             return
         self._declare(run)
         log.info("load %s: run %s, execution %s, %d tables", self.load_id, run_id, execution_id, len(self.plans))
         run.deliver(self._send, execution_id, max_deliveries=client.config.max_deliveries)
-
-    def _previous_state(self, run: Run, execution_id: str) -> Optional[str]:
-        """The state of an earlier delivery of this load, if any, once it is not committing
-        (a process that died during the commit leaves the gateway committing: its outcome
-        decides whether anything is sent again)."""
-        deadline = time.monotonic() + self.job_client.config.commit_timeout
-        pause = 0.5
-        while True:
-            try:
-                state = run.get_execution(execution_id)["state"]
-            except NotFound:
-                return None
-            if state != "committing" or time.monotonic() > deadline:
-                return state
-            time.sleep(pause)
-            pause = min(5.0, pause * 2)
 
     # -- the package ------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ VERSION_TABLE = "_dlt_version"
 STALE_NESTED_SUFFIX = ".stale_nested_rows"
 
 _ID_MAX = 64
+_PREFIX_MAX = 36
 _ID_ALLOWED = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -39,21 +40,26 @@ def execution_id_for(load_id: str) -> str:
     return _fit(_ID_ALLOWED.sub("_", load_id), load_id)
 
 
-def run_id_for(pipeline_name: str, project: str, dataset: str, load_id: str) -> str:
-    """One run per dlt load: `dlt_<pipeline>_<hash of pipeline, project, dataset>_<load id>`.
+def run_id_for(pipeline_name: str, project: str, dataset: str, load_id: str, prefix: str = "") -> str:
+    """One run per dlt load: `<prefix>dlt_<pipeline>_<hash of pipeline, project, dataset>_<load id>`.
 
     A run per load (rather than one run per pipeline) because `full_replace` replaces only in
     a run's first committed execution: every dlt `replace` load must replace. The hash keeps
-    two pipelines (or two datasets of one pipeline) apart whatever their names."""
+    two pipelines (or two datasets of one pipeline) apart whatever their names. `prefix` (the
+    principal's `run_id_prefix`, at most 36 characters of the id alphabet) is kept whole; the
+    rest is shortened to fit the gateway's 64 characters."""
+    if prefix and (len(prefix) > _PREFIX_MAX or _ID_ALLOWED.search(prefix)):
+        raise ValueError(f"run_id_prefix must be 1 to {_PREFIX_MAX} letters, digits, - or _, not {prefix!r}")
     digest = hashlib.sha256("\0".join((pipeline_name, project, dataset)).encode()).hexdigest()[:10]
     readable = _ID_ALLOWED.sub("_", pipeline_name)[:20]
-    return _fit(f"dlt_{readable}_{digest}_{execution_id_for(load_id)}", f"{pipeline_name}\0{dataset}\0{load_id}")
+    rest = f"dlt_{readable}_{digest}_{execution_id_for(load_id)}"
+    return prefix + _fit(rest, f"{pipeline_name}\0{dataset}\0{load_id}", _ID_MAX - len(prefix))
 
 
-def _fit(candidate: str, original: str) -> str:
-    if len(candidate) <= _ID_MAX:
+def _fit(candidate: str, original: str, limit: int = _ID_MAX) -> str:
+    if len(candidate) <= limit:
         return candidate
-    return candidate[: _ID_MAX - 17] + "_" + hashlib.sha256(original.encode()).hexdigest()[:16]
+    return candidate[: limit - 17] + "_" + hashlib.sha256(original.encode()).hexdigest()[:16]
 
 
 @dataclass
