@@ -52,6 +52,10 @@ error_codes! {
     InvalidArrowIpc => "invalid_arrow_ipc", BAD_REQUEST, "Invalid Arrow IPC stream";
     SchemaMismatch => "schema_mismatch", UNPROCESSABLE_ENTITY, "Schema changed within the resource";
     UnsupportedType => "unsupported_type", UNPROCESSABLE_ENTITY, "Unsupported Arrow type";
+    UnsupportedByteOrder => "unsupported_byte_order", UNPROCESSABLE_ENTITY, "Unsupported Arrow byte order";
+    UnsupportedCompressionCodec => "unsupported_compression_codec", UNPROCESSABLE_ENTITY, "Unsupported Arrow IPC compression codec";
+    UnsupportedIpcVersion => "unsupported_ipc_version", UNPROCESSABLE_ENTITY, "Unsupported Arrow IPC metadata version";
+    UnsupportedIpcFeature => "unsupported_ipc_feature", UNPROCESSABLE_ENTITY, "Unsupported Arrow IPC feature";
     PrecisionLoss => "precision_loss", UNPROCESSABLE_ENTITY, "Value would lose precision";
     InvalidValue => "invalid_value", UNPROCESSABLE_ENTITY, "Value BigQuery cannot store";
     InvalidOperation => "invalid_operation", UNPROCESSABLE_ENTITY, "Invalid operation";

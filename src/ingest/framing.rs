@@ -7,9 +7,21 @@
 //! [`MessageFraming`] follows the stream's framing (continuation marker, metadata length,
 //! flatbuffer metadata, body) as the bytes arrive, reads those declared lengths and refuses the
 //! body (`BodyTooLarge`) before the message that would exceed the limit is complete, that is
-//! before the decoder sees its last byte. Anything malformed is left to the decoder to report.
+//! before the decoder sees its last byte.
+//!
+//! It also refuses, from each message's metadata and before the decoder sees it, a valid stream
+//! using a feature the gateway does not read, naming it ([`refuse_unread_features`]): a
+//! big-endian schema (arrow-ipc's push decoder would read its buffers as little-endian), a
+//! metadata version other than V4 and V5, a compression codec or method other than LZ4_FRAME and
+//! ZSTD buffers, a schema feature flag it does not know; and a schema with a column the gateway
+//! cannot load ([`super::schema::refuse_unloadable_columns`]), so no record batch of such a
+//! stream is ever decoded (arrow-ipc panics on some, unions whose buffers are not aligned).
+//! Anything malformed is left to the decoder to report.
 
-use arrow_ipc::{MessageHeader, root_as_message};
+use arrow_ipc::{
+    BodyCompressionMethod, CompressionType, Endianness, Feature, Message, MessageHeader, MetadataVersion, RecordBatch,
+    root_as_message,
+};
 
 use super::IngestError;
 
@@ -225,13 +237,10 @@ impl MessageFraming {
 fn message_body(metadata: &[u8], continuation: bool) -> Result<MessageBody, IngestError> {
     let message =
         root_as_message(metadata).map_err(|e| IngestError::InvalidIpc(format!("unreadable message metadata: {e}")))?;
+    let record_batch = record_batch_of(&message);
+    refuse_unread_features(&message, record_batch)?;
     let length_bytes = u64::try_from(message.bodyLength())
         .map_err(|_| IngestError::InvalidIpc(format!("negative message body length {}", message.bodyLength())))?;
-    let record_batch = match message.header_type() {
-        MessageHeader::RecordBatch => message.header_as_record_batch(),
-        MessageHeader::DictionaryBatch => message.header_as_dictionary_batch().and_then(|d| d.data()),
-        _ => None,
-    };
     let mut windows = Vec::new();
     if let Some(batch) = record_batch.filter(|batch| batch.compression().is_some()) {
         for buffer in batch.buffers().iter().flatten() {
@@ -249,4 +258,60 @@ fn message_body(metadata: &[u8], continuation: bool) -> Result<MessageBody, Inge
         && message.header_type() == MessageHeader::RecordBatch
         && message.header_as_record_batch().is_some_and(|batch| batch.compression().is_none());
     Ok(MessageBody { length_bytes, position_bytes: 0, forwardable_record_batch, windows, next: 0 })
+}
+
+/// The record batch a record-batch or dictionary-batch message carries.
+fn record_batch_of<'a>(message: &Message<'a>) -> Option<RecordBatch<'a>> {
+    match message.header_type() {
+        MessageHeader::RecordBatch => message.header_as_record_batch(),
+        MessageHeader::DictionaryBatch => message.header_as_dictionary_batch().and_then(|d| d.data()),
+        _ => None,
+    }
+}
+
+/// Refuses a message of a valid stream that uses a feature the gateway does not read (see the
+/// module documentation), by the feature's name, and a schema with a column the gateway cannot
+/// load, by the column's name and type; before anything of it is decoded.
+fn refuse_unread_features(message: &Message<'_>, record_batch: Option<RecordBatch<'_>>) -> Result<(), IngestError> {
+    let version = message.version();
+    if !matches!(version, MetadataVersion::V4 | MetadataVersion::V5) {
+        return Err(IngestError::UnsupportedIpcVersion { version: named(version.variant_name(), version.0) });
+    }
+    if let Some(ipc_schema) = message.header_as_schema() {
+        let byte_order = match ipc_schema.endianness() {
+            Endianness::Little => None,
+            Endianness::Big => Some("big-endian".to_string()),
+            other => Some(format!("of byte order number {}", other.0)),
+        };
+        if let Some(byte_order) = byte_order {
+            return Err(IngestError::UnsupportedByteOrder { byte_order });
+        }
+        let known = [Feature::UNUSED, Feature::DICTIONARY_REPLACEMENT, Feature::COMPRESSED_BODY];
+        if let Some(unknown) = ipc_schema.features().into_iter().flatten().find(|feature| !known.contains(feature)) {
+            return Err(IngestError::UnsupportedIpcFeature { feature: named(unknown.variant_name(), unknown.0) });
+        }
+        // A schema arrow-ipc cannot convert is the decoder's to report.
+        if let Ok(schema) = arrow_ipc::convert::try_fb_to_schema(ipc_schema) {
+            super::schema::refuse_unloadable_columns(&schema)?;
+        }
+    }
+    if let Some(compression) = record_batch.and_then(|batch| batch.compression()) {
+        let (codec, method) = (compression.codec(), compression.method());
+        let codec_name = named(codec.variant_name(), codec.0);
+        if !matches!(codec, CompressionType::LZ4_FRAME | CompressionType::ZSTD) {
+            return Err(IngestError::UnsupportedCompressionCodec { codec: codec_name });
+        }
+        if method != BodyCompressionMethod::BUFFER {
+            let method_name = named(method.variant_name(), method.0);
+            return Err(IngestError::UnsupportedCompressionCodec {
+                codec: format!("{codec_name} by method {method_name}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A flatbuffer enum value by its name, or by its number when this arrow-ipc does not know it.
+fn named(name: Option<&str>, number: impl std::fmt::Display) -> String {
+    name.map_or_else(|| format!("number {number}"), str::to_string)
 }

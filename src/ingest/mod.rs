@@ -20,6 +20,9 @@ mod range_values;
 pub mod schema;
 pub(crate) mod staged_size;
 
+#[cfg(test)]
+mod schema_message_tests;
+
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
@@ -82,6 +85,20 @@ pub enum IngestError {
     StagedTooLarge { staged_bytes: usize, limit_bytes: usize, column: String, column_bytes: usize },
     #[error("column {column:?} has Arrow type {arrow_type}, which is not supported: {reason}")]
     UnsupportedType { column: String, arrow_type: String, reason: String },
+    #[error(
+        "the stream's schema says its buffers are {byte_order}; the gateway reads little-endian Arrow IPC streams only"
+    )]
+    UnsupportedByteOrder { byte_order: String },
+    #[error(
+        "a record batch of the stream is compressed with codec {codec}; the gateway reads buffers compressed with LZ4_FRAME or ZSTD"
+    )]
+    UnsupportedCompressionCodec { codec: String },
+    #[error(
+        "the stream's messages have Arrow IPC metadata version {version}; the gateway reads V4 (Arrow 0.8 to 0.17) and V5 (Arrow 1.0 and later)"
+    )]
+    UnsupportedIpcVersion { version: String },
+    #[error("the stream's schema declares Arrow IPC feature {feature}, which the gateway does not know")]
+    UnsupportedIpcFeature { feature: String },
     #[error("{0}")]
     InvalidColumn(String),
     #[error("column {column:?} row {row}: {reason}")]
@@ -112,6 +129,10 @@ impl IngestError {
             IngestError::InvalidIpc(_) => ErrorCode::InvalidArrowIpc,
             IngestError::BodyTooLarge { .. } | IngestError::StagedTooLarge { .. } => ErrorCode::PayloadTooLarge,
             IngestError::UnsupportedType { .. } => ErrorCode::UnsupportedType,
+            IngestError::UnsupportedByteOrder { .. } => ErrorCode::UnsupportedByteOrder,
+            IngestError::UnsupportedCompressionCodec { .. } => ErrorCode::UnsupportedCompressionCodec,
+            IngestError::UnsupportedIpcVersion { .. } => ErrorCode::UnsupportedIpcVersion,
+            IngestError::UnsupportedIpcFeature { .. } => ErrorCode::UnsupportedIpcFeature,
             IngestError::InvalidColumn(_) => ErrorCode::InvalidIdentifier,
             IngestError::PrecisionLoss { .. } => ErrorCode::PrecisionLoss,
             IngestError::InvalidValue { .. } => ErrorCode::InvalidValue,
@@ -143,6 +164,12 @@ impl From<IngestError> for Problem {
             }
             IngestError::PrecisionLoss { .. } => {
                 Some("BigQuery stores microseconds at most: truncate or round the values before sending")
+            }
+            IngestError::UnsupportedByteOrder { .. } => Some(
+                "Arrow writes the host's byte order: write the stream on a little-endian host (x86-64, ARM), or with Arrow Java, which always writes little-endian",
+            ),
+            IngestError::UnsupportedCompressionCodec { .. } => {
+                Some("write the stream with LZ4_FRAME or ZSTD buffer compression, or none")
             }
             _ => None,
         };

@@ -228,6 +228,15 @@ fn scalar_type(path: &str, data_type: &DataType) -> Result<BigQueryType, IngestE
     })
 }
 
+/// Refuses a schema with a column the gateway cannot load (its type, a mark on the wrong type, a
+/// nested field's name): what [`map_schema`] refuses column by column, whatever the write mode.
+/// The framing ([`super::framing`]) runs it on the schema message, before any record batch of
+/// the stream is decoded, so such a stream is refused by name even where arrow-ipc would fail
+/// on its batches (it panics on union buffers that are not aligned).
+pub(crate) fn refuse_unloadable_columns(schema: &Schema) -> Result<(), IngestError> {
+    schema.fields().iter().try_for_each(|field| bigquery_column(field.name(), field).map(drop))
+}
+
 /// Validates names (contract rules, reserved prefix, case-insensitive uniqueness, column count),
 /// types, the operation column and the key, and builds the staging layout for `spec`.
 pub fn map_schema(schema: &SchemaRef, spec: LoadSpec<'_>) -> Result<MappedSchema, IngestError> {

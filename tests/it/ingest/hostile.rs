@@ -25,18 +25,18 @@ use crate::support::{Gateway, GatewayOptions, TestRun, assert_problem, eventuall
 const DEFAULT_MEMORY_BOUND_KIB: u64 = (64 + 128 + 128 + 128 + 64 + 128) * 1024;
 
 /// The gateway's peak resident memory so far, in KiB (`VmHWM` of `/proc/PID/status`).
-fn peak_rss_kib(gw: &Gateway) -> u64 {
+pub(super) fn peak_rss_kib(gw: &Gateway) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{}/status", gw.pid())).expect("the gateway's status");
     let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
     line.split_whitespace().nth(1).and_then(|kib| kib.parse().ok()).expect("VmHWM in kB")
 }
 
-fn assert_within_memory_bound(gw: &Gateway) {
+pub(super) fn assert_within_memory_bound(gw: &Gateway) {
     let peak = peak_rss_kib(gw);
     assert!(peak <= DEFAULT_MEMORY_BOUND_KIB, "peak RSS {peak} KiB above the bound {DEFAULT_MEMORY_BOUND_KIB} KiB");
 }
 
-async fn healthy(gw: &Gateway) {
+pub(super) async fn healthy(gw: &Gateway) {
     let response = gw.unauthenticated(Method::GET, "/healthz").send().await.expect("/healthz answers");
     assert_eq!(response.status(), StatusCode::OK);
 }

@@ -1,5 +1,7 @@
-//! Batch bodies as extractors send them: errors, fidelity of values, source types and names, hostile bodies.
+//! Batch bodies as extractors send them: errors, fidelity of values, source types and names, hostile bodies,
+//! and the Arrow project's own IPC test files.
 
+mod arrow_testing;
 mod errors;
 mod fidelity;
 mod hostile;

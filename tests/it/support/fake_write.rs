@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use arrow_array::Int64Array;
+use arrow_array::{Int64Array, RecordBatch};
 use arrow_ipc::reader::StreamReader;
 use bytes::Bytes;
 use futures::StreamExt as _;
@@ -50,8 +50,12 @@ pub enum AppendFault {
 #[derive(Debug, Default, Clone)]
 pub struct FakeStream {
     pub table: String,
-    /// Values of the first (Int64) column, in offset order (not kept in null-sink mode).
+    /// Values of the first column when it is Int64, in offset order (not kept in null-sink
+    /// mode).
     pub ids: Vec<i64>,
+    /// The rows appended, as the record batches the requests carried, in offset order (kept
+    /// only with [`FakeState::keep_batches`]).
+    pub batches: Vec<RecordBatch>,
     /// Rows appended (the stream's end offset).
     pub rows: i64,
     /// (offset, rows) of every applied request.
@@ -135,6 +139,9 @@ pub struct FakeState {
     pub finalize_row_count_error: Vec<(String, i64)>,
     /// Null-sink mode (benchmarks): decode and count rows, keep no values.
     pub null_sink: bool,
+    /// Keep every appended record batch ([`FakeStream::batches`]): the staged rows of types the
+    /// emulator cannot store, checked as the gateway appended them.
+    pub keep_batches: bool,
     /// Until then, every append is answered with the status `RESOURCE_EXHAUSTED` ("Exceeds
     /// 'AppendRows throughput' quota") before it is applied: a quota that has not refilled.
     pub exhausted_until: Option<std::time::Instant>,
@@ -376,17 +383,26 @@ fn in_response(code: i32, message: &str) -> AppendRowsResponse {
     }
 }
 
-/// Decodes the first column's values of one request.
-fn decode_ids(schema: &Bytes, batch: &Bytes) -> Vec<i64> {
+/// The rows of one request: how many, the first column's values when it is Int64 (the ids
+/// most tests check), and the record batches themselves.
+struct AppendedRows {
+    rows: usize,
+    ids: Vec<i64>,
+    batches: Vec<RecordBatch>,
+}
+
+fn decode_rows(schema: &Bytes, batch: &Bytes) -> AppendedRows {
     let mut stream = schema.to_vec();
     stream.extend_from_slice(batch);
     let reader = StreamReader::try_new(std::io::Cursor::new(stream), None).expect("fake: writer schema");
-    reader
-        .flat_map(|b| {
-            let b = b.expect("fake: record batch");
-            b.column(0).as_any().downcast_ref::<Int64Array>().expect("fake: first column is Int64").values().to_vec()
-        })
-        .collect()
+    let batches: Vec<RecordBatch> = reader.map(|b| b.expect("fake: record batch")).collect();
+    let rows = batches.iter().map(RecordBatch::num_rows).sum();
+    let ids = batches
+        .iter()
+        .filter_map(|b| b.column(0).as_any().downcast_ref::<Int64Array>())
+        .flat_map(|ids| ids.values().to_vec())
+        .collect();
+    AppendedRows { rows, ids, batches }
 }
 
 type AppendStream = tokio_stream::wrappers::UnboundedReceiverStream<Result<AppendRowsResponse, Status>>;
@@ -474,8 +490,8 @@ impl FakeState {
 
     /// Applies `ids` at `offset` with BigQuery's offset semantics: the answer (an error inside
     /// the response unless the rows were appended); `None` when there is no such stream.
-    fn apply(&mut self, stream_name: &str, offset: i64, ids: Vec<i64>) -> Option<AppendRowsResponse> {
-        let null_sink = self.null_sink;
+    fn apply(&mut self, stream_name: &str, offset: i64, appended: AppendedRows) -> Option<AppendRowsResponse> {
+        let (null_sink, keep_batches) = (self.null_sink, self.keep_batches);
         let stream = self.streams.get_mut(stream_name)?;
         let end = stream.rows;
         if stream.finalized {
@@ -487,10 +503,13 @@ impl FakeState {
         if offset > end {
             return Some(in_response(11, "fake: offset beyond the end"));
         }
-        stream.rows += ids.len() as i64;
+        stream.rows += appended.rows as i64;
         if !null_sink {
-            stream.appends.push((offset, ids.len()));
-            stream.ids.extend(ids);
+            stream.appends.push((offset, appended.rows));
+            stream.ids.extend(appended.ids);
+        }
+        if keep_batches {
+            stream.batches.extend(appended.batches);
         }
         Some(AppendRowsResponse {
             response: Some(append_rows_response::Response::AppendResult(append_rows_response::AppendResult {
@@ -592,8 +611,8 @@ async fn answer(
         let _ = responses.send(Err(Status::invalid_argument("fake: no writer schema on this connection")));
         return Then::EndCall;
     };
-    let ids = decode_ids(schema, &arrow.rows.map(|r| r.serialized_record_batch).unwrap_or_default());
-    let applied = state.lock().unwrap().apply(&stream_name, request.offset.unwrap_or(-1), ids);
+    let appended = decode_rows(schema, &arrow.rows.map(|r| r.serialized_record_batch).unwrap_or_default());
+    let applied = state.lock().unwrap().apply(&stream_name, request.offset.unwrap_or(-1), appended);
     answered();
     let Some(response) = applied else {
         let _ = responses.send(Ok(in_response(5, "fake: stream not found")));
