@@ -152,6 +152,7 @@ problems! {
             InvalidClustering,
             InvalidTableOptions,
             Backpressure,
+            LaneLimit,
         ],
     ];
     /// `POST /v1/connections/test`.
