@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 use crate::api::console::session::{ConsoleSessions, MIN_KEY_FILE_BYTES};
 use crate::api::server::{self, ConnectionLimits, http1_header_fields_parsed, http1_read_buffer_bytes};
 use crate::api::{ApiSettings, ApiState, router};
-use crate::bigquery::adaptive::{AdaptiveConcurrency, BIGQUERY_CONCURRENT_QUERIES};
+use crate::bigquery::adaptive::{AdaptiveLimits, BIGQUERY_CONCURRENT_QUERIES};
 use crate::bigquery::quota::{QuotaSettings, Quotas};
 use crate::bigquery::retry::Backoff;
 use crate::bigquery::retry::RetryPolicy;
@@ -96,6 +96,7 @@ fn pipeline_limits(config: &ServeConfig) -> anyhow::Result<PipelineLimits> {
         max_append_connections: config.max_append_connections as usize,
         append_connection_idle: Duration::from_secs(config.append_connection_idle_secs),
         max_concurrent_prepares: config.max_concurrent_prepares as usize,
+        max_open_lanes_per_principal: config.fairness.max_open_lanes_per_principal as usize,
         retry: retry_policy(config),
         append_timeouts: AppendTimeouts {
             response: Duration::from_secs(config.append_response_timeout_secs),
@@ -177,6 +178,10 @@ fn api_settings(config: &ServeConfig) -> ApiSettings {
             max_duration: Duration::from_secs(config.body_max_read_secs),
         },
         metrics_token_sha256: config.metrics_token.as_deref().map(crate::principals::token_digest),
+        connection_tests: crate::bigquery::fair::PerPrincipalCap::new(
+            "connection_tests",
+            config.fairness.max_connection_tests_per_principal as usize,
+        ),
     }
 }
 
@@ -304,7 +309,7 @@ fn publisher(config: &ServeConfig, store: &Store, bigquery: &BigQuery, pipeline:
         pipeline: pipeline.clone(),
         query_job_timeout: Duration::from_secs(config.query_job_timeout_secs),
         max_concurrent_publications: maximum,
-        publications: AdaptiveConcurrency::starting_at("publication", BIGQUERY_CONCURRENT_QUERIES, maximum),
+        publications: AdaptiveLimits::starting_at("publication", BIGQUERY_CONCURRENT_QUERIES, maximum),
         retry: RetryPolicy { quota_wait: Duration::from_secs(config.quota_wait_secs), ..PUBLICATION_RETRY },
     }
 }

@@ -84,6 +84,7 @@ error_codes! {
     BatchConflict => "batch_conflict", CONFLICT, "Batch sequence number reused with other content";
     Backpressure => "backpressure", TOO_MANY_REQUESTS, "Upload budget full";
     PrincipalLimit => "principal_limit", TOO_MANY_REQUESTS, "The principal's share is in use";
+    LaneLimit => "lane_limit", TOO_MANY_REQUESTS, "The principal has its most lanes open";
     ReplayMismatch => "replay_mismatch", CONFLICT, "Redelivered execution differs from its publication";
     PublicationFailed => "publication_failed", BAD_GATEWAY, "Publication failed";
     PublicationTooExpensive => "publication_too_expensive", BAD_GATEWAY, "Publication would bill more than allowed";
@@ -122,6 +123,9 @@ impl ErrorCode {
                 "another gateway replica serves the execution and could not be reached; retry after `Retry-After`"
             }
             ErrorCode::ReplicaDraining => "this replica is shutting down; retry",
+            ErrorCode::LaneLimit => {
+                "each resource with batches in an extracting execution holds a lane until its commit or abort; commit or abort executions, then retry after `Retry-After`"
+            }
             ErrorCode::GatewayRestarted => "the replica serving the execution stopped; deliver the execution again",
             ErrorCode::PendingStreamExpired => "deliver the execution again and commit it sooner",
             ErrorCode::BodyTimeout => "the body arrived slower than `FILAMENT_BODY_MIN_RATE_BYTES_PER_SEC`",

@@ -15,7 +15,8 @@
 //!   windows and replays).
 //! - `bigquery`: Storage Write client (tonic), datasets/tables/jobs (REST), credentials, the
 //!   one retry policy, the pacers of BigQuery's published quotas (`bigquery::quota`, shared
-//!   by the fleet) and the adaptive concurrency that learns from call results.
+//!   by the fleet) and the adaptive concurrency that learns from call results (per project and
+//!   location), principals taking turns at both (`bigquery::fair`).
 //! - `publish`: commit in phases: every stream finalized and committed to staging, then (the
 //!   barrier) one query job per resource, eight tables at a time by default; its decisions
 //!   pure (`publish::decide`), SQL generation, deterministic job ids, fingerprints and the

@@ -39,6 +39,10 @@ pub(crate) const QUOTA_WAITING: &str = "filament_bigquery_quota_waiting";
 pub(crate) const QUOTA_IN_FLIGHT: &str = "filament_bigquery_quota_in_flight";
 pub(crate) const QUOTA_REFUSALS: &str = "filament_bigquery_quota_refusals_total";
 pub(crate) const FLEET_REPLICAS: &str = "filament_fleet_replicas";
+pub(crate) const FAIR_QUEUE_CALLS_WAITING: &str = "filament_fair_queue_calls_waiting";
+pub(crate) const FAIR_QUEUE_PRINCIPALS_WAITING: &str = "filament_fair_queue_principals_waiting";
+pub(crate) const PRINCIPAL_CAP_PLACES_HELD: &str = "filament_principal_cap_places_held";
+pub(crate) const PRINCIPAL_CAP_REFUSALS: &str = "filament_principal_cap_refusals_total";
 pub(crate) const TRACE_SPANS_DROPPED: &str = "filament_trace_spans_dropped_total";
 pub(crate) const APPEND_LATENCY: &str = "filament_append_latency_seconds";
 pub(crate) const HTTP_REQUEST_DURATION: &str = "filament_http_request_duration_seconds";
@@ -270,11 +274,30 @@ fn describe_quotas_and_traces() {
         Unit::Count,
         "Live replicas sharing BigQuery's quotas, as this replica counts them (0: its own place lapsed)"
     );
+    describe_fairness();
     describe_counter!(
         TRACE_SPANS_DROPPED,
         Unit::Count,
         "Trace spans dropped because the export queue was full or the OTLP endpoint refused them"
     );
+}
+
+/// Fair queues and per-principal caps (`bigquery::fair`): labelled by queue or cap, never by
+/// principal.
+fn describe_fairness() {
+    use metrics::{Unit, describe_counter, describe_gauge};
+    describe_gauge!(
+        FAIR_QUEUE_CALLS_WAITING,
+        Unit::Count,
+        "Calls queued for their turn at a quota or adaptive limit, by queue (summed over destinations)"
+    );
+    describe_gauge!(
+        FAIR_QUEUE_PRINCIPALS_WAITING,
+        Unit::Count,
+        "Principals with calls queued at a quota or adaptive limit, by queue (counted once per destination)"
+    );
+    describe_gauge!(PRINCIPAL_CAP_PLACES_HELD, Unit::Count, "Places held under a per-principal cap, all principals");
+    describe_counter!(PRINCIPAL_CAP_REFUSALS, Unit::Count, "Requests refused because their principal held its cap");
 }
 
 /// Uploads, publications and HTTP timings.

@@ -1,4 +1,7 @@
-//! `POST /v1/connections/test`: authenticate and run `SELECT 1` as a query job.
+//! `POST /v1/connections/test`: authenticate and run `SELECT 1` as a query job. A principal
+//! has at most `FILAMENT_MAX_CONNECTION_TESTS_PER_PRINCIPAL` in flight (429 `principal_limit`
+//! beyond, at once), and its tests' BigQuery calls take their turns under it
+//! (`bigquery::fair`): a project whose queries queue holds that principal's places only.
 
 use std::time::Duration;
 
@@ -13,10 +16,11 @@ use super::auth::Caller;
 use super::error::ApiJson;
 use super::problems;
 use crate::bigquery::error::Stage;
+use crate::bigquery::fair::Tenant;
 use crate::bigquery::jobs::QueryJob;
 use crate::bigquery::retry::{Backoff, RetryPolicy};
 use crate::bigquery::{BigQueryError, CONNECTION_TEST_DEADLINE, CREDENTIALS_DEADLINE, within};
-use crate::error::Problem;
+use crate::error::{ErrorCode, Problem};
 use crate::model::ids::{validate_location, validate_project_id};
 use crate::principals::Action;
 
@@ -63,8 +67,12 @@ pub(crate) async fn test_connection(
     if let Some(location) = location {
         validate_location(location)?;
     }
+    let tenant = Tenant::principal(caller.name());
+    let Some(_in_flight) = state.settings.connection_tests.try_take(&tenant) else {
+        return Err(connection_tests_limit(caller.name(), state.settings.connection_tests.cap()));
+    };
     let started = Instant::now();
-    let bigquery = &state.bigquery;
+    let bigquery = &state.bigquery.on_behalf_of(tenant);
     bigquery.probe_credentials(CREDENTIALS_DEADLINE).await.map_err(|e| e.problem(Stage::Credentials))?;
     let job_id = format!("filament_connection_test_{}", hex::encode(rand::random::<[u8; 12]>()));
     let remaining = CONNECTION_TEST_DEADLINE.saturating_sub(started.elapsed());
@@ -81,6 +89,18 @@ pub(crate) async fn test_connection(
     let job = bigquery.run_query_job(&query);
     within("connection test", remaining, job).await.map_err(|e| connection_problem(&e, &bigquery.endpoints.rest))?;
     Ok(axum::Json(ConnectionTestResponse { ok: true, elapsed_ms: started.elapsed().as_millis() as u64 }))
+}
+
+/// 429 `principal_limit`: the principal has its most connection tests in flight.
+fn connection_tests_limit(principal: &str, cap: usize) -> Problem {
+    Problem::new(
+        ErrorCode::PrincipalLimit,
+        format!(
+            "principal {principal} has {cap} connection tests in flight (FILAMENT_MAX_CONNECTION_TESTS_PER_PRINCIPAL)"
+        ),
+    )
+    .with_hint("wait for the connection tests in flight to answer (within 15 s), then retry")
+    .with_retry_after(2)
 }
 
 /// The connection test's problem: BigQuery's own diagnosis, or for an endpoint that did not

@@ -281,7 +281,7 @@ pub(crate) async fn commit_execution(
         CommitStart::Current(current) => return already_committing(&state, *current, params.wait).await,
     };
     audit::execution_committed(caller.name(), &run_id, &execution_id);
-    let publisher = state.publisher.clone();
+    let publisher = state.publisher.serving(&committing.run);
     let started = committing.execution.clone();
     // The commit runs after the answer, under a span of the request's trace.
     let span = tracing::trace_span!(target: crate::traces::TARGET, "execution.commit", run_id = %run_id,

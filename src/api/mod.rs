@@ -58,6 +58,9 @@ pub(crate) struct ApiSettings {
     /// `/metrics` answers only a scraper presenting the token of this digest, when set
     /// (`FILAMENT_METRICS_TOKEN`).
     pub(crate) metrics_token_sha256: Option<[u8; 32]>,
+    /// The connection tests each principal has in flight, within
+    /// `FILAMENT_MAX_CONNECTION_TESTS_PER_PRINCIPAL` (clones share the counts).
+    pub(crate) connection_tests: crate::bigquery::fair::PerPrincipalCap,
 }
 
 /// Shared state of every handler.

@@ -156,6 +156,7 @@ problems! {
             InvalidClustering,
             InvalidTableOptions,
             Backpressure,
+            LaneLimit,
         ],
     ];
     /// `POST /v1/connections/test`.

@@ -19,11 +19,18 @@
 //!   `FILAMENT_MAX_CONCURRENT_PUBLICATIONS`), and starts at [`INITIAL_LIMIT`] (the fixed value
 //!   it replaced), except where BigQuery documents the concurrency it allows
 //!   ([`AdaptiveConcurrency::starting_at`]: publications start at its 100 concurrent queries).
+//! - **Per destination.** What BigQuery refuses or queues is one project's (its concurrent
+//!   queries, its stream creations): [`AdaptiveLimits`] keeps one limit per project and
+//!   location (`super::per_destination`), so a project that lowered its quota slows only the
+//!   calls into it. Callers waiting for a place take turns by tenant (`super::fair`).
 //!
-//! The limit and its decreases are in `/metrics`: `filament_bigquery_concurrency_limit`,
-//! `filament_bigquery_concurrency_in_flight` and `filament_bigquery_concurrency_decreases_total`
-//! (by `operation` and `reason`). A refusal only slows calls down: retrying is the caller's
-//! budget (`bigquery::retry`).
+//! The limit and its decreases are in `/metrics`: `filament_bigquery_concurrency_limit` (the
+//! lowest limit among the destinations), `filament_bigquery_concurrency_in_flight` (calls under
+//! every destination's limit) and `filament_bigquery_concurrency_decreases_total` (by
+//! `operation` and `reason`), never by project. A refusal only slows calls down: retrying is
+//! the caller's budget (`bigquery::retry`).
+
+mod gauges;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,8 +39,10 @@ use tokio::time::Instant;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::fair::{FairQueue, Tenant};
+use super::per_destination::{PerDestination, ProjectLocation};
 use super::retry::{Classified, RetryClass};
-use crate::telemetry;
+use gauges::OperationGauges;
 
 /// Where the limit starts.
 pub(crate) const INITIAL_LIMIT: usize = 8;
@@ -64,6 +73,15 @@ pub(crate) struct AdaptiveConcurrency {
 struct Limiter {
     /// `prepare`, `publication`: the metrics' `operation` label.
     operation: &'static str,
+    /// Its key among the operation's limits in the gauges.
+    id: u64,
+    /// The project and location it limits calls into (named in its log lines, never in
+    /// `/metrics`); none for a limit of its own.
+    destination: Option<ProjectLocation>,
+    /// The operation's gauges, which every destination's limit reports to.
+    gauges: Arc<OperationGauges>,
+    /// Whose turn it is to wait for the next place.
+    turns: FairQueue,
     maximum: usize,
     /// Holds `limit + debt - in flight` permits: a decrease is paid back by permits released
     /// and forgotten.
@@ -143,13 +161,13 @@ impl Drop for Permit {
                 permit.forget();
             }
         }
-        metrics::gauge!(telemetry::BIGQUERY_CONCURRENCY_IN_FLIGHT, "operation" => self.limiter.operation)
-            .set(state.in_flight as f64);
+        self.limiter.gauges.left();
     }
 }
 
 impl AdaptiveConcurrency {
     /// A limit for `operation` starting at [`INITIAL_LIMIT`] (or `maximum` when lower).
+    #[cfg(test)]
     pub(crate) fn new(operation: &'static str, maximum: usize) -> Self {
         Self::starting_at(operation, INITIAL_LIMIT, maximum)
     }
@@ -157,22 +175,10 @@ impl AdaptiveConcurrency {
     /// A limit for `operation` starting at `initial` (or `maximum` when lower): where BigQuery
     /// documents the concurrency it allows (100 interactive queries per project), the limit
     /// starts there and only learns down, instead of ramping up on every gateway start.
+    #[cfg(test)]
     pub(crate) fn starting_at(operation: &'static str, initial: usize, maximum: usize) -> Self {
-        let maximum = maximum.max(1);
-        let limit = initial.clamp(1, maximum);
-        metrics::gauge!(telemetry::BIGQUERY_CONCURRENCY_LIMIT, "operation" => operation).set(limit as f64);
-        let state = LimitState {
-            limit,
-            debt: 0,
-            in_flight: 0,
-            slow_start: true,
-            decreases: 0,
-            mean_latency_seconds: None,
-            window: Window::new(),
-        };
-        let limiter =
-            Limiter { operation, maximum, permits: Arc::new(Semaphore::new(limit)), state: Mutex::new(state) };
-        Self { limiter: Arc::new(limiter) }
+        let gauges = Arc::new(OperationGauges::new(operation));
+        Self { limiter: Arc::new(Limiter::new(gauges, None, initial, maximum)) }
     }
 
     /// The current limit.
@@ -181,10 +187,15 @@ impl AdaptiveConcurrency {
         self.limiter.lock().limit
     }
 
-    /// Runs `call` once a place under the limit is free (waiting in arrival order); its
-    /// result tells the limit whether BigQuery pushed back, and otherwise how long it took.
-    pub(crate) async fn run<T, E: Classified>(&self, call: impl Future<Output = Result<T, E>>) -> Result<T, E> {
-        let permit = self.acquire().await;
+    /// Runs `tenant`'s `call` once a place under the limit is free (callers waiting take turns
+    /// by tenant, each tenant's in arrival order); its result tells the limit whether BigQuery
+    /// pushed back, and otherwise how long it took.
+    pub(crate) async fn run<T, E: Classified>(
+        &self,
+        tenant: &Tenant,
+        call: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let permit = self.acquire(tenant).await;
         let started = Instant::now();
         let decreases_before = self.limiter.lock().decreases;
         // Boxed: set-up and publication futures are large, and nesting them by value
@@ -200,20 +211,50 @@ impl AdaptiveConcurrency {
         answer
     }
 
-    async fn acquire(&self) -> Permit {
+    async fn acquire(&self, tenant: &Tenant) -> Permit {
         let semaphore = Arc::clone(&self.limiter.permits);
+        // One caller at a time waits at the semaphore: the one whose turn it is.
+        let turn = self.limiter.turns.turn(tenant).await;
         // The semaphore is never closed.
         let permit = semaphore.acquire_owned().await.ok();
+        drop(turn);
         let mut state = self.limiter.lock();
         state.in_flight += 1;
         state.window.most_in_flight = state.window.most_in_flight.max(state.in_flight);
-        metrics::gauge!(telemetry::BIGQUERY_CONCURRENCY_IN_FLIGHT, "operation" => self.limiter.operation)
-            .set(state.in_flight as f64);
+        self.limiter.gauges.entered();
         Permit { limiter: Arc::clone(&self.limiter), permit }
     }
 }
 
 impl Limiter {
+    /// A limit of calls into `destination` reporting to its operation's `gauges`.
+    fn new(gauges: Arc<OperationGauges>, destination: Option<ProjectLocation>, initial: usize, maximum: usize) -> Self {
+        let maximum = maximum.max(1);
+        let limit = initial.clamp(1, maximum);
+        let operation = gauges.operation;
+        let state = LimitState {
+            limit,
+            debt: 0,
+            in_flight: 0,
+            slow_start: true,
+            decreases: 0,
+            mean_latency_seconds: None,
+            window: Window::new(),
+        };
+        let limiter = Limiter {
+            operation,
+            id: gauges.next_id(),
+            destination,
+            turns: FairQueue::new(vec![metrics::Label::from_static_parts("operation", operation)]),
+            gauges,
+            maximum,
+            permits: Arc::new(Semaphore::new(limit)),
+            state: Mutex::new(state),
+        };
+        limiter.gauges.limit_changed(limiter.id, limit);
+        limiter
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, LimitState> {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -263,7 +304,7 @@ impl Limiter {
         state.debt -= repaid;
         added -= repaid;
         self.permits.add_permits(added);
-        metrics::gauge!(telemetry::BIGQUERY_CONCURRENCY_LIMIT, "operation" => self.operation).set(state.limit as f64);
+        self.gauges.limit_changed(self.id, state.limit);
     }
 
     /// Shrinks the limit, unless the call (started when `started_after` decreases had been
@@ -298,16 +339,73 @@ impl Limiter {
             taken += 1;
         }
         state.debt += removed - taken;
-        metrics::gauge!(telemetry::BIGQUERY_CONCURRENCY_LIMIT, "operation" => self.operation).set(state.limit as f64);
-        metrics::counter!(telemetry::BIGQUERY_CONCURRENCY_DECREASES, "operation" => self.operation,
-            "reason" => reason.label())
-        .increment(1);
+        self.gauges.limit_changed(self.id, state.limit);
+        self.gauges.decreased(reason.label());
         tracing::info!(
             operation = self.operation,
+            project = self.destination.as_ref().map(ProjectLocation::project),
+            location = self.destination.as_ref().map(ProjectLocation::location),
             limit = state.limit,
             reason = reason.label(),
             "bigquery.concurrency.decreased"
         );
+    }
+}
+
+impl Drop for Limiter {
+    fn drop(&mut self) {
+        self.gauges.limiter_gone(self.id);
+    }
+}
+
+/// One operation's adaptive limits, one per project and location, made at their first call.
+/// Cheap to clone (clones share the limits).
+#[derive(Debug, Clone)]
+pub(crate) struct AdaptiveLimits {
+    gauges: Arc<OperationGauges>,
+    initial: usize,
+    maximum: usize,
+    by_destination: Arc<PerDestination<Limiter>>,
+}
+
+impl AdaptiveLimits {
+    /// Limits of `operation` starting at [`INITIAL_LIMIT`], each within `maximum`.
+    pub(crate) fn new(operation: &'static str, maximum: usize) -> Self {
+        Self::starting_at(operation, INITIAL_LIMIT, maximum)
+    }
+
+    /// Limits of `operation` starting at `initial`, each within `maximum`
+    /// ([`AdaptiveConcurrency::starting_at`]).
+    pub(crate) fn starting_at(operation: &'static str, initial: usize, maximum: usize) -> Self {
+        let gauges = Arc::new(OperationGauges::new(operation));
+        gauges.show_limit(initial.clamp(1, maximum.max(1)));
+        Self { gauges, initial, maximum, by_destination: Arc::default() }
+    }
+
+    /// The limit of calls into `destination`.
+    pub(crate) fn of(&self, destination: &ProjectLocation) -> AdaptiveConcurrency {
+        let make = || Limiter::new(Arc::clone(&self.gauges), Some(destination.clone()), self.initial, self.maximum);
+        // Forgotten only when no call holds it: then none runs or waits under it.
+        AdaptiveConcurrency { limiter: self.by_destination.of(destination, make, |_| true) }
+    }
+
+    /// Runs `tenant`'s `call` into `destination` under that destination's limit
+    /// ([`AdaptiveConcurrency::run`]).
+    pub(crate) async fn run<T, E: Classified>(
+        &self,
+        destination: &ProjectLocation,
+        tenant: &Tenant,
+        call: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        // Boxed before it is handed on: a publication's future is large, and moving it by
+        // value through one more frame overflows debug builds' stacks.
+        self.of(destination).run(tenant, Box::pin(call)).await
+    }
+
+    /// The current limit of `destination`, when it has one.
+    #[cfg(test)]
+    pub(crate) fn limit_of(&self, destination: &ProjectLocation) -> Option<usize> {
+        self.by_destination.get(destination).map(|limiter| limiter.lock().limit)
     }
 }
 

@@ -3,6 +3,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::*;
+use crate::bigquery::fair::Tenant;
+use crate::bigquery::per_destination::ProjectLocation;
 
 /// A call's failure in these tests: BigQuery's pushback, or anything else.
 #[derive(Debug)]
@@ -28,7 +30,7 @@ async fn drive(
     let work = (0..calls).map(|i| {
         let (running, most) = (Arc::clone(&running), Arc::clone(&most));
         let refused = refuse(i);
-        limiter.run(async move {
+        limiter.run(&Tenant::Gateway, async move {
             let now = running.fetch_add(1, Ordering::SeqCst) + 1;
             most.fetch_max(now, Ordering::SeqCst);
             tokio::time::sleep(latency).await;
@@ -96,12 +98,66 @@ async fn calls_slowing_down_shrink_the_limit() {
 #[tokio::test(start_paused = true)]
 async fn a_failure_other_than_pushback_is_not_a_refusal() {
     let limiter = AdaptiveConcurrency::new("test", 64);
-    let failed: Result<(), Refused> = limiter.run(async { Err(Refused(RetryClass::Permanent)) }).await;
+    let failed: Result<(), Refused> =
+        limiter.run(&Tenant::Gateway, async { Err(Refused(RetryClass::Permanent)) }).await;
     assert!(failed.is_err());
-    let transient: Result<(), Refused> = limiter.run(async { Err(Refused(RetryClass::Transient)) }).await;
+    let transient: Result<(), Refused> =
+        limiter.run(&Tenant::Gateway, async { Err(Refused(RetryClass::Transient)) }).await;
     assert!(transient.is_err());
     assert_eq!(limiter.limit(), INITIAL_LIMIT, "only pushback shrinks the limit");
-    let refused: Result<(), Refused> = limiter.run(async { Err(Refused(RetryClass::Pushback)) }).await;
+    let refused: Result<(), Refused> =
+        limiter.run(&Tenant::Gateway, async { Err(Refused(RetryClass::Pushback)) }).await;
     assert!(refused.is_err());
     assert_eq!(limiter.limit(), 6, "learned from the result of the call, with no log line involved");
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_projects_refusals_shrink_only_that_projects_limit() {
+    let limits = AdaptiveLimits::new("test", 64);
+    let (refusing, other) = (ProjectLocation::new("lowered-quota", Some("EU")), ProjectLocation::new("p", Some("EU")));
+    let tenant = Tenant::principal("a");
+    let calls = (0..8).map(|_| limits.run(&refusing, &tenant, refused_after(Duration::from_millis(20))));
+    futures::future::join_all(calls).await;
+    assert_eq!(limits.limit_of(&refusing), Some(6), "8 x {REFUSAL_DECREASE}");
+    let answered: Result<(), Refused> = limits.run(&other, &Tenant::principal("b"), async { Ok(()) }).await;
+    assert!(answered.is_ok());
+    assert_eq!(limits.limit_of(&other), Some(INITIAL_LIMIT), "another project's limit is its own");
+    let same_project_elsewhere = ProjectLocation::new("lowered-quota", Some("US"));
+    assert_eq!(limits.limit_of(&same_project_elsewhere), None, "a location is a destination of its own");
+    assert_eq!(limits.limit_of(&ProjectLocation::new("lowered-quota", Some("eu"))), Some(6), "case-insensitive");
+}
+
+/// A call that BigQuery refuses after `latency`.
+async fn refused_after(latency: Duration) -> Result<(), Refused> {
+    tokio::time::sleep(latency).await;
+    Err(Refused(RetryClass::Pushback))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_principals_one_set_up_waits_one_round_behind_another_principals_thousand() {
+    let limits = AdaptiveLimits::new("prepare", 1);
+    let destination = ProjectLocation::new("p", None);
+    let started = Instant::now();
+    let bulk: Vec<_> = (0..1_000)
+        .map(|_| {
+            let (limits, destination) = (limits.clone(), destination.clone());
+            tokio::spawn(async move {
+                let call = async {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Ok::<(), Refused>(())
+                };
+                limits.run(&destination, &Tenant::principal("bulk"), call).await
+            })
+        })
+        .collect();
+    // Paused time moves on once every bulk call waits.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let small = Tenant::principal("small");
+    let served = limits.run(&destination, &small, async { Ok::<_, Refused>(started.elapsed()) }).await.unwrap();
+    // The call running and the one whose turn it was when small came, then one of bulk's in
+    // the round small joined: small runs third, not a thousand-and-first.
+    assert_eq!(served, Duration::from_millis(300), "served within one round");
+    for call in bulk {
+        call.await.unwrap().unwrap();
+    }
 }

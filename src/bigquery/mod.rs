@@ -11,16 +11,19 @@ pub(crate) mod append_frame;
 pub(crate) mod collation;
 pub(crate) mod credentials;
 pub(crate) mod error;
+pub(crate) mod fair;
 pub(crate) mod jobs;
 pub(crate) mod known_datasets;
 pub(crate) mod metadata;
+pub(crate) mod per_destination;
 pub(crate) mod quota;
 pub(crate) mod retry;
 pub(crate) mod row_errors;
 pub(crate) mod write;
 
 pub(crate) use error::{BigQueryError, BigQueryResult};
-use quota::Quotas;
+use fair::Tenant;
+use quota::{Quotas, TenantQuotas};
 use retry::{RetryClass, RetryPolicy};
 
 use std::time::Duration;
@@ -84,7 +87,7 @@ pub(crate) async fn within<T>(
 /// `policy` says (its quota wait and backoff); one that outlasts it is returned
 /// (`quota_exceeded`). A caller that retries the whole step itself hands [`RetryPolicy::ONCE`].
 pub(crate) async fn rest_call<T, Call, Answer>(
-    quotas: &Quotas,
+    quotas: &TenantQuotas,
     policy: &RetryPolicy,
     operation: &'static str,
     mut call: Call,
@@ -138,8 +141,9 @@ pub(crate) struct BigQuery {
     pub(crate) known_datasets: std::sync::Arc<known_datasets::KnownDatasets>,
     /// How REST calls retry BigQuery's pushback.
     pub(crate) rest_retry: RetryPolicy,
-    /// The rate quotas every call is paced by (shared by every clone).
-    pub(crate) quotas: std::sync::Arc<Quotas>,
+    /// The rate quotas every call is paced by (shared by every clone), met as the tenant
+    /// these clients call for (the gateway's own, or a principal's: [`BigQuery::on_behalf_of`]).
+    pub(crate) quotas: TenantQuotas,
 }
 
 impl BigQuery {
@@ -175,8 +179,19 @@ impl BigQuery {
             endpoints,
             known_datasets,
             rest_retry,
-            quotas,
+            quotas: TenantQuotas::new(quotas, Tenant::Gateway),
         })
+    }
+
+    /// These clients calling for `tenant`: its calls take their turns under it at every quota
+    /// and limit (`fair`). Cheap: the clients and quotas are shared.
+    pub(crate) fn on_behalf_of(&self, tenant: Tenant) -> Self {
+        Self { quotas: self.quotas.on_behalf_of(tenant), ..self.clone() }
+    }
+
+    /// The tenant these clients call for.
+    pub(crate) fn tenant(&self) -> &Tenant {
+        self.quotas.tenant()
     }
 
     /// These clients with REST calls retried as `rest_retry` says (cheap: the clients are shared).

@@ -4,12 +4,17 @@
 //!
 //! - **Rates** are token buckets ([`TokenBucket`]) holding the quota's window worth of calls and
 //!   refilled continuously: `tables.insert` per second, every REST method per second
-//!   (`jobs.insert`, `tables.get`, ...: one bucket each), `CreateWriteStream` per hour or per
-//!   minute ([`StreamQuotaReading`]). A caller reserves its token and waits for it, in order;
-//!   a refusal from BigQuery all the same ([`Quotas::refused`]) empties the bucket, so the
+//!   (`jobs.insert`, `tables.get`, ...: one bucket each; these are quotas per user, the
+//!   gateway's credentials), `CreateWriteStream` per hour or per minute
+//!   ([`StreamQuotaReading`]), one bucket per project and location as BigQuery counts it. A
+//!   refusal from BigQuery all the same ([`TokenBucket::refused`]) empties the bucket, so the
 //!   pace slows at once, and is counted.
 //! - **Concurrent REST requests** (long polls included) are held under their quota
 //!   ([`ConcurrencyShare`]).
+//! - **Fair turns.** Callers waiting for a token or a place are queued per tenant in front of
+//!   each bucket and share (`super::fair`), so a principal with thousands of calls waiting
+//!   delays another's next call by one call of each tenant waiting, not by its whole queue.
+//!   Calls carry their tenant in [`TenantQuotas`], the quotas as one tenant's calls meet them.
 //! - **Fleet shares.** Per-user and per-project quotas are shared by every replica of a fleet:
 //!   each replica paces with its share, the quota divided by the live replicas it counts in
 //!   Postgres (`replica`), re-divided when one joins, leaves or is lost. A bucket that shrinks
@@ -23,15 +28,20 @@
 //! Values and sources: `docs/performance.md`.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
+mod concurrency;
+
+use super::fair::{FairQueue, Tenant};
+use super::per_destination::{PerDestination, ProjectLocation};
 pub(crate) use crate::config::StreamQuotaReading;
 use crate::telemetry;
+pub(crate) use concurrency::{ConcurrencyShare, InFlight};
 
 /// The quota values the gateway paces by (defaults: Google's; a project may have raised ones).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -141,6 +151,8 @@ pub(crate) struct TokenBucket {
     fleet: FleetMembershipWatch,
     state: Mutex<BucketState>,
     waiting: AtomicUsize,
+    /// Whose turn it is to wait for the next token.
+    turns: FairQueue,
 }
 
 #[derive(Debug)]
@@ -157,27 +169,38 @@ impl TokenBucket {
     fn new(labels: Vec<metrics::Label>, quota: Rate, fleet: FleetMembershipWatch) -> Self {
         let rate = quota.share(*fleet.borrow());
         let state = BucketState { tokens: rate.burst, updated: Instant::now(), rate };
-        let bucket = TokenBucket { labels, quota, fleet, state: Mutex::new(state), waiting: AtomicUsize::new(0) };
+        let turns = FairQueue::new(labels.clone());
+        let bucket =
+            TokenBucket { labels, quota, fleet, state: Mutex::new(state), waiting: AtomicUsize::new(0), turns };
         bucket.publish(rate);
         bucket
     }
 
-    /// Takes one token, waiting for it when there is none (callers are served in the order they
-    /// reserved), and for a share while this replica's membership has lapsed. Cancel-safe: a
-    /// cancelled wait gives its reserved token back.
-    pub(crate) async fn take(&self) {
+    /// Takes one token for `tenant`'s call, waiting for it when there is none (callers waiting
+    /// take turns by tenant, `super::fair`), and for a share while this replica's membership
+    /// has lapsed. Cancel-safe: a cancelled wait gives its reserved token back.
+    pub(crate) async fn take(&self, tenant: &Tenant) {
+        let mut waiting = None;
+        let _turn = match self.turns.try_turn() {
+            Some(turn) => turn,
+            None => {
+                waiting = Some(Waiting::new(self));
+                self.turns.turn(tenant).await
+            }
+        };
         loop {
             let Some(wait) = self.reserve(Instant::now()) else {
-                let _waiting = Waiting::new(self, false);
+                waiting.get_or_insert_with(|| Waiting::new(self));
                 self.counted_again().await;
                 continue;
             };
             if wait.is_zero() {
                 return;
             }
-            let mut waiting = Waiting::new(self, true);
+            waiting.get_or_insert_with(|| Waiting::new(self));
+            let mut reserved = ReservedToken { bucket: self, granted: false };
             tokio::time::sleep(wait).await;
-            waiting.holds_reserved_token = false;
+            reserved.granted = true;
             return;
         }
     }
@@ -225,6 +248,13 @@ impl TokenBucket {
         self.refill(&mut state, Instant::now());
     }
 
+    /// Full, with no caller waiting: a new bucket would be the same.
+    fn is_idle(&self) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.refill(&mut state, Instant::now());
+        state.tokens >= state.rate.burst && self.waiting.load(Ordering::Relaxed) == 0
+    }
+
     /// BigQuery refused a call this bucket paced: the bucket empties (reservations already
     /// made still wait their turn), so the next calls come at the refill rate.
     pub(crate) fn refused(&self) {
@@ -258,19 +288,17 @@ fn method_labels(method: &'static str) -> Vec<metrics::Label> {
     ]
 }
 
-/// A caller waiting for its token (or for a share), counted in
-/// `filament_bigquery_quota_waiting` until dropped. A wait that ends while it holds a reserved
-/// token not yet granted (cancelled) gives the token back.
+/// A caller waiting for its turn, its token or a share, counted in
+/// `filament_bigquery_quota_waiting` until dropped.
 struct Waiting<'a> {
     bucket: &'a TokenBucket,
-    holds_reserved_token: bool,
 }
 
 impl<'a> Waiting<'a> {
-    fn new(bucket: &'a TokenBucket, holds_reserved_token: bool) -> Self {
+    fn new(bucket: &'a TokenBucket) -> Self {
         bucket.waiting.fetch_add(1, Ordering::Relaxed);
         metrics::gauge!(telemetry::QUOTA_WAITING, bucket.labels.clone()).increment(1.0);
-        Waiting { bucket, holds_reserved_token }
+        Waiting { bucket }
     }
 }
 
@@ -278,67 +306,21 @@ impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.bucket.waiting.fetch_sub(1, Ordering::Relaxed);
         metrics::gauge!(telemetry::QUOTA_WAITING, self.bucket.labels.clone()).decrement(1.0);
-        if self.holds_reserved_token {
+    }
+}
+
+/// A token reserved and not yet due: a wait that ends before (cancelled) gives it back.
+struct ReservedToken<'a> {
+    bucket: &'a TokenBucket,
+    granted: bool,
+}
+
+impl Drop for ReservedToken<'_> {
+    fn drop(&mut self) {
+        if !self.granted {
             let mut state = self.bucket.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             state.tokens += 1.0;
         }
-    }
-}
-
-/// At most this replica's share of a concurrency quota in flight.
-#[derive(Debug)]
-pub(crate) struct ConcurrencyShare {
-    name: &'static str,
-    quota: usize,
-    fleet: FleetMembershipWatch,
-    in_flight: Mutex<usize>,
-    freed: Notify,
-}
-
-/// A place under a [`ConcurrencyShare`], given back when dropped.
-#[derive(Debug)]
-pub(crate) struct InFlight<'a>(&'a ConcurrencyShare);
-
-impl ConcurrencyShare {
-    fn new(name: &'static str, quota: usize, fleet: FleetMembershipWatch) -> Self {
-        ConcurrencyShare { name, quota, fleet, in_flight: Mutex::new(0), freed: Notify::new() }
-    }
-
-    /// This replica's share: the quota divided among the replicas, at least one call; none
-    /// while its membership has lapsed.
-    pub(crate) fn limit(&self) -> usize {
-        match *self.fleet.borrow() {
-            FleetMembership::Counted { live_replicas } => (self.quota / live_replicas.max(1)).max(1),
-            FleetMembership::Lapsed => 0,
-        }
-    }
-
-    /// Waits for a place.
-    pub(crate) async fn enter(&self) -> InFlight<'_> {
-        loop {
-            // Registered before the check, so a place freed meanwhile wakes this caller.
-            let freed = self.freed.notified();
-            tokio::pin!(freed);
-            freed.as_mut().enable();
-            {
-                let mut in_flight = self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                if *in_flight < self.limit() {
-                    *in_flight += 1;
-                    metrics::gauge!(telemetry::QUOTA_IN_FLIGHT, "quota" => self.name).set(*in_flight as f64);
-                    return InFlight(self);
-                }
-            }
-            freed.await;
-        }
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        let mut in_flight = self.0.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        *in_flight -= 1;
-        metrics::gauge!(telemetry::QUOTA_IN_FLIGHT, "quota" => self.0.name).set(*in_flight as f64);
-        self.0.freed.notify_one();
     }
 }
 
@@ -348,10 +330,11 @@ pub(crate) struct Quotas {
     settings: QuotaSettings,
     fleet: FleetMembershipWatch,
     tables_insert: TokenBucket,
-    create_write_stream: TokenBucket,
+    /// Per project and location: BigQuery counts the stream quota per project and region.
+    create_write_stream: PerDestination<TokenBucket>,
     concurrent_api_requests: ConcurrencyShare,
     /// One bucket per REST method, made at its first call.
-    per_method: Mutex<HashMap<&'static str, std::sync::Arc<TokenBucket>>>,
+    per_method: Mutex<HashMap<&'static str, Arc<TokenBucket>>>,
 }
 
 /// What a paced REST call holds while it runs.
@@ -360,9 +343,9 @@ pub(crate) type RestPlace<'a> = InFlight<'a>;
 impl Quotas {
     pub(crate) fn new(settings: QuotaSettings, fleet: FleetMembershipWatch) -> Self {
         let bucket = |name, rate: Rate| TokenBucket::new(quota_label(name), rate.paced(), fleet.clone());
-        Quotas {
+        let quotas = Quotas {
             tables_insert: bucket("tables.insert", Rate::per_second(settings.tables_insert_per_second)),
-            create_write_stream: bucket("CreateWriteStream", settings.create_write_stream()),
+            create_write_stream: PerDestination::default(),
             concurrent_api_requests: ConcurrencyShare::new(
                 "concurrent_api_requests",
                 settings.concurrent_api_requests,
@@ -371,57 +354,67 @@ impl Quotas {
             per_method: Mutex::default(),
             settings,
             fleet,
-        }
+        };
+        quotas.publish_stream_rate();
+        quotas
     }
 
     /// Keeps each pacer's rate in `/metrics` current as the fleet changes (between calls too),
     /// for as long as `quotas` lives.
-    pub(crate) fn follow_fleet(quotas: &std::sync::Arc<Quotas>) {
-        let (weak, mut fleet) = (std::sync::Arc::downgrade(quotas), quotas.fleet.clone());
+    pub(crate) fn follow_fleet(quotas: &Arc<Quotas>) {
+        let (weak, mut fleet) = (Arc::downgrade(quotas), quotas.fleet.clone());
         tokio::spawn(async move {
             while fleet.changed().await.is_ok() {
                 let Some(quotas) = weak.upgrade() else { return };
-                let methods: Vec<_> = quotas.lock_methods().values().cloned().collect();
-                for bucket in
-                    [&quotas.tables_insert, &quotas.create_write_stream].into_iter().chain(methods.iter().map(|b| &**b))
-                {
+                let mut buckets: Vec<_> = quotas.lock_methods().values().cloned().collect();
+                buckets.extend(quotas.create_write_stream.all());
+                for bucket in std::iter::once(&quotas.tables_insert).chain(buckets.iter().map(|b| &**b)) {
                     bucket.catch_up();
                 }
+                quotas.publish_stream_rate();
                 // A larger share lets waiting callers in at once.
                 quotas.concurrent_api_requests.freed.notify_waiters();
             }
         });
     }
 
-    fn lock_methods(&self) -> std::sync::MutexGuard<'_, HashMap<&'static str, std::sync::Arc<TokenBucket>>> {
+    /// The stream quota's pace in `/metrics` (the same for every destination), from the start.
+    fn publish_stream_rate(&self) {
+        let rate = self.settings.create_write_stream().paced().share(*self.fleet.borrow());
+        metrics::gauge!(telemetry::QUOTA_RATE, quota_label("CreateWriteStream")).set(rate.per_second);
+    }
+
+    fn lock_methods(&self) -> std::sync::MutexGuard<'_, HashMap<&'static str, Arc<TokenBucket>>> {
         self.per_method.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn method(&self, method: &'static str) -> std::sync::Arc<TokenBucket> {
+    fn method(&self, method: &'static str) -> Arc<TokenBucket> {
         let mut buckets = self.lock_methods();
         let rate = Rate::per_second(self.settings.api_requests_per_second_per_method).paced();
-        std::sync::Arc::clone(
-            buckets.entry(method).or_insert_with(|| {
-                std::sync::Arc::new(TokenBucket::new(method_labels(method), rate, self.fleet.clone()))
-            }),
+        Arc::clone(
+            buckets
+                .entry(method)
+                .or_insert_with(|| Arc::new(TokenBucket::new(method_labels(method), rate, self.fleet.clone()))),
         )
     }
 
-    /// Waits until REST `method` may be called within every quota it counts against; the
-    /// place it returns is held until the call's answer. The place is taken first: calls that
-    /// waited for one then go out at the rate quotas' pace, not all at once.
-    pub(crate) async fn before_rest_call(&self, method: &'static str) -> RestPlace<'_> {
-        let place = self.concurrent_api_requests.enter().await;
-        if method == "tables.insert" {
-            self.tables_insert.take().await;
-        }
-        self.method(method).take().await;
-        place
+    /// The stream quota's bucket of `destination`.
+    fn stream_bucket(&self, destination: &ProjectLocation) -> Arc<TokenBucket> {
+        let rate = self.settings.create_write_stream().paced();
+        let make = || TokenBucket::new(quota_label("CreateWriteStream"), rate, self.fleet.clone());
+        self.create_write_stream.of(destination, make, TokenBucket::is_idle)
     }
 
-    /// Waits until `CreateWriteStream` may be called.
-    pub(crate) async fn before_create_write_stream(&self) {
-        self.create_write_stream.take().await;
+    /// Waits until REST `method` may be called for `tenant` within every quota it counts
+    /// against; the place it returns is held until the call's answer. The place is taken
+    /// first: calls that waited for one then go out at the rate quotas' pace, not all at once.
+    pub(crate) async fn before_rest_call(&self, tenant: &Tenant, method: &'static str) -> RestPlace<'_> {
+        let place = self.concurrent_api_requests.enter(tenant).await;
+        if method == "tables.insert" {
+            self.tables_insert.take(tenant).await;
+        }
+        self.method(method).take(tenant).await;
+        place
     }
 
     /// BigQuery refused REST `method` for a rate: its buckets slow down.
@@ -431,10 +424,48 @@ impl Quotas {
         }
         self.method(method).refused();
     }
+}
 
-    /// BigQuery refused `CreateWriteStream` for its quota.
-    pub(crate) fn create_write_stream_refused(&self) {
-        self.create_write_stream.refused();
+/// The quotas as one tenant's calls meet them: every wait takes its turn under that tenant
+/// (`super::fair`). Cheap to clone; clones share the quotas.
+#[derive(Debug, Clone)]
+pub(crate) struct TenantQuotas {
+    quotas: Arc<Quotas>,
+    tenant: Tenant,
+}
+
+impl TenantQuotas {
+    pub(crate) fn new(quotas: Arc<Quotas>, tenant: Tenant) -> Self {
+        Self { quotas, tenant }
+    }
+
+    /// The same quotas for `tenant`'s calls.
+    pub(crate) fn on_behalf_of(&self, tenant: Tenant) -> Self {
+        Self { quotas: Arc::clone(&self.quotas), tenant }
+    }
+
+    pub(crate) fn tenant(&self) -> &Tenant {
+        &self.tenant
+    }
+
+    /// [`Quotas::before_rest_call`] for this tenant.
+    pub(crate) async fn before_rest_call(&self, method: &'static str) -> RestPlace<'_> {
+        self.quotas.before_rest_call(&self.tenant, method).await
+    }
+
+    /// Waits until `CreateWriteStream` may be called in `destination`.
+    pub(crate) async fn before_create_write_stream(&self, destination: &ProjectLocation) {
+        self.quotas.stream_bucket(destination).take(&self.tenant).await;
+    }
+
+    /// BigQuery refused REST `method` for a rate.
+    pub(crate) fn rest_refused(&self, method: &'static str) {
+        self.quotas.rest_refused(method);
+    }
+
+    /// BigQuery refused `CreateWriteStream` in `destination` for its quota.
+    pub(crate) fn create_write_stream_refused(&self, destination: &ProjectLocation) {
+        self.quotas.stream_bucket(destination).refused();
     }
 }
 

@@ -4,6 +4,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::*;
+use crate::bigquery::fair::Tenant;
+use crate::bigquery::per_destination::ProjectLocation;
 
 fn fleet(replicas: usize) -> (watch::Sender<FleetMembership>, FleetMembershipWatch) {
     watch::channel(counted(replicas))
@@ -18,7 +20,7 @@ async fn granted_after(bucket: &TokenBucket, calls: usize) -> Vec<Duration> {
     let start = Instant::now();
     let mut granted = Vec::new();
     for _ in 0..calls {
-        bucket.take().await;
+        bucket.take(&Tenant::Gateway).await;
         granted.push(start.elapsed());
     }
     granted
@@ -36,7 +38,7 @@ fn following_the_fleet(concurrent_api_requests: usize, fleet: FleetMembershipWat
 fn enter_in_a_task(quotas: &std::sync::Arc<Quotas>) -> tokio::task::JoinHandle<()> {
     let quotas = std::sync::Arc::clone(quotas);
     tokio::spawn(async move {
-        let _place = quotas.concurrent_api_requests.enter().await;
+        let _place = quotas.concurrent_api_requests.enter(&Tenant::Gateway).await;
     })
 }
 
@@ -72,7 +74,7 @@ async fn waiting_callers_are_served_in_the_order_they_came() {
         .map(|_| {
             let bucket = std::sync::Arc::clone(&bucket);
             tokio::spawn(async move {
-                bucket.take().await;
+                bucket.take(&Tenant::Gateway).await;
                 start.elapsed()
             })
         })
@@ -139,12 +141,12 @@ async fn the_stream_quota_readings_differ_in_their_burst_only() {
 async fn concurrent_requests_stay_within_the_share() {
     let (sender, fleet) = fleet(2);
     let share = std::sync::Arc::new(ConcurrencyShare::new("c", 4, fleet));
-    let first = share.enter().await;
-    let _second = share.enter().await;
+    let first = share.enter(&Tenant::Gateway).await;
+    let _second = share.enter(&Tenant::Gateway).await;
     let waiter = {
         let share = std::sync::Arc::clone(&share);
         tokio::spawn(async move {
-            let _third = share.enter().await;
+            let _third = share.enter(&Tenant::Gateway).await;
         })
     };
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -162,7 +164,7 @@ async fn tables_insert_waits_for_its_own_quota_and_its_method_bucket() {
     let quotas = Quotas::new(settings, fleet_of_one());
     let start = Instant::now();
     for _ in 0..4 {
-        drop(quotas.before_rest_call("tables.insert").await);
+        drop(quotas.before_rest_call(&Tenant::Gateway, "tables.insert").await);
     }
     let elapsed = start.elapsed();
     assert!(
@@ -170,7 +172,7 @@ async fn tables_insert_waits_for_its_own_quota_and_its_method_bucket() {
         "two at once, then two at 2 per second: {elapsed:?}"
     );
     let start = Instant::now();
-    drop(quotas.before_rest_call("tables.get").await);
+    drop(quotas.before_rest_call(&Tenant::Gateway, "tables.get").await);
     assert_eq!(start.elapsed(), Duration::ZERO, "another method: its own bucket, full");
 }
 
@@ -178,7 +180,7 @@ async fn tables_insert_waits_for_its_own_quota_and_its_method_bucket() {
 async fn a_waiter_gets_in_when_the_share_grows() {
     let (sender, fleet) = fleet(2);
     let quotas = following_the_fleet(2, fleet);
-    let _held = quotas.concurrent_api_requests.enter().await;
+    let _held = quotas.concurrent_api_requests.enter(&Tenant::Gateway).await;
     let waiter = enter_in_a_task(&quotas);
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!waiter.is_finished(), "one of two places is this replica's, and it is held");
@@ -193,7 +195,7 @@ async fn a_cancelled_wait_gives_its_token_back() {
     granted_after(&bucket, 10).await;
     // Ten callers give up while waiting: their reservations are not left as debt.
     for _ in 0..10 {
-        assert!(tokio::time::timeout(Duration::from_millis(1), bucket.take()).await.is_err());
+        assert!(tokio::time::timeout(Duration::from_millis(1), bucket.take(&Tenant::Gateway)).await.is_err());
     }
     // 10 ms went by in those waits: the next token is 90 ms away, not a second.
     let granted = granted_after(&bucket, 1).await;
@@ -211,7 +213,7 @@ async fn a_lapsed_replica_paces_no_call_until_it_is_counted_again() {
     let caller = {
         let bucket = std::sync::Arc::clone(&bucket);
         tokio::spawn(async move {
-            bucket.take().await;
+            bucket.take(&Tenant::Gateway).await;
             start.elapsed()
         })
     };
@@ -235,4 +237,47 @@ async fn a_lapsed_replica_holds_no_concurrent_request() {
     assert!(!waiter.is_finished(), "no place while lapsed");
     sender.send(counted(3)).unwrap();
     tokio::time::timeout(Duration::from_secs(1), waiter).await.expect("counted again: a place").unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_principals_one_call_takes_its_token_one_round_after_another_principals_thousand() {
+    let (_sender, fleet) = fleet(1);
+    let bucket = std::sync::Arc::new(TokenBucket::new(quota_label("tables.insert"), Rate::per_second(10.0), fleet));
+    granted_after(&bucket, 10).await;
+    let start = Instant::now();
+    let bulk: Vec<_> = (0..1_000)
+        .map(|_| {
+            let bucket = std::sync::Arc::clone(&bucket);
+            tokio::spawn(async move { bucket.take(&Tenant::principal("bulk")).await })
+        })
+        .collect();
+    // Paused time moves on once every bulk call waits.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(bucket.waiting.load(Ordering::Relaxed), 1_000, "every bulk call is counted waiting");
+    bucket.take(&Tenant::principal("small")).await;
+    // Bulk's first call had the turn when small came, and bulk was ahead in the round: small's
+    // token is the third, not the thousand-and-first.
+    assert_eq!(start.elapsed(), Duration::from_millis(300), "one round: one call of bulk's before it");
+    for call in bulk {
+        call.await.unwrap();
+    }
+    assert_eq!(start.elapsed(), Duration::from_millis(100_100), "the rate was kept: 1,001 tokens at 10 per second");
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_destination_paces_its_own_stream_quota() {
+    let settings = QuotaSettings { create_write_streams_per_hour: 3_600.0 / PACE_FRACTION, ..QuotaSettings::GOOGLE };
+    let quotas = std::sync::Arc::new(Quotas::new(settings, fleet_of_one()));
+    let (a, b) = (ProjectLocation::new("a", Some("US")), ProjectLocation::new("b", Some("US")));
+    let tenant = TenantQuotas::new(std::sync::Arc::clone(&quotas), Tenant::principal("p"));
+    // Per minute: 60 at once, then one a second.
+    for _ in 0..60 {
+        tenant.before_create_write_stream(&a).await;
+    }
+    let start = Instant::now();
+    tenant.before_create_write_stream(&b).await;
+    assert_eq!(start.elapsed(), Duration::ZERO, "project b's bucket is its own, full");
+    tenant.create_write_stream_refused(&b);
+    tenant.before_create_write_stream(&a).await;
+    assert_eq!(start.elapsed(), Duration::from_secs(1), "project a at its own pace, b's refusal aside");
 }

@@ -9,7 +9,9 @@ use std::net::SocketAddr;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod fairness;
 mod quotas;
+pub use fairness::FairnessArgs;
 pub use quotas::{QuotaArgs, StreamQuotaReading};
 
 /// filament-bigquery: HTTP ingestion gateway from Arrow IPC into BigQuery.
@@ -285,17 +287,17 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_APPEND_CONNECTION_IDLE_SECS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub append_connection_idle_secs: u64,
 
-    /// The most resources creating their tables and stream at once, gateway-wide (the product's
-    /// eight by default; docs/operations.md has a "many tables" profile that raises it). Within
+    /// The most resources creating their tables and stream at once, per destination project and
+    /// location (the product's eight by default; docs/operations.md has a "many tables" profile that raises it). Within
     /// it the gateway finds the concurrency BigQuery allows (adaptive, shrinking on pushback,
     /// never above this).
     #[arg(long, env = "FILAMENT_MAX_CONCURRENT_PREPARES", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub max_concurrent_prepares: u32,
 
     /// The most destination tables publishing at once (one query job per resource), and
-    /// streams finalized and committed at once, per commit; publication jobs gateway-wide (the
-    /// product's eight by default; docs/operations.md has a "many tables" profile that raises
-    /// it). Within it the gateway finds the concurrency BigQuery allows (adaptive, shrinking on
+    /// streams finalized and committed at once, per commit; publication jobs per job project
+    /// and location (the product's eight by default; docs/operations.md has a "many tables"
+    /// profile that raises it). Within it the gateway finds the concurrency BigQuery allows (adaptive, shrinking on
     /// pushback or queueing, never above this). A commit of K tables publishes in about K / the
     /// reached concurrency job durations.
     #[arg(long, env = "FILAMENT_MAX_CONCURRENT_PUBLICATIONS", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
@@ -341,6 +343,10 @@ pub struct ServeConfig {
     /// BigQuery's rate quotas the fleet paces by.
     #[command(flatten)]
     pub quotas: QuotaArgs,
+
+    /// Per-principal caps.
+    #[command(flatten)]
+    pub fairness: FairnessArgs,
 
     /// Refuse to commit an execution whose oldest PENDING stream is older than this (BigQuery
     /// garbage-collects uncommitted streams after about 24 hours).

@@ -162,6 +162,7 @@ impl Intake<'_> {
         }
         let lanes = self.pipeline.open_delivery(&execution.key(), execution.delivery);
         let resource = execution.delivery_ref().resource(target.declared.resource.clone());
+        self.pipeline.check_lane_room(&lanes, &resource.resource, &target.run.principal)?;
         Ok(Loaded { target, resource, lanes })
     }
 
@@ -233,6 +234,8 @@ impl Intake<'_> {
     ) -> Result<Accepted, Problem> {
         let accepting = loaded.lanes.accepting().await;
         self.recheck_under_gate(loaded).await?;
+        let principal = &loaded.target.run.principal;
+        let lane_place = self.pipeline.lane_place(&accepting, &loaded.resource.resource, principal)?;
         let declared = &loaded.target.declared;
         let staging_table = staging_table_name(&loaded.resource, &declared.table_name);
         let inserted = self
@@ -263,7 +266,7 @@ impl Intake<'_> {
         let queued = reserved.accept(&receipt)?;
         let (rows, uncompressed_bytes) = (body.rows as u64, body.uncompressed_bytes as u64);
         let lane_target = || LaneTarget::new(loaded.resource.clone(), &loaded.target.run, declared, body);
-        self.pipeline.enqueue(&accepting, &loaded.resource.resource, lane_target, queued);
+        self.pipeline.enqueue(&accepting, &loaded.resource.resource, lane_target, queued, lane_place);
         metrics::counter!(telemetry::BATCHES_QUEUED).increment(1);
         metrics::counter!(telemetry::ROWS_RECEIVED).increment(rows);
         metrics::counter!(telemetry::BYTES_RECEIVED).increment(uncompressed_bytes);

@@ -14,9 +14,12 @@
 //! - `max_append_connections` (1,000): AppendRows connections open at once; a lane takes one
 //!   before its first request and gives it back once idle (BigQuery limits concurrent
 //!   connections per project).
-//! - `max_concurrent_prepares` (8): the most resources creating tables and streams at once,
-//!   separate from lanes so new tables get set up while established ones upload; within it the
-//!   adaptive limit ([`crate::bigquery::adaptive`]) finds what BigQuery allows, never more.
+//! - `max_concurrent_prepares` (8): the most resources creating tables and streams at once in
+//!   one project and location, separate from lanes so new tables get set up while established
+//!   ones upload; within it the adaptive limit ([`crate::bigquery::adaptive`]) finds what
+//!   BigQuery allows, never more, and principals take turns (`crate::bigquery::fair`).
+//! - `max_open_lanes_per_principal` (10,000): lanes one principal has open on this replica; a
+//!   batch that would open one more is refused (429 `lane_limit`) before anything is recorded.
 //!
 //! The API admits each batch with [`Pipeline::admit`], hands it to [`Pipeline::enqueue`], asks
 //! for [`Pipeline::flush`] at checkpoints, and commit calls [`Pipeline::drain_each`], receiving
@@ -40,9 +43,10 @@ use tokio::time::Instant;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::bigquery::BigQuery;
-use crate::bigquery::adaptive::AdaptiveConcurrency;
+use crate::bigquery::adaptive::AdaptiveLimits;
+use crate::bigquery::fair::{CapPlace, PerPrincipalCap, Tenant};
 use crate::bigquery::retry::RetryPolicy;
-use crate::error::Problem;
+use crate::error::{ErrorCode, Problem};
 use crate::model::{ExecutionKey, ResourceName};
 use crate::store::Store;
 use crate::telemetry;
@@ -71,6 +75,8 @@ pub(crate) struct PipelineLimits {
     /// How long an idle AppendRows connection is kept while no lane waits for a place.
     pub(crate) append_connection_idle: Duration,
     pub(crate) max_concurrent_prepares: usize,
+    /// Lanes one principal may have open on this replica.
+    pub(crate) max_open_lanes_per_principal: usize,
     /// How appends, `CreateWriteStream` and set-up are retried.
     pub(crate) retry: RetryPolicy,
     pub(crate) append_timeouts: AppendTimeouts,
@@ -91,6 +97,8 @@ pub(crate) struct Pipeline {
     /// Each principal's share with its capacity (`max_buffered_bytes`), replaced when a reload
     /// changes it.
     principal_shares: Arc<Mutex<HashMap<String, (usize, PrincipalShare)>>>,
+    /// The lanes each principal has open (`max_open_lanes_per_principal`).
+    open_lanes: PerPrincipalCap,
 }
 
 impl Pipeline {
@@ -107,8 +115,8 @@ impl Pipeline {
                     limits.max_append_connections,
                     limits.append_connection_idle,
                 ),
-                prepares: AdaptiveConcurrency::new("prepare", limits.max_concurrent_prepares),
-                stream_creations: AdaptiveConcurrency::new("stream_creation", limits.max_concurrent_prepares),
+                prepares: AdaptiveLimits::new("prepare", limits.max_concurrent_prepares),
+                stream_creations: AdaptiveLimits::new("stream_creation", limits.max_concurrent_prepares),
                 inflight_per_stream: limits.inflight_per_stream,
                 retry: limits.retry,
                 append_timeouts: limits.append_timeouts,
@@ -121,7 +129,56 @@ impl Pipeline {
             limits,
             executions: Arc::default(),
             principal_shares: Arc::default(),
+            open_lanes: PerPrincipalCap::new("open_lanes", limits.max_open_lanes_per_principal),
         }
+    }
+
+    /// Refuses a batch of `resource` early, its body unread, when it would open a lane and
+    /// `principal` (the run's) has its lanes open already (the place is taken under the gate,
+    /// [`Pipeline::lane_place`]).
+    pub(crate) fn check_lane_room(
+        &self,
+        lanes: &DeliveryLanes,
+        resource: &ResourceName,
+        principal: &str,
+    ) -> Result<(), Problem> {
+        let has_lane = lock(&lanes.by_resource).contains_key(resource);
+        match has_lane || !self.open_lanes.refuses(&Tenant::principal(principal)) {
+            true => Ok(()),
+            false => Err(self.lane_limit(resource)),
+        }
+    }
+
+    /// The place of the lane a batch of `resource` opens, taken before the batch is recorded:
+    /// `None` when the resource's lane is open already, 429 `lane_limit` when `principal` (the
+    /// run's) has its lanes open.
+    pub(crate) fn lane_place(
+        &self,
+        accepting: &Accepting,
+        resource: &ResourceName,
+        principal: &str,
+    ) -> Result<Option<CapPlace>, Problem> {
+        if lock(&accepting.lanes.by_resource).contains_key(resource) {
+            return Ok(None);
+        }
+        let place = self.open_lanes.try_take(&Tenant::principal(principal));
+        place.map(Some).ok_or_else(|| self.lane_limit(resource))
+    }
+
+    fn lane_limit(&self, resource: &ResourceName) -> Problem {
+        let cap = self.open_lanes.cap();
+        Problem::new(
+            ErrorCode::LaneLimit,
+            format!(
+                "resource {resource} would open a lane, and the principal has {cap} lanes open on this gateway \
+                 (FILAMENT_MAX_OPEN_LANES_PER_PRINCIPAL); nothing was recorded"
+            ),
+        )
+        .with_hint(
+            "each resource with batches in an extracting execution holds a lane until the execution's commit \
+             or abort: commit or abort executions, or send fewer resources at once, then retry",
+        )
+        .with_retry_after(10)
     }
 
     /// The share of principal `name` holding at most `capacity_bytes` (`None`: no share).
@@ -223,12 +280,14 @@ impl Pipeline {
 
     /// Queues one batch request's rows on the resource's lane, starting the lane with
     /// `target()` on the resource's first batch.
+    /// `place` is the lane's place under the principal's cap ([`Pipeline::lane_place`]).
     pub(crate) fn enqueue(
         &self,
         accepting: &Accepting,
         resource: &ResourceName,
         target: impl FnOnce() -> LaneTarget,
         rows: QueuedRows,
+        place: Option<CapPlace>,
     ) {
         let delivery_lanes = &accepting.lanes;
         let share = self.resource_share(delivery_lanes, resource);
@@ -244,8 +303,14 @@ impl Pipeline {
             // started it, and links to every request whose rows it uploads (below).
             let span = tracing::trace_span!(target: crate::traces::TARGET, "lane.upload", resource = %resource);
             crate::traces::follow(&span, request.as_ref(), &[]);
-            let lane =
-                lane::run_lane(self.context.clone(), target(), receiver, pressure, delivery_lanes.cancel.clone());
+            let target = target();
+            // Another request's lane took the place it was admitted with.
+            let place = place.unwrap_or_else(|| self.open_lanes.take_regardless(&target.tenant));
+            let lane = lane::run_lane(self.context.clone(), target, receiver, pressure, delivery_lanes.cancel.clone());
+            let lane = async move {
+                let _place = place;
+                lane.await
+            };
             Lane { commands, worker: tokio::spawn(tracing::Instrument::instrument(lane, span.clone())), span }
         });
         if let Some(request) = request.as_ref().filter(|_| !started) {

@@ -20,6 +20,7 @@ use crate::bigquery::BigQueryError;
 use crate::bigquery::collation::{collated_columns, own_collations};
 use crate::bigquery::error::Stage;
 use crate::bigquery::jobs::{JobOutcome, QueryJob};
+use crate::bigquery::per_destination::ProjectLocation;
 use crate::bigquery::retry::{FailureStreak, Retried, RetryClass, RetryPolicy};
 use crate::error::Problem;
 use crate::model::DeliveryRef;
@@ -83,6 +84,12 @@ impl PublicationJob<'_> {
     fn job_id(&self, attempt: u32) -> String {
         let base = job_id::publication_job_id(self.delivery, self.resource, &self.run.destination.dataset);
         job_id::attempt_job_id(&base, attempt)
+    }
+
+    /// The project and location the job runs in, whose publication limit it counts against.
+    fn project_location(&self) -> ProjectLocation {
+        let project = self.run.job_project.as_deref().unwrap_or(&self.run.destination.project);
+        ProjectLocation::new(project, self.run.destination.location())
     }
 
     /// `dataset.table`.
@@ -342,7 +349,8 @@ impl Publisher {
             };
             self.store.begin_publication(&record).await?;
             let started = Instant::now();
-            let outcome = self.publications.run(self.submit(job, &job_id)).await;
+            let outcome =
+                self.publications.run(&job.project_location(), self.bigquery.tenant(), self.submit(job, &job_id)).await;
             let delay = match &outcome {
                 Err(e) if decide::runs_again(e) => {
                     let (failed, action) = failures.record(&self.retry, RetryClass::of(e));

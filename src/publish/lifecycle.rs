@@ -115,7 +115,7 @@ impl Publisher {
         self.store.record_event(&delivery, None, Event::Ended { state: ExecutionState::Aborted }).await;
         self.pipeline.cancel(&aborted.key());
         if execution.state != ExecutionState::Committing {
-            let publisher = self.clone();
+            let publisher = self.serving(&run);
             background.spawn(async move { publisher.discard_staging(&run, &delivery).await });
         }
         Ok(AbortOutcome::Aborted(aborted))

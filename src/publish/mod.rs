@@ -30,6 +30,7 @@ use std::time::Duration;
 use futures::StreamExt as _;
 
 use crate::bigquery::BigQuery;
+use crate::bigquery::fair::Tenant;
 use crate::model::DeliveryRef;
 use crate::pipeline::Pipeline;
 use crate::store::{RunRecord, Store};
@@ -47,15 +48,21 @@ pub(crate) struct Publisher {
     /// once per commit (`FILAMENT_MAX_CONCURRENT_PUBLICATIONS`, 8 by default). BigQuery runs
     /// at most two DML statements per table at a time; these are different tables.
     pub(crate) max_concurrent_publications: usize,
-    /// Publication jobs running at once, gateway-wide: the adaptive limit, never above
-    /// `max_concurrent_publications` ([`crate::bigquery::adaptive`]).
-    pub(crate) publications: crate::bigquery::adaptive::AdaptiveConcurrency,
+    /// Publication jobs running at once in each job project and location: the adaptive limits,
+    /// never above `max_concurrent_publications` ([`crate::bigquery::adaptive`]).
+    pub(crate) publications: crate::bigquery::adaptive::AdaptiveLimits,
     /// How a failed publication job runs again ([`decide::PUBLICATION_RETRY`], its pushback
     /// waited out for `FILAMENT_QUOTA_WAIT_SECS`).
     pub(crate) retry: crate::bigquery::retry::RetryPolicy,
 }
 
 impl Publisher {
+    /// This publisher calling BigQuery for `run`'s principal: its jobs and table calls take
+    /// their turns under it (`crate::bigquery::fair`).
+    pub(crate) fn serving(&self, run: &RunRecord) -> Self {
+        Self { bigquery: self.bigquery.on_behalf_of(Tenant::principal(&run.principal)), ..self.clone() }
+    }
+
     /// Deletes the staging tables of an aborted delivery (best effort: they expire anyway).
     pub(crate) async fn discard_staging(&self, run: &RunRecord, delivery: &DeliveryRef) {
         let tables = self.staging_tables(delivery).await;

@@ -21,6 +21,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::admission::QueuedRows;
 use crate::bigquery::BigQuery;
+use crate::bigquery::fair::Tenant;
+use crate::bigquery::per_destination::ProjectLocation;
 use crate::bigquery::retry::RetryPolicy;
 use crate::bigquery::write::SendQueueAccount;
 use crate::error::{ErrorCode, Problem};
@@ -68,6 +70,8 @@ pub(crate) struct LaneTarget {
     /// The resource declared `direct_append`: set-up writes the stream into the destination
     /// where its columns allow ([`write_path`]).
     pub(crate) direct_append: bool,
+    /// The run's principal: the lane's calls to BigQuery take their turns under it.
+    pub(crate) tenant: Tenant,
 }
 
 /// When accumulated rows become an upload batch.
@@ -96,6 +100,11 @@ impl BatchingPolicy {
 }
 
 impl LaneTarget {
+    /// The project and location whose limits the lane's set-up counts against.
+    pub(crate) fn project_location(&self) -> ProjectLocation {
+        ProjectLocation::new(&self.project, self.location.as_deref())
+    }
+
     /// What the destination table must hold (created or extended with these): the staged
     /// columns, then those the publication sets.
     pub(crate) fn table_columns(&self) -> Vec<Column> {
@@ -124,6 +133,7 @@ impl LaneTarget {
             batching: BatchingPolicy::new(&run.batching, max_payload_bytes),
             widen_columns: declared.write_options.widen_columns,
             direct_append: declared.write_options.direct_append,
+            tenant: Tenant::principal(&run.principal),
             compared_columns: mapped
                 .key_columns
                 .iter()
@@ -146,11 +156,12 @@ pub(crate) struct LaneContext {
     /// Gateway-wide AppendRows connections open (`max_append_connections`) and how long an
     /// idle one lives.
     pub(crate) append_connections: AppendConnections,
-    /// Resources being set up (tables, stream) at once: the adaptive set-up limit.
-    pub(crate) prepares: crate::bigquery::adaptive::AdaptiveConcurrency,
-    /// `CreateWriteStream` calls at once: the adaptive stream-creation limit (BigQuery limits
-    /// their rate per project).
-    pub(crate) stream_creations: crate::bigquery::adaptive::AdaptiveConcurrency,
+    /// Resources being set up (tables, stream) at once: the adaptive set-up limits, one per
+    /// project and location.
+    pub(crate) prepares: crate::bigquery::adaptive::AdaptiveLimits,
+    /// `CreateWriteStream` calls at once: the adaptive stream-creation limits (BigQuery limits
+    /// their rate per project and region).
+    pub(crate) stream_creations: crate::bigquery::adaptive::AdaptiveLimits,
     pub(crate) inflight_per_stream: usize,
     pub(crate) retry: RetryPolicy,
     pub(crate) append_timeouts: AppendTimeouts,
@@ -215,6 +226,7 @@ pub(super) async fn run_lane(
     pressure: LanePressure,
     cancel: CancellationToken,
 ) -> Result<LaneReport, Problem> {
+    let context = LaneContext { bigquery: context.bigquery.on_behalf_of(target.tenant.clone()), ..context };
     let (upload_batches_tx, upload_batches_rx) = mpsc::unbounded_channel();
     // Its own task: the appender must be able to fail (and fail the execution) at once, while
     // the accumulator would otherwise wait for the lane to be drained.

@@ -34,10 +34,11 @@ use crate::model::staging::STAGING_TABLE_TTL;
 use crate::store::StreamChange;
 use crate::telemetry::{LayoutMismatch, PhaseTiming};
 
-/// Sets up the lane's tables and stream under the adaptive set-up limit
-/// ([`crate::bigquery::adaptive`], at most `max_concurrent_prepares` at once gateway-wide;
-/// `CreateWriteStream` under a limit of its own within it); returns the PENDING stream's name
-/// and the columns as the destination takes them.
+/// Sets up the lane's tables and stream under the adaptive set-up limit of its project and
+/// location ([`crate::bigquery::adaptive`], at most `max_concurrent_prepares` at once into one;
+/// `CreateWriteStream` under a limit of its own within it), taking turns with the other
+/// principals' set-ups (`crate::bigquery::fair`); returns the PENDING stream's name and the
+/// columns as the destination takes them.
 ///
 /// This loop is the one level that retries BigQuery's pushback on the set-up's REST calls:
 /// they are made once ([`RetryPolicy::ONCE`]), a refusal ends the attempt (which tells the
@@ -52,7 +53,8 @@ pub(super) async fn set_up(
     let bigquery = context.bigquery.with_rest_retry(RetryPolicy::ONCE);
     let mut refusals = FailureStreak::default();
     loop {
-        let problem = match context.prepares.run(set_up_once(context, &bigquery, target, destination)).await {
+        let set_up = set_up_once(context, &bigquery, target, destination);
+        let problem = match context.prepares.run(&target.project_location(), bigquery.tenant(), set_up).await {
             Ok(set_up) => return Ok(set_up),
             Err(SetUpFailure::Failed(problem)) => return Err(problem),
             Err(SetUpFailure::PushedBack(problem)) => problem,
@@ -185,17 +187,18 @@ async fn create_pending_stream(
     table_path: &str,
 ) -> Result<String, BigQueryError> {
     let mut failures = FailureStreak::default();
-    let quotas = &context.bigquery.quotas;
+    let (quotas, destination) = (&context.bigquery.quotas, target.project_location());
     loop {
-        quotas.before_create_write_stream().await;
-        let created = context.stream_creations.run(context.bigquery.writer().create_pending_stream(table_path));
+        quotas.before_create_write_stream(&destination).await;
+        let create = context.bigquery.writer().create_pending_stream(table_path);
+        let created = context.stream_creations.run(&destination, quotas.tenant(), create);
         let error = match created.await {
             Ok(stream_name) => return Ok(stream_name),
             Err(error) => error,
         };
         let class = RetryClass::of(&error);
         if class == RetryClass::Pushback {
-            quotas.create_write_stream_refused();
+            quotas.create_write_stream_refused(&destination);
         }
         let (attempt, action) = failures.record(&context.retry, class);
         let resource = &target.resource.resource;

@@ -6,5 +6,6 @@ mod append_e2e;
 mod destination_reads;
 mod quotas;
 mod reliability;
+mod tenants_share;
 mod unreachable;
 mod windows_and_faults;
