@@ -110,23 +110,22 @@ impl EmulatorWatch {
     /// The emulator `make test` started, watched from the first test that uses it on.
     pub fn shared() -> Arc<Self> {
         static SHARED: OnceLock<Arc<EmulatorWatch>> = OnceLock::new();
-        SHARED
-            .get_or_init(|| {
-                let port = |name: &str| -> u16 {
-                    let address = required_env(name);
-                    address.rsplit_once(':').and_then(|(_, port)| port.parse().ok()).expect("host:port")
-                };
-                let pid = required_env("FILAMENT_EMULATOR_PID").parse().expect("a process id");
-                let spec = EmulatorSpec {
-                    rest_port: port("BIGQUERY_EMULATOR_HOST"),
-                    grpc_port: port("BIGQUERY_STORAGE_EMULATOR_HOST"),
-                    log_file: required_env("FILAMENT_EMULATOR_LOG").into(),
-                    pid_file: Some(required_env("FILAMENT_EMULATOR_PIDFILE").into()),
-                    crash_log: Some(required_env("FILAMENT_EMULATOR_CRASH_LOG").into()),
-                };
-                Self::watch(spec, EmulatorProcess::Adopted(pid))
-            })
-            .clone()
+        let shared = SHARED.get_or_init(|| {
+            let port = |name: &str| -> u16 {
+                let address = required_env(name);
+                address.rsplit_once(':').and_then(|(_, port)| port.parse().ok()).expect("host:port")
+            };
+            let pid = required_env("FILAMENT_EMULATOR_PID").parse().expect("a process id");
+            let spec = EmulatorSpec {
+                rest_port: port("BIGQUERY_EMULATOR_HOST"),
+                grpc_port: port("BIGQUERY_STORAGE_EMULATOR_HOST"),
+                log_file: required_env("FILAMENT_EMULATOR_LOG").into(),
+                pid_file: Some(required_env("FILAMENT_EMULATOR_PIDFILE").into()),
+                crash_log: Some(required_env("FILAMENT_EMULATOR_CRASH_LOG").into()),
+            };
+            Self::watch(spec, EmulatorProcess::Adopted(pid))
+        });
+        Arc::clone(shared)
     }
 
     /// Starts an emulator of its own on `spec`'s ports and watches it.
@@ -173,7 +172,7 @@ impl EmulatorWatch {
                 let mut state = self.lock();
                 if state.serving {
                     *state.users.entry(test.clone()).or_default() += 1;
-                    return EmulatorUse { watch: self.clone(), test };
+                    return EmulatorUse { watch: Arc::clone(self), test };
                 }
             }
             assert!(tokio::time::Instant::now() < deadline, "the emulator did not come back within {START_DEADLINE:?}");
@@ -221,10 +220,10 @@ impl EmulatorWatch {
         );
         // Straight to the terminal: libtest captures only the print macros of test threads.
         let _ = std::io::stderr().write_all(text.as_bytes());
-        if let Some(path) = &self.spec.crash_log {
-            if let Ok(mut file) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
-                let _ = file.write_all(text.as_bytes());
-            }
+        if let Some(path) = &self.spec.crash_log
+            && let Ok(mut file) = std::fs::OpenOptions::new().create(true).append(true).open(path)
+        {
+            let _ = file.write_all(text.as_bytes());
         }
     }
 }
