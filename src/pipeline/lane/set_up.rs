@@ -325,6 +325,7 @@ async fn widen_columns(
         timeout: WIDEN_TIMEOUT,
         // Set-up is the one level that retries pushback.
         insert_retry: RetryPolicy::ONCE,
+        recorded_statements: &[],
     };
     let delivery = &target.resource.delivery;
     let names: Vec<&str> = widened.iter().map(|(c, _)| c.as_str()).collect();
