@@ -128,6 +128,13 @@ impl Publisher {
             }
             Reconciled::Refuse(problem) => return Err(problem.clone()),
         };
+        if let Err(e) = self.widen_before_publishing(run, delivery, planned).await {
+            let problem = e.problem(Stage::Publication);
+            return match e {
+                BigQueryError::ForeignJob { .. } => Ok(PublishOutcome::ForeignJob(problem)),
+                _ => Err(problem),
+            };
+        }
         match self.statement(run, delivery, planned, &key_ranges).await? {
             Some(statement) => {
                 let job = PublicationJob { run, delivery, resource, fingerprint, statement, recorded_job_id };

@@ -104,6 +104,13 @@ pub(crate) fn attempt_of(job_id: &str) -> u32 {
     job_id.rsplit_once("-a").and_then(|(_, attempt)| attempt.parse::<u32>().ok()).filter(|n| *n >= 2).unwrap_or(1)
 }
 
+/// The job id of the `ALTER TABLE` that widens a delivery's columns before its publication
+/// (`widen_columns`): one per delivery and statement.
+pub(crate) fn widening_job_id(key: &JobIdKey, delivery: &DeliveryRef, resource: &str, sql: &str) -> String {
+    let (run_id, execution_id, number) = (delivery.run_id(), delivery.execution_id(), delivery.delivery.to_string());
+    format!("filament_widen_{}", key.tag(&["widening", run_id, execution_id, &number, resource, sql]))
+}
+
 /// BigQuery label values: lowercase letters, digits, `_` and `-`, at most 63 characters.
 fn label_value(part: &str) -> String {
     part.chars()
@@ -120,6 +127,7 @@ pub(crate) const TRACE_LABEL: &str = "filament_trace_id";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum JobKind {
     Publication,
+    Widening,
     ConnectionTest,
 }
 
@@ -127,6 +135,7 @@ impl JobKind {
     fn as_str(self) -> &'static str {
         match self {
             JobKind::Publication => "publication",
+            JobKind::Widening => "widening",
             JobKind::ConnectionTest => "connection_test",
         }
     }
@@ -230,5 +239,7 @@ mod tests {
     fn labels_name_the_job_and_whose_it_is() {
         let labels = principal_job_labels(JobKind::ConnectionTest, "Team.A");
         assert_eq!(labels, [("filament_job", "connection_test".into()), ("filament_principal", "team_a".into())]);
+        let widen = widening_job_id(&key(1), &delivery("r", "e"), "users", "ALTER TABLE t");
+        assert!(widen.starts_with("filament_widen_") && widen.len() == "filament_widen_".len() + 32, "{widen}");
     }
 }

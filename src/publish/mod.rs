@@ -12,7 +12,9 @@
 //! outcomes combine), as are [`sql`] (statements per write mode), [`job_id`], [`fingerprint`],
 //! [`plan`] (which publications, per table in declaration order) and [`reconcile`] (what a
 //! redelivered publication does). A `direct_append` resource publishes by committing the
-//! stream its lane wrote into the destination ([`direct`]) instead of a query job.
+//! stream its lane wrote into the destination ([`direct`]) instead of a query job. A resource
+//! declared `widen_columns` has its destination's columns widened after the barrier, before
+//! its statement ([`widen`]).
 //! [`lifecycle`] begins a commit and aborts.
 
 mod commit;
@@ -26,6 +28,7 @@ mod plan;
 mod publication_job;
 pub(crate) mod reconcile;
 pub(crate) mod sql;
+mod widen;
 
 use std::time::Duration;
 
