@@ -92,9 +92,13 @@ pub(crate) fn foreign_because(job: &Job, query: &QueryJob<'_>) -> Option<&'stati
     (!ours).then_some("it runs another statement than the one the gateway submits under this id")
 }
 
+/// The job's `errorResult`, its message without the row values it may quote (a statement
+/// converts staged values into GEOGRAPHY, RANGE, INTERVAL or JSON, and BigQuery's message
+/// quotes the one it refused): stored, shown and logged as row errors are.
 fn job_error(job: &Job) -> Option<BigQueryError> {
     let error = job.status.as_ref()?.error_result.as_ref()?;
-    Some(BigQueryError::JobFailed { reason: error.reason.clone(), message: error.message.clone() })
+    let message = super::row_errors::without_row_values(&error.message);
+    Some(BigQueryError::JobFailed { reason: error.reason.clone(), message })
 }
 
 fn is_done(job: &Job) -> bool {
