@@ -31,6 +31,7 @@ use crate::pipeline::lane::AppendTimeouts;
 use crate::pipeline::{Pipeline, PipelineLimits};
 use crate::publish::PUBLICATION_RETRY;
 use crate::publish::Publisher;
+use crate::publish::job_id::JobIdKey;
 use crate::replica::Replica;
 use crate::store::{Store, StoreSettings};
 use crate::telemetry;
@@ -226,7 +227,8 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let watcher = tokio::spawn(watch::keep_current(sources, principals.clone(), stop_watching.clone()));
 
     let pipeline = Pipeline::new(bigquery.clone(), store.clone(), limits);
-    let publisher = publisher(&config, &store, &bigquery, &pipeline);
+    let job_ids = job_id_key(&config, &store).await?;
+    let publisher = publisher(&config, &store, &bigquery, &pipeline, job_ids);
     log_write_settings(&bigquery, &limits, &publisher);
     let commits = TaskTracker::new();
     let state = Arc::new(ApiState {
@@ -299,9 +301,34 @@ fn quota_settings(config: &ServeConfig) -> QuotaSettings {
     }
 }
 
+/// The key of job-id tags: `FILAMENT_JOB_ID_KEY_FILE`'s, else the fleet's newest generation in
+/// Postgres (this replica's random key becomes generation 1 when there is none yet).
+async fn job_id_key(config: &ServeConfig, store: &Store) -> anyhow::Result<JobIdKey> {
+    let key = match &config.job_id_key_file {
+        Some(path) => {
+            let secret =
+                std::fs::read(path).with_context(|| format!("reading FILAMENT_JOB_ID_KEY_FILE {}", path.display()))?;
+            JobIdKey::new(secret, format!("FILAMENT_JOB_ID_KEY_FILE {}", path.display()))
+        }
+        None => {
+            let stored = store.job_id_key(&rand::random::<[u8; 32]>()).await.context("reading the job-id key")?;
+            JobIdKey::new(stored.secret, format!("postgres generation {}", stored.generation))
+        }
+    };
+    let key = key.map_err(anyhow::Error::msg)?;
+    tracing::info!(source = %key.source, "job ids keyed");
+    Ok(key)
+}
+
 /// The publication jobs' settings and their adaptive limit (starting at BigQuery's concurrent
 /// queries, within `FILAMENT_MAX_CONCURRENT_PUBLICATIONS`).
-fn publisher(config: &ServeConfig, store: &Store, bigquery: &BigQuery, pipeline: &Pipeline) -> Publisher {
+fn publisher(
+    config: &ServeConfig,
+    store: &Store,
+    bigquery: &BigQuery,
+    pipeline: &Pipeline,
+    job_ids: JobIdKey,
+) -> Publisher {
     let maximum = config.max_concurrent_publications as usize;
     Publisher {
         store: store.clone(),
@@ -311,6 +338,7 @@ fn publisher(config: &ServeConfig, store: &Store, bigquery: &BigQuery, pipeline:
         max_concurrent_publications: maximum,
         publications: AdaptiveLimits::starting_at("publication", BIGQUERY_CONCURRENT_QUERIES, maximum),
         retry: RetryPolicy { quota_wait: Duration::from_secs(config.quota_wait_secs), ..PUBLICATION_RETRY },
+        job_ids,
     }
 }
 

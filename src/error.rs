@@ -88,6 +88,7 @@ error_codes! {
     ReplayMismatch => "replay_mismatch", CONFLICT, "Redelivered execution differs from its publication";
     PublicationFailed => "publication_failed", BAD_GATEWAY, "Publication failed";
     PublicationTooExpensive => "publication_too_expensive", BAD_GATEWAY, "Publication would bill more than allowed";
+    ForeignJob => "foreign_job", BAD_GATEWAY, "A job the gateway did not submit holds its job id";
     UploadFailed => "upload_failed", BAD_GATEWAY, "Upload to BigQuery failed";
     RowCountMismatch => "row_count_mismatch", BAD_GATEWAY, "Row count mismatch";
     IncompatibleSchema => "incompatible_schema", UNPROCESSABLE_ENTITY, "Incompatible destination schema";

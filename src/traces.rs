@@ -4,10 +4,13 @@
 //! and sampling by `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG`).
 //!
 //! The gateway's spans are `tracing` spans of target [`TARGET`] at TRACE level, bridged by
-//! `tracing-opentelemetry`: one per HTTP request (continuing the caller's W3C `traceparent`),
-//! and below it decode, admission, conversion and encoding; per resource its set-up and each
-//! AppendRows request (parented to the request that accepted its first rows, linked to the
-//! others); at commit the finalize, the commit of streams and each publication job. Nothing
+//! `tracing-opentelemetry`: one per HTTP request (continuing the caller's W3C `traceparent`
+//! when the request authenticates as a principal; anyone else's request starts a trace of its
+//! own), and below it decode, admission, conversion and encoding; per resource its set-up and
+//! each AppendRows request (parented to the request that accepted its first rows, linked to the
+//! others); the commit in a trace of the gateway's own, linked to the request that committed:
+//! the finalize, the commit of streams and each publication job, whose label carries that
+//! trace's id (never one a caller chose). Nothing
 //! else sees them (the log layer's filter is its own), so with no endpoint they cost a disabled
 //! callsite each. Attributes carry names, counts and ids, never row payloads or credentials.
 //!
@@ -164,8 +167,14 @@ where
     tracing_opentelemetry::layer().with_tracer(provider.tracer("filament-bigquery")).with_filter(filter)
 }
 
+/// Whether `span` is exported and `headers` carry a W3C `traceparent` it could continue (the
+/// caller then decides whether it may).
+pub(crate) fn would_continue(span: &tracing::Span, headers: &axum::http::HeaderMap) -> bool {
+    !span.is_disabled() && headers.contains_key("traceparent")
+}
+
 /// Makes `span` continue the trace of the W3C `traceparent` (and `tracestate`) in `headers`,
-/// when they carry a valid one.
+/// when they carry a valid one. Only for an authenticated caller (`api::record_request`).
 pub(crate) fn continue_remote_trace(span: &tracing::Span, headers: &axum::http::HeaderMap) {
     if span.is_disabled() {
         return;

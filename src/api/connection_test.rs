@@ -1,7 +1,8 @@
-//! `POST /v1/connections/test`: authenticate and run `SELECT 1` as a query job. A principal
-//! has at most `FILAMENT_MAX_CONNECTION_TESTS_PER_PRINCIPAL` in flight (429 `principal_limit`
-//! beyond, at once), and its tests' BigQuery calls take their turns under it
-//! (`bigquery::fair`): a project whose queries queue holds that principal's places only.
+//! `POST /v1/connections/test`: authenticate and run `SELECT 1` as a query job, labelled with
+//! the principal that asked (its cost is someone's). A principal has at most
+//! `FILAMENT_MAX_CONNECTION_TESTS_PER_PRINCIPAL` in flight (429 `principal_limit` beyond, at
+//! once), and its tests' BigQuery calls take their turns under it (`bigquery::fair`): a project
+//! whose queries queue holds that principal's places only.
 
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ use crate::bigquery::{BigQueryError, CONNECTION_TEST_DEADLINE, CREDENTIALS_DEADL
 use crate::error::{ErrorCode, Problem};
 use crate::model::ids::{validate_location, validate_project_id};
 use crate::principals::Action;
+use crate::publish::job_id::{JobKind, principal_job_labels};
 
 /// A connection test reports BigQuery's pushback within its deadline: a few retries (about
 /// 0.5, 1, 2 and 4 s) rather than the quota wait of an upload.
@@ -74,17 +76,21 @@ pub(crate) async fn test_connection(
     let started = Instant::now();
     let bigquery = &state.bigquery.on_behalf_of(tenant);
     bigquery.probe_credentials(CREDENTIALS_DEADLINE).await.map_err(|e| e.problem(Stage::Credentials))?;
-    let job_id = format!("filament_connection_test_{}", hex::encode(rand::random::<[u8; 12]>()));
+    // 128 random bits: no one can create a job under the id first.
+    let job_id = format!("filament_connection_test_{}", hex::encode(rand::random::<[u8; 16]>()));
+    // Its cost is the principal's.
+    let labels = principal_job_labels(JobKind::ConnectionTest, caller.name());
     let remaining = CONNECTION_TEST_DEADLINE.saturating_sub(started.elapsed());
     let query = QueryJob {
         project: &request.project,
         location,
         job_id: &job_id,
         sql: "SELECT 1",
-        labels: &[],
+        labels: &labels,
         maximum_bytes_billed: None,
         timeout: remaining,
         insert_retry: CONNECTION_TEST_RETRY,
+        recorded_statements: &[],
     };
     let job = bigquery.run_query_job(&query);
     within("connection test", remaining, job).await.map_err(|e| connection_problem(&e, &bigquery.endpoints.rest))?;

@@ -283,9 +283,12 @@ pub(crate) async fn commit_execution(
     audit::execution_committed(caller.name(), &run_id, &execution_id);
     let publisher = state.publisher.serving(&committing.run);
     let started = committing.execution.clone();
-    // The commit runs after the answer, under a span of the request's trace.
-    let span = tracing::trace_span!(target: crate::traces::TARGET, "execution.commit", run_id = %run_id,
-        execution_id = %execution_id);
+    // The commit runs after the answer, in a trace of the gateway's own linked to the request:
+    // the trace id its jobs are labelled with is never one a caller chose.
+    let request = crate::traces::current_span_context();
+    let span = tracing::trace_span!(target: crate::traces::TARGET, parent: None, "execution.commit",
+        run_id = %run_id, execution_id = %execution_id);
+    crate::traces::follow(&span, None, request.as_slice());
     let commit = async move { publisher.commit(*committing).await };
     let task = state.commits.spawn(tracing::Instrument::instrument(commit, span));
     if !params.wait {

@@ -186,7 +186,7 @@ pub(crate) fn router(state: SharedState) -> axum::Router {
     router
         .merge(console::routes())
         // Route layers run after routing, so requests are counted by their route template.
-        .route_layer(middleware::from_fn(record_request))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&state), record_request))
         .fallback(|| async { Problem::new(ErrorCode::NotFound, "no such route") })
         .method_not_allowed_fallback(|| async {
             Problem::new(ErrorCode::MethodNotAllowed, "the route does not accept this method")
@@ -264,7 +264,10 @@ fn check_request_head(settings: &ApiSettings, request: &Request) -> Result<(), P
     Ok(())
 }
 
-async fn record_request(request: Request, next: Next) -> Response {
+/// Counts and times each request, under a span that continues the caller's `traceparent` only
+/// when the request authenticates as a principal (anyone else's starts a trace of its own: an
+/// anonymous caller neither forces its spans to be sampled nor joins another's trace).
+async fn record_request(State(state): State<SharedState>, request: Request, next: Next) -> Response {
     let method = request.method().to_string();
     let route = request
         .extensions()
@@ -275,11 +278,19 @@ async fn record_request(request: Request, next: Next) -> Response {
     let span = tracing::trace_span!(target: crate::traces::TARGET, "http.request",
         otel.name = %format_args!("{method} {route}"), http.request.method = %method, http.route = %route,
         http.response.status_code = tracing::field::Empty);
-    crate::traces::continue_remote_trace(&span, request.headers());
+    if crate::traces::would_continue(&span, request.headers()) && authenticates(&state, request.headers()).await {
+        crate::traces::continue_remote_trace(&span, request.headers());
+    }
     let response = tracing::Instrument::instrument(next.run(request), span.clone()).await;
     span.record("http.response.status_code", response.status().as_u16());
     metrics::counter!(telemetry::HTTP_REQUESTS, "method" => method, "route" => route, "status" => response.status().as_u16().to_string())
         .increment(1);
     metrics::histogram!(telemetry::HTTP_REQUEST_DURATION).record(started.elapsed().as_secs_f64());
     response
+}
+
+/// Whether the request's one `Authorization` credential selects a principal (what
+/// `auth::require_principal` decides again for `/v1` routes).
+async fn authenticates(state: &ApiState, headers: &axum::http::HeaderMap) -> bool {
+    headers.get_all(header::AUTHORIZATION).iter().count() == 1 && state.auth.authenticate(headers).await.is_ok()
 }

@@ -76,8 +76,10 @@ pub(crate) struct PutResourceRequest {
     /// An existing destination column narrower than what the batches send is widened to the
     /// batches' type (`ALTER TABLE ... ALTER COLUMN ... SET DATA TYPE`, for the pairs BigQuery
     /// supports: INT64 to NUMERIC, BIGNUMERIC or FLOAT64; NUMERIC to BIGNUMERIC or FLOAT64)
-    /// instead of failing with `incompatible_schema`. The only DDL the gateway submits; off by
-    /// default (absent: false).
+    /// instead of failing with `incompatible_schema`. Checked at set-up, widened by the
+    /// publication after the commit's barrier (an execution that fails or is aborted before it
+    /// leaves the types as they were). The only DDL the gateway submits; declaring it needs the
+    /// `commit` action; off by default (absent: false).
     pub(crate) widen_columns: Option<bool>,
     /// Append modes (`full_append`, `incremental_append`, `cdc_append`) without
     /// `metadata_columns`: the rows are written straight into the destination table's PENDING
@@ -256,6 +258,16 @@ pub(crate) async fn put_resource(
         direct_append: request.direct_append,
     };
     let write_options = WriteOptions::parse(request.write_mode, declared_options)?;
+    if write_options.widen_columns {
+        // It alters a shared table's column types, at commit: only a principal that may commit.
+        caller.require(Action::Commit).map_err(|problem| Problem {
+            detail: format!(
+                "{}: widen_columns alters the destination's column types when the execution commits",
+                problem.detail
+            ),
+            ..problem
+        })?;
+    }
     let run = load_run(&state, &caller, &run_id, RunAccess::Change).await?;
     let declared = ResourceRecord {
         resource: resource.clone(),

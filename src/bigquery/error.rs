@@ -21,6 +21,10 @@ pub(crate) enum BigQueryError {
     /// A query job ended with an `errorResult` (it can never run again under its id).
     #[error("query job: {message} ({reason})")]
     JobFailed { reason: String, message: String },
+    /// A job exists under the id the gateway chose and is not the one it submits
+    /// (`bigquery::jobs::foreign_because`): its outcome is never taken.
+    #[error("job {job_id} exists and is not the gateway's: {why}")]
+    ForeignJob { job_id: String, why: &'static str },
     /// Credentials could not produce a token.
     #[error("credentials: {0}")]
     Credentials(String),
@@ -80,7 +84,10 @@ impl BigQueryError {
             BigQueryError::Grpc { status, .. } => RETRYABLE_GRPC.contains(&status.code()),
             BigQueryError::InResponse { code, .. } => RETRYABLE_GRPC.contains(code),
             BigQueryError::Timeout { .. } | BigQueryError::Connect(_) => true,
-            BigQueryError::Credentials(_) | BigQueryError::Inconsistent(_) | BigQueryError::JobFailed { .. } => false,
+            BigQueryError::Credentials(_)
+            | BigQueryError::Inconsistent(_)
+            | BigQueryError::JobFailed { .. }
+            | BigQueryError::ForeignJob { .. } => false,
         }
     }
 
@@ -129,6 +136,7 @@ impl BigQueryError {
                 None => "io".into(),
             },
             BigQueryError::JobFailed { reason, .. } => reason.clone(),
+            BigQueryError::ForeignJob { .. } => "foreign_job".into(),
             BigQueryError::Connect(_) => "connect".into(),
             BigQueryError::Timeout { .. } => "timeout".into(),
             BigQueryError::Credentials(_) => "credentials".into(),
@@ -224,6 +232,17 @@ const CREDENTIALS_HINT: &str =
 
 /// The failures users can fix, in the order they are recognised (the first that matches wins).
 const DIAGNOSES: &[Diagnosis] = &[
+    // A job under our id that we did not submit.
+    Diagnosis {
+        recognise: |e| {
+            match e {
+            BigQueryError::ForeignJob { .. } => Some(Problem::new(ErrorCode::ForeignJob, e.to_string()).with_hint(
+                "someone who may create jobs in the job project created a job under the gateway's job id; its outcome was not taken and nothing was recorded as published (the staging table is kept): find who in the project's job history (INFORMATION_SCHEMA.JOBS), then load again under a new execution ID",
+            )),
+            _ => None,
+        }
+        },
+    },
     // A token that could not be fetched, at start-up or inside a REST call.
     Diagnosis {
         recognise: |e| {

@@ -1,12 +1,15 @@
 //! Query jobs with caller-chosen, deterministic job ids: `jobs.insert`, then, unless the job
 //! ended already, `jobs.getQueryResults` long polls (each answers as soon as the job completes,
 //! or after `timeoutMs`; with `maxResults=0`, as Google's clients wait for a query), then one
-//! `jobs.get` for its outcome and statistics. A 409 on insert means the job exists already: it
-//! is fetched and awaited, never re-run.
+//! `jobs.get` for its outcome and statistics. A 409 on insert means a job exists under the id
+//! already: it is fetched and, only when it is ours ([`foreign_because`]: the statement we
+//! submit, or one recorded under the id before, in GoogleSQL), awaited and its outcome taken;
+//! never re-run. Any other job there fails with [`BigQueryError::ForeignJob`].
 
 use std::time::Duration;
 
 use google_cloud_bigquery_v2::model::{Job, JobConfiguration, JobConfigurationQuery, JobReference};
+use sha2::{Digest as _, Sha256};
 
 use super::retry::{Backoff, Retried, RetryClass, RetryPolicy};
 use super::{BigQuery, BigQueryError, BigQueryResult, rest_call};
@@ -59,11 +62,43 @@ pub(crate) struct QueryJob<'a> {
     /// How `jobs.insert` retries pushback: [`RetryPolicy::ONCE`] when the caller runs a
     /// refused job again itself (a publication, under a new job id; set-up, as a whole).
     pub(crate) insert_retry: RetryPolicy,
+    /// The SHA-256 ([`statement_sha256`]) of every statement the gateway recorded under
+    /// `job_id` before submitting it (an earlier delivery's, over its own staging table): a
+    /// job found under the id running one of them, or `sql`, is ours.
+    pub(crate) recorded_statements: &'a [String],
 }
 
+/// The SHA-256 of a statement, as publications record it (64 lowercase hex digits).
+pub(crate) fn statement_sha256(sql: &str) -> String {
+    hex::encode(Sha256::digest(sql.as_bytes()))
+}
+
+/// Why a job found under one of our ids is not ours, or `None` when it is: its query is the
+/// statement `query` submits, or one recorded under the id, run as GoogleSQL and not as a dry
+/// run. The text decides alone: every table the gateway's statements name is fully qualified,
+/// so the same text does the same thing whatever else the job's configuration says; who
+/// created it and its labels prove nothing (labels are copied as easily as ids are read).
+pub(crate) fn foreign_because(job: &Job, query: &QueryJob<'_>) -> Option<&'static str> {
+    let Some(configuration) = job.configuration.as_ref() else { return Some("it has no configuration") };
+    let Some(statement) = configuration.query.as_ref() else { return Some("it is not a query job") };
+    if configuration.dry_run == Some(true) {
+        return Some("it is a dry run");
+    }
+    if statement.use_legacy_sql != Some(false) {
+        return Some("it runs legacy SQL");
+    }
+    let digest = statement_sha256(&statement.query);
+    let ours = statement.query == query.sql || query.recorded_statements.contains(&digest);
+    (!ours).then_some("it runs another statement than the one the gateway submits under this id")
+}
+
+/// The job's `errorResult`, its message without the row values it may quote (a statement
+/// converts staged values into GEOGRAPHY, RANGE, INTERVAL or JSON, and BigQuery's message
+/// quotes the one it refused): stored, shown and logged as row errors are.
 fn job_error(job: &Job) -> Option<BigQueryError> {
     let error = job.status.as_ref()?.error_result.as_ref()?;
-    Some(BigQueryError::JobFailed { reason: error.reason.clone(), message: error.message.clone() })
+    let message = super::row_errors::without_row_values(&error.message);
+    Some(BigQueryError::JobFailed { reason: error.reason.clone(), message })
 }
 
 fn is_done(job: &Job) -> bool {
@@ -78,7 +113,8 @@ impl BigQuery {
     /// Runs the query job and waits for it, up to its timeout; `jobs.insert` retries pushback
     /// as the job says.
     pub(crate) async fn run_query_job(&self, query: &QueryJob<'_>) -> BigQueryResult<JobOutcome> {
-        let QueryJob { project, location, job_id, sql, labels, maximum_bytes_billed, timeout, insert_retry } = *query;
+        let QueryJob { project, location, job_id, sql, labels, maximum_bytes_billed, timeout, insert_retry, .. } =
+            *query;
         let mut reference = JobReference::new().set_project_id(project).set_job_id(job_id);
         if let Some(location) = location {
             reference = reference.set_location(location);
@@ -95,7 +131,7 @@ impl BigQuery {
         let insert = || self.jobs.insert_job().set_project_id(project).set_job(job.clone()).send();
         let (mut job, reused) = match rest_call(&self.quotas, &insert_retry, "jobs.insert", insert).await? {
             Ok(job) => (job, false),
-            Err(e) if e.http_status_code() == Some(409) => (self.get_job(project, location, job_id).await?, true),
+            Err(e) if e.http_status_code() == Some(409) => (self.existing_job(query).await?, true),
             Err(e) => return Err(BigQueryError::rest("jobs.insert")(e)),
         };
         if !is_done(&job) {
@@ -176,6 +212,15 @@ impl BigQuery {
         }
     }
 
+    /// The job already under `query`'s id (`jobs.insert` answered 409), when it is ours.
+    async fn existing_job(&self, query: &QueryJob<'_>) -> BigQueryResult<Job> {
+        let job = self.get_job(query.project, query.location, query.job_id).await?;
+        match foreign_because(&job, query) {
+            None => Ok(job),
+            Some(why) => Err(BigQueryError::ForeignJob { job_id: query.job_id.to_string(), why }),
+        }
+    }
+
     pub(crate) async fn get_job(&self, project: &str, location: Option<&str>, job_id: &str) -> BigQueryResult<Job> {
         let get = || {
             let request = self.jobs.get_job().set_project_id(project).set_job_id(job_id);
@@ -185,5 +230,61 @@ impl BigQuery {
             }
         };
         rest_call(&self.quotas, &self.rest_retry, "jobs.get", get).await?.map_err(BigQueryError::rest("jobs.get"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query_job<'a>(sql: &'a str, recorded: &'a [String]) -> QueryJob<'a> {
+        QueryJob {
+            project: "p",
+            location: None,
+            job_id: "filament_r_e_d_t_full_append_0123",
+            sql,
+            labels: &[],
+            maximum_bytes_billed: None,
+            timeout: Duration::from_secs(1),
+            insert_retry: RetryPolicy::ONCE,
+            recorded_statements: recorded,
+        }
+    }
+
+    fn existing(sql: &str, legacy: Option<bool>) -> Job {
+        let query = JobConfigurationQuery::new().set_query(sql).set_or_clear_use_legacy_sql(legacy);
+        Job::new().set_configuration(JobConfiguration::new().set_query(query))
+    }
+
+    #[test]
+    fn a_job_running_our_statement_in_googlesql_is_ours() {
+        let ours = "INSERT INTO `p`.`d`.`t` SELECT * FROM `p`.`d`.`_filament_stg_t_1`";
+        assert_eq!(foreign_because(&existing(ours, Some(false)), &query_job(ours, &[])), None);
+    }
+
+    #[test]
+    fn a_statement_recorded_under_the_id_by_an_earlier_delivery_is_ours() {
+        let earlier = "INSERT INTO `p`.`d`.`t` SELECT * FROM `p`.`d`.`_filament_stg_t_1`";
+        let now = "INSERT INTO `p`.`d`.`t` SELECT * FROM `p`.`d`.`_filament_stg_t_2`";
+        let recorded = [statement_sha256(earlier)];
+        assert_eq!(foreign_because(&existing(earlier, Some(false)), &query_job(now, &recorded)), None);
+        assert!(foreign_because(&existing(earlier, Some(false)), &query_job(now, &[])).is_some());
+    }
+
+    #[test]
+    fn anything_else_under_our_id_is_foreign() {
+        let ours = "INSERT INTO `p`.`d`.`t` SELECT * FROM `p`.`d`.`s`";
+        let recorded = [statement_sha256(ours)];
+        let job = query_job(ours, &recorded);
+        assert!(foreign_because(&existing("SELECT 1", Some(false)), &job).is_some(), "another statement");
+        assert!(foreign_because(&existing(ours, Some(true)), &job).is_some(), "legacy SQL reads it otherwise");
+        assert!(foreign_because(&existing(ours, None), &job).is_some(), "legacy SQL is jobs.insert's default");
+        assert!(foreign_because(&Job::new(), &job).is_some(), "no configuration");
+        let dry = Job::new().set_configuration(
+            JobConfiguration::new()
+                .set_dry_run(true)
+                .set_query(JobConfigurationQuery::new().set_query(ours).set_use_legacy_sql(false)),
+        );
+        assert!(foreign_because(&dry, &job).is_some(), "a dry run ran nothing");
     }
 }

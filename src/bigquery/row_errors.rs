@@ -1,6 +1,7 @@
-//! What BigQuery's row errors may say: their messages can quote the refused value, and the
-//! execution's error is stored in Postgres and shown in the API, the console and logs, so the
-//! quoted values are removed first ([`without_row_values`]).
+//! What BigQuery's row errors and query jobs' errors may say: their messages can quote the
+//! refused value (a job's, a staged value it converted), and the execution's error is stored in
+//! Postgres and shown in the API, the console and logs, so the quoted values are removed first
+//! ([`without_row_values`]).
 
 /// The longest row-error message kept (after redaction).
 const MAX_ROW_ERROR_CHARS: usize = 200;

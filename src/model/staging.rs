@@ -30,7 +30,8 @@ pub(crate) const fn staged_order(seq: i64, row: i64) -> i64 {
 }
 
 /// The staging table of one resource in one delivery: reserved prefix, the destination's name
-/// (for people reading the dataset) and a hash that makes it unique per delivery.
+/// (for people reading the dataset, cut to 900 characters) and 128 bits of a hash that make it
+/// unique per delivery: at most 14 + 900 + 1 + 32 = 947 characters, within BigQuery's 1,024.
 pub(crate) fn staging_table_name(resource: &ResourceRef, destination_table: &str) -> String {
     let delivery = &resource.delivery;
     let digest = Sha256::digest(
@@ -40,7 +41,7 @@ pub(crate) fn staging_table_name(resource: &ResourceRef, destination_table: &str
         )
         .as_bytes(),
     );
-    let hash = &hex::encode(digest)[..16];
+    let hash = &hex::encode(digest)[..32];
     let readable: String = destination_table.chars().take(900).collect();
     format!("_filament_stg_{readable}_{hash}")
 }
@@ -62,6 +63,8 @@ mod tests {
         let b = staging_table_name(&resource(2, "users"), "users");
         assert_ne!(a, b);
         assert!(a.starts_with("_filament_stg_users_"));
+        let hash = a.rsplit_once('_').unwrap().1;
+        assert_eq!(hash.len(), 32, "128 bits: {a}");
         assert!(a.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
         assert!(staging_table_name(&resource(1, "x"), &"t".repeat(1024)).len() <= 1024);
     }

@@ -202,6 +202,10 @@ pub(crate) enum PublishOutcome {
     /// We lost track of the job (timeout, BigQuery unreachable): it may still finish. Its
     /// record stays `running`, so a redelivery re-attaches to it under the same job id.
     Unfinished(Problem),
+    /// A job the gateway did not submit holds the publication's job id (`foreign_job`): its
+    /// outcome was not taken, the publication is recorded failed, nothing was published, and
+    /// the staging table stays (for whoever looks into it; it expires).
+    ForeignJob(Problem),
 }
 
 /// One resource's publication result, with the staging table it read.
@@ -230,14 +234,17 @@ pub(crate) fn failed_before_publishing(problem: Problem, staging_tables: Vec<Str
 
 /// The commit's end from every publication's result: done when all are, otherwise the first
 /// failure's code with every failure in the detail. A staging table is deleted unless its job
-/// may still be running (its outcome is unknown: a redelivery re-attaches to it and reads it).
+/// may still be running (its outcome is unknown: a redelivery re-attaches to it and reads it)
+/// or a foreign job held its job id (kept for whoever looks into it).
 pub(crate) fn publications_ended(results: Vec<PublicationResult>) -> CommitVerdict {
     let mut failures: Vec<(ResourceName, Problem)> = Vec::new();
     let mut delete_staging_tables = Vec::new();
     for PublicationResult { resource, staging_table, outcome } in results {
         match outcome {
             Ok(PublishOutcome::Done) => delete_staging_tables.extend(staging_table),
-            Ok(PublishOutcome::Unfinished(problem)) => failures.push((resource, problem)),
+            Ok(PublishOutcome::Unfinished(problem) | PublishOutcome::ForeignJob(problem)) => {
+                failures.push((resource, problem))
+            }
             Err(problem) => {
                 delete_staging_tables.extend(staging_table);
                 failures.push((resource, problem));

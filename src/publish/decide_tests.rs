@@ -151,6 +151,17 @@ fn a_job_that_may_still_run_keeps_its_staging_table_and_fails_the_commit() {
 }
 
 #[test]
+fn a_foreign_job_keeps_its_staging_table_and_fails_the_commit_with_its_code() {
+    let foreign = Problem::new(ErrorCode::ForeignJob, "job j exists and is not the gateway's");
+    let verdict = publications_ended(vec![
+        result("a", Ok(PublishOutcome::ForeignJob(foreign))),
+        result("b", Ok(PublishOutcome::Done)),
+    ]);
+    assert_eq!(verdict.delete_staging_tables, ["stg_b"], "a's staging table is kept");
+    assert_eq!(verdict.end.unwrap_err().code, ErrorCode::ForeignJob);
+}
+
+#[test]
 fn a_failure_before_publication_deletes_every_staging_table_and_fails_the_commit() {
     let refused = Problem::new(ErrorCode::UploadFailed, "INVALID_ARGUMENT");
     let tables = vec!["stg_fast".to_string(), "stg_slow".to_string()];

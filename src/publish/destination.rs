@@ -1,34 +1,28 @@
 //! Publishing one destination table: its planned publications one after another, each one
-//! query job under a deterministic job id, unless this execution already published the same
-//! content (a redelivery, decided by [`reconcile`]). The fingerprint and job id are recorded
-//! before the job is submitted. What runs is decided in [`super::decide`]; this module fetches
-//! the destination's facts the decision needs and executes it.
-
-use std::time::Duration;
-
-use tokio::time::Instant;
+//! query job ([`super::publication_job`]: keyed job ids, recorded before the job is submitted),
+//! unless this execution already published the same content (a redelivery, decided by
+//! [`reconcile`]). What runs is decided in [`super::decide`]; this module fetches the
+//! destination's facts the decision needs and executes it.
 
 use super::decide::{self, PublicationResult, PublishOutcome, StatementChoice};
 use super::direct::DirectPublication;
 use super::plan::{DestinationPlan, PlannedPublication};
+use super::publication_job::PublicationJob;
 use super::reconcile::{PublishBy, Reconciled, publish_by, reconcile};
-use super::{Publisher, fingerprint, job_id, sql};
+use super::{Publisher, fingerprint, sql};
 
 use google_cloud_bigquery_v2::model::Table;
 
 use crate::bigquery::BigQueryError;
 use crate::bigquery::collation::{collated_columns, own_collations};
 use crate::bigquery::error::Stage;
-use crate::bigquery::jobs::{JobOutcome, QueryJob};
-use crate::bigquery::per_destination::ProjectLocation;
-use crate::bigquery::retry::{FailureStreak, Retried, RetryClass, RetryPolicy};
 use crate::error::Problem;
 use crate::model::DeliveryRef;
 use crate::model::columns::{BigQueryType, Collation, Column, same_name};
 use crate::model::key_ranges::{KeyRange, KeyValue, covering_ranges};
 use crate::pipeline::LaneReport;
-use crate::store::{Event, NewPublication, PublicationEnd, ResourceRecord, RunRecord};
-use crate::telemetry::{self, PublishTiming};
+use crate::store::{ResourceRecord, RunRecord};
+use crate::telemetry;
 
 /// A keyed publication's key ranges and collations, as the destination compares its keys.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,40 +63,11 @@ pub(crate) fn string_key_columns<'a>(columns: &'a [Column], key: &[String]) -> V
         .collect()
 }
 
-/// One publication's query job: what it runs, for which delivery and resource, under which
-/// fingerprint.
-struct PublicationJob<'a> {
-    run: &'a RunRecord,
-    delivery: &'a DeliveryRef,
-    resource: &'a ResourceRecord,
-    fingerprint: String,
-    statement: Statement<'a>,
-}
-
-impl PublicationJob<'_> {
-    /// The job id of attempt `attempt` (1-based).
-    fn job_id(&self, attempt: u32) -> String {
-        let base = job_id::publication_job_id(self.delivery, self.resource, &self.run.destination.dataset);
-        job_id::attempt_job_id(&base, attempt)
-    }
-
-    /// The project and location the job runs in, whose publication limit it counts against.
-    fn project_location(&self) -> ProjectLocation {
-        let project = self.run.job_project.as_deref().unwrap_or(&self.run.destination.project);
-        ProjectLocation::new(project, self.run.destination.location())
-    }
-
-    /// `dataset.table`.
-    fn destination(&self) -> String {
-        format!("{}.{}", self.run.destination.dataset, self.resource.table_name)
-    }
-}
-
 /// What a publication writes into its destination.
-struct Statement<'a> {
+pub(super) struct Statement<'a> {
     /// The staged rows, or `None` for an empty replacement (a truncation).
-    staged: Option<&'a LaneReport>,
-    sql: String,
+    pub(super) staged: Option<&'a LaneReport>,
+    pub(super) sql: String,
 }
 
 impl Publisher {
@@ -151,8 +116,9 @@ impl Publisher {
                 DirectPublication { run, delivery, resource, fingerprint: &fingerprint, staged, earlier_streams };
             return self.publish_direct(&direct).await;
         }
-        match decision {
-            Reconciled::Submit | Reconciled::Reattach => {}
+        let recorded_job_id = match &decision {
+            Reconciled::Submit => None,
+            Reconciled::Reattach { job_id } => Some(job_id.as_str()),
             Reconciled::Reuse { job_id } => {
                 tracing::info!(run_id = %run.run_id, execution_id = %delivery.execution_id(),
                     resource = %resource.resource, %job_id,
@@ -160,11 +126,18 @@ impl Publisher {
                 metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "reused").increment(1);
                 return Ok(PublishOutcome::Done);
             }
-            Reconciled::Refuse(problem) => return Err(problem),
+            Reconciled::Refuse(problem) => return Err(problem.clone()),
+        };
+        if let Err(e) = self.widen_before_publishing(run, delivery, planned).await {
+            let problem = e.problem(Stage::Publication);
+            return match e {
+                BigQueryError::ForeignJob { .. } => Ok(PublishOutcome::ForeignJob(problem)),
+                _ => Err(problem),
+            };
         }
         match self.statement(run, delivery, planned, &key_ranges).await? {
             Some(statement) => {
-                let job = PublicationJob { run, delivery, resource, fingerprint, statement };
+                let job = PublicationJob { run, delivery, resource, fingerprint, statement, recorded_job_id };
                 self.run_and_record(&job).await
             }
             None => Ok(PublishOutcome::Done),
@@ -326,120 +299,5 @@ impl Publisher {
             }
         }
         Ok(compared)
-    }
-
-    /// Runs the publication's job, and runs it again under the next attempt's job id while
-    /// [`decide::runs_again`] says it may (BigQuery's passing reasons, its rate limits, a DML
-    /// conflict) and the publication's retry policy says when. Each attempt's job id and the
-    /// fingerprint are recorded before its job is submitted, and each job runs under the
-    /// adaptive publication limit, which learns from its result.
-    async fn run_and_record(&self, job: &PublicationJob<'_>) -> Result<PublishOutcome, Problem> {
-        let mut attempt = 1;
-        let mut failures = FailureStreak::default();
-        loop {
-            let job_id = job.job_id(attempt);
-            let destination = job.destination();
-            let record = NewPublication {
-                delivery: job.delivery,
-                resource: &job.resource.resource,
-                destination: &destination,
-                job_id: &job_id,
-                fingerprint: &job.fingerprint,
-                committed_streams: None,
-            };
-            self.store.begin_publication(&record).await?;
-            let started = Instant::now();
-            let outcome =
-                self.publications.run(&job.project_location(), self.bigquery.tenant(), self.submit(job, &job_id)).await;
-            let delay = match &outcome {
-                Err(e) if decide::runs_again(e) => {
-                    let (failed, action) = failures.record(&self.retry, RetryClass::of(e));
-                    Retried::emit_failed_call("query job", &job.resource.resource, e, failed, action.delay(), None);
-                    action.delay()
-                }
-                _ => None,
-            };
-            let Some(delay) = delay else {
-                return self.record_outcome(job, &job_id, outcome, started.elapsed()).await;
-            };
-            tokio::time::sleep(delay).await;
-            attempt += 1;
-        }
-    }
-
-    /// Submits the attempt's job and waits for it.
-    async fn submit(&self, job: &PublicationJob<'_>, job_id: &str) -> Result<JobOutcome, BigQueryError> {
-        let (run, name) = (job.run, &job.resource.resource);
-        let staged_rows = job.statement.staged.map_or(0, |report| report.rows_acknowledged);
-        tracing::info!(run_id = %job.delivery.run_id(), execution_id = %job.delivery.execution_id(), resource = %name,
-            %job_id, staged_rows, "bigquery.write.publish.started");
-        self.store.record_event(job.delivery, Some(name), Event::PublicationStarted { job_id }).await;
-        let span = tracing::trace_span!(target: crate::traces::TARGET, "publication.job", resource = %name,
-            table = %job.destination(), bigquery.job_id = job_id);
-        let mut labels = job_id::publication_labels(job.delivery, name);
-        // BigQuery's job history leads back to the trace.
-        labels.extend(crate::traces::trace_id_of(&span).map(|trace_id| (job_id::TRACE_LABEL, trace_id)));
-        let query = QueryJob {
-            project: run.job_project.as_deref().unwrap_or(&run.destination.project),
-            location: run.destination.location(),
-            job_id,
-            sql: &job.statement.sql,
-            labels: &labels,
-            maximum_bytes_billed: run.maximum_bytes_billed,
-            timeout: self.query_job_timeout,
-            // This loop is the one level that runs a refused job again.
-            insert_retry: RetryPolicy::ONCE,
-        };
-        let started = Instant::now();
-        let outcome = tracing::Instrument::instrument(self.bigquery.run_query_job(&query), span).await;
-        let duration = started.elapsed();
-        let outcome_label = match &outcome {
-            Ok(_) => "done",
-            Err(e) if e.is_retryable() => "unfinished",
-            Err(_) => "failed",
-        };
-        metrics::histogram!(telemetry::PUBLICATION_DURATION, "outcome" => outcome_label).record(duration.as_secs_f64());
-        let cost = outcome.as_ref().ok().map(|o| &o.cost);
-        let (dataset, table) = (run.destination.dataset.as_str(), job.resource.table_name.as_str());
-        PublishTiming { resource: name, dataset, table, duration, cost }.emit();
-        outcome
-    }
-
-    /// Records how the publication's last attempt ended.
-    async fn record_outcome(
-        &self,
-        job: &PublicationJob<'_>,
-        job_id: &str,
-        outcome: Result<JobOutcome, BigQueryError>,
-        duration: Duration,
-    ) -> Result<PublishOutcome, Problem> {
-        let (execution, name) = (&job.delivery.execution, &job.resource.resource);
-        let duration_ms = duration.as_millis() as u64;
-        match outcome {
-            Ok(outcome) => {
-                let (rows_affected, bytes_billed) = (outcome.rows_affected, outcome.cost.bytes_billed);
-                let finished = Event::PublicationFinished { job_id, duration_ms, rows_affected, bytes_billed };
-                self.store.record_event(job.delivery, Some(name), finished).await;
-                let done = PublicationEnd::Done { rows_affected: outcome.rows_affected, cost: &outcome.cost };
-                self.store.finish_publication(execution, name, done).await?;
-                metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "done").increment(1);
-                Ok(PublishOutcome::Done)
-            }
-            Err(e) if e.is_retryable() => {
-                tracing::warn!(run_id = %job.delivery.run_id(), execution_id = %job.delivery.execution_id(),
-                    resource = %name, %job_id, error = %e, "lost track of the publication job; a redelivery re-attaches to it");
-                metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "unfinished").increment(1);
-                Ok(PublishOutcome::Unfinished(e.problem(Stage::Publication)))
-            }
-            Err(e) => {
-                let problem = e.problem(Stage::Publication);
-                let (code, hint) = (problem.code, problem.hint.as_deref());
-                let failed = Event::PublicationFailed { job_id, duration_ms, code, hint };
-                self.store.record_event(job.delivery, Some(name), failed).await;
-                self.store.finish_publication(execution, name, PublicationEnd::Failed(&problem)).await?;
-                metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "failed").increment(1);
-                Err(problem)
-            }
-        }
     }
 }

@@ -109,6 +109,7 @@ impl Publisher {
             job_id: DIRECT_APPEND_JOB_ID,
             fingerprint,
             committed_streams: Some(streams),
+            statement_sha256: None,
         };
         self.store.begin_publication(&record).await?;
         let name = &resource.resource;

@@ -2,8 +2,9 @@
 //! bottom): every lane drains and every PENDING stream is finalized (its row count checked)
 //! and committed to its staging table; only then, once the delivery is marked publishing (an
 //! abort before it changes nothing, an abort after it is refused), each destination table is
-//! published with one query job per resource (deterministic job id, fingerprint persisted
-//! first; [`destination`]), at most `max_concurrent_publications` tables at once; the staging
+//! published with one query job per resource (keyed job id, fingerprint and statement digest
+//! persisted first, a job found under the id taken only when it is ours; [`destination`],
+//! [`publication_job`]), at most `max_concurrent_publications` tables at once; the staging
 //! tables are deleted and the execution marked committed, which makes its last checkpoint the
 //! run's durable checkpoint. A failure before publication changes no destination.
 //!
@@ -11,7 +12,9 @@
 //! outcomes combine), as are [`sql`] (statements per write mode), [`job_id`], [`fingerprint`],
 //! [`plan`] (which publications, per table in declaration order) and [`reconcile`] (what a
 //! redelivered publication does). A `direct_append` resource publishes by committing the
-//! stream its lane wrote into the destination ([`direct`]) instead of a query job.
+//! stream its lane wrote into the destination ([`direct`]) instead of a query job. A resource
+//! declared `widen_columns` has its destination's columns widened after the barrier, before
+//! its statement ([`widen`]).
 //! [`lifecycle`] begins a commit and aborts.
 
 mod commit;
@@ -22,8 +25,10 @@ pub(crate) mod fingerprint;
 pub(crate) mod job_id;
 mod lifecycle;
 mod plan;
+mod publication_job;
 pub(crate) mod reconcile;
 pub(crate) mod sql;
+mod widen;
 
 use std::time::Duration;
 
@@ -54,6 +59,8 @@ pub(crate) struct Publisher {
     /// How a failed publication job runs again ([`decide::PUBLICATION_RETRY`], its pushback
     /// waited out for `FILAMENT_QUOTA_WAIT_SECS`).
     pub(crate) retry: crate::bigquery::retry::RetryPolicy,
+    /// The fleet's key of job-id tags ([`job_id`]).
+    pub(crate) job_ids: job_id::JobIdKey,
 }
 
 impl Publisher {

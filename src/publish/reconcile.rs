@@ -14,8 +14,9 @@ pub(crate) enum Reconciled {
     Submit,
     /// The same content was published earlier (a redelivery): its job stands.
     Reuse { job_id: String },
-    /// Interrupted while its job ran: the same job id re-attaches to that job.
-    Reattach,
+    /// Interrupted while its job ran: the job id it recorded re-attaches to that job (never
+    /// an id computed again: the key may have been rotated since).
+    Reattach { job_id: String },
     /// The earlier job failed for good, or published other content: refuse with this problem.
     Refuse(Problem),
 }
@@ -26,14 +27,14 @@ pub(crate) enum Reconciled {
 /// |----------------------------|------------------|-------------------|
 /// | none                       | submit           | submit            |
 /// | done                       | reuse its job    | replay_mismatch   |
-/// | running (outcome unknown)  | re-attach        | replay_mismatch   |
+/// | running (outcome unknown)  | re-attach its job| replay_mismatch   |
 /// | failed                     | publication_failed (a corrected attempt needs a new id) |
 pub(crate) fn reconcile(previous: Option<&PublicationRecord>, fingerprint: &str) -> Reconciled {
     let Some(previous) = previous else { return Reconciled::Submit };
     let same = previous.fingerprint == fingerprint;
     match previous.state {
         PublicationState::Done if same => Reconciled::Reuse { job_id: previous.job_id.clone() },
-        PublicationState::Running if same => Reconciled::Reattach,
+        PublicationState::Running if same => Reconciled::Reattach { job_id: previous.job_id.clone() },
         PublicationState::Failed => {
             let detail = previous.error.as_ref().map(|e| e.detail.as_str()).unwrap_or_default();
             Reconciled::Refuse(
@@ -78,7 +79,7 @@ pub(crate) fn publish_by<'a>(
     written_directly: bool,
 ) -> PublishBy<'a> {
     let earlier_streams = match decision {
-        Reconciled::Reattach => previous.and_then(|previous| previous.committed_streams.as_deref()),
+        Reconciled::Reattach { .. } => previous.and_then(|previous| previous.committed_streams.as_deref()),
         _ => None,
     };
     if earlier_streams.is_some() || (written_directly && *decision == Reconciled::Submit) {
@@ -107,6 +108,10 @@ mod tests {
         }
     }
 
+    fn reattach() -> Reconciled {
+        Reconciled::Reattach { job_id: "job-1".into() }
+    }
+
     fn refused_code(decision: Reconciled) -> ErrorCode {
         match decision {
             Reconciled::Refuse(problem) => problem.code,
@@ -129,7 +134,10 @@ mod tests {
 
     #[test]
     fn the_same_content_running_reattaches() {
-        assert_eq!(reconcile(Some(&record(PublicationState::Running, "f")), "f"), Reconciled::Reattach);
+        assert_eq!(
+            reconcile(Some(&record(PublicationState::Running, "f")), "f"),
+            Reconciled::Reattach { job_id: "job-1".into() }
+        );
     }
 
     #[test]
@@ -161,7 +169,7 @@ mod tests {
         committing.committed_streams = Some(vec!["streams/earlier".into()]);
         let earlier_streams = Some(&["streams/earlier".to_string()][..]);
         for written_directly in [true, false] {
-            let by = publish_by(&Reconciled::Reattach, Some(&committing), written_directly);
+            let by = publish_by(&reattach(), Some(&committing), written_directly);
             assert_eq!(by, PublishBy::CommittingStreams { earlier_streams }, "{written_directly}");
         }
     }
@@ -169,6 +177,6 @@ mod tests {
     #[test]
     fn an_unfinished_query_job_is_reattached_to_even_when_this_delivery_wrote_directly() {
         let running_job = record(PublicationState::Running, "f");
-        assert_eq!(publish_by(&Reconciled::Reattach, Some(&running_job), true), PublishBy::QueryJob);
+        assert_eq!(publish_by(&reattach(), Some(&running_job), true), PublishBy::QueryJob);
     }
 }

@@ -12,6 +12,7 @@ mod batches;
 mod events;
 mod executions;
 mod fleet;
+mod job_id_keys;
 mod publications;
 mod run_list;
 mod runs;

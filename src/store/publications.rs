@@ -44,6 +44,9 @@ pub(crate) struct NewPublication<'a> {
     pub(crate) fingerprint: &'a str,
     /// A direct append's publication: the streams it is about to commit.
     pub(crate) committed_streams: Option<&'a [String]>,
+    /// A query job's: the SHA-256 (hex) of the statement about to be submitted under
+    /// `job_id`, added to those recorded under the same id before.
+    pub(crate) statement_sha256: Option<&'a str>,
 }
 
 impl Store {
@@ -66,16 +69,25 @@ impl Store {
             .await?)
     }
 
-    /// Persists the job id and fingerprint before the job is submitted.
-    pub(crate) async fn begin_publication(&self, publication: &NewPublication<'_>) -> StoreResult<()> {
-        sqlx::query(
+    /// Persists the job id, the fingerprint and the statement's digest before the job is
+    /// submitted. Returns the digests of every statement recorded under this job id: this
+    /// one, and those an earlier delivery recorded under it when it re-attaches (another job
+    /// id starts the list again).
+    pub(crate) async fn begin_publication(&self, publication: &NewPublication<'_>) -> StoreResult<Vec<String>> {
+        let (recorded,): (Option<Vec<String>>,) = sqlx::query_as(
             "INSERT INTO publications (run_id, execution_id, resource, delivery, destination, job_id, fingerprint, state,
-                                       committed_streams)
-             VALUES ($1, $2, $4, $3, $5, $6, $7, $8, $9)
+                                       committed_streams, statement_sha256)
+             VALUES ($1, $2, $4, $3, $5, $6, $7, $8, $9, $10)
              ON CONFLICT (run_id, execution_id, resource) DO UPDATE
                SET delivery = EXCLUDED.delivery, destination = EXCLUDED.destination, job_id = EXCLUDED.job_id,
                    fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, rows_affected = NULL, error = NULL,
-                   committed_streams = EXCLUDED.committed_streams, updated_at = now()",
+                   committed_streams = EXCLUDED.committed_streams, updated_at = now(),
+                   statement_sha256 = CASE WHEN publications.job_id = EXCLUDED.job_id
+                       THEN ARRAY(SELECT DISTINCT digest
+                                  FROM unnest(coalesce(publications.statement_sha256, '{}')
+                                              || coalesce(EXCLUDED.statement_sha256, '{}')) AS digest)
+                       ELSE EXCLUDED.statement_sha256 END
+             RETURNING statement_sha256",
         )
         .bind_delivery(publication.delivery)
         .bind(publication.resource)
@@ -84,9 +96,10 @@ impl Store {
         .bind(publication.fingerprint)
         .bind(PublicationState::Running)
         .bind(publication.committed_streams)
-        .execute(&self.pool)
+        .bind(publication.statement_sha256.map(|digest| vec![digest.to_string()]))
+        .fetch_one(&self.pool)
         .await?;
-        Ok(())
+        Ok(recorded.unwrap_or_default())
     }
 
     /// Records how the publication's job ended and, when it ran, what it cost and did: one

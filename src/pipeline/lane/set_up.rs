@@ -5,7 +5,8 @@
 //! publication) and its PENDING write stream, whose name is recorded in Postgres before any row
 //! is sent. The [`super::appender`] appends to that stream. A resource declared `direct_append`
 //! whose columns go in as sent gets no staging table: its stream writes into the destination
-//! ([`super::write_path`]). (Logs and metrics keep the
+//! ([`super::write_path`]). A declared widening (`widen_columns`) is checked here and left to
+//! the publication, after the commit's barrier (`publish::widen`). (Logs and metrics keep the
 //! documented name `prepare`: `bigquery.write.prepare.started`, `max_concurrent_prepares`.)
 
 use tokio::time::Instant;
@@ -16,9 +17,6 @@ use super::destination_tables::DestinationTable;
 use super::write_path::WritePath;
 use super::{LaneContext, LaneTarget};
 use crate::bigquery::error::{Stage, dataset_location_mismatch};
-use sha2::{Digest as _, Sha256};
-
-use crate::bigquery::jobs::QueryJob;
 use crate::bigquery::metadata::{
     layout_differences, published_columns, required_columns_missing, type_conflicts, widenings,
 };
@@ -26,10 +24,6 @@ use crate::bigquery::retry::{Classified, FailureStreak, Retried, RetryAction, Re
 use crate::bigquery::{BigQuery, BigQueryError, table_path};
 use crate::error::{ErrorCode, Problem};
 use crate::model::columns::{BigQueryType, Column};
-use crate::publish::sql::{TableRef, alter_column_types};
-
-/// How long set-up waits for the `ALTER TABLE` that widens columns.
-const WIDEN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 use crate::model::staging::STAGING_TABLE_TTL;
 use crate::store::StreamChange;
 use crate::telemetry::{LayoutMismatch, PhaseTiming};
@@ -143,8 +137,10 @@ async fn set_up_once(
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
     let existing_location = bigquery.ensure_dataset(project, dataset, target.location.as_deref()).await?;
     check_location(target, existing_location.as_deref())?;
-    let destination_columns = set_up_destination(context, bigquery, target, destination).await?;
-    let path = WritePath::choose(target.direct_append, &target.staging_columns, &destination_columns);
+    let DestinationSetUp { destination_columns, widened_at_publication } =
+        set_up_destination(context, bigquery, target, destination).await?;
+    let path =
+        WritePath::choose(target.direct_append, &target.staging_columns, &destination_columns, &widened_at_publication);
     let stream_table = match &path {
         WritePath::DirectAppend => &target.destination_table,
         WritePath::Staging { .. } => {
@@ -224,9 +220,19 @@ fn check_location(target: &LaneTarget, existing: Option<&str>) -> Result<(), Pro
     )))
 }
 
+/// What set-up found the destination takes.
+struct DestinationSetUp {
+    /// The staged columns as the destination takes them (as widened, when it will be).
+    destination_columns: Vec<Column>,
+    /// The existing columns the publication widens (`widen_columns`), after the commit's
+    /// barrier: set-up checked the widening, and leaves the table's types as they are.
+    widened_at_publication: Vec<String>,
+}
+
 /// Creates the destination table with its layout, or checks that the existing one takes the
-/// batches' columns (existing columns are never altered), adds the missing ones and reports a
-/// layout other than the declared one. Returns the staged columns as the destination takes them.
+/// batches' columns (existing columns are never altered here: a declared widening is checked
+/// and left to the publication), adds the missing ones and reports a layout other than the
+/// declared one.
 ///
 /// Reads the table once per delivery (`destination`, held by every lane of the delivery into
 /// it, one set-up at a time): a set-up that finds the table as the last one read it, and leaves
@@ -236,7 +242,7 @@ async fn set_up_destination(
     bigquery: &BigQuery,
     target: &LaneTarget,
     destination: &DestinationTable,
-) -> Result<Vec<Column>, SetUpFailure> {
+) -> Result<DestinationSetUp, SetUpFailure> {
     let mut last_read = destination.lock().await;
     let layout = &target.destination_layout;
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
@@ -248,29 +254,29 @@ async fn set_up_destination(
     let Some(existing_table) = existing_table else {
         bigquery.create_destination_table(project, dataset, table, wanted, layout).await?;
         context.store.set_layout_mismatch(&target.resource, &[]).await.map_err(Problem::from)?;
-        return Ok(target.destination_columns.clone());
+        let destination_columns = target.destination_columns.clone();
+        return Ok(DestinationSetUp { destination_columns, widened_at_publication: Vec::new() });
     };
     report_layout(context, target, &existing_table).await?;
     let existing = existing_table.schema.as_ref().map(|s| s.fields.clone()).unwrap_or_default();
-    // Widening (declared `widen_columns`) is decided, then every check runs against the table
-    // as it would be after it, and only then is the table altered: a delivery that fails a
-    // check leaves its columns as they were.
+    // Widening (declared `widen_columns`) is decided and every check runs against the table as
+    // it would be after it; the table itself is widened by the publication, after the commit's
+    // barrier (`publish::widen`): a delivery that fails or is aborted leaves its types as they were.
     let widened: Vec<(String, BigQueryType)> = match target.widen_columns {
         true => {
             widenings(&existing, &target.destination_columns).into_iter().map(|(c, t)| (c.to_string(), t)).collect()
         }
         false => Vec::new(),
     };
-    let as_widened = with_types(existing, &widened);
-    let published = check_compatible(target, &as_widened)?;
-    if !widened.is_empty() {
-        Box::pin(widen_columns(bigquery, target, &widened)).await?;
-    }
-    let added = add_missing_columns(bigquery, target, &as_widened).await?;
-    if widened.is_empty() && added == 0 {
+    let as_widened = with_types(existing.clone(), &widened);
+    let destination_columns = check_compatible(target, &as_widened)?;
+    // The patch sends the table's schema as it is, with the added columns after it.
+    let added = add_missing_columns(bigquery, target, &existing).await?;
+    if added == 0 {
         *last_read = Some(existing_table);
     }
-    Ok(published)
+    let widened_at_publication = widened.into_iter().map(|(column, _)| column).collect();
+    Ok(DestinationSetUp { destination_columns, widened_at_publication })
 }
 
 /// `existing` with the types of `widened` columns replaced by the wider ones.
@@ -302,39 +308,6 @@ async fn report_layout(context: &LaneContext, target: &LaneTarget, existing: &Ta
         }
         .emit();
     }
-    Ok(())
-}
-
-/// Widens the existing columns `widened` names to their wider types (the resource declared
-/// `widen_columns`): one `ALTER TABLE` query job.
-async fn widen_columns(
-    bigquery: &BigQuery,
-    target: &LaneTarget,
-    widened: &[(String, BigQueryType)],
-) -> Result<(), SetUpFailure> {
-    let (project, dataset, table) =
-        (target.project.as_str(), target.dataset.as_str(), target.destination_table.as_str());
-    let sql = alter_column_types(&TableRef { project, dataset, table }, widened);
-    // One job per delivery and alteration: a set-up attempt that lost the answer finds it again.
-    let digest = Sha256::digest(format!("{}\n{sql}", target.staging_table).as_bytes());
-    let job_id = format!("filament_widen_{}", &hex::encode(digest)[..24]);
-    let job = QueryJob {
-        project,
-        location: target.location.as_deref(),
-        job_id: &job_id,
-        sql: &sql,
-        labels: &[],
-        maximum_bytes_billed: None,
-        timeout: WIDEN_TIMEOUT,
-        // Set-up is the one level that retries pushback.
-        insert_retry: RetryPolicy::ONCE,
-    };
-    let delivery = &target.resource.delivery;
-    let names: Vec<&str> = widened.iter().map(|(c, _)| c.as_str()).collect();
-    tracing::info!(run_id = %delivery.run_id(), execution_id = %delivery.execution_id(), %table,
-        columns = %names.join(","), %job_id, "bigquery.table.columns_widened");
-    // Boxed: a query job's future is large, and set-up's runs on the lane task's stack.
-    Box::pin(bigquery.run_query_job(&job)).await?;
     Ok(())
 }
 

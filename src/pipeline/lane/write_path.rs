@@ -26,10 +26,20 @@ pub(crate) enum WritePath {
 impl WritePath {
     /// The path of a lane whose resource declared `direct_append` (or not), staging
     /// `staging_columns`, which the destination takes as `published` (set-up's answer: the
-    /// staged columns with their casts into the existing table's types).
-    pub(crate) fn choose(direct_append: bool, staging_columns: &[Column], published: &[Column]) -> Self {
+    /// staged columns with their casts into the existing table's types) once the publication
+    /// has widened the columns `widened_at_publication` names.
+    pub(crate) fn choose(
+        direct_append: bool,
+        staging_columns: &[Column],
+        published: &[Column],
+        widened_at_publication: &[String],
+    ) -> Self {
         if !direct_append {
             return WritePath::Staging { declined: None };
+        }
+        if let Some(column) = widened_at_publication.first() {
+            let reason = format!("column {column} is widened by the publication, after the commit");
+            return WritePath::Staging { declined: Some(reason) };
         }
         match why_not_direct(staging_columns, published) {
             Some(reason) => WritePath::Staging { declined: Some(reason) },
@@ -82,12 +92,12 @@ mod tests {
 
     #[test]
     fn columns_that_go_in_as_sent_are_written_directly() {
-        assert_eq!(WritePath::choose(true, &columns(), &columns()), WritePath::DirectAppend);
+        assert_eq!(WritePath::choose(true, &columns(), &columns(), &[]), WritePath::DirectAppend);
     }
 
     #[test]
     fn without_the_declaration_rows_go_through_staging_with_no_reason() {
-        assert_eq!(WritePath::choose(false, &columns(), &columns()), WritePath::Staging { declined: None });
+        assert_eq!(WritePath::choose(false, &columns(), &columns(), &[]), WritePath::Staging { declined: None });
     }
 
     #[test]
@@ -95,7 +105,7 @@ mod tests {
         let mut published = columns();
         published.push(Column::new("balance", BigQueryType::Numeric));
         let staged: Vec<Column> = published.iter().map(Column::staged).collect();
-        let reason = declined(WritePath::choose(true, &staged, &published));
+        let reason = declined(WritePath::choose(true, &staged, &published, &[]));
         assert!(reason.contains("balance is NUMERIC"), "{reason}");
     }
 
@@ -103,15 +113,21 @@ mod tests {
     fn a_cast_into_a_wider_column_needs_the_query() {
         let mut published = columns();
         published[0].published_as = Some(BigQueryType::Numeric);
-        let reason = declined(WritePath::choose(true, &columns(), &published));
+        let reason = declined(WritePath::choose(true, &columns(), &published, &[]));
         assert!(reason.contains("id is cast"), "{reason}");
+    }
+
+    #[test]
+    fn a_column_the_publication_widens_needs_the_query() {
+        let reason = declined(WritePath::choose(true, &columns(), &columns(), &["id".to_string()]));
+        assert!(reason.contains("id is widened by the publication"), "{reason}");
     }
 
     #[test]
     fn a_flexible_name_needs_the_query() {
         let published = vec![Column::new("unit price", BigQueryType::Float64)];
         let staged: Vec<Column> = published.iter().map(Column::staged).collect();
-        let reason = declined(WritePath::choose(true, &staged, &published));
+        let reason = declined(WritePath::choose(true, &staged, &published, &[]));
         assert!(reason.contains("flexible name"), "{reason}");
     }
 
@@ -119,7 +135,7 @@ mod tests {
     fn a_staged_column_the_table_does_not_take_needs_the_query() {
         let mut staged = columns();
         staged.push(Column::new("_filament_seq", BigQueryType::Int64));
-        let reason = declined(WritePath::choose(true, &staged, &columns()));
+        let reason = declined(WritePath::choose(true, &staged, &columns(), &[]));
         assert!(reason.contains("_filament_seq"), "{reason}");
     }
 }

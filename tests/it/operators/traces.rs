@@ -1,6 +1,7 @@
 //! OpenTelemetry traces (`crate::traces`) received by a real OTLP/HTTP receiver decoding the
 //! OpenTelemetry project's protobuf: an extractor's `traceparent` is continued from the batch
-//! request through its upload to the publication job, whose label carries the trace id.
+//! request through its upload (an anonymous caller's is not); the commit runs in a trace of the
+//! gateway's own, linked to the request, and its publication job's label carries that trace id.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,12 +63,13 @@ async fn a_batch_is_followed_from_the_extractors_request_to_the_publication_job(
     let committed = commit.send().await.unwrap();
     assert_eq!(committed.status(), StatusCode::OK, "{}", committed.text().await.unwrap());
 
-    let wanted = ["batch.decode", "lane.upload", "bigquery.append_rows", "publication.job"];
+    let wanted = ["batch.decode", "lane.upload", "bigquery.append_rows"];
     let spans = within(Duration::from_secs(30), Duration::from_millis(200), || async {
         let spans = receiver.spans();
         let seen =
             |name: &str| spans.iter().any(|s| s.trace_id == TRACE_ID && (s.name == name || s.name.starts_with(name)));
-        (wanted.iter().all(|name| seen(name)) && seen("POST ")).then_some(spans)
+        let committed = spans.iter().any(|s| s.name == "execution.commit");
+        (wanted.iter().all(|name| seen(name)) && seen("POST ") && committed).then_some(spans)
     })
     .await
     .unwrap_or_else(|| panic!("spans of the trace within 30 s: {:#?}", receiver.spans()));
@@ -110,11 +112,19 @@ async fn a_batch_is_followed_from_the_extractors_request_to_the_publication_job(
         append.attribute("bytes").is_some_and(|b| b.parse::<u64>().unwrap() > 0)
             && append.attribute("attempt") == Some("1")
     );
-    for name in ["execution.commit", "bigquery.finalize_write_stream", "bigquery.batch_commit_write_streams"] {
-        assert_eq!(named(&spans, name).len(), 1, "{name}: {spans:#?}");
+    // The commit runs in a trace of the gateway's own, linked to the request that committed: its
+    // jobs' trace label is never a trace id the caller chose.
+    let commits: Vec<_> = spans.iter().filter(|s| s.name == "execution.commit").collect();
+    assert_eq!(commits.len(), 1, "{commits:#?}");
+    let commit = commits[0];
+    assert!(commit.trace_id != TRACE_ID && commit.parent_span_id.is_empty(), "a root of its own: {commit:#?}");
+    assert!(commit.linked_traces.iter().any(|t| t == TRACE_ID), "linked to the commit request: {commit:#?}");
+    let in_commit = |name: &str| spans.iter().filter(|s| s.name == name && s.trace_id == commit.trace_id).count();
+    for name in ["bigquery.finalize_write_stream", "bigquery.batch_commit_write_streams", "publication.job"] {
+        assert_eq!(in_commit(name), 1, "{name}: {spans:#?}");
     }
-    let job = named(&spans, "publication.job");
-    let job_id = job[0].attribute("bigquery.job_id").expect("the job span names its job").to_string();
+    let job = spans.iter().find(|s| s.name == "publication.job").unwrap();
+    let job_id = job.attribute("bigquery.job_id").expect("the job span names its job").to_string();
     // BigQuery's job history leads back to the trace: the job carries its id as a label.
     let proxy = gw.rest_conformance.as_ref().expect("the harness proxies REST calls");
     let inserted = proxy.requests("POST", "/jobs");
@@ -122,7 +132,8 @@ async fn a_batch_is_followed_from_the_extractors_request_to_the_publication_job(
         .iter()
         .find(|r| r.body["jobReference"]["jobId"] == job_id.as_str())
         .unwrap_or_else(|| panic!("the job {job_id} was submitted"));
-    assert_eq!(submitted.body["configuration"]["labels"]["filament_trace_id"], TRACE_ID, "{}", submitted.body);
+    let label = &submitted.body["configuration"]["labels"]["filament_trace_id"];
+    assert_eq!(label, commit.trace_id.as_str(), "{}", submitted.body);
     // No row value and no credential in any span.
     let leaks = |s: &ReceivedSpan| {
         std::iter::once(&s.name)
@@ -130,6 +141,33 @@ async fn a_batch_is_followed_from_the_extractors_request_to_the_publication_job(
             .any(|text| text.contains(SENTINEL) || text.contains(&gw.token))
     };
     assert!(!receiver.spans().iter().any(leaks), "{spans:#?}");
+}
+
+/// A `traceparent` is continued only for a caller that authenticates as a principal: a request
+/// without a credential, or with one no principal has, starts a trace of its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unauthenticated_callers_traceparent_is_not_continued() {
+    let receiver = OtlpReceiver::start().await;
+    let gw = GatewayOptions::new().env("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.endpoint).spawn().await;
+    let anonymous = gw.unauthenticated(Method::GET, "/v1/runs").header("traceparent", TRACEPARENT);
+    assert_eq!(anonymous.send().await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    let unknown = gw.unauthenticated(Method::GET, "/v1/runs").bearer_auth("not-a-principals-token-0123456789");
+    let unknown = unknown.header("traceparent", TRACEPARENT);
+    assert_eq!(unknown.send().await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    let principal = gw.request(Method::GET, "/v1/runs").header("traceparent", OTHER_TRACEPARENT);
+    assert_eq!(principal.send().await.unwrap().status(), StatusCode::OK);
+
+    let requests = within(Duration::from_secs(30), Duration::from_millis(200), || async {
+        let requests: Vec<_> = receiver.spans().into_iter().filter(|s| s.name == "GET /v1/runs").collect();
+        (requests.len() == 3).then_some(requests)
+    })
+    .await
+    .unwrap_or_else(|| panic!("the three requests' spans within 30 s: {:#?}", receiver.spans()));
+    let continued: Vec<_> = requests.iter().filter(|s| s.trace_id == OTHER_TRACE_ID).collect();
+    assert_eq!(continued.len(), 1, "the principal's request continues its trace: {requests:#?}");
+    assert_eq!(continued[0].parent_span_id, "b7ad6b7169203331");
+    let roots = requests.iter().filter(|s| s.trace_id != OTHER_TRACE_ID);
+    assert!(roots.clone().all(|s| s.trace_id != TRACE_ID && s.parent_span_id.is_empty()), "{requests:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

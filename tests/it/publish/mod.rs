@@ -6,5 +6,6 @@ mod publication;
 mod publication_cost;
 mod publication_safety;
 mod table_layout;
+mod widening;
 mod write_modes;
 mod write_options;

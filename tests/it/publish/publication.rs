@@ -143,6 +143,25 @@ async fn a_failed_job_is_surfaced_on_redelivery_without_a_new_job() {
     assert_eq!(proxy.queries().len(), 1, "no second job for a recorded failure");
 }
 
+/// A failed job's message can quote the value the statement could not convert (the GEOGRAPHY,
+/// RANGE, INTERVAL and JSON conversions do): the execution's error, the publication's and the
+/// timeline keep the reason without the value, as row errors do.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_jobs_message_is_kept_without_the_values_it_quotes() {
+    let (proxy, _fake, gw) = one_batch_behind_a_proxy(0..5).await;
+    let message = "Query error: Invalid GEOGRAPHY value: 'POINT(1 SECRET-7)' in column g at [3:5]";
+    proxy.set_jobs(JobMode::invalid_query("", message));
+    let failed = gw.commit_and_wait("r", "e").await;
+    assert_eq!(failed["error"]["code"], "publication_failed", "{failed}");
+    let detail = failed["error"]["detail"].as_str().unwrap();
+    assert!(detail.contains("Invalid GEOGRAPHY value: \"…\" in column g"), "{failed}");
+    let (status, events) = gw.json(Method::GET, "/v1/runs/r/executions/e/events", None).await;
+    assert_eq!(status, StatusCode::OK, "{events}");
+    for shown in [failed.to_string(), events.to_string(), gw.logs()] {
+        assert!(!shown.contains("SECRET-7"), "{shown}");
+    }
+}
+
 /// A job the gateway stopped waiting for may still run: its staging table is kept (the job
 /// reads it), and a redelivery of the execution re-attaches to that job under the same id
 /// instead of running the statement again under a new one.

@@ -29,7 +29,13 @@ async fn job_statistics_are_recorded_and_jobs_carry_labels() {
     let labels = &insert.body["configuration"]["labels"];
     assert_eq!(
         labels,
-        &json!({"filament_run": "run-1", "filament_execution": "e", "filament_resource": "public_users"})
+        &json!({
+            "filament_job": "publication",
+            "filament_principal": "default",
+            "filament_run": "run-1",
+            "filament_execution": "e",
+            "filament_resource": "public_users"
+        })
     );
 
     let metrics = gw.metrics().await;

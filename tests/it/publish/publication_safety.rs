@@ -186,7 +186,13 @@ async fn transient_job_failures_are_retried_under_attempt_ids() {
             .filter(|id| id.contains(&format!("_{run}_")))
             .collect();
         assert_eq!(job_ids.len(), 2, "{reason}: {job_ids:?}");
-        assert_eq!(job_ids[1], format!("{}-a2", job_ids[0]), "the retry adds an attempt suffix");
+        // The retry adds an attempt suffix, and a tag of its own (keyed: not derived from the
+        // first attempt's id).
+        let (readable, first_tag) = job_ids[0].rsplit_once('_').unwrap();
+        let retry = job_ids[1].strip_suffix("-a2").unwrap_or_else(|| panic!("{job_ids:?}"));
+        let (retry_readable, retry_tag) = retry.rsplit_once('_').unwrap();
+        assert_eq!((retry_readable, retry_tag.len()), (readable, 32), "{job_ids:?}");
+        assert_ne!(retry_tag, first_tag, "{job_ids:?}");
         assert_eq!(committed["resources"][0]["publication"]["job_id"], job_ids[1].as_str(), "{committed}");
     }
 }

@@ -1,5 +1,6 @@
 //! Who may call and what a hostile client cannot do: principals, ID tokens, TLS, hardening, clients that stop reading.
 
+mod foreign_jobs;
 mod hardening;
 mod id_tokens;
 mod principals;

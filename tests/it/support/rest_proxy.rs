@@ -40,8 +40,12 @@ pub enum JobMode {
     #[default]
     Forward,
     /// Answer every `jobs.insert` with 409 `duplicate` and `jobs.get` with a DONE job (as if
-    /// an earlier attempt had submitted it).
+    /// an earlier attempt had submitted it: the configuration sent).
     AlreadyExists,
+    /// Answer every `jobs.insert` with 409 `duplicate` and `jobs.get` with a DONE job someone
+    /// else created first under the id: GoogleSQL `query`, the labels the insert carries
+    /// copied onto it.
+    Foreign { query: String },
     /// Answer `jobs.insert` of queries containing `query_contains` with a DONE job that failed
     /// with `reason` (`invalidQuery`, `bytesBilledLimitExceeded`, ...) and `message`; forward
     /// the others.
@@ -83,6 +87,9 @@ pub struct ProxyState {
     pub max_running: usize,
     /// Jobs answered as failed by `Fail` (their `jobs.get` fails too).
     pub failed_jobs: Vec<String>,
+    /// The `configuration` of each job inserted (by id: the first insert's), which BigQuery
+    /// answers `jobs.get` with.
+    pub configurations: HashMap<String, Value>,
     /// (table, column): `tables.get` of the table answers with the column collated `und:ci`
     /// (the emulator keeps no collation).
     pub collated: Vec<(String, String)>,
@@ -291,6 +298,95 @@ pub fn long_poll_wait(path_and_query: &str) -> Duration {
     Duration::from_millis(millis)
 }
 
+/// A `jobs.insert`, `jobs.get` or `jobs.getQueryResults` call.
+struct JobCall<'a> {
+    id: &'a str,
+    is_insert: bool,
+    body: &'a Value,
+    path: &'a str,
+    path_and_query: &'a str,
+}
+
+/// A job resource answered for `id`, with the configuration its `jobs.insert` sent (as
+/// BigQuery answers `jobs.get`).
+fn job_answer(shared: &Shared, id: &str, state: &str, error: Option<(&str, &str)>) -> Response {
+    let mut answer = job(id, state, error);
+    if let Some(configuration) = shared.state.lock().unwrap().configurations.get(id) {
+        answer["configuration"] = configuration.clone();
+    }
+    axum::Json(answer).into_response()
+}
+
+fn already_exists(id: &str) -> Response {
+    let message = format!("Already Exists: Job filament-demo:US.{id}");
+    (StatusCode::CONFLICT, axum::Json(bigquery_error(409, "ALREADY_EXISTS", &message, "duplicate", vec![])))
+        .into_response()
+}
+
+/// The answer of a job call `mode` takes over, or `None` to forward it.
+async fn taken_over(shared: &Shared, mode: JobMode, call: &JobCall<'_>) -> Option<Response> {
+    let (id, is_insert) = (call.id, call.is_insert);
+    match mode {
+        JobMode::Forward => None,
+        JobMode::AlreadyExists if is_insert => Some(already_exists(id)),
+        JobMode::AlreadyExists => Some(job_answer(shared, id, "DONE", None)),
+        JobMode::Foreign { query } => {
+            if is_insert {
+                let labels = call.body["configuration"]["labels"].clone();
+                let foreign = json!({"query": {"query": query, "useLegacySql": false}, "labels": labels});
+                shared.state.lock().unwrap().configurations.insert(id.to_string(), foreign);
+                return Some(already_exists(id));
+            }
+            Some(job_answer(shared, id, "DONE", None))
+        }
+        JobMode::Fail { query_contains, reason, message } => {
+            let query = call.body["configuration"]["query"]["query"].as_str().unwrap_or("");
+            let failed = shared.state.lock().unwrap().failed_jobs.contains(&id.to_string());
+            if (is_insert && query.contains(&query_contains)) || failed {
+                shared.state.lock().unwrap().failed_jobs.push(id.to_string());
+                return Some(job_answer(shared, id, "DONE", Some((reason.as_str(), &message))));
+            }
+            None
+        }
+        JobMode::FailFirstAttempt { reason, message } => {
+            let retry = id.rsplit_once("-a").is_some_and(|(_, attempt)| attempt.parse::<u32>().is_ok());
+            let failed = shared.state.lock().unwrap().failed_jobs.contains(&id.to_string());
+            if (is_insert && !retry) || failed {
+                shared.state.lock().unwrap().failed_jobs.push(id.to_string());
+                return Some(job_answer(shared, id, "DONE", Some((&reason, &message))));
+            }
+            None
+        }
+        JobMode::RunFor(duration) => Some(run_for(shared, duration, call).await),
+    }
+}
+
+/// `RunFor`: a job RUNNING for `duration` after its insert, then DONE; a long poll answered when
+/// it completes or after its `timeoutMs`.
+async fn run_for(shared: &Shared, duration: Duration, call: &JobCall<'_>) -> Response {
+    let now = Instant::now();
+    let done_at = {
+        let mut state = shared.state.lock().unwrap();
+        if call.is_insert {
+            state.running.insert(call.id.to_string(), now + duration);
+        }
+        let running = state.running.values().filter(|done_at| **done_at > now).count();
+        state.max_running = state.max_running.max(running);
+        state.running.get(call.id).copied().unwrap_or(now)
+    };
+    if call.path.contains("/queries/") {
+        let waited = done_at.saturating_duration_since(now).min(long_poll_wait(call.path_and_query));
+        tokio::time::sleep(waited).await;
+        let complete = Instant::now() >= done_at;
+        let reference = json!({"projectId": "filament-demo", "jobId": call.id, "location": "US"});
+        return axum::Json(
+            json!({"kind": "bigquery#getQueryResultsResponse", "jobReference": reference, "jobComplete": complete}),
+        )
+        .into_response();
+    }
+    job_answer(shared, call.id, if done_at <= now { "DONE" } else { "RUNNING" }, None)
+}
+
 async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let method = request.method().clone();
     let path = request.uri().path().to_string();
@@ -338,56 +434,14 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     if is_insert || get_id.is_some() {
         let id =
             get_id.clone().unwrap_or_else(|| json_body["jobReference"]["jobId"].as_str().unwrap_or("").to_string());
-        match mode {
-            JobMode::Forward => {}
-            JobMode::AlreadyExists if is_insert => {
-                let message = format!("Already Exists: Job filament-demo:US.{id}");
-                return (
-                    StatusCode::CONFLICT,
-                    axum::Json(bigquery_error(409, "ALREADY_EXISTS", &message, "duplicate", vec![])),
-                )
-                    .into_response();
-            }
-            JobMode::AlreadyExists => return axum::Json(job(&id, "DONE", None)).into_response(),
-            JobMode::Fail { query_contains, reason, message } => {
-                let query = json_body["configuration"]["query"]["query"].as_str().unwrap_or("");
-                let failed = shared.state.lock().unwrap().failed_jobs.contains(&id);
-                if (is_insert && query.contains(&query_contains)) || failed {
-                    shared.state.lock().unwrap().failed_jobs.push(id.clone());
-                    return axum::Json(job(&id, "DONE", Some((reason.as_str(), &message)))).into_response();
-                }
-            }
-            JobMode::FailFirstAttempt { reason, message } => {
-                let retry = id.rsplit_once("-a").is_some_and(|(_, attempt)| attempt.parse::<u32>().is_ok());
-                let failed = shared.state.lock().unwrap().failed_jobs.contains(&id);
-                if (is_insert && !retry) || failed {
-                    shared.state.lock().unwrap().failed_jobs.push(id.clone());
-                    return axum::Json(job(&id, "DONE", Some((&reason, &message)))).into_response();
-                }
-            }
-            JobMode::RunFor(duration) => {
-                let now = Instant::now();
-                let done_at = {
-                    let mut state = shared.state.lock().unwrap();
-                    if is_insert {
-                        state.running.insert(id.clone(), now + duration);
-                    }
-                    let running = state.running.values().filter(|done_at| **done_at > now).count();
-                    state.max_running = state.max_running.max(running);
-                    state.running.get(&id).copied().unwrap_or(now)
-                };
-                if path.contains("/queries/") {
-                    // A long poll: answered when the job completes, or after timeoutMs.
-                    let waited = done_at.saturating_duration_since(now).min(long_poll_wait(&path_and_query));
-                    tokio::time::sleep(waited).await;
-                    let complete = Instant::now() >= done_at;
-                    let reference = json!({"projectId": "filament-demo", "jobId": id, "location": "US"});
-                    return axum::Json(json!({"kind": "bigquery#getQueryResultsResponse", "jobReference": reference, "jobComplete": complete}))
-                        .into_response();
-                }
-                let done = done_at <= now;
-                return axum::Json(job(&id, if done { "DONE" } else { "RUNNING" }, None)).into_response();
-            }
+        if is_insert {
+            // The first insert under an id creates the job; a duplicate changes nothing.
+            let configuration = json_body["configuration"].clone();
+            shared.state.lock().unwrap().configurations.entry(id.clone()).or_insert(configuration);
+        }
+        let call = JobCall { id: &id, is_insert, body: &json_body, path: &path, path_and_query: &path_and_query };
+        if let Some(answer) = taken_over(&shared, mode, &call).await {
+            return answer;
         }
     }
     let narrow = method == "POST" && path.ends_with("/tables") && shared.state.lock().unwrap().bignumeric_as_numeric;
