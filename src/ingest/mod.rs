@@ -6,7 +6,8 @@
 //! the same limit before the decoder allocates it. [`schema`] validates the schema (names, reserved prefix, supported types) and maps
 //! it to BigQuery columns. [`convert`] turns each record batch into the staging representation
 //! (lossless casts, precision checks) and [`encode`] serialises it as encapsulated IPC messages
-//! split below the AppendRows request budget. The result goes to [`crate::pipeline`].
+//! split below the AppendRows request budget and the run's `batching.max_bytes`. The result goes
+//! to [`crate::pipeline`].
 
 pub(crate) mod convert;
 pub mod decode;
@@ -100,7 +101,9 @@ pub enum IngestError {
     NullOrderBy { column: String, row: usize },
     #[error("the body holds {rows} rows; one request takes fewer than 2^32")]
     TooManyRows { rows: usize },
-    #[error("row {row} encodes to {row_bytes} bytes, above the {limit_bytes}-byte request budget")]
+    #[error(
+        "row {row} encodes to {row_bytes} bytes, above the {limit_bytes}-byte payload limit (the append request budget, or the run's batching.max_bytes when smaller)"
+    )]
     RowTooLarge { row: usize, row_bytes: usize, limit_bytes: usize },
     #[error("arrow: {0}")]
     Arrow(String),
@@ -138,9 +141,9 @@ impl From<IngestError> for Problem {
             IngestError::NullOrderBy { .. } => {
                 Some("every change of a resource with order_by needs its order value: the largest one wins")
             }
-            IngestError::RowTooLarge { .. } => {
-                Some("BigQuery accepts at most 10 MB per append request; shrink or split the row's large values")
-            }
+            IngestError::RowTooLarge { .. } => Some(
+                "BigQuery accepts at most 10 MB per append request; shrink or split the row's large values, or raise the run's batching.max_bytes",
+            ),
             IngestError::PrecisionLoss { .. } => {
                 Some("BigQuery stores microseconds at most: truncate or round the values before sending")
             }

@@ -23,7 +23,8 @@ pub(super) struct UploadBatch {
 }
 
 /// Coalesces payloads into upload batches. Payloads at least half a batch go out as encoded at
-/// request time; smaller ones accumulate (as staged rows) and are re-encoded together.
+/// request time (never above the run's `max_bytes`: intake splits by it); smaller ones
+/// accumulate (as staged rows) and are re-encoded together.
 pub(super) async fn accumulate(
     policy: BatchingPolicy,
     mut commands: mpsc::UnboundedReceiver<LaneCommand>,
