@@ -146,6 +146,7 @@ problems! {
             InvalidOperation,
             InvalidPrimaryKey,
             NullPrimaryKey,
+            NullInRequiredColumn,
             InvalidOrderBy,
             RowTooLarge,
             InvalidPartitioning,

@@ -7,10 +7,12 @@
 //! it to BigQuery columns. [`convert`] turns each record batch into the staging representation
 //! (lossless casts, precision checks) and [`encode`] serialises it as encapsulated IPC messages
 //! split below the AppendRows request budget and the run's `batching.max_bytes`. The result goes
-//! to [`crate::pipeline`].
+//! to [`crate::pipeline`], whose lanes check it against an existing destination with
+//! [`destination_rules`].
 
 pub(crate) mod convert;
 pub mod decode;
+pub(crate) mod destination_rules;
 pub mod encode;
 mod framing;
 mod geography;
@@ -47,6 +49,7 @@ pub fn encode_payloads(
         match forwardable(decoded, &staged, limits) {
             Some(message) => payloads.push(encode::AppendPayload {
                 rows: staged.num_rows(),
+                first_row,
                 serialized_record_batch: message,
                 batch: Some(staged),
             }),
@@ -95,6 +98,8 @@ pub enum IngestError {
     InvalidPrimaryKey(String),
     #[error("key column {column:?} is null in row {row}")]
     NullPrimaryKey { column: String, row: usize },
+    #[error("column {column:?} row {row}: NULL, and the destination table's column is REQUIRED")]
+    NullInRequiredColumn { column: String, row: usize },
     #[error("{0}")]
     InvalidOrderBy(String),
     #[error("order_by column {column:?} is null in row {row}")]
@@ -121,6 +126,7 @@ impl IngestError {
             IngestError::InvalidOperation(_) => ErrorCode::InvalidOperation,
             IngestError::InvalidPrimaryKey(_) => ErrorCode::InvalidPrimaryKey,
             IngestError::NullPrimaryKey { .. } => ErrorCode::NullPrimaryKey,
+            IngestError::NullInRequiredColumn { .. } => ErrorCode::NullInRequiredColumn,
             IngestError::InvalidOrderBy(_) | IngestError::NullOrderBy { .. } => ErrorCode::InvalidOrderBy,
             IngestError::TooManyRows { .. } => ErrorCode::PayloadTooLarge,
             IngestError::RowTooLarge { .. } => ErrorCode::RowTooLarge,
@@ -144,9 +150,16 @@ impl From<IngestError> for Problem {
             IngestError::RowTooLarge { .. } => Some(
                 "BigQuery accepts at most 10 MB per append request; shrink or split the row's large values, or raise the run's batching.max_bytes",
             ),
+            IngestError::PrecisionLoss { reason, .. } if reason.contains("FLOAT64") => Some(
+                "the existing column is FLOAT64: send doubles (Float64) to have the values rounded, or load \
+                 into a NUMERIC, BIGNUMERIC or INT64 column",
+            ),
             IngestError::PrecisionLoss { .. } => {
                 Some("BigQuery stores microseconds at most: truncate or round the values before sending")
             }
+            IngestError::NullInRequiredColumn { .. } => Some(
+                "the existing table requires a value in this column: send one in every row, or relax the column to NULLABLE",
+            ),
             _ => None,
         };
         let problem = Problem::new(err.code(), err.to_string());

@@ -131,6 +131,11 @@ impl Intake<'_> {
         };
         self.record_backpressure(&loaded.resource, converting.waited(), false);
         let (mut encoded, summary) = stage_span("batch.convert_and_encode").in_scope(|| prepared.encode())?;
+        // Once the lane's set-up has learned what the destination asks of each value, a batch
+        // that breaks it is refused here, before anything is recorded.
+        if let Some(rules) = self.pipeline.destination_rules(&loaded.lanes, &loaded.resource.resource) {
+            rules.check_payloads(&encoded.payloads)?;
+        }
         let key_ranges = encoded.key_ranges.take();
         let reserved = converting.settle(encoded);
         self.record_and_enqueue(&loaded, seq, summary, key_ranges, reserved).await
