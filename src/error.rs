@@ -60,6 +60,7 @@ error_codes! {
     InvalidValue => "invalid_value", UNPROCESSABLE_ENTITY, "Value BigQuery cannot store";
     InvalidOperation => "invalid_operation", UNPROCESSABLE_ENTITY, "Invalid operation";
     NullPrimaryKey => "null_primary_key", UNPROCESSABLE_ENTITY, "Null primary key value";
+    NullInRequiredColumn => "null_in_required_column", UNPROCESSABLE_ENTITY, "Null in a REQUIRED destination column";
     PrimaryKeyRequired => "primary_key_required", UNPROCESSABLE_ENTITY, "Primary key required";
     InvalidPrimaryKey => "invalid_primary_key", UNPROCESSABLE_ENTITY, "Invalid primary key";
     InvalidOrderBy => "invalid_order_by", UNPROCESSABLE_ENTITY, "Invalid order_by";

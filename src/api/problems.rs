@@ -150,6 +150,7 @@ problems! {
             InvalidOperation,
             InvalidPrimaryKey,
             NullPrimaryKey,
+            NullInRequiredColumn,
             InvalidOrderBy,
             RowTooLarge,
             InvalidPartitioning,

@@ -172,8 +172,16 @@ pub(crate) fn describe_field(field: &TableFieldSchema) -> String {
 /// the same element type, and for STRUCTs the same fields in the same order, as BigQuery
 /// assigns struct values by position), or cast into the field's wider type where BigQuery
 /// coerces without changing a value's meaning ([`BigQueryType::coerces_into`]; the column
-/// comes back with `published_as`); `None` when the field cannot take it.
+/// comes back with `published_as`); `None` when the field cannot take it. A `REQUIRED` field
+/// (at any depth) comes back `required`: its values are checked before anything is published
+/// (`ingest::destination_rules`), as are the values cast into FLOAT64.
 pub(crate) fn as_published_into(existing: &TableFieldSchema, wanted: &Column) -> Option<Column> {
+    let required = existing.mode.eq_ignore_ascii_case("REQUIRED");
+    as_published_shape(existing, wanted).map(|published| Column { required, ..published })
+}
+
+/// [`as_published_into`] but for the field's mode.
+fn as_published_shape(existing: &TableFieldSchema, wanted: &Column) -> Option<Column> {
     if existing.mode.eq_ignore_ascii_case("REPEATED") != wanted.repeated {
         return None;
     }

@@ -20,10 +20,13 @@ use crate::model::staging::SEQ_COLUMN;
 pub(crate) const REQUEST_FRAMING_BYTES: usize = 4 * 1024;
 
 /// One AppendRows payload: a record-batch message, the number of rows it holds and the staged
-/// rows it encodes (a zero-copy slice), which the pipeline keeps to coalesce small payloads.
+/// rows it encodes (a zero-copy slice), which the pipeline keeps to coalesce small payloads and
+/// to check them against the destination (`super::destination_rules`).
 #[derive(Debug, Clone)]
 pub struct AppendPayload {
     pub(crate) rows: usize,
+    /// The index of its first row in the body, which error messages name rows by.
+    pub(crate) first_row: usize,
     pub(crate) serialized_record_batch: Bytes,
     pub(crate) batch: Option<RecordBatch>,
 }
@@ -109,7 +112,7 @@ pub(crate) fn split_into_payloads(
     let max_payload_bytes = limits.max_bytes;
     let message = record_batch_message(batch)?;
     if message.len() <= max_payload_bytes {
-        out.push(AppendPayload { rows, serialized_record_batch: message, batch: Some(batch.clone()) });
+        out.push(AppendPayload { rows, first_row, serialized_record_batch: message, batch: Some(batch.clone()) });
         return Ok(());
     }
     if rows == 1 {

@@ -122,7 +122,12 @@ mod tests {
         )
         .unwrap();
         (
-            AppendPayload { rows, serialized_record_batch: record_batch_message(&batch).unwrap(), batch: Some(batch) },
+            AppendPayload {
+                rows,
+                first_row: 0,
+                serialized_record_batch: record_batch_message(&batch).unwrap(),
+                batch: Some(batch),
+            },
             schema,
         )
     }
@@ -170,6 +175,7 @@ mod tests {
         let staged = crate::ingest::convert::to_staging(&incoming, &mapped, 0).unwrap();
         let payload = AppendPayload {
             rows: 2,
+            first_row: 0,
             serialized_record_batch: record_batch_message(&staged).unwrap(),
             batch: Some(staged),
         };
@@ -188,6 +194,7 @@ mod tests {
         assert!(staged.column_by_name("customer id").is_none(), "staged under a generated name");
         let payload = AppendPayload {
             rows: 3,
+            first_row: 0,
             serialized_record_batch: record_batch_message(&staged).unwrap(),
             batch: Some(staged),
         };

@@ -6,10 +6,13 @@
 //! the same limit before the decoder allocates it. [`schema`] validates the schema (names, reserved prefix, supported types) and maps
 //! it to BigQuery columns. [`convert`] turns each record batch into the staging representation
 //! (lossless casts, precision checks) and [`encode`] serialises it as encapsulated IPC messages
-//! split below the AppendRows request budget. The result goes to [`crate::pipeline`].
+//! split below the AppendRows request budget and the run's `batching.max_bytes`. The result goes
+//! to [`crate::pipeline`], whose lanes check it against an existing destination with
+//! [`destination_rules`].
 
 pub(crate) mod convert;
 pub mod decode;
+pub(crate) mod destination_rules;
 pub mod encode;
 mod framing;
 mod geography;
@@ -49,6 +52,7 @@ pub fn encode_payloads(
         match forwardable(decoded, &staged, limits) {
             Some(message) => payloads.push(encode::AppendPayload {
                 rows: staged.num_rows(),
+                first_row,
                 serialized_record_batch: message,
                 batch: Some(staged),
             }),
@@ -111,13 +115,17 @@ pub enum IngestError {
     InvalidPrimaryKey(String),
     #[error("key column {column:?} is null in row {row}")]
     NullPrimaryKey { column: String, row: usize },
+    #[error("column {column:?} row {row}: NULL, and the destination table's column is REQUIRED")]
+    NullInRequiredColumn { column: String, row: usize },
     #[error("{0}")]
     InvalidOrderBy(String),
     #[error("order_by column {column:?} is null in row {row}")]
     NullOrderBy { column: String, row: usize },
     #[error("the body holds {rows} rows; one request takes fewer than 2^32")]
     TooManyRows { rows: usize },
-    #[error("row {row} encodes to {row_bytes} bytes, above the {limit_bytes}-byte request budget")]
+    #[error(
+        "row {row} encodes to {row_bytes} bytes, above the {limit_bytes}-byte payload limit (the append request budget, or the run's batching.max_bytes when smaller)"
+    )]
     RowTooLarge { row: usize, row_bytes: usize, limit_bytes: usize },
     #[error("arrow: {0}")]
     Arrow(String),
@@ -139,6 +147,7 @@ impl IngestError {
             IngestError::InvalidOperation(_) => ErrorCode::InvalidOperation,
             IngestError::InvalidPrimaryKey(_) => ErrorCode::InvalidPrimaryKey,
             IngestError::NullPrimaryKey { .. } => ErrorCode::NullPrimaryKey,
+            IngestError::NullInRequiredColumn { .. } => ErrorCode::NullInRequiredColumn,
             IngestError::InvalidOrderBy(_) | IngestError::NullOrderBy { .. } => ErrorCode::InvalidOrderBy,
             IngestError::TooManyRows { .. } => ErrorCode::PayloadTooLarge,
             IngestError::RowTooLarge { .. } => ErrorCode::RowTooLarge,
@@ -159,9 +168,13 @@ impl From<IngestError> for Problem {
             IngestError::NullOrderBy { .. } => {
                 Some("every change of a resource with order_by needs its order value: the largest one wins")
             }
-            IngestError::RowTooLarge { .. } => {
-                Some("BigQuery accepts at most 10 MB per append request; shrink or split the row's large values")
-            }
+            IngestError::RowTooLarge { .. } => Some(
+                "BigQuery accepts at most 10 MB per append request; shrink or split the row's large values, or raise the run's batching.max_bytes",
+            ),
+            IngestError::PrecisionLoss { reason, .. } if reason.contains("FLOAT64") => Some(
+                "the existing column is FLOAT64: send doubles (Float64) to have the values rounded, or load \
+                 into a NUMERIC, BIGNUMERIC or INT64 column",
+            ),
             IngestError::PrecisionLoss { .. } => {
                 Some("BigQuery stores microseconds at most: truncate or round the values before sending")
             }
@@ -171,6 +184,9 @@ impl From<IngestError> for Problem {
             IngestError::UnsupportedCompressionCodec { .. } => {
                 Some("write the stream with LZ4_FRAME or ZSTD buffer compression, or none")
             }
+            IngestError::NullInRequiredColumn { .. } => Some(
+                "the existing table requires a value in this column: send one in every row, or relax the column to NULLABLE",
+            ),
             _ => None,
         };
         let problem = Problem::new(err.code(), err.to_string());

@@ -65,7 +65,8 @@ pub(crate) struct BodySummary {
     pub(crate) mapped: MappedSchema,
     /// The staging schema as one encapsulated IPC message (the writer schema).
     pub(crate) serialized_schema: Bytes,
-    /// The largest payload one AppendRows request takes beside its writer schema and framing.
+    /// The largest payload of one AppendRows request: what the request budget leaves beside
+    /// its writer schema and framing, and never above the run's `batching.max_bytes`.
     pub(crate) max_payload_bytes: usize,
     /// The most rows of one AppendRows request: the run's batch size.
     pub(crate) max_payload_rows: usize,
@@ -85,14 +86,15 @@ pub(crate) struct EncodedBody {
 }
 
 /// Step 1 (see the module documentation): checks `body` against `declared` and sizes its
-/// staged form; `seq` is the request's (keyed modes stage it in 32 bits); `max_payload_rows`
-/// the run's batch size, which no AppendRows request of the body exceeds.
+/// staged form; `seq` is the request's (keyed modes stage it in 32 bits); `run_batch` the run's
+/// batch size (`batching.max_rows`, and `max_bytes` or `usize::MAX`), which no AppendRows
+/// request of the body exceeds.
 pub(crate) fn prepare(
     body: DecodedBody,
     declared: Declaration<'_>,
     seq: Option<i64>,
     limits: &BatchLimits,
-    max_payload_rows: usize,
+    run_batch: PayloadLimits,
 ) -> Result<PreparedBatch, Problem> {
     let spec =
         LoadSpec { write_mode: declared.write_mode, primary_key: declared.primary_key, order_by: declared.order_by };
@@ -114,8 +116,9 @@ pub(crate) fn prepare(
     let canonical_schema = mapped.canonical_json();
     let canonical_schema_sha256 = schema_sha256(&canonical_schema);
     let serialized_schema = schema_message(&mapped.staging);
-    let max_payload_bytes =
+    let request_payload_bytes =
         limits.max_append_request_bytes.saturating_sub(REQUEST_FRAMING_BYTES + serialized_schema.len()).max(1024);
+    let max_payload_bytes = request_payload_bytes.min(run_batch.max_bytes);
     let summary = BodySummary {
         rows: body.rows,
         uncompressed_bytes: body.uncompressed_bytes,
@@ -125,7 +128,7 @@ pub(crate) fn prepare(
         mapped,
         serialized_schema,
         max_payload_bytes,
-        max_payload_rows,
+        max_payload_rows: run_batch.max_rows,
         destination_layout,
     };
     Ok(PreparedBatch { body, summary, staged })

@@ -23,6 +23,7 @@ use tracing::Instrument as _;
 use crate::error::{ErrorCode, Problem};
 use crate::ingest::IngestError;
 use crate::ingest::decode::{BodyDecoder, DecodedBody, Progress};
+use crate::ingest::encode::PayloadLimits;
 use crate::ingest::prepare::{BatchLimits, BodySummary, Declaration, PreparedBatch, prepare};
 use crate::model::key_ranges::KeyRange;
 use crate::model::staging::staging_table_name;
@@ -130,6 +131,11 @@ impl Intake<'_> {
         };
         self.record_backpressure(&loaded.resource, converting.waited(), false);
         let (mut encoded, summary) = stage_span("batch.convert_and_encode").in_scope(|| prepared.encode())?;
+        // Once the lane's set-up has learned what the destination asks of each value, a batch
+        // that breaks it is refused here, before anything is recorded.
+        if let Some(rules) = self.pipeline.destination_rules(&loaded.lanes, &loaded.resource.resource) {
+            rules.check_payloads(&encoded.payloads)?;
+        }
         let key_ranges = encoded.key_ranges.take();
         let reserved = converting.settle(encoded);
         self.record_and_enqueue(&loaded, seq, summary, key_ranges, reserved).await
@@ -205,9 +211,10 @@ impl Intake<'_> {
             order_by: &declared.write_options.order_by,
             table_options: declared.table_options.as_ref(),
         };
-        // The run's batch size also bounds the requests of one large body.
-        let max_payload_rows = BatchingPolicy::new(&loaded.target.run.batching, usize::MAX).max_rows;
-        let prepared = prepare(body, declaration, seq, &self.limits, max_payload_rows)?;
+        // The run's batch size (rows and bytes) also bounds the requests of one large body.
+        let run_batch = BatchingPolicy::new(&loaded.target.run.batching, usize::MAX);
+        let run_batch = PayloadLimits { max_bytes: run_batch.max_bytes, max_rows: run_batch.max_rows };
+        let prepared = prepare(body, declaration, seq, &self.limits, run_batch)?;
         let summary = prepared.summary();
         if let Some(seq) = seq
             && let Some(existing) = self.store.find_receipt(&loaded.resource, seq).await?

@@ -280,22 +280,27 @@ impl fmt::Display for BigQueryType {
 pub(crate) struct Column {
     pub(crate) name: String,
     pub(crate) bigquery_type: BigQueryType,
-    /// An ARRAY (`REPEATED` mode); otherwise `NULLABLE`.
+    /// An ARRAY (`REPEATED` mode); otherwise `NULLABLE` (or `REQUIRED`, [`Column::required`]).
     pub(crate) repeated: bool,
     /// The wider type the existing destination column holds, into which the publication casts
     /// this column's values ([`BigQueryType::coerces_into`]); set by set-up, never by the
     /// schema mapping.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) published_as: Option<BigQueryType>,
+    /// The existing destination column is `REQUIRED`: every row the publication writes must
+    /// hold a value ([`crate::ingest::destination_rules`]); set by set-up, never by the
+    /// schema mapping (the gateway creates every column `NULLABLE`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) required: bool,
 }
 
 impl Column {
     pub(crate) fn new(name: impl Into<String>, bigquery_type: BigQueryType) -> Self {
-        Self { name: name.into(), bigquery_type, repeated: false, published_as: None }
+        Self { name: name.into(), bigquery_type, repeated: false, published_as: None, required: false }
     }
 
     pub(crate) fn repeated(name: impl Into<String>, bigquery_type: BigQueryType) -> Self {
-        Self { name: name.into(), bigquery_type, repeated: true, published_as: None }
+        Self { name: name.into(), bigquery_type, repeated: true, published_as: None, required: false }
     }
 
     /// The name the staging table holds the column under: its own when it is a plain name
@@ -317,7 +322,11 @@ impl Column {
     }
 
     pub(crate) fn mode(&self) -> &'static str {
-        if self.repeated { "REPEATED" } else { "NULLABLE" }
+        match (self.repeated, self.required) {
+            (true, _) => "REPEATED",
+            (false, true) => "REQUIRED",
+            (false, false) => "NULLABLE",
+        }
     }
 
     /// The column as the staging table holds it: staged name, staged type.
@@ -327,6 +336,7 @@ impl Column {
             bigquery_type: self.bigquery_type.staged(),
             repeated: self.repeated,
             published_as: None,
+            required: false,
         }
     }
 

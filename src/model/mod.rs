@@ -236,7 +236,8 @@ pub(crate) struct Batching {
     /// Rows per upload batch (default 20,000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) max_rows: Option<u64>,
-    /// Encoded bytes per upload batch (default about 8 MiB).
+    /// Encoded bytes per AppendRows request: every append's payload, upload batches and the
+    /// parts a large body is split into alike (default about 8 MiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) max_bytes: Option<u64>,
     /// Flush interval in milliseconds (default 10,000).

@@ -45,7 +45,7 @@ impl IntegerBounds {
 
 /// `batching.max_rows`: rows per upload batch.
 pub(crate) const BATCHING_MAX_ROWS: IntegerBounds = IntegerBounds::between(1, 1_000_000);
-/// `batching.max_bytes`: encoded bytes per upload batch, at most one AppendRows payload.
+/// `batching.max_bytes`: encoded bytes of every AppendRows payload, at most the request budget's.
 pub(crate) const BATCHING_MAX_BYTES: IntegerBounds = IntegerBounds::between(1024, MAX_APPEND_PAYLOAD_BYTES as i64);
 /// `batching.flush_interval_ms`.
 pub(crate) const BATCHING_FLUSH_INTERVAL_MS: IntegerBounds = IntegerBounds::between(10, 3_600_000);

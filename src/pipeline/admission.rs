@@ -81,6 +81,8 @@ pub(crate) struct ReservedBatch {
 pub(crate) struct QueuedRows {
     payloads: Vec<AppendPayload>,
     permit: BudgetPermit,
+    /// The receipt's `seq`, which a refusal in the lane names the rows by.
+    seq: i64,
 }
 
 impl Admission {
@@ -175,19 +177,20 @@ impl ReservedBatch {
         if self.stages_seq {
             stamp_seq(&mut payloads, receipt.seq).map_err(|e| Problem::internal(e.to_string()))?;
         }
-        Ok(QueuedRows { payloads, permit: self.permit })
+        Ok(QueuedRows { payloads, permit: self.permit, seq: receipt.seq })
     }
 }
 
 impl QueuedRows {
-    pub(super) fn into_parts(self) -> (Vec<AppendPayload>, BudgetPermit) {
-        (self.payloads, self.permit)
+    /// The payloads, their part of the budget and the batch's `seq`.
+    pub(super) fn into_parts(self) -> (Vec<AppendPayload>, BudgetPermit, i64) {
+        (self.payloads, self.permit, self.seq)
     }
 
     /// Rows outside the budget, for the lane's own tests.
     #[cfg(test)]
     pub(super) fn unbudgeted(payloads: Vec<AppendPayload>) -> Self {
-        Self { payloads, permit: BudgetPermit::empty() }
+        Self { payloads, permit: BudgetPermit::empty(), seq: 0 }
     }
 }
 

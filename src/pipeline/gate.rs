@@ -13,7 +13,7 @@ use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::budget::ResourceShare;
-use super::lane::{LaneCommand, LaneReport};
+use super::lane::{LaneCommand, LaneReport, LearnedDestination};
 use crate::error::Problem;
 use crate::model::ResourceName;
 
@@ -35,6 +35,9 @@ pub(super) struct Lane {
     /// The lane's trace span (`crate::traces`): its uploads run under it, and it links to every
     /// request whose rows it uploads.
     pub(super) span: tracing::Span,
+    /// What the lane's set-up learned of the destination, which later batches are checked
+    /// against.
+    pub(super) learned: Arc<LearnedDestination>,
 }
 
 /// The gate held shared: no state transition happens while a batch is being accepted.

@@ -53,7 +53,7 @@ use crate::telemetry;
 use budget::{ByteBudget, PrincipalShare, ResourceShare};
 use gate::{Lane, lock};
 use lane::accumulator::LanePressure;
-use lane::{AppendTimeouts, LaneCommand};
+use lane::{AppendTimeouts, LaneCommand, LearnedDestination};
 
 /// Limits of the pipeline (their defaults and meaning: `config.rs`).
 #[derive(Debug, Clone, Copy)]
@@ -278,6 +278,16 @@ impl Pipeline {
             .clone()
     }
 
+    /// What the resource's lane in this delivery learned its destination asks of staged rows,
+    /// once its set-up has finished (`None` before, or with no lane yet).
+    pub(crate) fn destination_rules(
+        &self,
+        lanes: &DeliveryLanes,
+        resource: &ResourceName,
+    ) -> Option<Arc<crate::ingest::destination_rules::DestinationRules>> {
+        lock(&lanes.by_resource).get(resource).and_then(|lane| lane.learned.rules())
+    }
+
     /// Queues one batch request's rows on the resource's lane, starting the lane with
     /// `target()` on the resource's first batch.
     /// `place` is the lane's place under the principal's cap ([`Pipeline::lane_place`]).
@@ -306,12 +316,14 @@ impl Pipeline {
             let target = target();
             // Another request's lane took the place it was admitted with.
             let place = place.unwrap_or_else(|| self.open_lanes.take_regardless(&target.tenant));
-            let lane = lane::run_lane(self.context.clone(), target, receiver, pressure, delivery_lanes.cancel.clone());
+            let learned = Arc::<LearnedDestination>::default();
+            let cancel = delivery_lanes.cancel.clone();
+            let lane = lane::run_lane(self.context.clone(), target, receiver, pressure, cancel, Arc::clone(&learned));
             let lane = async move {
                 let _place = place;
                 lane.await
             };
-            Lane { commands, worker: tokio::spawn(tracing::Instrument::instrument(lane, span.clone())), span }
+            Lane { commands, worker: tokio::spawn(tracing::Instrument::instrument(lane, span.clone())), span, learned }
         });
         if let Some(request) = request.as_ref().filter(|_| !started) {
             crate::traces::follow(&lane.span, None, std::slice::from_ref(request));

@@ -396,3 +396,15 @@ fn flexible_names_are_staged_under_generated_plain_names() {
     assert!(staged.iter().chain([inner[0].name().as_str()].iter()).all(|n| crate::model::columns::is_plain_name(n)));
     assert_eq!(mapped.destination_columns[0].name, "first name");
 }
+
+#[test]
+fn arrays_of_ranges_and_intervals_are_refused_by_name() {
+    let ranges =
+        Field::new_list("stays", marked("item", range_struct(DataType::Date32), BIGQUERY_TYPE_KEY, "RANGE"), true);
+    let intervals = Field::new_list("waits", Field::new("item", DataType::Duration(TimeUnit::Second), true), true);
+    for (field, shown) in [(ranges, "ARRAY<RANGE<DATE>>"), (intervals, "ARRAY<INTERVAL>")] {
+        let refused = map_schema(&schema(vec![field]), append());
+        let Err(IngestError::UnsupportedType { column, reason, .. }) = refused else { panic!("{refused:?}") };
+        assert!(["stays", "waits"].contains(&column.as_str()) && reason.contains(shown), "{column}: {reason}");
+    }
+}

@@ -1,8 +1,9 @@
 //! The accumulator of a lane: coalesces accepted payloads into upload batches (max rows, max
 //! bytes, flush interval; flushed on demand at checkpoints and when the lane closes) and hands
-//! them, each with its part of the byte budget, to the [`super::appender`]. Rows held back for
-//! a fuller batch also go at once while a request waits for the budget or for the resource's
-//! share ([`LanePressure`]).
+//! them, each with its part of the byte budget and the staged rows it encodes (which the lane
+//! checks against the destination before appending, `super::check_uploads`), to the
+//! [`super::appender`]. Rows held back for a fuller batch also go at once while a request waits
+//! for the budget or for the resource's share ([`LanePressure`]).
 
 use arrow_array::RecordBatch;
 use bytes::Bytes;
@@ -18,12 +19,40 @@ use crate::pipeline::budget::BudgetPermit;
 pub(super) struct UploadBatch {
     pub(super) rows: usize,
     pub(super) message: Bytes,
+    /// The staged rows the message encodes, per batch request: taken (and dropped) by the
+    /// lane's check before the batch is appended.
+    pub(super) staged: Vec<StagedRows>,
     /// Held until the upload is acknowledged: dropping it returns its bytes to the budget.
     pub(super) _budget: BudgetPermit,
 }
 
+/// Staged rows of one batch request in an upload batch, with where they came from.
+#[derive(Debug)]
+pub(super) struct StagedRows {
+    /// `None` only for payloads built without them (never by intake).
+    pub(super) batch: Option<RecordBatch>,
+    /// The batch request's receipt `seq`.
+    pub(super) seq: i64,
+    /// The index of the first row in its body.
+    pub(super) first_row: usize,
+}
+
+impl StagedRows {
+    fn of(seq: i64, payload: AppendPayload) -> (Self, Bytes, usize) {
+        let AppendPayload { rows, first_row, serialized_record_batch, batch } = payload;
+        (Self { batch, seq, first_row }, serialized_record_batch, rows)
+    }
+}
+
+/// One payload as its own upload batch.
+fn upload_of(seq: i64, payload: AppendPayload, budget: BudgetPermit) -> UploadBatch {
+    let (staged, message, rows) = StagedRows::of(seq, payload);
+    UploadBatch { rows, message, staged: vec![staged], _budget: budget }
+}
+
 /// Coalesces payloads into upload batches. Payloads at least half a batch go out as encoded at
-/// request time; smaller ones accumulate (as staged rows) and are re-encoded together.
+/// request time (never above the run's `max_bytes`: intake splits by it); smaller ones
+/// accumulate (as staged rows) and are re-encoded together.
 pub(super) async fn accumulate(
     policy: BatchingPolicy,
     mut commands: mpsc::UnboundedReceiver<LaneCommand>,
@@ -90,7 +119,8 @@ async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
 /// Rows accumulated towards the next upload batch.
 #[derive(Debug, Default)]
 struct Pending {
-    pieces: Vec<AppendPayload>,
+    /// Each payload with its batch request's `seq`.
+    pieces: Vec<(i64, AppendPayload)>,
     permit: Option<BudgetPermit>,
     rows: usize,
     bytes: usize,
@@ -102,18 +132,14 @@ impl Pending {
     /// Takes one request's payloads: big ones go out at once (after what is pending), small
     /// ones accumulate, flushing first when they would overflow the batch.
     fn add(&mut self, rows: QueuedRows, policy: &BatchingPolicy, upload_batches: &mpsc::UnboundedSender<UploadBatch>) {
-        let (payloads, permit) = rows.into_parts();
+        let (payloads, permit, seq) = rows.into_parts();
         let permits = permit.divide(payloads.iter().map(|p| p.serialized_record_batch.len()));
         for (payload, share) in payloads.into_iter().zip(permits) {
             let big =
                 payload.rows * 2 >= policy.max_rows || payload.serialized_record_batch.len() * 2 >= policy.max_bytes;
             if big {
                 self.flush(policy, upload_batches);
-                let _ = upload_batches.send(UploadBatch {
-                    rows: payload.rows,
-                    message: payload.serialized_record_batch,
-                    _budget: share,
-                });
+                let _ = upload_batches.send(upload_of(seq, payload, share));
                 continue;
             }
             if self.rows + payload.rows > policy.max_rows
@@ -121,11 +147,11 @@ impl Pending {
             {
                 self.flush(policy, upload_batches);
             }
-            self.push(payload, share);
+            self.push(seq, payload, share);
         }
     }
 
-    fn push(&mut self, payload: AppendPayload, permit: BudgetPermit) {
+    fn push(&mut self, seq: i64, payload: AppendPayload, permit: BudgetPermit) {
         self.rows += payload.rows;
         self.bytes += payload.serialized_record_batch.len();
         self.started.get_or_insert_with(tokio::time::Instant::now);
@@ -133,7 +159,7 @@ impl Pending {
             Some(held) => held.merge(permit),
             None => self.permit = Some(permit),
         }
-        self.pieces.push(payload);
+        self.pieces.push((seq, payload));
     }
 
     fn flush(&mut self, policy: &BatchingPolicy, upload_batches: &mpsc::UnboundedSender<UploadBatch>) {
@@ -148,24 +174,21 @@ impl Pending {
         if pieces.len() > 1
             && let Some(message) = coalesced(&pieces, policy.max_bytes)
         {
-            let _ = upload_batches.send(UploadBatch { rows, message, _budget: permit });
+            let staged = pieces.into_iter().map(|(seq, piece)| StagedRows::of(seq, piece).0).collect();
+            let _ = upload_batches.send(UploadBatch { rows, message, staged, _budget: permit });
             return;
         }
         // One piece, or coalescing did not fit: send the pieces as encoded at request time.
-        let permits = permit.divide(pieces.iter().map(|p| p.serialized_record_batch.len()));
-        for (piece, share) in pieces.into_iter().zip(permits) {
-            let _ = upload_batches.send(UploadBatch {
-                rows: piece.rows,
-                message: piece.serialized_record_batch,
-                _budget: share,
-            });
+        let permits = permit.divide(pieces.iter().map(|(_, p)| p.serialized_record_batch.len()));
+        for ((seq, piece), share) in pieces.into_iter().zip(permits) {
+            let _ = upload_batches.send(upload_of(seq, piece, share));
         }
     }
 }
 
 /// The pieces' staged rows as one record-batch message, when it fits in `max_bytes`.
-fn coalesced(pieces: &[AppendPayload], max_bytes: usize) -> Option<Bytes> {
-    let batches: Vec<RecordBatch> = pieces.iter().map(|p| p.batch.clone()).collect::<Option<_>>()?;
+fn coalesced(pieces: &[(i64, AppendPayload)], max_bytes: usize) -> Option<Bytes> {
+    let batches: Vec<RecordBatch> = pieces.iter().map(|(_, p)| p.batch.clone()).collect::<Option<_>>()?;
     let schema = batches.first().map(RecordBatch::schema)?;
     let combined = arrow_select::concat::concat_batches(&schema, &batches).ok()?;
     record_batch_message(&combined).ok().filter(|message| message.len() <= max_bytes)
@@ -188,7 +211,12 @@ mod tests {
             vec![Arc::new(Int64Array::from_iter_values(first_id..first_id + rows as i64))],
         )
         .unwrap();
-        AppendPayload { rows, serialized_record_batch: record_batch_message(&batch).unwrap(), batch: Some(batch) }
+        AppendPayload {
+            rows,
+            first_row: 0,
+            serialized_record_batch: record_batch_message(&batch).unwrap(),
+            batch: Some(batch),
+        }
     }
 
     fn rows(payloads: Vec<AppendPayload>) -> LaneCommand {

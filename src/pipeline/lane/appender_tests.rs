@@ -148,7 +148,7 @@ fn settings(window: usize) -> AppendSettings {
 }
 
 fn upload(rows: usize) -> UploadBatch {
-    UploadBatch { rows, message: Bytes::from(vec![0u8; rows]), _budget: BudgetPermit::empty() }
+    UploadBatch { rows, message: Bytes::from(vec![0u8; rows]), staged: Vec::new(), _budget: BudgetPermit::empty() }
 }
 
 /// A running appender, its input and the connections it opens.

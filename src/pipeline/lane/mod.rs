@@ -2,8 +2,10 @@
 //! shares ([`LaneContext`]) and the two tasks it runs, joined by a channel: the
 //! [`accumulator`] coalescing accepted rows into upload batches, and the upload, which sets up
 //! the resource's tables and PENDING stream ([`set_up`], or takes over a stream another
-//! replica handed over) and appends the batches to it ([`appender`]). A drained lane hands
-//! commit a [`LaneReport`]; a failed one fails its execution.
+//! replica handed over) and appends the batches to it ([`appender`]), each once its staged
+//! rows pass what the destination asks of them ([`check_uploads`]; set-up publishes those
+//! [`DestinationRules`] in the lane's [`LearnedDestination`], where intake checks later batches
+//! against them). A drained lane hands commit a [`LaneReport`]; a failed one fails its execution.
 
 pub(super) mod accumulator;
 mod appender;
@@ -12,7 +14,7 @@ mod destination_tables;
 mod set_up;
 mod write_path;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -26,11 +28,12 @@ use crate::bigquery::per_destination::ProjectLocation;
 use crate::bigquery::retry::RetryPolicy;
 use crate::bigquery::write::SendQueueAccount;
 use crate::error::{ErrorCode, Problem};
+use crate::ingest::destination_rules::DestinationRules;
 use crate::ingest::prepare::BodySummary;
-use crate::model::Batching;
 use crate::model::columns::Column;
 use crate::model::staging::staging_table_name;
 use crate::model::table_layout::TableLayout;
+use crate::model::{Batching, WriteMode};
 use crate::model::{ResourceName, ResourceRef};
 use crate::store::Store;
 use crate::store::{ResourceRecord, RunRecord};
@@ -72,6 +75,21 @@ pub(crate) struct LaneTarget {
     pub(crate) direct_append: bool,
     /// The run's principal: the lane's calls to BigQuery take their turns under it.
     pub(crate) tenant: Tenant,
+    /// Which staged rows' values the publication writes ([`DestinationRules`]).
+    pub(crate) write_mode: WriteMode,
+}
+
+/// What the lane learned of its destination that staged rows must satisfy: empty until its
+/// set-up finishes (or it takes over a handed-over stream), then the destination's rules for
+/// the rest of the delivery. Intake checks each later batch against them.
+#[derive(Debug, Default)]
+pub(crate) struct LearnedDestination(OnceLock<Arc<DestinationRules>>);
+
+impl LearnedDestination {
+    /// The rules, once set-up has learned them.
+    pub(crate) fn rules(&self) -> Option<Arc<DestinationRules>> {
+        self.0.get().cloned()
+    }
 }
 
 /// When accumulated rows become an upload batch.
@@ -134,6 +152,7 @@ impl LaneTarget {
             widen_columns: declared.write_options.widen_columns,
             direct_append: declared.write_options.direct_append,
             tenant: Tenant::principal(&run.principal),
+            write_mode: declared.write_mode,
             compared_columns: mapped
                 .key_columns
                 .iter()
@@ -225,6 +244,7 @@ pub(super) async fn run_lane(
     commands: mpsc::UnboundedReceiver<LaneCommand>,
     pressure: LanePressure,
     cancel: CancellationToken,
+    learned: Arc<LearnedDestination>,
 ) -> Result<LaneReport, Problem> {
     let context = LaneContext { bigquery: context.bigquery.on_behalf_of(target.tenant.clone()), ..context };
     let (upload_batches_tx, upload_batches_rx) = mpsc::unbounded_channel();
@@ -232,7 +252,7 @@ pub(super) async fn run_lane(
     // the accumulator would otherwise wait for the lane to be drained.
     let accumulator = tokio::spawn(accumulate(target.batching, commands, upload_batches_tx, pressure));
     let result = tokio::select! {
-        result = upload(&context, &target, upload_batches_rx) => result,
+        result = upload(&context, &target, upload_batches_rx, &learned) => result,
         () = cancel.cancelled() => {
             accumulator.abort();
             let detail = format!("uploads of resource {} were cancelled", target.resource.resource);
@@ -254,12 +274,14 @@ pub(super) async fn run_lane(
 }
 
 /// Sets up the lane's tables and stream (or takes over the stream a replica handed over, at
-/// its recorded offset), then appends every upload batch it receives until `upload_batches`
-/// closes and all are acknowledged.
+/// its recorded offset), publishes what the destination asks of staged rows in `learned`, then
+/// checks and appends every upload batch it receives until `upload_batches` closes and all are
+/// acknowledged.
 async fn upload(
     context: &LaneContext,
     target: &LaneTarget,
     upload_batches: mpsc::UnboundedReceiver<UploadBatch>,
+    learned: &LearnedDestination,
 ) -> Result<LaneReport, Problem> {
     // Held until the lane drains, so the delivery's other lanes into this table find what it read.
     let (project, dataset) = (&target.project, &target.dataset);
@@ -277,9 +299,12 @@ async fn upload(
         None => (set_up::set_up(context, target, &destination).await?, 0),
     };
     let SetUp { stream_name, destination_columns, direct_append } = set_up;
+    let rules = Arc::clone(learned.0.get_or_init(|| DestinationRules::new(&destination_columns, target.write_mode)));
     let stream = LaneStream { context, target, stream_name: &stream_name };
     let settings = AppendSettings::of_lane(context, target, &stream_name, start_offset);
-    let rows_acknowledged = Appender::run(&stream, settings, upload_batches).await?;
+    let (checked_tx, checked_rx) = mpsc::unbounded_channel();
+    let checking = check_uploads(&rules, upload_batches, checked_tx);
+    let ((), rows_acknowledged) = tokio::try_join!(checking, Appender::run(&stream, settings, checked_rx))?;
     Ok(LaneReport {
         resource: target.resource.resource.clone(),
         staging_table: target.staging_table.clone(),
@@ -288,4 +313,33 @@ async fn upload(
         rows_acknowledged,
         direct_append,
     })
+}
+
+/// Passes each upload batch on to the appender once its staged rows pass `rules` (then drops
+/// them: only the encoded message goes on). The first that does not fails the lane, and with
+/// it the execution, before the barrier: rows accepted before set-up learned the destination
+/// (later batches were checked at intake). The error names the batch's `seq`, column and row.
+async fn check_uploads(
+    rules: &DestinationRules,
+    mut upload_batches: mpsc::UnboundedReceiver<UploadBatch>,
+    checked: mpsc::UnboundedSender<UploadBatch>,
+) -> Result<(), Problem> {
+    while let Some(mut upload) = upload_batches.recv().await {
+        for staged in std::mem::take(&mut upload.staged) {
+            let refused = |problem: Problem| Problem {
+                detail: format!("batch seq {}: {}", staged.seq, problem.detail),
+                ..problem
+            };
+            match &staged.batch {
+                Some(batch) => rules.check(batch, staged.first_row).map_err(|e| refused(e.into()))?,
+                None if rules.is_empty() => {}
+                None => return Err(Problem::internal("an upload batch lacks the staged rows to check")),
+            }
+        }
+        if checked.send(upload).is_err() {
+            // The appender ended: its own result says why.
+            return Ok(());
+        }
+    }
+    Ok(())
 }

@@ -2,6 +2,7 @@
 //! and the Arrow project's own IPC test files.
 
 mod arrow_testing;
+mod destination_rules;
 mod errors;
 mod fidelity;
 mod hostile;

@@ -154,6 +154,9 @@ pub struct FakeState {
     /// budget counts) received on any stream and not yet answered, and the most seen at once.
     pub bytes_in_flight: usize,
     pub max_bytes_in_flight: usize,
+    /// The record-batch bytes of every append request received, in arrival order (replays
+    /// included).
+    pub payload_bytes: Vec<usize>,
 }
 
 /// How long a connection that stops reading holds its call open before ending it.
@@ -460,6 +463,7 @@ impl FakeState {
         self.max_outstanding_total = self.max_outstanding_total.max(self.outstanding_total);
         self.bytes_in_flight += bytes;
         self.max_bytes_in_flight = self.max_bytes_in_flight.max(self.bytes_in_flight);
+        self.payload_bytes.push(bytes);
         self.append_requests += 1;
     }
 
