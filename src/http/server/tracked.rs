@@ -18,7 +18,7 @@ use http_body::{Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::activity::Activity;
-use crate::api::http2_frames::DataFrameCounter;
+use crate::http::http2_frames::DataFrameCounter;
 
 /// The TCP stream, telling [`Activity`] what it reads.
 #[derive(Debug)]
