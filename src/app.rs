@@ -385,7 +385,12 @@ fn connection_limits(config: &ServeConfig) -> ConnectionLimits {
         max_connections: max_connections as usize,
         header_read_timeout: Duration::from_secs(config.header_read_timeout_secs),
         idle_timeout: Duration::from_secs(config.idle_timeout_secs),
-        write_timeout: Duration::from_secs(config.write_timeout_secs),
+        max_connections_per_peer: config.connections.max_connections_per_peer.map(|max| max as usize),
+        sending: server::SendLimits {
+            max_unsent_bytes: config.connections.max_unsent_response_bytes,
+            min_rate_bytes_per_sec: config.connections.min_send_rate_bytes_per_sec,
+            window: Duration::from_secs(config.write_timeout_secs),
+        },
         shutdown_wait: Duration::from_secs(config.shutdown_connection_wait_secs),
         max_header_list_bytes: config.max_header_bytes,
     }

@@ -2,6 +2,8 @@
 
 mod hardening;
 mod id_tokens;
+mod peer_caps;
 mod principals;
 mod stalled_readers;
 mod tls;
+mod trickling_peers;
