@@ -11,14 +11,13 @@ use anyhow::Context as _;
 use sha2::{Digest as _, Sha256};
 
 use crate::api::auth::Authenticator;
-use crate::api::tls::{ReloadingCertificate, TlsFiles};
+use crate::http::tls::{ReloadingCertificate, TlsFiles};
 use crate::principals::Principals;
 use crate::principals::id_token::{IdTokenSettings, IdTokenVerifier};
 use crate::principals::watch::{self, PrincipalSources};
 use tokio_util::task::TaskTracker;
 
 use crate::api::console::session::{ConsoleSessions, MIN_KEY_FILE_BYTES};
-use crate::api::server::{self, ConnectionLimits, http1_header_fields_parsed, http1_read_buffer_bytes};
 use crate::api::{ApiSettings, ApiState, router};
 use crate::bigquery::adaptive::{AdaptiveLimits, BIGQUERY_CONCURRENT_QUERIES};
 use crate::bigquery::quota::{QuotaSettings, Quotas};
@@ -26,6 +25,7 @@ use crate::bigquery::retry::Backoff;
 use crate::bigquery::retry::RetryPolicy;
 use crate::bigquery::{BigQuery, Endpoints};
 use crate::config::{DatabaseConfig, ServeConfig};
+use crate::http::server::{self, ConnectionLimits, http1_header_fields_parsed, http1_read_buffer_bytes};
 use crate::model::MAX_APPEND_PAYLOAD_BYTES;
 use crate::pipeline::lane::AppendTimeouts;
 use crate::pipeline::{Pipeline, PipelineLimits};
@@ -173,7 +173,7 @@ fn api_settings(config: &ServeConfig) -> ApiSettings {
         max_uri_bytes: config.max_uri_bytes,
         max_header_bytes: config.max_header_bytes,
         max_header_count: config.max_header_count as usize,
-        body_rate: crate::api::body_deadline::BodyRate {
+        body_rate: crate::http::body_deadline::BodyRate {
             initial: Duration::from_secs(config.body_read_timeout_secs),
             min_rate_bytes_per_sec: config.body_min_rate_bytes_per_sec,
             max_duration: Duration::from_secs(config.body_max_read_secs),
@@ -363,7 +363,7 @@ async fn connect_bigquery(
 /// The client forwarding requests to the replica serving an execution (HTTPS trusting
 /// `FILAMENT_FORWARD_CA_FILE` too, when set).
 fn forwarder(config: &ServeConfig) -> anyhow::Result<crate::api::forward::Forwarder> {
-    let tls = crate::api::tls::forwarding_client_config(config.forward_ca_file.as_deref())
+    let tls = crate::http::tls::forwarding_client_config(config.forward_ca_file.as_deref())
         .map_err(anyhow::Error::msg)
         .context("FILAMENT_FORWARD_CA_FILE")?;
     Ok(crate::api::forward::Forwarder::new(tls))
@@ -418,7 +418,12 @@ fn connection_limits(config: &ServeConfig) -> ConnectionLimits {
         max_connections: max_connections as usize,
         header_read_timeout: Duration::from_secs(config.header_read_timeout_secs),
         idle_timeout: Duration::from_secs(config.idle_timeout_secs),
-        write_timeout: Duration::from_secs(config.write_timeout_secs),
+        max_connections_per_peer: config.connections.max_connections_per_peer.map(|max| max as usize),
+        sending: server::SendLimits {
+            max_unsent_bytes: config.connections.max_unsent_response_bytes,
+            min_rate_bytes_per_sec: config.connections.min_send_rate_bytes_per_sec,
+            window: Duration::from_secs(config.write_timeout_secs),
+        },
         shutdown_wait: Duration::from_secs(config.shutdown_connection_wait_secs),
         max_header_list_bytes: config.max_header_bytes,
     }

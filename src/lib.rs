@@ -5,6 +5,8 @@
 //! - [`config`]: clap configuration (flags and env vars); a leaf.
 //! - [`app`]: maps the configuration onto each part, wires the store, BigQuery clients,
 //!   pipeline and HTTP router; serves.
+//! - `http`: connection supervision beneath the handlers: the accept loop, each connection's
+//!   deadlines and limits, the HTTP/2 frame counter, request-body rates, early answers, TLS.
 //! - [`api`]: axum routes (one file per resource), auth, problem+json errors, OpenAPI.
 //! - [`ingest`]: batch bodies: incremental IPC decoding, hashing, schema validation and
 //!   conversion to the staging representation, split into AppendRows payloads.
@@ -48,6 +50,7 @@ pub mod cli;
 pub mod config;
 pub mod conformance;
 pub mod error;
+pub(crate) mod http;
 pub mod ingest;
 pub(crate) mod intake;
 pub mod model;

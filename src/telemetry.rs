@@ -13,6 +13,8 @@ use tracing_subscriber::EnvFilter;
 use crate::config::LogFormat;
 
 pub(crate) const HTTP_REQUESTS: &str = "filament_http_requests_total";
+pub(crate) const HTTP_CONNECTIONS_CLOSED: &str = "filament_http_connections_closed_total";
+pub(crate) const HTTP_CONNECTIONS_REFUSED: &str = "filament_http_connections_refused_total";
 pub(crate) const REQUESTS_FORWARDED: &str = "filament_requests_forwarded_total";
 pub(crate) const ROWS_RECEIVED: &str = "filament_rows_received_total";
 pub(crate) const BYTES_RECEIVED: &str = "filament_bytes_received_total";
@@ -65,6 +67,35 @@ macro_rules! log_by_duration {
 
 fn millis(duration: Duration) -> u64 {
     duration.as_millis() as u64
+}
+
+/// `http.connection_closing`: the gateway closes a client connection for one of its limits
+/// (`http::server`), counted by reason.
+#[derive(Debug)]
+pub(crate) struct ConnectionClosing {
+    pub(crate) reason: &'static str,
+}
+
+impl ConnectionClosing {
+    pub(crate) fn emit(&self) {
+        metrics::counter!(HTTP_CONNECTIONS_CLOSED, "reason" => self.reason).increment(1);
+        tracing::debug!(reason = self.reason, "http.connection_closing");
+    }
+}
+
+/// `http.connection_refused`: a client connection closed as it was accepted, counted by reason
+/// (the peer's address only in the log line).
+#[derive(Debug)]
+pub(crate) struct ConnectionRefused {
+    pub(crate) reason: &'static str,
+    pub(crate) peer: std::net::SocketAddr,
+}
+
+impl ConnectionRefused {
+    pub(crate) fn emit(&self) {
+        metrics::counter!(HTTP_CONNECTIONS_REFUSED, "reason" => self.reason).increment(1);
+        tracing::debug!(reason = self.reason, peer = %self.peer.ip(), "http.connection_refused");
+    }
 }
 
 /// `bigquery.write.timing` of one phase of one resource (prepare, ...).
@@ -218,6 +249,16 @@ pub(crate) fn metrics_handle() -> PrometheusHandle {
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge};
     describe_counter!(HTTP_REQUESTS, "HTTP requests answered, by method, route and status");
+    describe_counter!(
+        HTTP_CONNECTIONS_CLOSED,
+        Unit::Count,
+        "Client connections the gateway closed for a limit, by reason"
+    );
+    describe_counter!(
+        HTTP_CONNECTIONS_REFUSED,
+        Unit::Count,
+        "Client connections closed as they were accepted, by reason"
+    );
     describe_counter!(REQUESTS_FORWARDED, "Requests streamed to the replica serving their execution");
     describe_counter!(ROWS_RECEIVED, Unit::Count, "Rows accepted in batch requests");
     describe_counter!(

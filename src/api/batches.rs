@@ -16,12 +16,12 @@ use utoipa::IntoParams;
 
 use super::SharedState;
 use super::auth::{Caller, RunAccess};
-use super::body_deadline::BodyTimedOut;
 use super::error::{ApiPath, ApiQuery};
 use super::executions::load_execution;
 use super::problems;
 use super::views::Receipt;
 use crate::error::{ErrorCode, Problem};
+use crate::http::body_deadline::BodyTimedOut;
 use crate::ingest::prepare::BatchLimits;
 use crate::intake::{Accepted, BatchRequest, BatchTarget, Intake};
 use crate::model::ResourceName;

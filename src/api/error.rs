@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
-use super::body_deadline::BodyTimedOut;
+use crate::http::body_deadline::BodyTimedOut;
 
 use crate::error::{ErrorCode, Problem};
 

@@ -5,22 +5,17 @@
 
 pub(crate) mod auth;
 pub(crate) mod batches;
-pub(crate) mod body_deadline;
 pub(crate) mod connection_test;
 pub(crate) mod console;
-mod early_answer;
 pub(crate) mod error;
 mod events;
 pub(crate) mod executions;
 pub(crate) mod forward;
 pub(crate) mod health;
-mod http2_frames;
 mod problems;
 pub(crate) mod run_list;
 pub(crate) mod runs;
 mod schema_bounds;
-pub(crate) mod server;
-pub(crate) mod tls;
 pub(crate) mod views;
 
 use std::sync::Arc;
@@ -38,6 +33,7 @@ use utoipa_axum::routes;
 
 use crate::bigquery::BigQuery;
 use crate::error::{ErrorCode, Problem};
+use crate::http::{body_deadline, early_answer};
 use crate::pipeline::Pipeline;
 use crate::publish::Publisher;
 use crate::store::Store;
@@ -195,10 +191,20 @@ pub(crate) fn router(state: SharedState) -> axum::Router {
         // Before decompression: a forwarded body travels as the client sent it.
         .layer(middleware::from_fn_with_state(Arc::clone(&state), forward::forward_to_owner))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), protect))
-        .layer(middleware::from_fn_with_state(Arc::clone(&state), early_answer::answer_after_reading_body))
+        .layer(middleware::from_fn_with_state(
+            unread_body_drain(&state.settings),
+            early_answer::answer_after_reading_body,
+        ))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .layer(middleware::map_response_with_state(Arc::clone(&state), strict_transport_security))
         .with_state(state)
+}
+
+/// What an early answer reads of an unread request body: up to twice the body limit, so a body
+/// refused by its declared length is drained whole, as one refused part-way (at the limit) is
+/// drained to its end.
+fn unread_body_drain(settings: &ApiSettings) -> early_answer::UnreadBodyDrain {
+    early_answer::UnreadBodyDrain { max_bytes: 2 * settings.max_batch_body_bytes as u64 }
 }
 
 /// `Strict-Transport-Security` on every answer of a gateway reached over TLS (it serves HTTPS

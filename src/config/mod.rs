@@ -9,8 +9,10 @@ use std::net::SocketAddr;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod connections;
 mod fairness;
 mod quotas;
+pub use connections::ConnectionArgs;
 pub use fairness::FairnessArgs;
 pub use quotas::{QuotaArgs, StreamQuotaReading};
 
@@ -389,13 +391,17 @@ pub struct ServeConfig {
     #[arg(long, env = "FILAMENT_BEHIND_TLS", default_value_t = false)]
     pub behind_tls: bool,
 
-    /// How long a connection with a response to send may go without that response making
-    /// progress, in seconds: no byte taken by the socket while a write waits (HTTP/1.1, and
-    /// HTTP/2 when the socket is full), or a response body not read for sending (an HTTP/2 peer
-    /// whose flow-control window stays at zero). Then the connection is closed: a client that
-    /// stops reading holds a connection no longer than this.
+    /// The window, in seconds, over which a connection with answers to send must send them at
+    /// `FILAMENT_MIN_SEND_RATE_BYTES_PER_SEC` (or all it held unsent when the window opened, if
+    /// less); slower, or with a response body HTTP/2 does not ask for during a window (a peer
+    /// whose flow-control window stays at zero), it is closed. A client that stops reading, or
+    /// reads a byte now and then, holds a connection for about this long.
     #[arg(long, env = "FILAMENT_WRITE_TIMEOUT_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub write_timeout_secs: u64,
+
+    /// What a client connection's answers may hold and how fast they leave; peers' caps.
+    #[command(flatten)]
+    pub connections: ConnectionArgs,
 
     /// On shutdown, how long open connections may take to finish their requests once no new
     /// one is accepted, in seconds; the rest are closed.

@@ -3,6 +3,8 @@
 mod foreign_jobs;
 mod hardening;
 mod id_tokens;
+mod peer_caps;
 mod principals;
 mod stalled_readers;
 mod tls;
+mod trickling_peers;

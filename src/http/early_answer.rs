@@ -6,7 +6,7 @@
 //!
 //! This middleware, outermost but for tracing, hands the handler the body through a shared
 //! slot. Once the answer is ready, whatever the handler left unread is read and discarded, at
-//! most twice [`ApiSettings::max_batch_body_bytes`](super::ApiSettings) and
+//! most [`UnreadBodyDrain::max_bytes`] (the router gives twice the batch body limit) and
 //! [`DRAIN_WITHIN`], before the answer goes out; beyond those bounds the connection is closed
 //! as before. A client that sent `Expect: 100-continue` and whose body was never asked for is
 //! not drained: hyper sends `100 Continue` only when the body is first read, so such a client
@@ -26,7 +26,11 @@ use bytes::Bytes;
 use futures::StreamExt as _;
 use http_body::{Frame, SizeHint};
 
-use super::SharedState;
+/// How much of an unread request body is read and discarded before answering, at most.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UnreadBodyDrain {
+    pub(crate) max_bytes: u64,
+}
 
 /// How long an unread remainder is read before answering, at most.
 pub(crate) const DRAIN_WITHIN: Duration = Duration::from_secs(10);
@@ -63,7 +67,7 @@ impl http_body::Body for SharedBody {
 
 /// Runs the request, then reads what its handler left of the body (see the module documentation).
 pub(crate) async fn answer_after_reading_body(
-    State(state): State<SharedState>,
+    State(drain_limit): State<UnreadBodyDrain>,
     request: Request,
     next: Next,
 ) -> Response {
@@ -83,9 +87,7 @@ pub(crate) async fn answer_after_reading_body(
         (!never_asked && !http_body::Body::is_end_stream(&slot.body)).then(|| std::mem::take(&mut slot.body))
     };
     if let Some(unread) = unread {
-        // Up to twice the body limit: a body refused by its declared length is drained whole,
-        // as one refused part-way (at the limit) is drained to its end.
-        let drained = drain(unread, 2 * state.settings.max_batch_body_bytes as u64).await;
+        let drained = drain(unread, drain_limit.max_bytes).await;
         if !drained {
             tracing::debug!(status = %response.status(), "closing the connection: the unread request body exceeds the drain bounds");
         }

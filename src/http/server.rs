@@ -4,15 +4,23 @@
 //!
 //! Unlike `axum::serve`, this bounds what connections can hold ([`ConnectionLimits`]):
 //! - at most `max_connections` at once: beyond them the gateway stops accepting, and new
-//!   connections wait in the kernel's listen backlog until one closes;
+//!   connections wait in the kernel's listen backlog until one closes; one that arrives while
+//!   every place is taken makes the connection idle the longest close
+//!   (`server/connections.rs`), so idle connections (keep-alive clients, or clients whose
+//!   answers all sit unread in their kernel's buffers) cannot lock others out;
+//! - at most `max_connections_per_peer` from one peer (an IPv4 address, an IPv6 /64), when set:
+//!   more are closed as they are accepted;
 //! - a connection that has started a request head must complete it within
-//!   `header_read_timeout` (a slowloris client trickling its headers is closed);
+//!   `header_read_timeout` (a slowloris client trickling its headers is closed); before its
+//!   first request this holds for HTTP/2 too (its preface and settings are that head);
 //! - a connection with no request open and none started is closed after `idle_timeout`
 //!   (HTTP/1.1 keep-alive and HTTP/2 alike; HTTP/2 pings do not count as requests);
-//! - a connection whose pending response makes no progress for `write_timeout` is closed: a
-//!   write the socket has not taken (a client that stops reading; HTTP/1.1 pipelining behind
-//!   it), or a response body HTTP/2 does not read for sending (a peer holding its flow-control
-//!   window at zero). A client that stops reading holds a connection no longer than this;
+//! - what a connection's answers hold unsent is bounded and must leave at a minimum rate
+//!   (`sending`, `server/send_backlog.rs`): a connection that already holds
+//!   `max_unsent_bytes` may not start another answer, and one whose answers leave slower
+//!   than `min_rate_bytes_per_sec` over a `window` (or whose response body hyper does not ask
+//!   for during one: an HTTP/2 window held at zero) is dropped at once. A client that stops
+//!   reading, or takes a byte now and then, holds a connection for about one window;
 //! - HTTP/2's limits are explicit: concurrent streams, flow-control windows, the header list
 //!   (the gateway's header limit), the send buffer per stream;
 //! - on shutdown, open connections get `shutdown_wait` to finish, then are closed.
@@ -24,7 +32,9 @@
 //!
 //! hyper's own HTTP/1 header timeout also runs while a keep-alive connection waits for its next
 //! request, so it cannot tell an idle client from a slow one; [`Activity`] does both here,
-//! from the bytes the connection reads and the requests it has open.
+//! from the bytes the connection reads and the requests it has open. The protocol is the one
+//! hyper reads the requests in, never guessed from the first bytes read. Every close for a
+//! limit, and every refusal, is counted in `/metrics` by reason (`telemetry`).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -37,16 +47,22 @@ use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::telemetry;
+
 mod activity;
+mod connections;
+mod send_backlog;
 mod tracked;
 
-use activity::Activity;
+use activity::{Activity, CloseReason};
+use connections::{Admitted, OpenConnections};
+pub(crate) use send_backlog::SendLimits;
 use tracked::{TrackedRouter, TrackedStream};
 
 /// The smallest read buffer given to a connection: reads of this size keep the loopback and
@@ -99,14 +115,36 @@ pub(crate) struct ConnectionLimits {
     /// The header fields an HTTP/1 head may have before hyper refuses it itself.
     pub(crate) http1_header_fields_parsed: usize,
     pub(crate) max_connections: usize,
+    /// Connections one peer may have open at once (`None`: no cap).
+    pub(crate) max_connections_per_peer: Option<usize>,
     pub(crate) header_read_timeout: Duration,
     pub(crate) idle_timeout: Duration,
-    /// How long a pending response may make no progress.
-    pub(crate) write_timeout: Duration,
+    /// What a connection's answers may hold unsent, and how fast they must leave.
+    pub(crate) sending: SendLimits,
     /// How long open connections get to finish on shutdown.
     pub(crate) shutdown_wait: Duration,
     /// The largest header list an HTTP/2 peer may send (the gateway's header limit).
     pub(crate) max_header_list_bytes: usize,
+}
+
+/// The limits the unit tests run under: 30 s windows of 1 KiB/s, 256 KiB unsent, 2 per peer.
+#[cfg(test)]
+fn test_limits() -> ConnectionLimits {
+    ConnectionLimits {
+        read_buffer_bytes: MIN_HTTP1_READ_BUFFER_BYTES,
+        http1_header_fields_parsed: MIN_HTTP1_HEADER_FIELDS_PARSED,
+        max_connections: 4,
+        max_connections_per_peer: Some(2),
+        header_read_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(60),
+        sending: SendLimits {
+            max_unsent_bytes: 256 * 1024,
+            min_rate_bytes_per_sec: 1024,
+            window: Duration::from_secs(30),
+        },
+        shutdown_wait: Duration::from_secs(30),
+        max_header_list_bytes: 16 * 1024,
+    }
 }
 
 /// Serves `router` on `listener` until `shutdown` completes, then waits for open connections.
@@ -131,13 +169,10 @@ pub(crate) async fn serve(
         .max_send_buf_size(HTTP2_MAX_SEND_BUFFER_BYTES);
     let builder = Arc::new(builder);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let open = OpenConnections::new(limits.max_connections_per_peer);
     let (stopping, connections) = (CancellationToken::new(), TaskTracker::new());
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let slot = tokio::select! {
-            slot = Arc::clone(&slots).acquire_owned() => slot.expect("the connection limiter is never closed"),
-            () = &mut shutdown => break,
-        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -150,17 +185,28 @@ pub(crate) async fn serve(
             },
             () = &mut shutdown => break,
         };
+        let Some(admitted) = open.admit(peer) else {
+            telemetry::ConnectionRefused { reason: "per_peer_limit", peer }.emit();
+            continue;
+        };
+        let slot = tokio::select! {
+            slot = place(&slots, &open) => slot,
+            () = &mut shutdown => break,
+        };
+        let activity = Arc::new(Activity::new(limits));
+        admitted.served(Arc::clone(&activity));
         let (builder, router, stopping, tls) = (Arc::clone(&builder), router.clone(), stopping.clone(), tls.clone());
+        let connection = Connection { peer, activity, admitted, router, stopping };
         connections.spawn(async move {
             if let Err(error) = stream.set_nodelay(true) {
                 tracing::debug!(%error, "http.nodelay_failed");
             }
             match tls {
-                None => serve_connection(&builder, stream, peer, router, limits, stopping).await,
+                None => serve_connection(&builder, stream, connection).await,
                 // The handshake gets the time a request head gets.
                 Some(acceptor) => match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await
                 {
-                    Ok(Ok(stream)) => serve_connection(&builder, stream, peer, router, limits, stopping).await,
+                    Ok(Ok(stream)) => serve_connection(&builder, stream, connection).await,
                     Ok(Err(error)) => tracing::debug!(%error, "http.tls_handshake_failed"),
                     Err(_) => tracing::debug!("http.tls_handshake_timed_out"),
                 },
@@ -176,25 +222,46 @@ pub(crate) async fn serve(
     }
 }
 
-/// Serves one connection until it ends, times out (head or idle), or the server stops.
-async fn serve_connection<S>(
-    builder: &auto::Builder<TokioExecutor>,
-    stream: S,
+/// A place for an accepted connection: at once when one is free; otherwise the connection idle
+/// the longest is asked to close (again every second while none is idle) until one is.
+async fn place(slots: &Arc<Semaphore>, open: &OpenConnections) -> OwnedSemaphorePermit {
+    if let Ok(slot) = Arc::clone(slots).try_acquire_owned() {
+        return slot;
+    }
+    loop {
+        open.close_longest_idle();
+        tokio::select! {
+            slot = Arc::clone(slots).acquire_owned() => return slot.expect("the connection limiter is never closed"),
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+/// One accepted connection and what serves it.
+#[derive(Debug)]
+struct Connection {
     peer: SocketAddr,
+    activity: Arc<Activity>,
+    /// Its place among the open connections, given back when it ends.
+    admitted: Admitted,
     router: Router,
-    limits: ConnectionLimits,
     stopping: CancellationToken,
-) where
+}
+
+/// Serves one connection until it ends, a limit closes it, or the server stops.
+async fn serve_connection<S>(builder: &auto::Builder<TokioExecutor>, stream: S, connection: Connection)
+where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let activity = Arc::new(Activity::new());
+    // Its place among the open connections is given back when this returns.
+    let Connection { peer, activity, admitted: _admitted, router, stopping } = connection;
     let io = TokioIo::new(TrackedStream::new(stream, Arc::clone(&activity)));
     let service = TowerToHyperService::new(TrackedRouter { router, activity: Arc::clone(&activity), peer });
     let connection = builder.serve_connection_with_upgrades(io, service);
     let mut connection = std::pin::pin!(connection);
     let reason = loop {
         let changed = activity.changed.notified();
-        let deadline = activity.deadline(&limits);
+        let deadline = activity.deadline();
         tokio::select! {
             result = connection.as_mut() => {
                 if let Err(error) = result {
@@ -202,21 +269,23 @@ async fn serve_connection<S>(
                 }
                 return;
             }
-            () = changed => continue,
-            () = stopping.cancelled() => break "shutdown",
-            () = sleep_until(deadline) => {
-                if let Some(reason) = activity.expired(&limits) {
-                    break reason;
-                }
-            }
+            () = changed => {}
+            () = stopping.cancelled() => break CloseReason::Shutdown,
+            () = sleep_until(deadline) => {}
+        }
+        if let Some(reason) = activity.expired() {
+            break reason;
         }
     };
-    tracing::debug!(reason, "http.connection_closing");
+    telemetry::ConnectionClosing { reason: reason.as_str() }.emit();
+    if reason.is_abrupt() {
+        // What it holds is the problem: dropped at once, its streams and buffers with it.
+        return;
+    }
     connection.as_mut().graceful_shutdown();
-    let grace = if reason == "shutdown" { None } else { Some(CLOSE_GRACE) };
-    let finished = match grace {
-        Some(grace) => tokio::time::timeout(grace, connection.as_mut()).await.ok(),
-        None => Some(connection.as_mut().await),
+    let finished = match reason {
+        CloseReason::Shutdown => Some(connection.as_mut().await),
+        _ => tokio::time::timeout(CLOSE_GRACE, connection.as_mut()).await.ok(),
     };
     if let Some(Err(error)) = finished {
         tracing::debug!(%error, "http.connection_closed_with_error");

@@ -1,6 +1,7 @@
 //! The connection's stream, router and response bodies, each telling [`Activity`] what it
 //! sees: bytes read (a request head starting), writes the socket takes or not (and the HTTP/2
-//! DATA among them), requests opened and closed, response bodies handed over for sending.
+//! DATA among them), flushes, requests opened (with the protocol hyper read them in) and
+//! closed, answers produced (with the size their bodies announce) and handed over for sending.
 
 use std::future::Future;
 use std::io;
@@ -18,7 +19,7 @@ use http_body::{Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::activity::Activity;
-use crate::api::http2_frames::DataFrameCounter;
+use crate::http::http2_frames::DataFrameCounter;
 
 /// The TCP stream, telling [`Activity`] what it reads.
 #[derive(Debug)]
@@ -34,7 +35,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for TrackedStream<S> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.activity.read(&buf.filled()[before..]);
+            self.activity.read();
         }
         polled
     }
@@ -51,13 +52,10 @@ impl<S> TrackedStream<S> {
         polled
     }
 
-    /// Tells [`Activity`] of the HTTP/2 DATA among `written` (the bytes the socket took).
+    /// Tells [`Activity`] of the answers' bytes among `written` (the bytes the socket took).
     fn track_data(&mut self, written: &[u8]) {
-        if !written.is_empty() && self.activity.is_http2() {
-            let data = self.frames.data_bytes(written);
-            if data > 0 {
-                self.activity.data_written(data);
-            }
+        if !written.is_empty() {
+            self.activity.written(written, &mut self.frames);
         }
     }
 }
@@ -73,6 +71,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for TrackedStream<S> {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        if matches!(polled, Poll::Ready(Ok(()))) {
+            self.activity.flushed();
+        }
         self.track_write(polled)
     }
 
@@ -124,12 +125,13 @@ impl tower::Service<Request<hyper::body::Incoming>> for TrackedRouter {
     }
 
     fn call(&mut self, mut request: Request<hyper::body::Incoming>) -> Self::Future {
-        let open = OpenRequest::new(Arc::clone(&self.activity));
+        let open = OpenRequest::new(Arc::clone(&self.activity), request.version());
         request.extensions_mut().insert(axum::extract::ConnectInfo(self.peer));
         let mut router = self.router.clone();
         Box::pin(async move {
             let response = tower::Service::call(&mut router, request.map(Body::new)).await?;
-            let open = open.responding();
+            let announced_bytes = http_body::Body::size_hint(response.body()).lower();
+            let open = open.responding(announced_bytes);
             Ok(response.map(|body| Body::new(TrackedBody { body, open })))
         })
     }
@@ -140,38 +142,70 @@ impl tower::Service<Request<hyper::body::Incoming>> for TrackedRouter {
 #[derive(Debug)]
 struct OpenRequest {
     activity: Arc<Activity>,
-    responding: bool,
+    answer: Option<Answer>,
+}
+
+/// What became of a response's body so far.
+#[derive(Debug, Clone, Copy)]
+struct Answer {
+    /// Bytes its size hint announced that hyper has not taken yet.
+    announced_left: u64,
+    /// Bytes hyper took.
+    handed: u64,
+    /// The body reached its end.
+    ended: bool,
 }
 
 impl OpenRequest {
-    fn new(activity: Arc<Activity>) -> Self {
-        activity.request_opened();
-        Self { activity, responding: false }
+    fn new(activity: Arc<Activity>, version: axum::http::Version) -> Self {
+        activity.request_opened(version);
+        Self { activity, answer: None }
     }
 
-    /// The handler answered: the response is to be sent from now.
-    fn responding(mut self) -> Self {
-        self.activity.response_started();
-        self.responding = true;
+    /// The handler answered with a body announcing `announced_bytes`: it is to be sent from now.
+    fn responding(mut self, announced_bytes: u64) -> Self {
+        self.activity.response_started(announced_bytes);
+        self.answer = Some(Answer { announced_left: announced_bytes, handed: 0, ended: false });
         self
+    }
+
+    /// hyper took `bytes` of the body.
+    fn handed_over(&mut self, bytes: u64) {
+        if let Some(answer) = &mut self.answer {
+            let announced = bytes.min(answer.announced_left);
+            answer.announced_left -= announced;
+            answer.handed += bytes;
+            self.activity.body_handed_over(bytes, announced);
+        }
     }
 }
 
 impl Drop for OpenRequest {
     fn drop(&mut self) {
-        if self.responding {
-            self.activity.response_ended();
+        if let Some(answer) = self.answer {
+            // A body dropped before its end was a stream reset: hyper drops what it buffered.
+            let discarded = if answer.ended { 0 } else { answer.handed };
+            self.activity.response_ended(answer.announced_left, discarded);
         }
         self.activity.request_closed();
     }
 }
 
 /// A response body that keeps its request open until it is sent or dropped, and tells
-/// [`Activity`] each time it is read for sending.
+/// [`Activity`] each time it is asked for data and what hyper took.
 #[derive(Debug)]
 struct TrackedBody {
     body: Body,
     open: OpenRequest,
+}
+
+impl Drop for TrackedBody {
+    fn drop(&mut self) {
+        let ended = http_body::Body::is_end_stream(&self.body);
+        if let Some(answer) = &mut self.open.answer {
+            answer.ended |= ended;
+        }
+    }
 }
 
 impl http_body::Body for TrackedBody {
@@ -181,10 +215,19 @@ impl http_body::Body for TrackedBody {
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         self.open.activity.response_progressed();
         let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled
-            && let Some(data) = frame.data_ref()
-        {
-            self.open.activity.body_handed_over(data.len() as u64);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    let bytes = data.len() as u64;
+                    self.open.handed_over(bytes);
+                }
+            }
+            Poll::Ready(None) => {
+                if let Some(answer) = &mut self.open.answer {
+                    answer.ended = true;
+                }
+            }
+            _ => {}
         }
         polled
     }
