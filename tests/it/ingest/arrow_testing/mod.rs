@@ -204,13 +204,13 @@ async fn judge_values(gateways: &Gateways, resource: &str, plan: &Plan) -> Resul
 }
 
 /// The batches appended to the committed stream of `resource`'s staging table
-/// (`_filament_stg_<table>_<16 hex digits>`).
+/// (`_filament_stg_<table>_<32 hex digits>`: a 128-bit hash, `model::staging`).
 fn staged_batches(fake: &FakeWrite, resource: &str) -> Vec<arrow_array::RecordBatch> {
     let prefix = format!("/tables/_filament_stg_{resource}_");
     let of_resource = |table: &str| {
         table
             .split_once(&prefix)
-            .is_some_and(|(_, hash)| hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()))
+            .is_some_and(|(_, hash)| hash.len() == 32 && hash.bytes().all(|b| b.is_ascii_hexdigit()))
     };
     fake.with(|state| {
         let mut streams = state.streams.values().filter(|stream| of_resource(&stream.table) && stream.committed);
