@@ -233,14 +233,25 @@ pub(crate) fn validate_column_name(value: &str) -> Result<(), Problem> {
              (BigQuery's flexible column names)",
         ));
     }
-    let upper = value.to_uppercase();
-    if let Some(prefix) = BIGQUERY_RESERVED_COLUMN_PREFIXES.iter().find(|prefix| upper.starts_with(*prefix)) {
+    let folded = case_folded(value);
+    let reserved_by_bigquery = |prefix: &&&str| folded.starts_with(&prefix.to_ascii_lowercase());
+    if let Some(prefix) = BIGQUERY_RESERVED_COLUMN_PREFIXES.iter().find(reserved_by_bigquery) {
         return Err(invalid("column", value, &format!("BigQuery reserves the prefix {prefix} for its own columns")));
     }
-    if value.to_lowercase().starts_with(RESERVED_PREFIX) {
+    if folded.starts_with(RESERVED_PREFIX) {
         return Err(invalid("column", value, "the prefix _filament_ is reserved for the gateway"));
     }
     Ok(())
+}
+
+/// A name as the reserved prefixes are compared with it: compatibility-normalized (NFKC, so a
+/// fullwidth `＿ｆｉｌａｍｅｎｔ＿` or the ligature `ﬁ` is what it looks like), lowercased (Unicode's
+/// full mapping), normalized again. Full case folding differs from the full lowercase mapping
+/// only where neither gives an ASCII letter of a reserved prefix (`ß`, final sigma, ...).
+fn case_folded(value: &str) -> String {
+    use unicode_normalization::UnicodeNormalization as _;
+    let lowered = value.nfkc().collect::<String>().to_lowercase();
+    lowered.nfkc().collect()
 }
 
 /// BigQuery dataset IDs: letters, digits and underscores, at most 1,024 characters.
@@ -325,6 +336,12 @@ mod tests {
         assert_eq!(default_table_name(&resource), "public_users_v2");
         assert!(validate_table_name("users`; DROP").is_err());
         assert!(validate_table_name("_filament_x").is_err());
+        for lookalike in
+            ["\u{FF3F}\u{FF46}ilament_x", "_\u{FB01}lament_x", "_FILAMENT_x", "_\u{FF26}ILAMENT_x", "\u{FF3F}table_x"]
+        {
+            assert!(validate_column_name(lookalike).is_err(), "{lookalike} folds to a reserved prefix");
+        }
+        assert!(validate_column_name("_fil\u{00E1}ment_x").is_ok(), "an accented letter is another letter");
         assert!(validate_column_name("_id").is_ok());
         for flexible in [
             "1abc",

@@ -355,6 +355,28 @@ fn geoarrow_edges_are_planar_unless_its_metadata_says_spherical() {
 }
 
 #[test]
+fn geoarrow_metadata_longer_than_read_is_refused_and_a_long_crs_is_skipped() {
+    use super::typed::MAX_EXTENSION_METADATA_BYTES;
+    let with_metadata = |metadata: String| {
+        let entries = HashMap::from([
+            (EXTENSION_NAME_KEY.to_string(), "geoarrow.wkb".to_string()),
+            ("ARROW:extension:metadata".to_string(), metadata),
+        ]);
+        schema(vec![Field::new("g", DataType::Binary, true).with_metadata(entries)])
+    };
+    let crs = "x".repeat(MAX_EXTENSION_METADATA_BYTES - 64);
+    let fits = with_metadata(format!(r#"{{"crs": "{crs}", "edges": "spherical"}}"#));
+    assert!(map_schema(&fits, append()).is_ok());
+    let long = with_metadata(format!(r#"{{"crs": "{}", "edges": "spherical"}}"#, "x".repeat(1 << 20)));
+    let refused = map_schema(&long, append()).unwrap_err();
+    assert!(
+        matches!(&refused, IngestError::UnsupportedType { column, reason, .. }
+            if column == "g" && reason.contains("more than the 65536 read")),
+        "{refused:?}"
+    );
+}
+
+#[test]
 fn misshapen_typed_columns_and_unknown_marks_are_unsupported_and_never_keys() {
     for field in [
         marked("g", DataType::Int64, BIGQUERY_TYPE_KEY, "GEOGRAPHY"),

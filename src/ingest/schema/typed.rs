@@ -51,11 +51,13 @@ pub(crate) fn marked(path: &str, field: &Field) -> Result<Option<Marked>, Ingest
     match extension {
         Some(JSON_EXTENSION) => return Ok(Some(Marked::Json)),
         Some(GEOARROW_WKB) => {
-            let encoding = if spherical_edges(field) { GeographyEncoding::Wkb } else { GeographyEncoding::PlanarWkb };
+            let encoding =
+                if spherical_edges(path, field)? { GeographyEncoding::Wkb } else { GeographyEncoding::PlanarWkb };
             return Ok(Some(Marked::Geography(Some(encoding))));
         }
         Some(GEOARROW_WKT) => {
-            let encoding = if spherical_edges(field) { GeographyEncoding::Wkt } else { GeographyEncoding::PlanarWkt };
+            let encoding =
+                if spherical_edges(path, field)? { GeographyEncoding::Wkt } else { GeographyEncoding::PlanarWkt };
             return Ok(Some(Marked::Geography(Some(encoding))));
         }
         Some(other) if other.starts_with("geoarrow.") => {
@@ -83,13 +85,32 @@ pub(crate) fn marked(path: &str, field: &Field) -> Result<Option<Marked>, Ingest
     }
 }
 
+/// The longest `ARROW:extension:metadata` read. GeoArrow's is a few dozen bytes
+/// (`{"edges": "spherical"}`), a few KiB with a PROJJSON `crs`; longer is refused unread.
+pub(crate) const MAX_EXTENSION_METADATA_BYTES: usize = 64 * 1024;
+
 /// Whether a GeoArrow field's extension metadata gives its edges as other than planar
 /// (`"edges": "spherical"`, or one of the ellipsoidal algorithms, which BigQuery's sphere
-/// approximates); absent or unreadable metadata means planar, GeoArrow's default.
-fn spherical_edges(field: &Field) -> bool {
-    let Some(text) = field.metadata().get(EXTENSION_METADATA_KEY) else { return false };
-    let edges = serde_json::from_str::<serde_json::Value>(text).ok().and_then(|m| m.get("edges").cloned());
-    edges.and_then(|e| e.as_str().map(|e| e != "planar")).unwrap_or(false)
+/// approximates); absent or unreadable metadata means planar, GeoArrow's default. Only `edges`
+/// is kept: every other member (the `crs`, whatever its size) is skipped as it is read.
+fn spherical_edges(path: &str, field: &Field) -> Result<bool, IngestError> {
+    #[derive(serde::Deserialize)]
+    struct GeoArrowMetadata {
+        edges: Option<String>,
+    }
+    let Some(text) = field.metadata().get(EXTENSION_METADATA_KEY) else { return Ok(false) };
+    if text.len() > MAX_EXTENSION_METADATA_BYTES {
+        return Err(unsupported(
+            path,
+            field.data_type(),
+            format!(
+                "its ARROW:extension:metadata is {} bytes, more than the {MAX_EXTENSION_METADATA_BYTES} read",
+                text.len()
+            ),
+        ));
+    }
+    let edges = serde_json::from_str::<GeoArrowMetadata>(text).ok().and_then(|metadata| metadata.edges);
+    Ok(edges.is_some_and(|edges| edges != "planar"))
 }
 
 fn is_string(data_type: &DataType) -> bool {

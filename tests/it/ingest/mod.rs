@@ -5,5 +5,6 @@ mod arrow_testing;
 mod destination_rules;
 mod errors;
 mod fidelity;
+mod geography_bounds;
 mod hostile;
 mod source_types;
