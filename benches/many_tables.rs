@@ -36,7 +36,9 @@ mod measure;
 #[path = "../tests/it/support/mod.rs"]
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::StreamExt as _;
 use measure::{

@@ -6,7 +6,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};

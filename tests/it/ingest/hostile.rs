@@ -202,7 +202,7 @@ async fn slow_bodies_cost_a_connection_never_a_slot_others_need() {
     let slow: Vec<_> = (0..3).map(|_| tokio::spawn(trickle_body(address.clone(), gw.token.clone(), 440))).collect();
     // A well-behaved extractor meanwhile: every batch accepted, none waits for the slow ones.
     for i in 0..10 {
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let (status, body) = gw.post_batch("run", "e", "t", None, ipc_stream(&[ids(i * 10..i * 10 + 10)])).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
         assert!(started.elapsed() < Duration::from_secs(2), "batch {i} waited {:?}", started.elapsed());

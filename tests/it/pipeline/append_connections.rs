@@ -6,7 +6,9 @@
 //! calls and refuses those beyond its limit, as BigQuery does. Scaled down: N resources
 //! against a limit of N / 10 behave as 10,000 against 1,000 (`make bench` runs 10,000).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use reqwest::{Method, StatusCode};
 use serde_json::json;

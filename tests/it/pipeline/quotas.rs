@@ -1,7 +1,9 @@
 //! Quota answers from BigQuery's REST API are a passing condition, not a refusal: retried with
 //! backoff, and when they persist reported as `quota_exceeded` with the quota named.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use reqwest::{Method, StatusCode};
 use serde_json::json;

@@ -4,7 +4,9 @@
 //! timing counts every wait that can end in 429.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use arrow_array::{Int64Array, StringArray};
 use arrow_schema::{DataType, Field};

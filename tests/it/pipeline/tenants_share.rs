@@ -5,7 +5,9 @@
 //! waits shows in `/metrics` without naming a principal or a project. Caps per principal (open
 //! lanes, connection tests in flight) refuse with a stable code and change nothing.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::StreamExt as _;
 use reqwest::{Method, StatusCode};

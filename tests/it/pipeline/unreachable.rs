@@ -2,7 +2,9 @@
 //! deadline, so `/readyz` answers within Kubernetes' probe timeout and the connection test
 //! within its own, each saying plainly what is wrong.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};

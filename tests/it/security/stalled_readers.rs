@@ -6,7 +6,9 @@
 //! connections to the gateway), make room for a normal client as it arrives; and shutdown waits
 //! for open connections at most `FILAMENT_SHUTDOWN_CONNECTION_WAIT_SECS`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use http_body_util::Empty;
 use hyper_util::rt::{TokioExecutor, TokioIo};

@@ -62,7 +62,7 @@ pub struct FakeStream {
     pub appends: Vec<(i64, usize)>,
     pub finalized: bool,
     /// When FinalizeWriteStream was answered for it.
-    pub finalized_at: Option<std::time::Instant>,
+    pub finalized_at: Option<tokio::time::Instant>,
     pub committed: bool,
 }
 
@@ -119,7 +119,7 @@ pub struct FakeState {
     /// second are answered `RESOURCE_EXHAUSTED` (counted in `refused_creates`).
     pub create_rate_per_second: Option<usize>,
     /// When each accepted CreateWriteStream arrived, within the last second.
-    pub recent_creates: VecDeque<std::time::Instant>,
+    pub recent_creates: VecDeque<tokio::time::Instant>,
     pub refused_creates: usize,
     /// The project's `CreateWriteStream` quota (the control-plane simulation's): a call beyond
     /// it is answered `RESOURCE_EXHAUSTED` (counted in `refused_creates`).
@@ -144,7 +144,7 @@ pub struct FakeState {
     pub keep_batches: bool,
     /// Until then, every append is answered with the status `RESOURCE_EXHAUSTED` ("Exceeds
     /// 'AppendRows throughput' quota") before it is applied: a quota that has not refilled.
-    pub exhausted_until: Option<std::time::Instant>,
+    pub exhausted_until: Option<tokio::time::Instant>,
     /// The next this many AppendRows connections stop reading after their first request (for a
     /// minute; the call stays open): HTTP/2 flow control then holds the client's later requests.
     pub stall_reading_connections: usize,
@@ -286,7 +286,7 @@ async fn create(
         if let Some(error) = s.create_error.clone() {
             return Err(error);
         }
-        let now = std::time::Instant::now();
+        let now = tokio::time::Instant::now();
         while s.recent_creates.front().is_some_and(|at| now.duration_since(*at) >= Duration::from_secs(1)) {
             s.recent_creates.pop_front();
         }
@@ -328,7 +328,7 @@ async fn finalize(
         return Err(Status::internal("fake: finalize failed"));
     }
     stream.finalized = true;
-    stream.finalized_at = Some(std::time::Instant::now());
+    stream.finalized_at = Some(tokio::time::Instant::now());
     let error = miscounted.iter().find(|(table, _)| stream.table.contains(table.as_str())).map_or(0, |(_, n)| *n);
     Ok(Response::new(FinalizeWriteStreamResponse { row_count: stream.rows + error }))
 }
@@ -489,7 +489,7 @@ impl FakeState {
     }
 
     fn quota_exhausted(&self) -> bool {
-        self.exhausted_until.is_some_and(|until| std::time::Instant::now() < until)
+        self.exhausted_until.is_some_and(|until| tokio::time::Instant::now() < until)
     }
 
     /// Applies `ids` at `offset` with BigQuery's offset semantics: the answer (an error inside

@@ -4,7 +4,7 @@
 //! highest fraction of its quota in use at any moment ([`RateMeter::max_use`]), which a caller
 //! within the quota keeps at or below 1.0.
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 /// A rate quota: `burst` calls at once, refilled at `per_second`.
 #[derive(Debug, Clone)]
