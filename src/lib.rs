@@ -27,7 +27,8 @@
 //! - `replica`: this process as one replica of a fleet: leases on the executions it serves,
 //!   and its place in the fleet that divides BigQuery's quotas.
 //! - `principals`: who may call (the principals file, its reloads, Google ID tokens); `audit`:
-//!   what they did.
+//!   what they did. `watched_files`: the one poller of files read again when they change
+//!   (the principals file, the TLS pair).
 //! - `cli`: the operator CLI over the HTTP API; the operator console lives in `api::console`.
 //! - [`model`]: identifiers and keys, columns, the staging contract, write modes and states
 //!   shared by every stage.
@@ -61,3 +62,4 @@ pub(crate) mod replica;
 pub(crate) mod store;
 pub mod telemetry;
 pub mod traces;
+pub(crate) mod watched_files;

@@ -1,6 +1,6 @@
 //! HTTPS in process (`FILAMENT_TLS_CERT_FILE`, `FILAMENT_TLS_KEY_FILE`), for deployments
 //! without a TLS-terminating load balancer: rustls over aws-lc-rs, HTTP/2 and HTTP/1.1 by ALPN.
-//! The certificate is read again when either file changes (checked every [`CHECK_INTERVAL`]);
+//! The certificate is read again when either file changes ([`crate::watched_files`]);
 //! new connections get the new one, open ones keep theirs. A replaced pair that does not load
 //! is refused with an ERROR and the certificate in force stays.
 //!
@@ -9,7 +9,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
 use rustls::server::{ClientHello, ResolvesServerCert};
@@ -18,8 +17,7 @@ use rustls_pki_types::pem::PemObject as _;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_util::sync::CancellationToken;
 
-/// How often the certificate files are checked for a change.
-pub(crate) const CHECK_INTERVAL: Duration = Duration::from_secs(2);
+use crate::watched_files::WatchedFiles;
 
 /// Refused certificate reloads.
 pub(crate) const RELOAD_ERRORS: &str = "filament_tls_reload_errors_total";
@@ -46,14 +44,6 @@ impl TlsFiles {
         let certified = CertifiedKey::new(chain, signing_key);
         certified.keys_match().map_err(|e| format!("the key does not match the certificate: {e}"))?;
         Ok(certified)
-    }
-
-    fn modification(&self) -> Option<[(SystemTime, u64); 2]> {
-        let of = |path: &Path| {
-            let metadata = std::fs::metadata(path).ok()?;
-            Some((metadata.modified().ok()?, metadata.len()))
-        };
-        Some([of(&self.cert)?, of(&self.key)?])
     }
 }
 
@@ -86,19 +76,15 @@ impl ReloadingCertificate {
 
     /// Reloads the certificate when its files change, until `stop`.
     pub(crate) async fn keep_current(self: Arc<Self>, stop: CancellationToken) {
-        let mut last_seen = self.files.modification();
-        let mut interval = tokio::time::interval(CHECK_INTERVAL);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut watched = WatchedFiles::new(vec![self.files.cert.clone(), self.files.key.clone()]);
         loop {
-            tokio::select! {
+            let changed = tokio::select! {
                 () = stop.cancelled() => return,
-                _ = interval.tick() => {}
-            }
-            let seen = self.files.modification();
-            if seen == last_seen {
+                changed = watched.next_check() => changed,
+            };
+            if !changed {
                 continue;
             }
-            last_seen = seen;
             match self.files.load() {
                 Ok(certified) => {
                     self.current.store(Arc::new(certified));

@@ -1,19 +1,16 @@
 //! Loads the principals in force and keeps them current: the file is read at start (a broken
-//! file stops the start), then re-read when its modification time or size changes (checked
-//! every [`CHECK_INTERVAL`]) and on SIGHUP. A file that does not parse or validate is refused
+//! file stops the start), then re-read when its modification time or size changes
+//! ([`crate::watched_files`]) and on SIGHUP. A file that does not parse or validate is refused
 //! whole: an ERROR names the line, `filament_principals_reload_errors_total` counts it, and the
 //! previous principals stay in force.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
 use super::file::{self, FileRefused};
 use super::{Action, Principal, PrincipalSet, Principals};
-
-/// How often the file's modification is checked.
-pub(crate) const CHECK_INTERVAL: Duration = Duration::from_secs(2);
+use crate::watched_files::{WatchedFiles, modification};
 
 /// Refused reloads of the principals file.
 pub(crate) const RELOAD_ERRORS: &str = "filament_principals_reload_errors_total";
@@ -108,21 +105,19 @@ async fn watch_until_stopped(
             }
         }
     };
-    let mut last_seen = modification(&path);
-    let mut interval = tokio::time::interval(CHECK_INTERVAL);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut watched = WatchedFiles::new(vec![path]);
     loop {
-        let forced = tokio::select! {
+        let changed = tokio::select! {
             () = stop.cancelled() => return,
-            _ = interval.tick() => false,
-            Some(()) = recv_hangup(&mut hangups) => true,
+            changed = watched.next_check() => changed,
+            Some(()) = recv_hangup(&mut hangups) => {
+                watched.changed();
+                true
+            }
         };
-        let seen = modification(&path);
-        if !forced && seen == last_seen {
-            continue;
+        if changed {
+            reload(&sources, &principals);
         }
-        last_seen = seen;
-        reload(&sources, &principals);
     }
 }
 
@@ -155,13 +150,6 @@ fn read_settled(path: &Path) -> std::io::Result<String> {
         }
     }
     Err(std::io::Error::other("the file kept changing while it was read; the next check reads it again"))
-}
-
-/// The file's modification time and size (a rewrite within the same second changes the size
-/// or, on every file system the gateway runs on, the nanoseconds).
-fn modification(path: &Path) -> Option<(SystemTime, u64)> {
-    let metadata = std::fs::metadata(path).ok()?;
-    Some((metadata.modified().ok()?, metadata.len()))
 }
 
 #[cfg(unix)]
