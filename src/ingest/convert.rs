@@ -13,26 +13,20 @@
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray as _;
-use arrow_array::types::{
-    Date32Type, Date64Type, Time32MillisecondType, Time32SecondType, Time64MicrosecondType, Time64NanosecondType,
-    TimestampMicrosecondType, TimestampNanosecondType,
-};
+use arrow_array::types::{Time32MillisecondType, Time32SecondType, Time64MicrosecondType, Time64NanosecondType};
 use arrow_array::{
     Array, ArrayRef, BooleanArray, Int64Array, ListArray, MapArray, RecordBatch, StringArray, StructArray,
 };
 use arrow_buffer::OffsetBuffer;
-use arrow_cast::{CastOptions, cast_with_options};
 use arrow_schema::{DataType, Field, TimeUnit};
 
+use super::scalars::{self, RowOf, cast_strict, first_offending_row, invalid_value};
 use super::schema::MappedSchema;
 use super::{IngestError, geography, interval, range_values};
 use crate::model::columns::{BigQueryType, Column};
 use crate::model::staging::{OPERATIONS, staged_order};
 
-const MILLIS_PER_DAY: i64 = 86_400_000;
 const MICROS_PER_DAY: i64 = 86_400_000_000;
-/// Maps an index of the array being converted to the row of the request body.
-pub(super) type RowOf<'a> = &'a dyn Fn(usize) -> usize;
 
 /// Converts one incoming batch; `first_row` is the index of its first row within the request
 /// body, so errors name the row as the client numbered it. `_filament_seq` (when staged) holds
@@ -97,15 +91,6 @@ fn operations(array: &ArrayRef, first_row: usize) -> Result<ArrayRef, IngestErro
     Ok(strings)
 }
 
-pub(super) fn cast_strict(array: &ArrayRef, to: &DataType) -> Result<ArrayRef, IngestError> {
-    let strict = CastOptions { safe: false, ..Default::default() };
-    cast_with_options(array, to, &strict).map_err(|e| IngestError::Arrow(e.to_string()))
-}
-
-pub(super) fn invalid_value(path: &str, row: usize, reason: impl Into<String>) -> IngestError {
-    IngestError::InvalidValue { column: path.to_string(), row, reason: reason.into() }
-}
-
 /// Converts one column (or nested field) to its staged representation.
 pub(super) fn stage(array: &ArrayRef, column: &Column, path: &str, row_of: RowOf<'_>) -> Result<ArrayRef, IngestError> {
     let array = match array.data_type() {
@@ -133,51 +118,7 @@ pub(super) fn stage(array: &ArrayRef, column: &Column, path: &str, row_of: RowOf
             }
             Ok(strings)
         }
-        scalar => {
-            check_precision(path, &array, row_of)?;
-            let target = column.staging_field().data_type().clone();
-            let staged = if array.data_type() == &target {
-                array
-            } else {
-                let strict = CastOptions { safe: false, ..Default::default() };
-                cast_with_options(&array, &target, &strict).map_err(|e| IngestError::PrecisionLoss {
-                    column: path.to_string(),
-                    row: row_of(0),
-                    reason: format!("cannot convert {} to {scalar}: {e}", array.data_type()),
-                })?
-            };
-            check_range(path, &staged, row_of)?;
-            Ok(staged)
-        }
-    }
-}
-
-/// BigQuery's ranges: "DATE: 0001-01-01 to 9999-12-31", "DATETIME: 0001-01-01 00:00:00 to
-/// 9999-12-31 23:59:59.999999", "TIMESTAMP: 0001-01-01 00:00:00 to 9999-12-31 23:59:59.999999
-/// UTC" (GoogleSQL reference, Data types), in days and
-/// microseconds since the epoch. A staged value outside them would make BigQuery refuse the
-/// append (and its key range could not be written as a literal).
-const MIN_DATE_DAYS: i32 = -719_162;
-const MAX_DATE_DAYS: i32 = 2_932_896;
-const MIN_TIMESTAMP_MICROS: i64 = -62_135_596_800_000_000;
-const MAX_TIMESTAMP_MICROS: i64 = 253_402_300_799_999_999;
-
-fn check_range(path: &str, staged: &ArrayRef, row_of: RowOf<'_>) -> Result<(), IngestError> {
-    let offending = match staged.data_type() {
-        DataType::Date32 => staged
-            .as_primitive::<Date32Type>()
-            .iter()
-            .position(|v| v.is_some_and(|days| !(MIN_DATE_DAYS..=MAX_DATE_DAYS).contains(&days))),
-        DataType::Timestamp(TimeUnit::Microsecond, _) => {
-            first_offending_row(staged.as_primitive::<TimestampMicrosecondType>().iter(), |micros| {
-                !(MIN_TIMESTAMP_MICROS..=MAX_TIMESTAMP_MICROS).contains(&micros)
-            })
-        }
-        _ => None,
-    };
-    match offending {
-        Some(row) => Err(invalid_value(path, row_of(row), "outside BigQuery's range, years 0001 to 9999")),
-        None => Ok(()),
+        _ => scalars::stage_scalar(&array, column, path, row_of),
     }
 }
 
@@ -313,32 +254,6 @@ fn time_strings(array: &ArrayRef, path: &str, row_of: RowOf<'_>) -> Result<Array
 fn format_time(micros: i64) -> String {
     let seconds = micros / 1_000_000;
     format!("{:02}:{:02}:{:02}.{:06}", seconds / 3600, seconds / 60 % 60, seconds % 60, micros % 1_000_000)
-}
-
-/// BigQuery stores microseconds and whole days: reject sub-microsecond timestamps and Date64
-/// values that are not whole days instead of truncating them silently.
-fn check_precision(path: &str, array: &ArrayRef, row_of: RowOf<'_>) -> Result<(), IngestError> {
-    let (offending, reason) = match array.data_type() {
-        DataType::Timestamp(TimeUnit::Nanosecond, _) => (
-            first_offending_row(array.as_primitive::<TimestampNanosecondType>().iter(), |v| v % 1_000 != 0),
-            "timestamp has non-zero nanoseconds; BigQuery stores microseconds",
-        ),
-        DataType::Date64 => (
-            first_offending_row(array.as_primitive::<Date64Type>().iter(), |v| v % MILLIS_PER_DAY != 0),
-            "Date64 value is not a whole day; BigQuery DATE has no time of day",
-        ),
-        _ => (None, ""),
-    };
-    match offending {
-        Some(row) => {
-            Err(IngestError::PrecisionLoss { column: path.to_string(), row: row_of(row), reason: reason.into() })
-        }
-        None => Ok(()),
-    }
-}
-
-fn first_offending_row(values: impl Iterator<Item = Option<i64>>, offends: impl Fn(i64) -> bool) -> Option<usize> {
-    values.enumerate().find_map(|(row, v)| v.filter(|v| offends(*v)).map(|_| row))
 }
 
 /// `_filament_seq` values for rows of batch `seq`: its row indices plus `seq << 32`.

@@ -8,6 +8,7 @@ use arrow_schema::Schema;
 
 use super::*;
 use crate::error::Problem;
+use crate::ingest::scalars::{MAX_DATE_DAYS, MILLIS_PER_DAY, MIN_TIMESTAMP_MICROS};
 use crate::ingest::schema::{LoadSpec, map_schema};
 use crate::model::WriteMode;
 use crate::model::staging::SEQ_COLUMN;

@@ -17,7 +17,7 @@ use arrow_array::{ArrayRef, StringArray};
 use arrow_schema::{DataType, IntervalUnit, TimeUnit};
 
 use super::IngestError;
-use super::convert::{RowOf, invalid_value};
+use super::scalars::{RowOf, invalid_value};
 
 const MAX_MONTHS: i64 = 10_000 * 12;
 const MAX_DAYS: i64 = 3_660_000;

@@ -20,6 +20,7 @@ mod interval;
 pub(crate) mod key_ranges;
 pub(crate) mod prepare;
 mod range_values;
+mod scalars;
 pub mod schema;
 pub(crate) mod staged_size;
 

@@ -11,7 +11,7 @@ use arrow_array::types::{Date32Type, TimestampMicrosecondType};
 use arrow_array::{Array, ArrayRef, StringArray};
 
 use super::IngestError;
-use super::convert::{RowOf, invalid_value, stage};
+use super::scalars::{RowOf, invalid_value, stage_scalar};
 use crate::model::columns::{BigQueryType, Column, RangeElement};
 
 /// Days from 0001-01-01 (day 1 of the common era, for chrono) to 1970-01-01.
@@ -57,7 +57,7 @@ pub(crate) fn stage_ranges(
         RangeElement::Timestamp => BigQueryType::Timestamp,
     };
     let staged_bound = |index: usize, name: &str| {
-        stage(input.column(index), &Column::new(name, element_type.clone()), &format!("{path}.{name}"), row_of)
+        stage_scalar(input.column(index), &Column::new(name, element_type.clone()), &format!("{path}.{name}"), row_of)
     };
     let (starts, ends) = (bounds(&staged_bound(0, "start")?, element), bounds(&staged_bound(1, "end")?, element));
     let mut staged = Vec::with_capacity(input.len());

@@ -28,7 +28,7 @@ use geo_traits::{
 };
 
 use super::IngestError;
-use super::convert::{RowOf, cast_strict, invalid_value};
+use super::scalars::{RowOf, cast_strict, invalid_value};
 use crate::model::MAX_APPEND_PAYLOAD_BYTES;
 use crate::model::columns::GeographyEncoding;
 
