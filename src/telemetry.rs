@@ -45,7 +45,8 @@ pub(crate) const FAIR_QUEUE_CALLS_WAITING: &str = "filament_fair_queue_calls_wai
 pub(crate) const FAIR_QUEUE_PRINCIPALS_WAITING: &str = "filament_fair_queue_principals_waiting";
 pub(crate) const PRINCIPAL_CAP_PLACES_HELD: &str = "filament_principal_cap_places_held";
 pub(crate) const PRINCIPAL_CAP_REFUSALS: &str = "filament_principal_cap_refusals_total";
-pub(crate) const TRACE_SPANS_DROPPED: &str = "filament_trace_spans_dropped_total";
+/// Spans the exporter's bounded queue dropped (named beside the exporter, in `traces`).
+pub(crate) use crate::traces::TRACE_SPANS_DROPPED;
 pub(crate) const APPEND_LATENCY: &str = "filament_append_latency_seconds";
 pub(crate) const HTTP_REQUEST_DURATION: &str = "filament_http_request_duration_seconds";
 pub(crate) const PUBLICATION_DURATION: &str = "filament_publication_duration_seconds";

@@ -40,7 +40,8 @@ use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanProcessor};
 use tokio::sync::{mpsc, oneshot};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-use crate::telemetry;
+/// Spans dropped by the exporter's bounded queue.
+pub(crate) const TRACE_SPANS_DROPPED: &str = "filament_trace_spans_dropped_total";
 
 /// The `tracing` target of every span exported as a trace.
 pub const TARGET: &str = "filament_trace";
@@ -278,7 +279,7 @@ impl SpanProcessor for BoundedBatchProcessor {
 
     fn on_end(&self, span: SpanData) {
         if self.queue.try_send(span).is_err() {
-            metrics::counter!(telemetry::TRACE_SPANS_DROPPED).increment(1);
+            metrics::counter!(TRACE_SPANS_DROPPED).increment(1);
         }
     }
 
@@ -365,7 +366,7 @@ async fn export_all<E: opentelemetry_sdk::trace::SpanExporter>(
         let batch: Vec<SpanData> = pending.drain(..pending.len().min(batch_spans)).collect();
         let exported = batch.len();
         if let Err(e) = exporter.export(batch).await {
-            metrics::counter!(telemetry::TRACE_SPANS_DROPPED).increment(exported as u64);
+            metrics::counter!(TRACE_SPANS_DROPPED).increment(exported as u64);
             tracing::warn!(error = %e, spans = exported, "could not export spans");
         }
     }
