@@ -7,6 +7,7 @@
 mod support;
 
 mod conformance;
+mod documentation;
 mod fleet;
 mod harness;
 mod ingest;
