@@ -147,5 +147,5 @@ async fn readiness_turns_false_on_sigterm_while_the_replica_still_serves() {
     let refused = gw.open_execution("run", "other").await;
     assert_problem(refused, StatusCode::SERVICE_UNAVAILABLE, "replica_draining");
     assert!(gw.terminate().await.success());
-    assert!(gw.logs().contains("replica.handed_over"), "{}", gw.logs());
+    assert!(gw.execution_handed_over("run", "e").await, "the stopped replica handed its execution over");
 }

@@ -72,7 +72,8 @@ async fn a_redelivered_direct_append_publishes_once_and_a_changed_replay_is_refu
     assert_eq!(status, StatusCode::OK, "{redelivered}");
     gw.post_accepted("r", "e", "t", Some(0), body).await;
     assert_eq!(gw.commit_and_wait("r", "e").await["state"], "committed");
-    assert!(gw.logs().contains("reusing its publication"), "the redelivery was recognised");
+    let reused = gw.metric("filament_publications_total{outcome=\"reused\"}").await;
+    assert_eq!(reused, Some(1.0), "the redelivery was recognised and its publication reused");
     assert_eq!(count_rows_and_ids(&gw, "t").await, (30, 30), "committed once");
 
     // Delivered again with other rows: refused, and the table keeps what was published.

@@ -42,6 +42,7 @@ pub mod otlp;
 pub mod principals;
 pub mod proxy;
 pub mod quota_meter;
+mod recorded;
 pub mod rest_proxy;
 pub mod rows;
 mod test_run;
