@@ -19,14 +19,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use support::arrow::{ids, ipc_stream};
 use support::fake_write::FakeWrite;
 use support::principals::{PrincipalsFile, entry, new_token};
 use support::{Gateway, GatewayOptions, send};
+use tokio::time::Instant;
 
 const FLOOD_CONCURRENCY: usize = 32;
 const FLOOD_BATCH_ROWS: i64 = 1 << 20; // 8 MiB of int64 ids

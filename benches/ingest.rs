@@ -34,8 +34,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use arrow_array::{BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
 use arrow_schema::{DataType, Field, Schema, TimeUnit};
 use measure::{
@@ -49,6 +47,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use support::fake_write::FakeWrite;
 use support::{Gateway, GatewayOptions};
+use tokio::time::Instant;
 
 const MB: f64 = 1_000_000.0;
 const ROWS_PER_BODY: usize = 20_000;

@@ -38,8 +38,6 @@ mod support;
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use futures::StreamExt as _;
 use measure::{
     GIB, Gzip, gateway_gzip_level, gateway_settings, gzip_alone, peak_rss_mib, previous_main, process_cpu_seconds,
@@ -50,6 +48,7 @@ use serde_json::{Value, json};
 use support::control_plane::{Floor, Limits, SimulatedRest, StreamQuota};
 use support::fake_write::FakeWrite;
 use support::{Gateway, GatewayOptions};
+use tokio::time::Instant;
 
 /// How much faster than real time a point beyond 1,000 resources runs by default.
 const LARGE_POINT_TIME_SCALE: f64 = 8.0;

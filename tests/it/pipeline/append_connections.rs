@@ -8,10 +8,9 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use reqwest::{Method, StatusCode};
 use serde_json::json;
+use tokio::time::Instant;
 
 use crate::support::arrow::{ids, ipc_stream};
 use crate::support::fake_write::{FakeWrite, assert_exact_stream};

@@ -6,12 +6,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use arrow_array::{Int64Array, StringArray};
 use arrow_schema::{DataType, Field};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use tokio::time::Instant;
 
 use crate::support::arrow::{batch, ids, ipc_stream};
 use crate::support::fake_write::{AppendFault, FakeWrite, assert_exact_stream};
@@ -44,12 +43,14 @@ async fn prepare_run(gw: &Gateway, destination: Value, batching: Value, resource
     assert_eq!(gw.open_execution("run", "e").await.0, StatusCode::CREATED);
 }
 
-fn retry_lines(logs: &str, code: &str) -> Vec<String> {
-    logs.lines()
-        .filter(|l| l.contains("bigquery.write.retry"))
-        .filter(|l| l.contains(&format!("code=\"{code}\"")) || l.contains(&format!("code={code} ")))
-        .map(str::to_string)
-        .collect()
+/// The append retries of `code` the timeline of execution `e` recorded: one event whose `count`
+/// is the failed attempts and whose detail is the latest one's.
+async fn recorded_retry(gw: &Gateway, code: &str) -> Value {
+    let (status, timeline) = gw.json(Method::GET, "/v1/runs/run/executions/e/events", None).await;
+    assert_eq!(status, StatusCode::OK, "{timeline}");
+    let events = timeline["events"].as_array().expect("the timeline's events");
+    let retried = events.iter().find(|event| event["kind"] == "append_retried" && event["detail"]["code"] == code);
+    retried.cloned().unwrap_or_else(|| panic!("an append_retried event of {code} in {timeline}"))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -71,11 +72,10 @@ async fn an_exhausted_quota_is_waited_out_beyond_the_attempt_limit_and_loads_eve
     let committed = gw.commit_and_wait("run", "e").await;
     assert_eq!(committed["state"], "committed", "{committed}\n{}", gw.logs());
     assert_exact_stream(&fake.stream_for("_filament_stg_t_"), 0..100);
-    let logs = gw.logs();
-    let retries = retry_lines(&logs, "RESOURCE_EXHAUSTED");
-    assert_eq!(retries.len(), 10, "{retries:#?}");
-    assert!(retries.iter().all(|l| l.contains("retryable=true")), "{retries:#?}");
-    assert!(retries.iter().any(|l| l.contains("attempt=10")), "counted past the attempt limit: {retries:#?}");
+    let retried = recorded_retry(&gw, "RESOURCE_EXHAUSTED").await;
+    assert_eq!(retried["count"], 10, "{retried}");
+    assert_eq!(retried["detail"]["retryable"], true, "{retried}");
+    assert_eq!(retried["detail"]["attempt"], 10, "counted past the attempt limit: {retried}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -115,10 +115,8 @@ async fn a_quota_that_does_not_refill_answers_backpressure_then_fails_with_quota
     assert_eq!(body["error"]["code"], "quota_exceeded", "{body}");
     assert!(body["error"]["hint"].as_str().unwrap().contains("AppendRows throughput"), "{body}");
     assert!(started.elapsed() >= QUOTA_WAIT, "failed only after the quota wait: {:?}", started.elapsed());
-    let logs = gw.logs();
-    let retries = retry_lines(&logs, "RESOURCE_EXHAUSTED");
-    assert!(retries.len() > 8, "retried past the attempt limit: {retries:#?}");
-    assert!(retries.last().unwrap().contains("retryable=false"), "{retries:#?}");
+    let retried = gw.metric("filament_append_retries_total{code=\"RESOURCE_EXHAUSTED\"}").await;
+    assert!(retried.unwrap_or(0.0) > 8.0, "retried past the attempt limit: {retried:?}");
     assert!(!fake.stream_for("_filament_stg_t_").committed);
 }
 

@@ -7,11 +7,10 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use futures::StreamExt as _;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use tokio::time::Instant;
 
 use crate::support::arrow::{ids, ipc_stream};
 use crate::support::control_plane::{Limits, SimulatedRest};

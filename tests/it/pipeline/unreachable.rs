@@ -4,10 +4,9 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use tokio::time::Instant;
 
 use crate::support::{Gateway, GatewayOptions, send};
 

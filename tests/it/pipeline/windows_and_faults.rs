@@ -57,16 +57,30 @@ async fn answers_held(resources: &[&str]) -> (FakeWrite, Gateway) {
     (fake, gw)
 }
 
+/// The append retries of execution `e` of run `run` as its timeline recorded them: one
+/// `append_retried` event per resource and code, its `count` the attempts it stands for.
+async fn recorded_retries(gw: &Gateway) -> Vec<Value> {
+    let (status, timeline) = gw.json(Method::GET, "/v1/runs/run/executions/e/events", None).await;
+    assert_eq!(status, StatusCode::OK, "{timeline}");
+    let events = timeline["events"].as_array().expect("the timeline's events");
+    events.iter().filter(|event| event["kind"] == "append_retried").cloned().collect()
+}
+
+/// How many failed attempts the recorded retry events stand for.
+fn attempts_retried(retries: &[Value]) -> i64 {
+    retries.iter().map(|event| event["count"].as_i64().unwrap_or(0)).sum()
+}
+
 /// Posts `batches` batches of ten rows (ids 0, 1, ...) to resource `t` of a new run whose
 /// upload batches hold ten rows, commits, and checks that every row landed exactly once, in
-/// order; the gateway's append retry log lines.
-async fn load_in_batches_of_ten(gw: &Gateway, fake: &FakeWrite, batches: i64) -> Vec<String> {
+/// order; the append retries its timeline recorded.
+async fn load_in_batches_of_ten(gw: &Gateway, fake: &FakeWrite, batches: i64) -> Vec<Value> {
     open_with_batches_of_ten(gw, &["t"]).await;
     post_batches_of_ten(gw, "t", 0..batches).await;
     let committed = commit(gw).await;
     assert_eq!(committed["resources"][0]["rows_acknowledged"], batches * 10);
     assert_exact_stream(&fake.stream_for("_filament_stg_t_"), 0..batches * 10);
-    gw.logs().lines().filter(|l| l.contains("bigquery.write.retry")).map(str::to_string).collect()
+    recorded_retries(gw).await
 }
 
 /// Three streams with more batches queued than their windows hold: one stream keeps four
@@ -183,8 +197,8 @@ async fn lost_responses_and_dropped_connections_neither_lose_nor_duplicate_rows(
     let gw = fast_retries_on(&fake).spawn().await;
     let retries = load_in_batches_of_ten(&gw, &fake, 20).await;
     assert!(fake.with(|s| s.connections) >= 4, "each failure reconnected");
-    assert!(retries.len() >= 4, "{retries:?}");
-    assert!(retries.iter().all(|l| l.contains("retryable=true")));
+    assert!(attempts_retried(&retries) >= 4, "{retries:?}");
+    assert!(retries.iter().all(|event| event["detail"]["retryable"] == true), "{retries:?}");
     let metrics = gw.metrics().await;
     for name in [
         "filament_append_retries_total{code=\"UNAVAILABLE\"}",
@@ -209,7 +223,8 @@ async fn a_connection_that_stops_answering_is_replaced_without_losing_or_duplica
     let gw = fast_retries_on(&fake).env("FILAMENT_APPEND_RESPONSE_TIMEOUT_SECS", "2").spawn().await;
     let retries = load_in_batches_of_ten(&gw, &fake, 6).await;
     assert_eq!(fake.with(|s| s.connections), 2, "the silent connection was replaced once");
-    assert!(retries.len() == 1 && retries[0].contains("timeout"), "{retries:?}");
+    assert_eq!(attempts_retried(&retries), 1, "{retries:?}");
+    assert_eq!(retries[0]["detail"]["code"], "timeout", "{retries:?}");
 }
 
 /// A peer that stops reading an AppendRows call (its HTTP/2 flow-control window stays shut)
@@ -232,9 +247,9 @@ async fn a_connection_whose_peer_stops_reading_is_replaced_without_losing_or_dup
     }
     commit(&gw).await;
     assert_exact_stream(&fake.stream_for("_filament_stg_t_"), 0..600_000);
-    let retries: Vec<String> =
-        gw.logs().lines().filter(|l| l.contains("bigquery.write.retry")).map(str::to_string).collect();
-    assert!(!retries.is_empty() && retries.iter().all(|r| r.contains("AppendRows send")), "{retries:?}");
+    let retries = recorded_retries(&gw).await;
+    assert!(attempts_retried(&retries) >= 1, "the stalled send was retried: {retries:?}");
+    assert!(retries.iter().all(|event| event["detail"]["code"] == "timeout"), "only send timeouts: {retries:?}");
     assert!(fake.with(|s| s.connections) >= 2, "the stalled connection was replaced");
 }
 
@@ -346,7 +361,9 @@ async fn permanent_append_errors_fail_the_execution_without_a_retry() {
         assert_eq!(body["state"], "failed", "{name}: {body}");
         let expected = if name == "PERMISSION_DENIED" { "permission_denied" } else { "upload_failed" };
         assert_eq!(body["error"]["code"], expected, "{name}: {body}");
-        assert!(gw.logs().contains("retryable=false"), "{name}");
+        let retries = recorded_retries(&gw).await;
+        assert_eq!(attempts_retried(&retries), 1, "{name}: {retries:?}");
+        assert_eq!(retries[0]["detail"]["retryable"], false, "{name}: the failure is recorded as permanent");
         assert_eq!(fake.with(|s| s.append_requests), 1, "{name}: no retry of a permanent error");
     }
 }

@@ -8,12 +8,11 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use http_body_util::Empty;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use reqwest::StatusCode;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::time::Instant;
 
 use crate::support::{Gateway, GatewayOptions};
 

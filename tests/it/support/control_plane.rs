@@ -26,14 +26,13 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, watch};
+use tokio::time::Instant;
 
 use super::fake_rest::bigquery_error;
 use super::fake_write::FakeWrite;

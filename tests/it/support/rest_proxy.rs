@@ -15,13 +15,12 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
+use tokio::time::Instant;
 
 use super::arrow::{self, ipc_stream};
 use super::discovery::Discovery;
