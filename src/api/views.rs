@@ -8,7 +8,7 @@ use utoipa::ToSchema;
 use crate::error::Problem;
 use crate::model::table_layout::LayoutDifference;
 use crate::model::table_options::TableOptionsDeclaration;
-use crate::model::write_options::{Deletes, MetadataColumn};
+use crate::model::write_options::{DeclaredPath, Deletes, MetadataColumn};
 use crate::model::{Batching, Destination, ExecutionState, JobCost, PublicationState, WriteMode};
 use crate::store::{
     ExecutionRecord, PublicationRecord, ReceiptRecord, ResourceProgress, ResourceRecord, RunRecord, Store,
@@ -63,7 +63,7 @@ impl From<ResourceRecord> for ResourceView {
             deletes: (r.write_options.deletes == Deletes::Soft).then_some(Deletes::Soft),
             delete_missing: r.write_options.delete_missing,
             widen_columns: r.write_options.widen_columns,
-            direct_append: r.write_options.direct_append,
+            direct_append: r.write_options.write_path == DeclaredPath::Direct,
             layout_mismatch: r.layout_mismatch,
         }
     }

@@ -1,6 +1,7 @@
 //! The staging contract between ingestion, the upload pipeline and publication: the reserved
-//! columns a staging table carries, how a row's order is encoded in `_filament_seq`, and how
-//! staging tables are named and how long they live.
+//! columns a staging table carries, how a row's order is encoded in `_filament_seq`, how
+//! staging tables are named and how long they live, and which way a lane's rows go
+//! ([`WritePath`]: through a staging table, or straight into the destination).
 
 use std::time::Duration;
 
@@ -44,6 +45,29 @@ pub(crate) fn staging_table_name(resource: &ResourceRef, destination_table: &str
     let hash = &hex::encode(digest)[..32];
     let readable: String = destination_table.chars().take(900).collect();
     format!("_filament_stg_{readable}_{hash}")
+}
+
+/// Which way a lane's rows reach their destination table, decided once by the lane's set-up
+/// (`pipeline::lane::write_path`) and carried in its report to the commit and the publication.
+/// A staging table exists only on the staging path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum WritePath {
+    /// The PENDING stream writes into this staging table (committed into it before the
+    /// barrier); the publication's query job reads it.
+    Staging { staging_table: String },
+    /// The PENDING stream writes into the destination table itself (the resource declared
+    /// `direct_append` and its columns go in as sent); the publication commits the stream.
+    Direct,
+}
+
+impl WritePath {
+    /// The staging table the rows went through; `None` on the direct path, which has none.
+    pub(crate) fn staging_table(&self) -> Option<&str> {
+        match self {
+            WritePath::Staging { staging_table } => Some(staging_table),
+            WritePath::Direct => None,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -101,6 +101,38 @@ pub const VALID_FROM_COLUMN: &str = "_filament_valid_from";
 pub const VALID_TO_COLUMN: &str = "_filament_valid_to";
 pub const IS_CURRENT_COLUMN: &str = "_filament_is_current";
 
+/// The write path a declaration asks for: through staging (the default), or, declared
+/// `direct_append`, straight into the destination where set-up finds the batches' columns go
+/// in as they are (set-up decides the [`WritePath`](super::staging::WritePath) its lane takes).
+/// Stored, answered and fingerprinted as the declaration's `direct_append` bool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "bool", into = "bool")]
+pub(crate) enum DeclaredPath {
+    #[default]
+    Staging,
+    Direct,
+}
+
+impl DeclaredPath {
+    fn is_staging(&self) -> bool {
+        *self == DeclaredPath::Staging
+    }
+}
+
+/// The stored `direct_append`.
+impl From<bool> for DeclaredPath {
+    fn from(direct_append: bool) -> Self {
+        if direct_append { DeclaredPath::Direct } else { DeclaredPath::Staging }
+    }
+}
+
+/// As stored: `direct_append`.
+impl From<DeclaredPath> for bool {
+    fn from(path: DeclaredPath) -> Self {
+        path == DeclaredPath::Direct
+    }
+}
+
 /// The write options as a declaration states them (each absent one takes its default).
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct DeclaredWriteOptions<'a> {
@@ -141,8 +173,9 @@ pub(crate) struct WriteOptions {
     /// the publication commits it (`BatchCommitWriteStreams`), with no staging table and no
     /// query job, where set-up finds the batches' columns go in as they are
     /// (`pipeline::lane::write_path`); otherwise the resource loads through staging as usual.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub(crate) direct_append: bool,
+    /// Stored as `direct_append`.
+    #[serde(rename = "direct_append", default, skip_serializing_if = "DeclaredPath::is_staging")]
+    pub(crate) write_path: DeclaredPath,
 }
 
 impl WriteOptions {
@@ -195,9 +228,9 @@ impl WriteOptions {
             columns.sort_unstable();
         }
         let widen_columns = widen_columns.unwrap_or(false);
-        let direct_append = direct_append.unwrap_or(false);
-        check_direct_append(write_mode, direct_append, &columns)?;
-        Ok(Self { order_by, metadata_columns: columns, deletes, delete_missing, widen_columns, direct_append })
+        let write_path = DeclaredPath::from(direct_append.unwrap_or(false));
+        check_direct_append(write_mode, write_path, &columns)?;
+        Ok(Self { order_by, metadata_columns: columns, deletes, delete_missing, widen_columns, write_path })
     }
 
     /// Whether these are the seed's defaults (a fingerprint then leaves them out, so
@@ -228,8 +261,8 @@ impl WriteOptions {
 
 /// `direct_append` writes the batches' rows as they are, committed by no statement: only an
 /// append mode's publication is that, and only without metadata columns.
-fn check_direct_append(write_mode: WriteMode, direct_append: bool, metadata: &[MetadataColumn]) -> Result<(), Problem> {
-    if !direct_append {
+fn check_direct_append(write_mode: WriteMode, path: DeclaredPath, metadata: &[MetadataColumn]) -> Result<(), Problem> {
+    if path == DeclaredPath::Staging {
         return Ok(());
     }
     if !write_mode.is_append() {
@@ -396,12 +429,23 @@ mod tests {
             WriteOptions::parse(write_mode, options)
         };
         for write_mode in [WriteMode::FullAppend, WriteMode::IncrementalAppend, WriteMode::CdcAppend] {
-            assert!(declared(write_mode, None).unwrap().direct_append, "{write_mode}");
+            assert_eq!(declared(write_mode, None).unwrap().write_path, DeclaredPath::Direct, "{write_mode}");
             let metadata: &[MetadataColumn] = &[MetadataColumn::RunId];
             assert_eq!(declared(write_mode, Some(metadata)).unwrap_err().code, ErrorCode::InvalidDirectAppend);
         }
         for write_mode in WriteMode::ALL.into_iter().filter(|mode| !mode.is_append()) {
             assert_eq!(declared(write_mode, None).unwrap_err().code, ErrorCode::InvalidDirectAppend, "{write_mode}");
         }
+    }
+
+    #[test]
+    fn the_declared_path_is_stored_as_the_direct_append_bool() {
+        let direct = WriteOptions { write_path: DeclaredPath::Direct, ..WriteOptions::default() };
+        let stored = serde_json::to_value(&direct).unwrap();
+        assert_eq!(stored, serde_json::json!({"direct_append": true}));
+        assert_eq!(serde_json::from_value::<WriteOptions>(stored).unwrap(), direct);
+        let staged: WriteOptions = serde_json::from_value(serde_json::json!({"direct_append": false})).unwrap();
+        assert_eq!(staged.write_path, DeclaredPath::Staging);
+        assert!(staged.is_default());
     }
 }

@@ -26,9 +26,10 @@ use crate::bigquery::error::Stage;
 use crate::bigquery::write::CommitOutcome;
 use crate::bigquery::{BigQueryError, table_path};
 use crate::error::{ErrorCode, Problem};
+use crate::model::staging::WritePath;
 use crate::model::{DeliveryRef, ExecutionState};
 use crate::pipeline::{LaneDrain, LaneReport};
-use crate::store::{Event, ExecutionRecord, RunRecord, StreamChange};
+use crate::store::{Event, ExecutionRecord, Publishing, RunRecord, StreamChange};
 use crate::telemetry::{self, PhaseTiming};
 
 /// How a commit that did not fail ended.
@@ -115,13 +116,14 @@ impl Publisher {
                 return self.end(run, verdict).await.map(|()| CommitEnd::StoppedBeforePublishing);
             }
         };
-        // The barrier: everything is staged. An abort (or a lane's failure) that came first wins.
-        if !self.store.begin_publishing(delivery).await? {
+        // The barrier: everything is staged. An abort (or a lane's failure) that came first wins,
+        // and then there is no proof to publish with.
+        let Some(publishing) = self.store.begin_publishing(delivery).await? else {
             let staging_tables = self.staging_tables(delivery).await;
             self.delete_staging_tables(run, staging_tables).await;
             return Ok(CommitEnd::StoppedBeforePublishing);
-        }
-        let results = self.publish_all(run, delivery, plans).await;
+        };
+        let results = self.publish_all(run, &publishing, plans).await;
         self.end(run, decide::publications_ended(results)).await.map(|()| CommitEnd::Committed)
     }
 
@@ -192,11 +194,12 @@ impl Publisher {
         }
         let resource = delivery.resource(report.resource.clone());
         self.store.set_stream_finalized(&resource, row_count).await?;
-        if report.direct_append {
+        let staging_table = match &report.write_path {
+            WritePath::Staging { staging_table } => staging_table,
             // Committed into the destination at publication, after the barrier.
-            return Ok(());
-        }
-        let path = table_path(&run.destination.project, &run.destination.dataset, &report.staging_table);
+            WritePath::Direct => return Ok(()),
+        };
+        let path = table_path(&run.destination.project, &run.destination.dataset, staging_table);
         let started = tokio::time::Instant::now();
         let committed = writer.batch_commit(&path, vec![report.stream_name.clone()]).await;
         timing("commit", started).emit();
@@ -222,18 +225,19 @@ impl Publisher {
         Ok(())
     }
 
-    /// Publication: at most `max_concurrent_publications` destination tables at once, each
-    /// one's publications in declaration order.
+    /// Publication of the delivery the store moved to publishing (`publishing`, the proof): at
+    /// most `max_concurrent_publications` destination tables at once, each one's publications
+    /// in declaration order.
     async fn publish_all(
         &self,
         run: &RunRecord,
-        delivery: &DeliveryRef,
+        publishing: &Publishing,
         plans: Vec<DestinationPlan<'_>>,
     ) -> Vec<decide::PublicationResult> {
         // Collected first: a lazily mapped stream's closure is not `Send` for every lifetime.
         let tables: Vec<_> = plans
             .into_iter()
-            .map(|destination| Box::pin(self.publish_destination(run, delivery, destination)))
+            .map(|destination| Box::pin(self.publish_destination(run, publishing, destination)))
             .collect();
         let results: Vec<Vec<decide::PublicationResult>> =
             futures::stream::iter(tables).buffer_unordered(self.max_concurrent_publications).collect().await;

@@ -20,8 +20,9 @@ use crate::error::Problem;
 use crate::model::DeliveryRef;
 use crate::model::columns::{BigQueryType, Collation, Column, same_name};
 use crate::model::key_ranges::{KeyRange, KeyValue, covering_ranges};
+use crate::model::staging::{WritePath, staging_table_name};
 use crate::pipeline::LaneReport;
-use crate::store::{ResourceRecord, RunRecord};
+use crate::store::{Publishing, ResourceRecord, RunRecord};
 use crate::telemetry;
 
 /// A keyed publication's key ranges and collations, as the destination compares its keys.
@@ -76,7 +77,7 @@ impl Publisher {
     pub(super) async fn publish_destination(
         &self,
         run: &RunRecord,
-        delivery: &DeliveryRef,
+        publishing: &Publishing,
         destination: DestinationPlan<'_>,
     ) -> Vec<PublicationResult> {
         let mut results = Vec::with_capacity(destination.publications.len());
@@ -85,35 +86,33 @@ impl Publisher {
             let outcome = if blocked {
                 Err(decide::blocked_by_earlier(destination.table))
             } else {
-                self.publish(run, delivery, planned).await
+                self.publish(run, publishing, planned).await
             };
             blocked |= !matches!(outcome, Ok(PublishOutcome::Done));
             // A direct append wrote no staging table.
-            let staged = planned.staged.filter(|report| !report.direct_append);
-            let staging_table = staged.map(|report| report.staging_table.clone());
+            let staging_table = planned.staged.and_then(|report| report.write_path.staging_table()).map(str::to_string);
             results.push(PublicationResult { resource: planned.resource.resource.clone(), staging_table, outcome });
         }
         results
     }
 
-    /// One query job for the resource, unless this execution already published the same content.
+    /// One query job for the resource (or the commit of its direct stream), unless this
+    /// execution already published the same content.
     async fn publish(
         &self,
         run: &RunRecord,
-        delivery: &DeliveryRef,
+        publishing: &Publishing,
         planned: PlannedPublication<'_>,
     ) -> Result<PublishOutcome, Problem> {
-        let resource = planned.resource;
+        let (resource, delivery) = (planned.resource, publishing.delivery());
         let (fingerprint, key_ranges) = self.fingerprint(run, delivery, planned).await?;
         let previous = self.store.get_publication(&delivery.execution, &resource.resource).await?;
         let decision = reconcile(previous.as_ref(), &fingerprint);
-        let written_directly = planned.staged.is_some_and(|report| report.direct_append);
-        if let PublishBy::CommittingStreams { earlier_streams } =
-            publish_by(&decision, previous.as_ref(), written_directly)
-        {
+        let written = planned.staged.map(|report| &report.write_path);
+        if let PublishBy::CommittingStreams { earlier_streams } = publish_by(&decision, previous.as_ref(), written) {
             let staged = planned.staged;
             let direct =
-                DirectPublication { run, delivery, resource, fingerprint: &fingerprint, staged, earlier_streams };
+                DirectPublication { run, publishing, resource, fingerprint: &fingerprint, staged, earlier_streams };
             return self.publish_direct(&direct).await;
         }
         let recorded_job_id = match &decision {
@@ -128,7 +127,7 @@ impl Publisher {
             }
             Reconciled::Refuse(problem) => return Err(problem.clone()),
         };
-        if let Err(e) = self.widen_before_publishing(run, delivery, planned).await {
+        if let Err(e) = self.widen_before_publishing(run, publishing, planned).await {
             let problem = e.problem(Stage::Publication);
             return match e {
                 BigQueryError::ForeignJob { .. } => Ok(PublishOutcome::ForeignJob(problem)),
@@ -137,7 +136,7 @@ impl Publisher {
         }
         match self.statement(run, delivery, planned, &key_ranges).await? {
             Some(statement) => {
-                let job = PublicationJob { run, delivery, resource, fingerprint, statement, recorded_job_id };
+                let job = PublicationJob { run, publishing, resource, fingerprint, statement, recorded_job_id };
                 self.run_and_record(&job).await
             }
             None => Ok(PublishOutcome::Done),
@@ -216,10 +215,20 @@ impl Publisher {
             Some(_) => self.keys_as_compared(&destination, columns, &key, key_ranges).await?,
             None => KeysAsCompared { ranges: Vec::new(), collations: Vec::new() },
         };
-        let staging_table = staged.map_or("", |report| report.staging_table.as_str());
+        let staging_table = match staged.map(|report| &report.write_path) {
+            Some(WritePath::Staging { staging_table }) => staging_table.clone(),
+            // A lane that wrote directly runs a statement only when it re-attaches to an earlier
+            // delivery's query job (`reconcile::publish_by`), the job under the recorded id
+            // being that delivery's: the statement names the staging table this delivery would
+            // have had, which was never created.
+            Some(WritePath::Direct) => {
+                staging_table_name(&delivery.resource(resource.resource.clone()), &resource.table_name)
+            }
+            None => String::new(),
+        };
         let inputs = decide::StatementInputs {
             destination: destination.clone(),
-            staging: sql::TableRef { project, dataset, table: staging_table },
+            staging: sql::TableRef { project, dataset, table: &staging_table },
             write_mode: resource.write_mode,
             columns,
             key: &key,

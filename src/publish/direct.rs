@@ -19,10 +19,10 @@ use crate::bigquery::error::Stage;
 use crate::bigquery::write::CommitOutcome;
 use crate::bigquery::{BigQueryError, table_path};
 use crate::error::{ErrorCode, Problem};
-use crate::model::DeliveryRef;
 use crate::model::JobCost;
+use crate::model::staging::WritePath;
 use crate::pipeline::LaneReport;
-use crate::store::{Event, NewPublication, PublicationEnd, ResourceRecord, RunRecord};
+use crate::store::{Event, NewPublication, PublicationEnd, Publishing, ResourceRecord, RunRecord};
 use crate::telemetry;
 
 /// What a direct append's publication record names in place of a query job id: the call that
@@ -32,7 +32,8 @@ pub(crate) const DIRECT_APPEND_JOB_ID: &str = "BatchCommitWriteStreams";
 /// One direct append's publication: what it commits, for which delivery and resource.
 pub(super) struct DirectPublication<'a> {
     pub(super) run: &'a RunRecord,
-    pub(super) delivery: &'a DeliveryRef,
+    /// The store's proof that the delivery is publishing.
+    pub(super) publishing: &'a Publishing,
     pub(super) resource: &'a ResourceRecord,
     pub(super) fingerprint: &'a str,
     /// This delivery's stream into the destination, when its lane wrote one.
@@ -53,19 +54,19 @@ enum StreamsCommit {
 impl Publisher {
     /// Commits the earlier delivery's recorded streams, or this delivery's, into the destination.
     pub(super) async fn publish_direct(&self, publication: &DirectPublication<'_>) -> Result<PublishOutcome, Problem> {
-        let name = &publication.resource.resource;
+        let (name, delivery) = (&publication.resource.resource, publication.publishing.delivery());
         if let Some(earlier) = publication.earlier_streams {
             match self.commit_recorded(publication, earlier, None).await? {
                 StreamsCommit::Committed => return Ok(PublishOutcome::Done),
                 StreamsCommit::Unknown(lost) => return Ok(unfinished(lost)),
                 StreamsCommit::NotCommitted(why) => {
-                    tracing::info!(run_id = %publication.delivery.run_id(), execution_id = %publication.delivery.execution_id(),
+                    tracing::info!(run_id = %delivery.run_id(), execution_id = %delivery.execution_id(),
                         resource = %name, reason = %why,
                         "the earlier delivery's streams were never committed; committing this delivery's");
                 }
             }
         }
-        let Some(report) = publication.staged.filter(|report| report.direct_append) else {
+        let Some(report @ LaneReport { write_path: WritePath::Direct, .. }) = publication.staged else {
             // An earlier delivery wrote directly and this one through staging (the table
             // changed in between), and the earlier streams were never committed: this
             // delivery's rows sit in a staging table no job is planned to read.
@@ -84,7 +85,7 @@ impl Publisher {
                     ErrorCode::UploadFailed,
                     format!("resource {name}: BigQuery refused to commit the stream into the destination: {why}"),
                 );
-                let execution = &publication.delivery.execution;
+                let execution = &delivery.execution;
                 self.store.finish_publication(execution, name, PublicationEnd::Failed(&problem)).await?;
                 metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "failed").increment(1);
                 Err(problem)
@@ -100,7 +101,8 @@ impl Publisher {
         streams: &[String],
         rows: Option<i64>,
     ) -> Result<StreamsCommit, Problem> {
-        let DirectPublication { run, delivery, resource, fingerprint, .. } = publication;
+        let DirectPublication { run, publishing, resource, fingerprint, .. } = publication;
+        let delivery = publishing.delivery();
         let destination = format!("{}.{}", run.destination.dataset, resource.table_name);
         let record = NewPublication {
             delivery,

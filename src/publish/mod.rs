@@ -37,6 +37,7 @@ use futures::StreamExt as _;
 use crate::bigquery::BigQuery;
 use crate::bigquery::fair::Tenant;
 use crate::model::DeliveryRef;
+use crate::model::staging::WritePath;
 use crate::pipeline::Pipeline;
 use crate::store::{RunRecord, Store};
 pub(crate) use decide::PUBLICATION_RETRY;
@@ -80,9 +81,13 @@ impl Publisher {
     /// `direct_append` stream has none: it writes into the destination, never deleted.
     async fn staging_tables(&self, delivery: &DeliveryRef) -> Vec<String> {
         match self.store.list_staging_streams(delivery).await {
-            Ok(streams) => {
-                streams.into_iter().filter(|stream| !stream.direct_append).map(|stream| stream.staging_table).collect()
-            }
+            Ok(streams) => streams
+                .into_iter()
+                .filter_map(|stream| match stream.write_path {
+                    WritePath::Staging { staging_table } => Some(staging_table),
+                    WritePath::Direct => None,
+                })
+                .collect(),
             Err(e) => {
                 tracing::warn!(execution_id = %delivery.execution_id(), error = %e,
                     "could not list staging tables to delete; they expire");

@@ -68,6 +68,7 @@ pub(crate) fn plan<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::staging::WritePath;
 
     fn resource(name: &str, table: &str, write_mode: WriteMode) -> ResourceRecord {
         ResourceRecord {
@@ -84,11 +85,10 @@ mod tests {
     fn report(name: &str) -> LaneReport {
         LaneReport {
             resource: name.parse().unwrap(),
-            staging_table: format!("_filament_stg_{name}"),
+            write_path: WritePath::Staging { staging_table: format!("_filament_stg_{name}") },
             destination_columns: Vec::new(),
             stream_name: format!("stream-{name}"),
             rows_acknowledged: 1,
-            direct_append: false,
         }
     }
 

@@ -21,14 +21,15 @@ use crate::bigquery::per_destination::ProjectLocation;
 use crate::bigquery::retry::{FailureStreak, Retried, RetryClass, RetryPolicy};
 use crate::error::Problem;
 use crate::model::DeliveryRef;
-use crate::store::{Event, NewPublication, PublicationEnd, ResourceRecord, RunRecord};
+use crate::store::{Event, NewPublication, PublicationEnd, Publishing, ResourceRecord, RunRecord};
 use crate::telemetry::{self, PublishTiming};
 
 /// One publication's query job: what it runs, for which delivery and resource, under which
 /// fingerprint.
 pub(super) struct PublicationJob<'a> {
     pub(super) run: &'a RunRecord,
-    pub(super) delivery: &'a DeliveryRef,
+    /// The store's proof that the delivery is publishing.
+    pub(super) publishing: &'a Publishing,
     pub(super) resource: &'a ResourceRecord,
     pub(super) fingerprint: String,
     pub(super) statement: Statement<'a>,
@@ -38,6 +39,11 @@ pub(super) struct PublicationJob<'a> {
 }
 
 impl PublicationJob<'_> {
+    /// The delivery the job publishes.
+    fn delivery(&self) -> &DeliveryRef {
+        self.publishing.delivery()
+    }
+
     /// The project and location the job runs in, whose publication limit it counts against.
     fn project_location(&self) -> ProjectLocation {
         let project = self.run.job_project.as_deref().unwrap_or(&self.run.destination.project);
@@ -60,7 +66,7 @@ struct Attempt {
 impl Publisher {
     /// The job id of attempt `attempt` (1-based) of `job`, under the current key.
     fn attempt_job_id(&self, job: &PublicationJob<'_>, attempt: u32) -> String {
-        job_id::publication_job_id(&self.job_ids, job.delivery, job.resource, &job.run.destination.dataset, attempt)
+        job_id::publication_job_id(&self.job_ids, job.delivery(), job.resource, &job.run.destination.dataset, attempt)
     }
 
     /// Runs the publication's job, and runs it again under the next attempt's job id while
@@ -76,7 +82,7 @@ impl Publisher {
         loop {
             let destination = job.destination();
             let record = NewPublication {
-                delivery: job.delivery,
+                delivery: job.delivery(),
                 resource: &job.resource.resource,
                 destination: &destination,
                 job_id: &job_id,
@@ -112,12 +118,12 @@ impl Publisher {
     async fn submit(&self, job: &PublicationJob<'_>, attempt: &Attempt) -> Result<JobOutcome, BigQueryError> {
         let (run, name, job_id) = (job.run, &job.resource.resource, attempt.job_id.as_str());
         let staged_rows = job.statement.staged.map_or(0, |report| report.rows_acknowledged);
-        tracing::info!(run_id = %job.delivery.run_id(), execution_id = %job.delivery.execution_id(), resource = %name,
+        tracing::info!(run_id = %job.delivery().run_id(), execution_id = %job.delivery().execution_id(), resource = %name,
             %job_id, staged_rows, "bigquery.write.publish.started");
-        self.store.record_event(job.delivery, Some(name), Event::PublicationStarted { job_id }).await;
+        self.store.record_event(job.delivery(), Some(name), Event::PublicationStarted { job_id }).await;
         let span = tracing::trace_span!(target: crate::traces::TARGET, "publication.job", resource = %name,
             table = %job.destination(), bigquery.job_id = job_id);
-        let mut labels = job_id::run_job_labels(JobKind::Publication, run, job.delivery, name);
+        let mut labels = job_id::run_job_labels(JobKind::Publication, run, job.delivery(), name);
         // BigQuery's job history leads back to the trace.
         labels.extend(crate::traces::trace_id_of(&span).map(|trace_id| (job_id::TRACE_LABEL, trace_id)));
         let query = QueryJob {
@@ -155,20 +161,20 @@ impl Publisher {
         outcome: Result<JobOutcome, BigQueryError>,
         duration: Duration,
     ) -> Result<PublishOutcome, Problem> {
-        let (execution, name) = (&job.delivery.execution, &job.resource.resource);
+        let (execution, name) = (&job.delivery().execution, &job.resource.resource);
         let duration_ms = duration.as_millis() as u64;
         match outcome {
             Ok(outcome) => {
                 let (rows_affected, bytes_billed) = (outcome.rows_affected, outcome.cost.bytes_billed);
                 let finished = Event::PublicationFinished { job_id, duration_ms, rows_affected, bytes_billed };
-                self.store.record_event(job.delivery, Some(name), finished).await;
+                self.store.record_event(job.delivery(), Some(name), finished).await;
                 let done = PublicationEnd::Done { rows_affected: outcome.rows_affected, cost: &outcome.cost };
                 self.store.finish_publication(execution, name, done).await?;
                 metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "done").increment(1);
                 Ok(PublishOutcome::Done)
             }
             Err(e) if e.is_retryable() => {
-                tracing::warn!(run_id = %job.delivery.run_id(), execution_id = %job.delivery.execution_id(),
+                tracing::warn!(run_id = %job.delivery().run_id(), execution_id = %job.delivery().execution_id(),
                     resource = %name, %job_id, error = %e, "lost track of the publication job; a redelivery re-attaches to it");
                 metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "unfinished").increment(1);
                 Ok(PublishOutcome::Unfinished(e.problem(Stage::Publication)))
@@ -177,12 +183,12 @@ impl Publisher {
                 let problem = e.problem(Stage::Publication);
                 let (code, hint) = (problem.code, problem.hint.as_deref());
                 let failed = Event::PublicationFailed { job_id, duration_ms, code, hint };
-                self.store.record_event(job.delivery, Some(name), failed).await;
+                self.store.record_event(job.delivery(), Some(name), failed).await;
                 self.store.finish_publication(execution, name, PublicationEnd::Failed(&problem)).await?;
                 metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "failed").increment(1);
                 match e {
                     BigQueryError::ForeignJob { .. } => {
-                        tracing::warn!(run_id = %job.delivery.run_id(), execution_id = %job.delivery.execution_id(),
+                        tracing::warn!(run_id = %job.delivery().run_id(), execution_id = %job.delivery().execution_id(),
                             resource = %name, %job_id, error = %e, "a job the gateway did not submit holds the publication's job id");
                         Ok(PublishOutcome::ForeignJob(problem))
                     }

@@ -5,6 +5,7 @@
 
 use crate::error::{ErrorCode, Problem};
 use crate::model::PublicationState;
+use crate::model::staging::WritePath;
 use crate::store::PublicationRecord;
 
 /// The decision for one destination of one execution.
@@ -71,17 +72,18 @@ pub(crate) enum PublishBy<'a> {
 }
 
 /// The way a publication `decision` runs ([`Reconciled::Submit`] or [`Reconciled::Reattach`];
-/// the others never run), from the `previous` record and whether this delivery's lane
-/// `written_directly` into the destination.
+/// the others never run), from the `previous` record and the way this delivery's lane
+/// `written` its rows (`None`: no lane, an empty replacement or a snapshot's end).
 pub(crate) fn publish_by<'a>(
     decision: &Reconciled,
     previous: Option<&'a PublicationRecord>,
-    written_directly: bool,
+    written: Option<&WritePath>,
 ) -> PublishBy<'a> {
     let earlier_streams = match decision {
         Reconciled::Reattach { .. } => previous.and_then(|previous| previous.committed_streams.as_deref()),
         _ => None,
     };
+    let written_directly = matches!(written, Some(WritePath::Direct));
     if earlier_streams.is_some() || (written_directly && *decision == Reconciled::Submit) {
         PublishBy::CommittingStreams { earlier_streams }
     } else {
@@ -106,6 +108,12 @@ mod tests {
             cost: Default::default(),
             committed_streams: None,
         }
+    }
+
+    const DIRECT: Option<&WritePath> = Some(&WritePath::Direct);
+
+    fn staging() -> WritePath {
+        WritePath::Staging { staging_table: "_filament_stg_users".into() }
     }
 
     fn reattach() -> Reconciled {
@@ -159,8 +167,12 @@ mod tests {
 
     #[test]
     fn a_direct_append_commits_its_stream_and_a_staged_one_runs_a_job() {
-        assert_eq!(publish_by(&Reconciled::Submit, None, true), PublishBy::CommittingStreams { earlier_streams: None });
-        assert_eq!(publish_by(&Reconciled::Submit, None, false), PublishBy::QueryJob);
+        assert_eq!(
+            publish_by(&Reconciled::Submit, None, DIRECT),
+            PublishBy::CommittingStreams { earlier_streams: None }
+        );
+        assert_eq!(publish_by(&Reconciled::Submit, None, Some(&staging())), PublishBy::QueryJob);
+        assert_eq!(publish_by(&Reconciled::Submit, None, None), PublishBy::QueryJob);
     }
 
     #[test]
@@ -168,15 +180,15 @@ mod tests {
         let mut committing = record(PublicationState::Running, "f");
         committing.committed_streams = Some(vec!["streams/earlier".into()]);
         let earlier_streams = Some(&["streams/earlier".to_string()][..]);
-        for written_directly in [true, false] {
-            let by = publish_by(&reattach(), Some(&committing), written_directly);
-            assert_eq!(by, PublishBy::CommittingStreams { earlier_streams }, "{written_directly}");
+        for written in [DIRECT, Some(&staging()), None] {
+            let by = publish_by(&reattach(), Some(&committing), written);
+            assert_eq!(by, PublishBy::CommittingStreams { earlier_streams }, "{written:?}");
         }
     }
 
     #[test]
     fn an_unfinished_query_job_is_reattached_to_even_when_this_delivery_wrote_directly() {
         let running_job = record(PublicationState::Running, "f");
-        assert_eq!(publish_by(&reattach(), Some(&running_job), true), PublishBy::QueryJob);
+        assert_eq!(publish_by(&reattach(), Some(&running_job), DIRECT), PublishBy::QueryJob);
     }
 }

@@ -12,9 +12,10 @@ use super::sql::{TableRef, alter_column_types};
 use crate::bigquery::BigQueryError;
 use crate::bigquery::jobs::QueryJob;
 use crate::bigquery::metadata::widenings;
-use crate::model::DeliveryRef;
 use crate::model::columns::BigQueryType;
-use crate::store::RunRecord;
+use crate::model::staging::WritePath;
+use crate::pipeline::LaneReport;
+use crate::store::{Publishing, RunRecord};
 
 impl Publisher {
     /// Widens the destination columns the publication's staged rows need wider, when the
@@ -24,11 +25,13 @@ impl Publisher {
     pub(super) async fn widen_before_publishing(
         &self,
         run: &RunRecord,
-        delivery: &DeliveryRef,
+        publishing: &Publishing,
         planned: PlannedPublication<'_>,
     ) -> Result<(), BigQueryError> {
-        let resource = planned.resource;
-        let Some(staged) = planned.staged.filter(|report| !report.direct_append) else { return Ok(()) };
+        let (resource, delivery) = (planned.resource, publishing.delivery());
+        let Some(staged @ LaneReport { write_path: WritePath::Staging { .. }, .. }) = planned.staged else {
+            return Ok(());
+        };
         if !resource.write_options.widen_columns {
             return Ok(());
         }

@@ -1,11 +1,14 @@
 //! Batch receipts and the per-resource staging stream of a delivery.
 
 use chrono::{DateTime, Utc};
+use sqlx::Row as _;
+use sqlx::postgres::PgRow;
 
 use super::ResourceRecord;
 use super::{BindKey as _, DELIVERY_KEY, RESOURCE_KEY, Store, StoreError, StoreResult};
 use crate::model::columns::Column;
 use crate::model::key_ranges::KeyRange;
+use crate::model::staging::WritePath;
 use crate::model::{DeliveryRef, ResourceName, ResourceRef};
 
 /// A receipt as stored (the 202/200 answer of a batch request).
@@ -62,10 +65,10 @@ pub(crate) enum InsertBatch {
 pub(crate) struct StagingStreamRecord {
     pub(crate) arrow_schema: serde_json::Value,
     pub(crate) arrow_schema_sha256: String,
-    pub(crate) staging_table: String,
     pub(crate) stream_created_at: Option<DateTime<Utc>>,
-    /// Its stream writes into the destination table (`direct_append`): no staging table exists.
-    pub(crate) direct_append: bool,
+    /// Where its stream writes (the staging path until set-up chose the direct one).
+    #[sqlx(flatten)]
+    pub(crate) write_path: WritePath,
 }
 
 /// A stream whose lane ran on a replica that shut down cleanly: every accepted row of it was
@@ -74,13 +77,25 @@ pub(crate) struct StagingStreamRecord {
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub(crate) struct HandedOverStream {
     pub(crate) resource: ResourceName,
-    pub(crate) staging_table: String,
     pub(crate) stream_name: String,
     pub(crate) rows_acknowledged: i64,
     #[sqlx(json)]
     pub(crate) destination_columns: Vec<Column>,
-    /// The stream writes into the destination table (`direct_append`).
-    pub(crate) direct_append: bool,
+    /// Where the stream writes.
+    #[sqlx(flatten)]
+    pub(crate) write_path: WritePath,
+}
+
+/// A staging row's write path, as its columns hold it: the staging table it was named (always
+/// recorded, with the first batch) and `direct_append`, set when set-up chose the direct path
+/// (no staging table was created then).
+impl<'r> sqlx::FromRow<'r, PgRow> for WritePath {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        if row.try_get::<bool, _>("direct_append")? {
+            return Ok(WritePath::Direct);
+        }
+        Ok(WritePath::Staging { staging_table: row.try_get("staging_table")? })
+    }
 }
 
 /// The advisory lock that lets one replica at a time prune.

@@ -16,6 +16,7 @@ use utoipa::ToSchema;
 
 use super::{BindKey as _, Store, StoreResult};
 use crate::error::ErrorCode;
+use crate::model::staging::WritePath;
 use crate::model::{DeliveryRef, ExecutionKey, ExecutionState, ResourceRef};
 
 /// Rows a delivery's timeline holds at most; the end state is recorded even beyond it.
@@ -230,9 +231,9 @@ const RECORD_EVENT: &str = concat!("WITH ", record_event_ctes!());
 pub(crate) enum StreamChange<'a> {
     /// Its PENDING stream exists: its name is recorded before any commit, so a commit whose
     /// answer was lost can be resolved by asking BigQuery (`prepare_finished`).
-    /// `direct_append`: the stream writes into the destination `table` itself; `declined`: why
-    /// a resource declared `direct_append` loads through staging all the same.
-    Created { stream_name: &'a str, duration_ms: u64, table: &'a str, direct_append: bool, declined: Option<&'a str> },
+    /// `path`: where the stream writes (the destination `table` itself, or a staging table);
+    /// `declined`: why a resource declared `direct_append` loads through staging all the same.
+    Created { stream_name: &'a str, duration_ms: u64, table: &'a str, path: &'a WritePath, declined: Option<&'a str> },
     /// Its stream was finalized and committed into its staging table (`stream_committed`).
     Committed { stream_name: &'a str, rows: i64 },
 }
@@ -241,8 +242,11 @@ impl StreamChange<'_> {
     /// The event's detail as stored and answered.
     fn detail(self) -> Value {
         match self {
-            StreamChange::Created { duration_ms, table, direct_append, declined, .. } => {
-                let path = if direct_append { "direct_append" } else { "staging" };
+            StreamChange::Created { duration_ms, table, path, declined, .. } => {
+                let path = match path {
+                    WritePath::Direct => "direct_append",
+                    WritePath::Staging { .. } => "staging",
+                };
                 let mut detail = json!({"duration_ms": duration_ms, "table": table, "path": path});
                 if let Some(declined) = declined {
                     detail["direct_append_declined"] = json!(declined);
@@ -305,7 +309,10 @@ impl Store {
         let detail = change.detail();
         let query = bind_event(statement, &resource.delivery, kind, Some(&resource.resource), &detail);
         let query = match change {
-            StreamChange::Created { stream_name, direct_append, .. } => query.bind(stream_name).bind(direct_append),
+            // Stored as the `direct_append` column.
+            StreamChange::Created { stream_name, path, .. } => {
+                query.bind(stream_name).bind(matches!(path, WritePath::Direct))
+            }
             StreamChange::Committed { .. } => query,
         };
         query.execute(&self.pool).await?;

@@ -212,21 +212,6 @@ impl Store {
         .await?)
     }
 
-    /// Marks the committing delivery as publishing, before its first destination job is
-    /// submitted; `false` when it is no longer committing (aborted or failed meanwhile), in
-    /// which case nothing may be published.
-    pub(crate) async fn begin_publishing(&self, delivery: &DeliveryRef) -> StoreResult<bool> {
-        let marked = sqlx::query(&format!(
-            "UPDATE executions SET publishing_at = COALESCE(publishing_at, now()), updated_at = now()
-             WHERE {DELIVERY_KEY} AND state = $4"
-        ))
-        .bind_delivery(delivery)
-        .bind(ExecutionState::Committing)
-        .execute(&self.pool)
-        .await?;
-        Ok(marked.rows_affected() == 1)
-    }
-
     /// Aborts the delivery unless it ended or began publishing; `None` otherwise.
     pub(crate) async fn abort_execution(&self, delivery: &DeliveryRef) -> StoreResult<Option<ExecutionRecord>> {
         Ok(sqlx::query_as(&format!(

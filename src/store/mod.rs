@@ -14,6 +14,7 @@ mod executions;
 mod fleet;
 mod job_id_keys;
 mod publications;
+mod publishing;
 mod run_list;
 mod runs;
 
@@ -21,6 +22,7 @@ pub(crate) use batches::{HandedOverStream, InsertBatch, NewBatch, ReceiptRecord}
 pub(crate) use events::{BACKPRESSURE_EVENT_MIN_MS, Event, EventKind, EventRecord, StreamChange};
 pub(crate) use executions::{ExecutionRecord, Lease, OpenExecution, ResourceProgress};
 pub(crate) use publications::{NewPublication, PublicationEnd, PublicationRecord};
+pub(crate) use publishing::Publishing;
 pub(crate) use run_list::{RunListCursor, RunListQuery, RunListRow};
 pub(crate) use runs::{NewRun, ResourceRecord, ResourceUpsert, RunRecord};
 

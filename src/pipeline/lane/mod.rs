@@ -31,8 +31,9 @@ use crate::error::{ErrorCode, Problem};
 use crate::ingest::destination_rules::DestinationRules;
 use crate::ingest::prepare::BodySummary;
 use crate::model::columns::Column;
-use crate::model::staging::staging_table_name;
+use crate::model::staging::{WritePath, staging_table_name};
 use crate::model::table_layout::TableLayout;
+use crate::model::write_options::DeclaredPath;
 use crate::model::{Batching, WriteMode};
 use crate::model::{ResourceName, ResourceRef};
 use crate::store::Store;
@@ -52,6 +53,7 @@ pub(crate) struct LaneTarget {
     pub(crate) dataset: String,
     pub(crate) location: Option<String>,
     pub(crate) destination_table: String,
+    /// The staging table set-up creates when the lane loads through staging.
     pub(crate) staging_table: String,
     /// The staged columns the publication writes into the destination.
     pub(crate) destination_columns: Vec<Column>,
@@ -70,9 +72,9 @@ pub(crate) struct LaneTarget {
     /// The key and `order_by` columns: compared as sent, so never cast into an existing
     /// table's wider type.
     pub(crate) compared_columns: Vec<String>,
-    /// The resource declared `direct_append`: set-up writes the stream into the destination
-    /// where its columns allow ([`write_path`]).
-    pub(crate) direct_append: bool,
+    /// The write path the resource declared: set-up writes the stream into the destination
+    /// where it asks to and its columns allow ([`write_path`]).
+    pub(crate) write_path: DeclaredPath,
     /// The run's principal: the lane's calls to BigQuery take their turns under it.
     pub(crate) tenant: Tenant,
     /// Which staged rows' values the publication writes ([`DestinationRules`]).
@@ -150,7 +152,7 @@ impl LaneTarget {
             serialized_schema,
             batching: BatchingPolicy::new(&run.batching, max_payload_bytes),
             widen_columns: declared.write_options.widen_columns,
-            direct_append: declared.write_options.direct_append,
+            write_path: declared.write_options.write_path,
             tenant: Tenant::principal(&run.principal),
             write_mode: declared.write_mode,
             compared_columns: mapped
@@ -204,14 +206,13 @@ pub(crate) struct AppendTimeouts {
 #[derive(Debug, Clone)]
 pub(crate) struct LaneReport {
     pub(crate) resource: ResourceName,
-    pub(crate) staging_table: String,
+    /// Where the stream writes: a staging table (committed before the barrier, read by the
+    /// publication's query job), or the destination itself (the publication commits it).
+    pub(crate) write_path: WritePath,
     pub(crate) destination_columns: Vec<Column>,
     pub(crate) stream_name: String,
     /// Rows appended to the stream (acknowledged, in order).
     pub(crate) rows_acknowledged: i64,
-    /// The stream writes into the destination table: its publication commits it, and
-    /// `staging_table` was never created.
-    pub(crate) direct_append: bool,
 }
 
 impl From<crate::store::HandedOverStream> for LaneReport {
@@ -219,11 +220,10 @@ impl From<crate::store::HandedOverStream> for LaneReport {
     fn from(stream: crate::store::HandedOverStream) -> Self {
         Self {
             resource: stream.resource,
-            staging_table: stream.staging_table,
+            write_path: stream.write_path,
             destination_columns: stream.destination_columns,
             stream_name: stream.stream_name,
             rows_acknowledged: stream.rows_acknowledged,
-            direct_append: stream.direct_append,
         }
     }
 }
@@ -292,13 +292,13 @@ async fn upload(
             let set_up = SetUp {
                 stream_name: stream.stream_name,
                 destination_columns: stream.destination_columns,
-                direct_append: stream.direct_append,
+                write_path: stream.write_path,
             };
             (set_up, stream.rows_acknowledged)
         }
         None => (set_up::set_up(context, target, &destination).await?, 0),
     };
-    let SetUp { stream_name, destination_columns, direct_append } = set_up;
+    let SetUp { stream_name, destination_columns, write_path } = set_up;
     let rules = Arc::clone(learned.0.get_or_init(|| DestinationRules::new(&destination_columns, target.write_mode)));
     let stream = LaneStream { context, target, stream_name: &stream_name };
     let settings = AppendSettings::of_lane(context, target, &stream_name, start_offset);
@@ -307,11 +307,10 @@ async fn upload(
     let ((), rows_acknowledged) = tokio::try_join!(checking, Appender::run(&stream, settings, checked_rx))?;
     Ok(LaneReport {
         resource: target.resource.resource.clone(),
-        staging_table: target.staging_table.clone(),
+        write_path,
         destination_columns,
         stream_name,
         rows_acknowledged,
-        direct_append,
     })
 }
 

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use google_cloud_bigquery_v2::model::{Table, TableFieldSchema};
 
 use super::destination_tables::DestinationTable;
-use super::write_path::WritePath;
+use super::write_path::{self, Chosen};
 use super::{LaneContext, LaneTarget};
 use crate::bigquery::error::{Stage, dataset_location_mismatch};
 use crate::bigquery::metadata::{
@@ -24,7 +24,7 @@ use crate::bigquery::retry::{Classified, FailureStreak, Retried, RetryAction, Re
 use crate::bigquery::{BigQuery, BigQueryError, table_path};
 use crate::error::{ErrorCode, Problem};
 use crate::model::columns::{BigQueryType, Column};
-use crate::model::staging::STAGING_TABLE_TTL;
+use crate::model::staging::{STAGING_TABLE_TTL, WritePath};
 use crate::store::StreamChange;
 use crate::telemetry::{LayoutMismatch, PhaseTiming};
 
@@ -118,8 +118,8 @@ pub(super) struct SetUp {
     /// The staged columns as the destination takes them: the lane's, with the casts into an
     /// existing table's wider types (`Column::published_as`).
     pub(super) destination_columns: Vec<Column>,
-    /// The stream writes into the destination table (`direct_append`), not a staging table.
-    pub(super) direct_append: bool,
+    /// Where the stream writes: the staging table, or the destination itself.
+    pub(super) write_path: WritePath,
 }
 
 /// One attempt at the lane's set-up: the dataset, the destination, the staging table, the
@@ -139,17 +139,22 @@ async fn set_up_once(
     check_location(target, existing_location.as_deref())?;
     let DestinationSetUp { destination_columns, widened_at_publication } =
         set_up_destination(context, bigquery, target, destination).await?;
-    let path =
-        WritePath::choose(target.direct_append, &target.staging_columns, &destination_columns, &widened_at_publication);
+    let (staging_table, staging_columns) = (&target.staging_table, &target.staging_columns);
+    let Chosen { path, declined } = write_path::choose(
+        target.write_path,
+        staging_table,
+        staging_columns,
+        &destination_columns,
+        &widened_at_publication,
+    );
     let stream_table = match &path {
-        WritePath::DirectAppend => &target.destination_table,
-        WritePath::Staging { .. } => {
+        WritePath::Direct => &target.destination_table,
+        WritePath::Staging { staging_table } => {
             let expires_at_ms = chrono::Utc::now().timestamp_millis() + STAGING_TABLE_TTL.as_millis() as i64;
-            let staging_columns = &target.staging_columns;
             bigquery
-                .create_staging_table(project, dataset, &target.staging_table, staging_columns, Some(expires_at_ms))
+                .create_staging_table(project, dataset, staging_table, staging_columns, Some(expires_at_ms))
                 .await?;
-            &target.staging_table
+            staging_table
         }
     };
     // A stream created by an attempt whose answer was lost stays empty and is never committed.
@@ -161,15 +166,11 @@ async fn set_up_once(
         .map_err(|e| SetUpFailure::Failed(e.problem(Stage::Upload)))?;
     let duration = started.elapsed();
     let (duration_ms, table) = (duration.as_millis() as u64, target.destination_table.as_str());
-    let declined = match &path {
-        WritePath::Staging { declined } => declined.as_deref(),
-        WritePath::DirectAppend => None,
-    };
-    let direct_append = path.is_direct();
-    let created = StreamChange::Created { stream_name: &stream_name, duration_ms, table, direct_append, declined };
+    let declined = declined.as_deref();
+    let created = StreamChange::Created { stream_name: &stream_name, duration_ms, table, path: &path, declined };
     context.store.change_stream(resource, created).await.map_err(Problem::from)?;
     PhaseTiming { resource: &resource.resource, phase: "prepare", duration }.emit();
-    Ok(SetUp { stream_name, destination_columns, direct_append })
+    Ok(SetUp { stream_name, destination_columns, write_path: path })
 }
 
 /// Runs `CreateWriteStream` again after transient failures and pushback, as the retry policy

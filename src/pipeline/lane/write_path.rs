@@ -12,43 +12,38 @@
 //! does not take. Then the resource loads through staging and its timeline says why.
 
 use crate::model::columns::Column;
+use crate::model::staging::WritePath;
+use crate::model::write_options::DeclaredPath;
 
-/// Where a lane's PENDING stream writes.
+/// Set-up's choice of a lane's write path.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum WritePath {
-    /// Into the resource's staging table; the publication's query job reads it. `declined`:
-    /// why a resource declared `direct_append` loads this way all the same.
-    Staging { declined: Option<String> },
-    /// Into the destination table; the publication commits the stream.
-    DirectAppend,
+pub(crate) struct Chosen {
+    pub(crate) path: WritePath,
+    /// Why a resource declared `direct_append` loads through staging all the same.
+    pub(crate) declined: Option<String>,
 }
 
-impl WritePath {
-    /// The path of a lane whose resource declared `direct_append` (or not), staging
-    /// `staging_columns`, which the destination takes as `published` (set-up's answer: the
-    /// staged columns with their casts into the existing table's types) once the publication
-    /// has widened the columns `widened_at_publication` names.
-    pub(crate) fn choose(
-        direct_append: bool,
-        staging_columns: &[Column],
-        published: &[Column],
-        widened_at_publication: &[String],
-    ) -> Self {
-        if !direct_append {
-            return WritePath::Staging { declined: None };
-        }
-        if let Some(column) = widened_at_publication.first() {
-            let reason = format!("column {column} is widened by the publication, after the commit");
-            return WritePath::Staging { declined: Some(reason) };
-        }
-        match why_not_direct(staging_columns, published) {
-            Some(reason) => WritePath::Staging { declined: Some(reason) },
-            None => WritePath::DirectAppend,
-        }
+/// The path of a lane whose resource declared `declared`, staging `staging_columns` (into
+/// `staging_table`, on the staging path), which the destination takes as `published`
+/// (set-up's answer: the staged columns with their casts into the existing table's types)
+/// once the publication has widened the columns `widened_at_publication` names.
+pub(crate) fn choose(
+    declared: DeclaredPath,
+    staging_table: &str,
+    staging_columns: &[Column],
+    published: &[Column],
+    widened_at_publication: &[String],
+) -> Chosen {
+    let staging = |declined| Chosen { path: WritePath::Staging { staging_table: staging_table.to_string() }, declined };
+    if declared == DeclaredPath::Staging {
+        return staging(None);
     }
-
-    pub(crate) fn is_direct(&self) -> bool {
-        matches!(self, WritePath::DirectAppend)
+    if let Some(column) = widened_at_publication.first() {
+        return staging(Some(format!("column {column} is widened by the publication, after the commit")));
+    }
+    match why_not_direct(staging_columns, published) {
+        Some(reason) => staging(Some(reason)),
+        None => Chosen { path: WritePath::Direct, declined: None },
     }
 }
 
@@ -83,21 +78,31 @@ mod tests {
         vec![Column::new("id", BigQueryType::Int64), Column::new("name", BigQueryType::String)]
     }
 
-    fn declined(path: WritePath) -> String {
-        match path {
-            WritePath::Staging { declined: Some(reason) } => reason,
+    /// The choice of a lane declared `direct_append`.
+    fn direct(staging_columns: &[Column], published: &[Column], widened: &[String]) -> Chosen {
+        choose(DeclaredPath::Direct, "stg", staging_columns, published, widened)
+    }
+
+    fn staging() -> WritePath {
+        WritePath::Staging { staging_table: "stg".to_string() }
+    }
+
+    fn declined(chosen: Chosen) -> String {
+        match chosen {
+            Chosen { path, declined: Some(reason) } if path == staging() => reason,
             other => panic!("expected a declined direct append, got {other:?}"),
         }
     }
 
     #[test]
     fn columns_that_go_in_as_sent_are_written_directly() {
-        assert_eq!(WritePath::choose(true, &columns(), &columns(), &[]), WritePath::DirectAppend);
+        assert_eq!(direct(&columns(), &columns(), &[]), Chosen { path: WritePath::Direct, declined: None });
     }
 
     #[test]
     fn without_the_declaration_rows_go_through_staging_with_no_reason() {
-        assert_eq!(WritePath::choose(false, &columns(), &columns(), &[]), WritePath::Staging { declined: None });
+        let chosen = choose(DeclaredPath::Staging, "stg", &columns(), &columns(), &[]);
+        assert_eq!(chosen, Chosen { path: staging(), declined: None });
     }
 
     #[test]
@@ -105,7 +110,7 @@ mod tests {
         let mut published = columns();
         published.push(Column::new("balance", BigQueryType::Numeric));
         let staged: Vec<Column> = published.iter().map(Column::staged).collect();
-        let reason = declined(WritePath::choose(true, &staged, &published, &[]));
+        let reason = declined(direct(&staged, &published, &[]));
         assert!(reason.contains("balance is NUMERIC"), "{reason}");
     }
 
@@ -113,13 +118,13 @@ mod tests {
     fn a_cast_into_a_wider_column_needs_the_query() {
         let mut published = columns();
         published[0].published_as = Some(BigQueryType::Numeric);
-        let reason = declined(WritePath::choose(true, &columns(), &published, &[]));
+        let reason = declined(direct(&columns(), &published, &[]));
         assert!(reason.contains("id is cast"), "{reason}");
     }
 
     #[test]
     fn a_column_the_publication_widens_needs_the_query() {
-        let reason = declined(WritePath::choose(true, &columns(), &columns(), &["id".to_string()]));
+        let reason = declined(direct(&columns(), &columns(), &["id".to_string()]));
         assert!(reason.contains("id is widened by the publication"), "{reason}");
     }
 
@@ -127,7 +132,7 @@ mod tests {
     fn a_flexible_name_needs_the_query() {
         let published = vec![Column::new("unit price", BigQueryType::Float64)];
         let staged: Vec<Column> = published.iter().map(Column::staged).collect();
-        let reason = declined(WritePath::choose(true, &staged, &published, &[]));
+        let reason = declined(direct(&staged, &published, &[]));
         assert!(reason.contains("flexible name"), "{reason}");
     }
 
@@ -135,7 +140,7 @@ mod tests {
     fn a_staged_column_the_table_does_not_take_needs_the_query() {
         let mut staged = columns();
         staged.push(Column::new("_filament_seq", BigQueryType::Int64));
-        let reason = declined(WritePath::choose(true, &staged, &columns(), &[]));
+        let reason = declined(direct(&staged, &columns(), &[]));
         assert!(reason.contains("_filament_seq"), "{reason}");
     }
 }
