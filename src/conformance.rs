@@ -19,7 +19,7 @@ use crate::model::key_ranges::KeyRange;
 use crate::model::table_layout::TableLayout;
 use crate::model::write_options::{DeclaredWriteOptions, Deletes, MetadataColumn, OrderByDeclaration, WriteOptions};
 use crate::publish::decide::{PublicationFacts, StatementInputs, choose_statement, statement_sql};
-use crate::publish::destination::{KeysAsCompared, string_key_columns};
+use crate::publish::keys_compared::{KeysAsCompared, string_key_columns};
 use crate::publish::sql;
 
 /// One resource as an extractor would declare and send it.

@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use super::destination::KeysAsCompared;
+use super::keys_compared::KeysAsCompared;
 use super::sql;
 use crate::bigquery::BigQueryError;
 #[cfg(test)]

@@ -6,70 +6,22 @@
 
 use super::decide::{self, PublicationResult, PublishOutcome, StatementChoice};
 use super::direct::DirectPublication;
+use super::keys_compared::{KeysAsCompared, is_string_range, string_key_columns};
 use super::plan::{DestinationPlan, PlannedPublication};
-use super::publication_job::PublicationJob;
+use super::publication_job::{PublicationJob, Statement};
 use super::reconcile::{PublishBy, Reconciled, publish_by, reconcile};
 use super::{Publisher, fingerprint, sql};
 
-use google_cloud_bigquery_v2::model::Table;
-
 use crate::bigquery::BigQueryError;
-use crate::bigquery::collation::{collated_columns, own_collations};
+use crate::bigquery::collation::collated_columns;
 use crate::bigquery::error::Stage;
 use crate::error::Problem;
 use crate::model::DeliveryRef;
-use crate::model::columns::{BigQueryType, Collation, Column, same_name};
-use crate::model::key_ranges::{KeyRange, KeyValue, covering_ranges};
+use crate::model::columns::{Column, same_name};
+use crate::model::key_ranges::{KeyRange, covering_ranges};
 use crate::model::staging::{WritePath, staging_table_name};
-use crate::pipeline::LaneReport;
 use crate::store::{Publishing, ResourceRecord, RunRecord};
 use crate::telemetry;
-
-/// A keyed publication's key ranges and collations, as the destination compares its keys.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct KeysAsCompared {
-    pub(crate) ranges: Vec<KeyRange>,
-    /// (key column, the collation it compares under).
-    pub(crate) collations: Vec<(String, Collation)>,
-}
-
-impl KeysAsCompared {
-    /// How the destination `table` (its `tables.get` answer) compares the keys: the key
-    /// ranges without those of STRING columns that may compare under a collation (`und:ci`;
-    /// the gateway orders strings by code point, so such a range could leave out a row the
-    /// MERGE's join matches, and the row would be inserted twice), and the collation of each
-    /// STRING key column (`string_keys`) that has one of its own, for folding repeated keys the
-    /// way the join matches them.
-    pub(crate) fn in_table(table: &Table, string_keys: &[&str], key_ranges: &[KeyRange]) -> Self {
-        let collated = collated_columns(table);
-        let ordered_alike = |range: &&KeyRange| {
-            !(is_string_range(range) && collated.iter().any(|column| same_name(column, &range.column)))
-        };
-        let mut collations = own_collations(table);
-        collations.retain(|(column, _)| string_keys.iter().any(|k| same_name(k, column)));
-        Self { ranges: key_ranges.iter().filter(ordered_alike).cloned().collect(), collations }
-    }
-}
-
-fn is_string_range(range: &KeyRange) -> bool {
-    matches!(range.min, KeyValue::String(_))
-}
-
-/// The key columns of type STRING, named as in `columns`.
-pub(crate) fn string_key_columns<'a>(columns: &'a [Column], key: &[String]) -> Vec<&'a str> {
-    columns
-        .iter()
-        .filter(|c| c.bigquery_type == BigQueryType::String && key.iter().any(|k| c.name.eq_ignore_ascii_case(k)))
-        .map(|c| c.name.as_str())
-        .collect()
-}
-
-/// What a publication writes into its destination.
-pub(super) struct Statement<'a> {
-    /// The staged rows, or `None` for an empty replacement (a truncation).
-    pub(super) staged: Option<&'a LaneReport>,
-    pub(super) sql: String,
-}
 
 impl Publisher {
     /// The destination's publications in order. After one fails (or its outcome is unknown),

@@ -23,6 +23,7 @@ pub(crate) mod destination;
 pub(crate) mod direct;
 pub(crate) mod fingerprint;
 pub(crate) mod job_id;
+pub(crate) mod keys_compared;
 mod lifecycle;
 mod plan;
 mod publication_job;

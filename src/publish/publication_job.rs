@@ -12,7 +12,6 @@ use tokio::time::Instant;
 
 use super::Publisher;
 use super::decide::{self, PublishOutcome};
-use super::destination::Statement;
 use super::job_id::{self, JobKind};
 use crate::bigquery::BigQueryError;
 use crate::bigquery::error::Stage;
@@ -21,8 +20,16 @@ use crate::bigquery::per_destination::ProjectLocation;
 use crate::bigquery::retry::{FailureStreak, Retried, RetryClass, RetryPolicy};
 use crate::error::Problem;
 use crate::model::DeliveryRef;
+use crate::pipeline::LaneReport;
 use crate::store::{Event, NewPublication, PublicationEnd, Publishing, ResourceRecord, RunRecord};
 use crate::telemetry::{self, PublishTiming};
+
+/// What a publication writes into its destination.
+pub(super) struct Statement<'a> {
+    /// The staged rows, or `None` for an empty replacement (a truncation).
+    pub(super) staged: Option<&'a LaneReport>,
+    pub(super) sql: String,
+}
 
 /// One publication's query job: what it runs, for which delivery and resource, under which
 /// fingerprint.
