@@ -374,7 +374,8 @@ async fn export_all<E: opentelemetry_sdk::trace::SpanExporter>(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
+    use parking_lot::Mutex;
+    use std::sync::Arc;
 
     use opentelemetry::trace::{Span as _, Tracer as _};
 
@@ -390,7 +391,7 @@ mod tests {
     impl opentelemetry_sdk::trace::SpanExporter for RecordingExporter {
         async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
             tokio::time::sleep(self.delay).await;
-            self.exported.lock().unwrap().extend(batch.into_iter().map(|span| span.name.to_string()));
+            self.exported.lock().extend(batch.into_iter().map(|span| span.name.to_string()));
             Ok(())
         }
     }
@@ -418,7 +419,7 @@ mod tests {
         end_spans(&provider, &["a", "b", "c"]);
 
         provider.force_flush().expect("flushed");
-        assert_eq!(*exporter.exported.lock().unwrap(), ["a", "b", "c"]);
+        assert_eq!(*exporter.exported.lock(), ["a", "b", "c"]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -428,7 +429,7 @@ mod tests {
         end_spans(&provider, &["slow"]);
 
         assert!(provider.force_flush().is_err());
-        assert!(exporter.exported.lock().unwrap().is_empty());
+        assert!(exporter.exported.lock().is_empty());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -438,7 +439,7 @@ mod tests {
         end_spans(&provider, &["last"]);
 
         provider.shutdown_with_timeout(Duration::from_secs(10)).expect("shut down");
-        assert_eq!(*exporter.exported.lock().unwrap(), ["last"]);
+        assert_eq!(*exporter.exported.lock(), ["last"]);
     }
 
     #[tokio::test]

@@ -5,9 +5,10 @@
 //! problems with specific codes, logged as `audit.denied`. A principal's concurrent requests
 //! are bounded here (429 `principal_limit`).
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, FromRequestParts, MatchedPath, Request, State};
 use axum::http::request::Parts;
@@ -125,7 +126,7 @@ impl RequestShares {
     fn try_acquire(&self, principal: &Principal) -> Result<Option<OwnedSemaphorePermit>, ()> {
         let Some(limit) = principal.max_concurrent_requests else { return Ok(None) };
         let semaphore = {
-            let mut shares = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut shares = self.0.lock();
             let entry = shares
                 .entry(principal.name.as_str().to_string())
                 .or_insert_with(|| (limit, Arc::new(Semaphore::new(limit))));

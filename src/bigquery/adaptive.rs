@@ -32,7 +32,8 @@
 
 mod gauges;
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -255,8 +256,8 @@ impl Limiter {
         limiter
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, LimitState> {
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, LimitState> {
+        self.state.lock()
     }
 
     /// A call started at `started` ended: counts its latency, and at the end of a window

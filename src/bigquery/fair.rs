@@ -22,8 +22,9 @@
 //! operation), summed over the destinations of queues kept per project and location;
 //! `filament_principal_cap_places_held` and `filament_principal_cap_refusals_total` by cap.
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
@@ -119,8 +120,8 @@ impl FairQueue {
         FairQueue { labels, state: Mutex::default() }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, QueueState> {
+        self.state.lock()
     }
 
     /// The turn at once, when no call holds it (and so none waits).
@@ -234,8 +235,8 @@ impl PerPrincipalCap {
         PerPrincipalCap { name, cap: cap.max(1), held: Arc::default() }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Tenant, usize>> {
-        self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<Tenant, usize>> {
+        self.held.lock()
     }
 
     /// The cap.

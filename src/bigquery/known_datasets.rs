@@ -10,8 +10,9 @@
 //! wants a location asks BigQuery where it is, so the run's location is still compared before
 //! any row is uploaded.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::OnceCell;
@@ -78,7 +79,7 @@ impl KnownDatasets {
     /// The entry to use: the remembered one while it is fresh and good enough, else a new one
     /// in its place.
     fn entry(&self, project: &str, dataset: &str, location_wanted: bool) -> Arc<Entry> {
-        let mut entries = self.entries.lock().expect("known datasets lock poisoned");
+        let mut entries = self.entries.lock();
         let key = (project.to_string(), dataset.to_string());
         if let Some(entry) = entries.get(&key) {
             let usable = match entry.checked.get() {

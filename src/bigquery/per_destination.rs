@@ -3,8 +3,9 @@
 //! refusals and queueing slow only that project's calls. [`PerDestination`] makes each at its
 //! first use and forgets idle ones when it holds many.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Past this many destinations, idle ones are forgotten as new ones come (each is a few
 /// hundred bytes; a forgotten one starts afresh at its next call).
@@ -46,8 +47,8 @@ impl<T> Default for PerDestination<T> {
 }
 
 impl<T> PerDestination<T> {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ProjectLocation, Arc<T>>> {
-        self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<ProjectLocation, Arc<T>>> {
+        self.entries.lock()
     }
 
     /// The destination's `T`, made by `make` at its first use. Past [`IDLE_KEPT`]

@@ -27,9 +27,10 @@
 //! and `filament_bigquery_quota_refusals_total` (by `quota`), and `filament_fleet_replicas`.
 //! Values and sources: `docs/performance.md`.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -208,7 +209,7 @@ impl TokenBucket {
     /// Reserves a token at `now`: how long until it is there; `None` (nothing reserved) while
     /// this replica has no share.
     fn reserve(&self, now: Instant) -> Option<Duration> {
-        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut state = self.state.lock();
         self.refill(&mut state, now);
         if state.rate.is_zero() {
             return None;
@@ -244,13 +245,13 @@ impl TokenBucket {
 
     /// Brings the bucket to now under the current share (its rate in `/metrics` too).
     fn catch_up(&self) {
-        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut state = self.state.lock();
         self.refill(&mut state, Instant::now());
     }
 
     /// Full, with no caller waiting: a new bucket would be the same.
     fn is_idle(&self) -> bool {
-        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut state = self.state.lock();
         self.refill(&mut state, Instant::now());
         state.tokens >= state.rate.burst && self.waiting.load(Ordering::Relaxed) == 0
     }
@@ -258,7 +259,7 @@ impl TokenBucket {
     /// BigQuery refused a call this bucket paced: the bucket empties (reservations already
     /// made still wait their turn), so the next calls come at the refill rate.
     pub(crate) fn refused(&self) {
-        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut state = self.state.lock();
         self.refill(&mut state, Instant::now());
         state.tokens = state.tokens.min(0.0);
         metrics::counter!(telemetry::QUOTA_REFUSALS, self.labels.clone()).increment(1);
@@ -318,7 +319,7 @@ struct ReservedToken<'a> {
 impl Drop for ReservedToken<'_> {
     fn drop(&mut self) {
         if !self.granted {
-            let mut state = self.bucket.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut state = self.bucket.state.lock();
             state.tokens += 1.0;
         }
     }
@@ -384,8 +385,8 @@ impl Quotas {
         metrics::gauge!(telemetry::QUOTA_RATE, quota_label("CreateWriteStream")).set(rate.per_second);
     }
 
-    fn lock_methods(&self) -> std::sync::MutexGuard<'_, HashMap<&'static str, Arc<TokenBucket>>> {
-        self.per_method.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn lock_methods(&self) -> parking_lot::MutexGuard<'_, HashMap<&'static str, Arc<TokenBucket>>> {
+        self.per_method.lock()
     }
 
     fn method(&self, method: &'static str) -> Arc<TokenBucket> {

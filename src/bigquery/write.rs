@@ -299,12 +299,12 @@ impl WriteClient {
 #[derive(Debug, Default)]
 struct SendProgress {
     /// (frames queued, frames taken, since when the oldest untaken frame waits).
-    state: std::sync::Mutex<(u64, u64, Option<tokio::time::Instant>)>,
+    state: parking_lot::Mutex<(u64, u64, Option<tokio::time::Instant>)>,
 }
 
 impl SendProgress {
-    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, u64, Option<tokio::time::Instant>)> {
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, (u64, u64, Option<tokio::time::Instant>)> {
+        self.state.lock()
     }
 
     fn queued(&self) {

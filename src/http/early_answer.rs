@@ -12,8 +12,9 @@
 //! not drained: hyper sends `100 Continue` only when the body is first read, so such a client
 //! receives the answer without having sent its body.
 
+use parking_lot::Mutex;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -51,17 +52,17 @@ impl http_body::Body for SharedBody {
     type Error = axum::Error;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = self.0.lock();
         slot.polled = true;
         Pin::new(&mut slot.body).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).body.is_end_stream()
+        self.0.lock().body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).body.size_hint()
+        self.0.lock().body.size_hint()
     }
 }
 
@@ -82,7 +83,7 @@ pub(crate) async fn answer_after_reading_body(
     let closes =
         response.headers().get(header::CONNECTION).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
     let unread = {
-        let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = slot.lock();
         let never_asked = (expects_continue && !slot.polled) || closes;
         (!never_asked && !http_body::Body::is_end_stream(&slot.body)).then(|| std::mem::take(&mut slot.body))
     };

@@ -6,8 +6,9 @@
 //! `Accepting` guard and [`Pipeline::flush`](super::Pipeline::flush) a `Transitioning` one, so
 //! neither can be called without the gate.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -83,7 +84,7 @@ impl Transitioning {
     }
 }
 
-pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> parking_lot::MutexGuard<'_, T> {
     // A panic while holding these short locks leaves consistent data; keep serving.
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    mutex.lock()
 }

@@ -34,8 +34,9 @@ pub(crate) use admission::{Admission, Converting, QueuedRows, ReservedBatch};
 pub(crate) use gate::{Accepting, DeliveryLanes, Transitioning};
 pub(crate) use lane::{LaneContext, LaneReport, LaneTarget};
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;

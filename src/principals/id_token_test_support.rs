@@ -1,6 +1,6 @@
 //! The ID-token tests' keys, tokens and fake JWKS server.
 
-use std::sync::Mutex as StdMutex;
+use parking_lot::Mutex as StdMutex;
 
 use reqwest::StatusCode;
 use reqwest::header::CACHE_CONTROL;
@@ -115,8 +115,8 @@ pub(super) async fn serve_jwks(State(state): State<Arc<FakeJwksState>>) -> Respo
     state.requests.fetch_add(1, Ordering::SeqCst);
     let _ = state.held.subscribe().wait_for(|held| !*held).await;
     let status = StatusCode::from_u16(state.status.load(Ordering::SeqCst)).unwrap();
-    let cache_control = state.cache_control.lock().unwrap().clone();
-    let body = state.document.lock().unwrap().to_string();
+    let cache_control = state.cache_control.lock().clone();
+    let body = state.document.lock().to_string();
     (status, [(CACHE_CONTROL, cache_control), (CONTENT_TYPE, "application/json".to_string())], body).into_response()
 }
 
@@ -148,11 +148,11 @@ impl FakeJwks {
     }
 
     pub(super) fn publish(&self, document: Value) {
-        *self.state.document.lock().unwrap() = document;
+        *self.state.document.lock() = document;
     }
 
     pub(super) fn set_cache_control(&self, cache_control: &str) {
-        *self.state.cache_control.lock().unwrap() = cache_control.to_string();
+        *self.state.cache_control.lock() = cache_control.to_string();
     }
 
     pub(super) fn answer_with(&self, status: u16) {

@@ -15,7 +15,7 @@
 //! 4. **The end** ([`decide::publications_ended`]): staging tables deleted except those a job
 //!    may still read, and the delivery committed, or failed naming every failed resource.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 
 use futures::StreamExt as _;
 
@@ -48,11 +48,11 @@ struct FirstFailure(Mutex<Option<Problem>>);
 
 impl FirstFailure {
     fn record(&self, problem: Problem) {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert(problem);
+        self.0.lock().get_or_insert(problem);
     }
 
     fn take(self) -> Option<Problem> {
-        self.0.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.0.into_inner()
     }
 }
 

@@ -2,8 +2,8 @@
 //! never labelled by one: the lowest limit (the most slowed destination), the calls in flight
 //! under all of them, and their decreases.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::telemetry;
@@ -22,8 +22,8 @@ impl OperationGauges {
         Self { operation, limits: Mutex::default(), next_id: AtomicU64::new(0) }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, usize>> {
-        self.limits.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<u64, usize>> {
+        self.limits.lock()
     }
 
     /// An id for a new limiter.

@@ -2,7 +2,7 @@
 //! at most this replica's share of the quota in flight ([`ConcurrencyShare`]), callers
 //! waiting for a place taking turns by tenant (`crate::bigquery::fair`).
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 
 use tokio::sync::Notify;
 
@@ -50,7 +50,7 @@ impl ConcurrencyShare {
             tokio::pin!(freed);
             freed.as_mut().enable();
             {
-                let mut in_flight = self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mut in_flight = self.in_flight.lock();
                 if *in_flight < self.limit() {
                     *in_flight += 1;
                     metrics::gauge!(telemetry::QUOTA_IN_FLIGHT, "quota" => self.name).set(*in_flight as f64);
@@ -64,7 +64,7 @@ impl ConcurrencyShare {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        let mut in_flight = self.0.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut in_flight = self.0.in_flight.lock();
         *in_flight -= 1;
         metrics::gauge!(telemetry::QUOTA_IN_FLIGHT, "quota" => self.0.name).set(*in_flight as f64);
         self.0.freed.notify_one();

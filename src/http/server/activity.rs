@@ -6,7 +6,7 @@
 //! accept loop asks whether it is idle (the longest idle is closed when every connection is
 //! taken and another waits).
 
-use std::sync::{Mutex, PoisonError};
+use parking_lot::Mutex;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -102,8 +102,8 @@ impl Activity {
         Self { limits, state: Mutex::new(state), changed: Notify::new() }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, ActivityState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, ActivityState> {
+        self.state.lock()
     }
 
     /// Runs `change` under the lock, then wakes the connection's supervisor.

@@ -3,9 +3,10 @@
 //! (asked to close when every connection is taken and another waits, as nginx reuses its idle
 //! keep-alive connections: idle ones cannot lock a gateway out until their idle timeout).
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use super::activity::{Activity, CloseReason};
 
@@ -54,8 +55,8 @@ impl OpenConnections {
         Arc::new(Self { max_per_peer, table: Mutex::new(Table::default()) })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Table> {
+        self.table.lock()
     }
 
     /// A place for a connection from `peer`; `None` when the peer has as many open as it may.

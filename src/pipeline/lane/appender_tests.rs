@@ -2,7 +2,7 @@
 //! test sees each request's offset as the appender sends it, answers (or not) when it
 //! chooses, and every timeout fires at its exact instant.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::append_rows_response;
@@ -98,7 +98,7 @@ impl AppendService for FakeWrite {
     }
 
     async fn record_retry(&self, retried: Event<'static>) {
-        self.retries.lock().expect("retries").push(retried.detail());
+        self.retries.lock().push(retried.detail());
     }
 }
 
@@ -112,7 +112,7 @@ impl AppendChannel for FakeChannel {
     }
 
     fn unsent_since(&self) -> Option<Instant> {
-        *self.unsent_since.lock().expect("unsent_since")
+        *self.unsent_since.lock()
     }
 
     async fn close(self, _within: Duration) {
@@ -169,7 +169,7 @@ impl Harness {
             let retries = Mutex::new(Vec::new());
             let service = FakeWrite { calls: calls_tx, retries, stalled: service_stalled };
             let result = Appender::run(&service, settings, input_rx).await;
-            (result, service.retries.into_inner().expect("retries"))
+            (result, service.retries.into_inner())
         });
         Self { input, calls, stalled, appender }
     }
@@ -321,7 +321,7 @@ async fn a_request_the_connection_does_not_take_fails_the_attempt_at_the_send_ti
     harness.send(3);
     let mut call = harness.next_call(SOON).await.expect("a connection opens");
     assert_eq!(call.request(SOON).await, Some(0));
-    let stuck_since = call.unsent_since.lock().expect("unsent_since").expect("stalled");
+    let stuck_since = call.unsent_since.lock().expect("stalled");
     harness.stalled.store(false, Ordering::SeqCst);
     let again = harness.next_call(SEND_TIMEOUT + BACKOFF * 3).await.expect("reconnected");
     let waited = again.opened_at - stuck_since;

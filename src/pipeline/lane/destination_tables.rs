@@ -12,8 +12,9 @@
 //! table forgets it (the next one reads the table again), so what is remembered is never older
 //! than the last change this execution made.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use google_cloud_bigquery_v2::model::Table;
 use tokio::sync::{Mutex as AsyncMutex, MutexGuard};
@@ -66,7 +67,7 @@ impl DestinationTables {
         table: &str,
     ) -> Arc<DestinationTable> {
         let key = (resource.delivery.clone(), project.to_string(), dataset.to_string(), table.to_string());
-        let mut registry = self.registry.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut registry = self.registry.lock();
         if let Some(held) = registry.tables.get(&key).and_then(Weak::upgrade) {
             return held;
         }
@@ -82,7 +83,7 @@ impl DestinationTables {
     /// Tables some lane still holds (tests).
     #[cfg(test)]
     fn held(&self) -> usize {
-        self.registry.lock().unwrap().tables.values().filter(|table| table.strong_count() > 0).count()
+        self.registry.lock().tables.values().filter(|table| table.strong_count() > 0).count()
     }
 }
 
@@ -123,7 +124,7 @@ mod tests {
         for i in 0..200 {
             drop(tables.of(&resource("e1", "a"), "p", "d", &format!("t{i}")));
         }
-        let entries = tables.registry.lock().unwrap().tables.len();
+        let entries = tables.registry.lock().tables.len();
         assert!(entries < 200, "swept: {entries} entries");
         assert!(Arc::ptr_eq(&held, &tables.of(&resource("e1", "b"), "p", "d", "t")));
     }
