@@ -196,24 +196,18 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let store =
         Store::connect(&store_settings(&config.infrastructure.database)).await.context("connecting to Postgres")?;
     store.migrate().await.context("applying migrations")?;
-    let listener = tokio::net::TcpListener::bind(config.http.listen)
-        .await
-        .with_context(|| format!("binding {}", config.http.listen))?;
+    let listen = config.http.listen;
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     let address = listener.local_addr()?;
     let tls = tls_certificate(&config)?;
     let scheme = tls.as_ref().map_or("http", |_| "https");
-    // `ServeConfig::validate` refused an http:// URL beside TLS: forwarded requests carry the
-    // caller's credential, never in clear from a TLS fleet.
     let advertise_url = advertised_url(config.fleet.advertise_url.as_deref(), address, scheme);
     let replica = Replica::new(store.clone(), Duration::from_secs(config.fleet.replica_lease_secs), advertise_url);
     // Only executions whose replica stopped renewing its lease fail: live replicas keep theirs.
     replica.sweep().await;
     tracing::info!(replica = %replica.lease.owner, lease_secs = config.fleet.replica_lease_secs,
         advertise_url = replica.lease.url.as_deref().unwrap_or("none (no forwarding to this replica)"), "gateway replica");
-    let endpoints = Endpoints::new(
-        config.infrastructure.bigquery_emulator_host.as_deref(),
-        config.infrastructure.bigquery_storage_emulator_host.as_deref(),
-    );
+    let endpoints = endpoints(&config);
     let quotas = paced_quotas(&config, &replica).await;
     let bigquery =
         connect_bigquery(&endpoints, config.storage_write.append_gzip_level, retry_policy(&config), quotas).await?;
@@ -445,13 +439,23 @@ async fn hand_over_on_signal(replica: Replica, pipeline: Pipeline, delay: Durati
 }
 
 /// Where other replicas forward to this one: the configured URL, else the listen address when
-/// it names a host (not `0.0.0.0` / `::`).
+/// it names a host (not `0.0.0.0` / `::`). `ServeConfig::validate` refused an http:// URL beside
+/// TLS: forwarded requests carry the caller's credential, never in clear from a TLS fleet.
 fn advertised_url(configured: Option<&str>, listening: std::net::SocketAddr, scheme: &str) -> Option<String> {
     match configured.map(str::trim).filter(|url| !url.is_empty()) {
         Some(url) => Some(url.trim_end_matches('/').to_string()),
         None if listening.ip().is_unspecified() => None,
         None => Some(format!("{scheme}://{listening}")),
     }
+}
+
+/// Where BigQuery is: Google's endpoints, or the emulator's when configured.
+fn endpoints(config: &ServeConfig) -> Endpoints {
+    let infrastructure = &config.infrastructure;
+    Endpoints::new(
+        infrastructure.bigquery_emulator_host.as_deref(),
+        infrastructure.bigquery_storage_emulator_host.as_deref(),
+    )
 }
 
 /// The certificate to serve HTTPS with, when configured.
