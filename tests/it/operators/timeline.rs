@@ -1,7 +1,8 @@
 //! The execution timeline (`GET .../events`, issue 24, item 2) against the real gateway and
 //! Postgres: an injected append retry (coalesced into one event with its count), the commit's
 //! streams and publication job, the end state, in order; a failed publication job with its
-//! code; polling with `after` returns only what is new.
+//! code; polling with `after` returns only what is new; a set-up recorded under its old kind
+//! (`prepare_finished`) reads as `set_up_finished`.
 
 use std::time::Duration;
 
@@ -234,4 +235,21 @@ async fn a_batch_refused_for_backpressure_is_on_the_timeline_with_its_wait() {
     let waited = backpressure_event(&gw, |event| event["detail"]["refused"] == 1).await;
     let latest_ms = waited["detail"]["waited_ms"].as_i64().unwrap();
     assert!((100..=300).contains(&latest_ms), "at most the 300 ms backpressure wait: {waited}");
+}
+
+/// `set_up_finished` was `prepare_finished` before its rename: a row a replica of the previous
+/// release records under the old kind (during a rolling upgrade) reads under the new one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_set_up_recorded_under_its_old_kind_reads_as_set_up_finished() {
+    let gw = GatewayOptions::new().spawn().await;
+    TestRun::new("r", "e").full_append(&["t"]).open(&gw).await;
+    gw.post_accepted("r", "e", "t", Some(0), ipc_stream(&[ids(0..10)])).await;
+    acknowledged(&gw, 10).await;
+    let mut db = sqlx::PgConnection::connect(&gw.database_url).await.unwrap();
+    let renamed = sqlx::query("UPDATE execution_events SET kind = 'prepare_finished' WHERE kind = 'set_up_finished'")
+        .execute(&mut db)
+        .await
+        .unwrap();
+    assert_eq!(renamed.rows_affected(), 1);
+    assert_eq!(kinds(&events(&gw, 0).await), ["delivery_started", "set_up_finished:t"]);
 }
