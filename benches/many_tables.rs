@@ -91,7 +91,9 @@ impl Contender {
 }
 
 const PROFILE: &str = "many-tables profile (64 / 100)";
-/// The "many tables" profile (docs/operations.md): set-ups and publications at once.
+/// The "many tables" profile (docs/operations.md): set-ups and publications at once. Under the
+/// set-up limit's old name (`FILAMENT_MAX_CONCURRENT_SET_UPS` now) for as long as it is
+/// accepted, so that the previous main's binary, which knows only that one, reads it too.
 const MANY_TABLES_PROFILE: [(&str, &str); 2] =
     [("FILAMENT_MAX_CONCURRENT_PREPARES", "64"), ("FILAMENT_MAX_CONCURRENT_PUBLICATIONS", "100")];
 

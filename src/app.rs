@@ -26,7 +26,6 @@ use crate::bigquery::retry::RetryPolicy;
 use crate::bigquery::{BigQuery, Endpoints};
 use crate::config::{DatabaseConfig, ServeConfig};
 use crate::http::server::{self, ConnectionLimits, http1_header_fields_parsed, http1_read_buffer_bytes};
-use crate::model::MAX_APPEND_PAYLOAD_BYTES;
 use crate::pipeline::lane::AppendTimeouts;
 use crate::pipeline::{Pipeline, PipelineLimits};
 use crate::publish::PUBLICATION_RETRY;
@@ -49,9 +48,6 @@ const APPEND_MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// Longest delay between two attempts while BigQuery's quota is exhausted.
 const QUOTA_MAX_BACKOFF: Duration = Duration::from_secs(30);
 
-/// Smallest accepted `FILAMENT_MAX_APPEND_REQUEST_BYTES`.
-const MIN_APPEND_REQUEST_BYTES: usize = 64 * 1024;
-
 fn store_settings(database: &DatabaseConfig) -> StoreSettings {
     StoreSettings { database_url: database.database_url.clone(), max_connections: database.database_max_connections }
 }
@@ -67,63 +63,60 @@ pub async fn migrate(database: DatabaseConfig) -> anyhow::Result<()> {
 /// creation, set-up and REST calls share; publications take it with their own attempts and
 /// backoff ([`crate::publish::PUBLICATION_RETRY`]).
 fn retry_policy(config: &ServeConfig) -> RetryPolicy {
-    let initial_backoff = Duration::from_millis(config.append_initial_backoff_ms);
+    let initial_backoff = Duration::from_millis(config.control_plane.bigquery_initial_backoff_ms);
     RetryPolicy {
-        max_attempts: config.append_max_attempts,
+        max_attempts: config.control_plane.bigquery_max_attempts,
         backoff: Backoff::new(initial_backoff, APPEND_MAX_BACKOFF),
-        quota_wait: Duration::from_secs(config.quota_wait_secs),
+        quota_wait: Duration::from_secs(config.control_plane.quota_wait_secs),
         quota_backoff: Backoff::new(initial_backoff, QUOTA_MAX_BACKOFF),
     }
 }
 
-/// The upload pipeline's limits from the configuration (defaults: `config.rs`).
-fn pipeline_limits(config: &ServeConfig) -> anyhow::Result<PipelineLimits> {
-    if !(MIN_APPEND_REQUEST_BYTES..=MAX_APPEND_PAYLOAD_BYTES).contains(&config.max_append_request_bytes) {
-        anyhow::bail!("FILAMENT_MAX_APPEND_REQUEST_BYTES must be between 64 KiB and 9 MiB");
-    }
-    Ok(PipelineLimits {
-        max_buffered_bytes: config.max_buffered_bytes,
+/// The upload pipeline's limits from the configuration (defaults and bounds: `config`).
+fn pipeline_limits(config: &ServeConfig) -> PipelineLimits {
+    PipelineLimits {
+        max_buffered_bytes: config.memory.max_buffered_bytes,
         max_buffered_bytes_per_resource: config
+            .memory
             .max_buffered_bytes_per_resource
-            .unwrap_or(config.max_buffered_bytes / 2)
-            .min(config.max_buffered_bytes),
+            .unwrap_or(config.memory.max_buffered_bytes / 2)
+            .min(config.memory.max_buffered_bytes),
         max_concurrent_batch_decodes: config
+            .memory
             .max_concurrent_batch_decodes
             .map_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()).max(2), |slots| slots as usize),
-        max_receiving_bytes: config.max_receiving_bytes.unwrap_or(config.max_batch_body_bytes.saturating_mul(2)),
-        backpressure_wait: Duration::from_millis(config.backpressure_wait_ms),
-        inflight_per_stream: config.inflight_per_stream as usize,
-        max_inflight_requests: config.max_inflight_requests as usize,
-        max_append_connections: config.max_append_connections as usize,
-        append_connection_idle: Duration::from_secs(config.append_connection_idle_secs),
-        max_concurrent_prepares: config.max_concurrent_prepares as usize,
-        max_open_lanes_per_principal: config.fairness.max_open_lanes_per_principal as usize,
+        max_receiving_bytes: config
+            .memory
+            .max_receiving_bytes
+            .unwrap_or(config.memory.max_batch_body_bytes.saturating_mul(2)),
+        backpressure_wait: Duration::from_millis(config.memory.backpressure_wait_ms),
+        inflight_per_stream: config.storage_write.inflight_per_stream as usize,
+        max_inflight_requests: config.storage_write.max_inflight_requests as usize,
+        max_append_connections: config.storage_write.max_append_connections as usize,
+        append_connection_idle: Duration::from_secs(config.storage_write.append_connection_idle_secs),
+        max_concurrent_set_ups: config.control_plane.max_concurrent_set_ups as usize,
+        max_open_lanes_per_principal: config.control_plane.fairness.max_open_lanes_per_principal as usize,
         retry: retry_policy(config),
         append_timeouts: AppendTimeouts {
-            response: Duration::from_secs(config.append_response_timeout_secs),
-            send: Duration::from_secs(config.append_send_timeout_secs),
+            response: Duration::from_secs(config.storage_write.append_response_timeout_secs),
+            send: Duration::from_secs(config.storage_write.append_send_timeout_secs),
         },
-    })
+    }
 }
 
 /// The Google ID-token verifier, when an audience is configured. Its keys are fetched over
-/// HTTPS only (plain HTTP to a loopback address, for tests and local development), following no
-/// redirect and ignoring ambient proxy variables: whoever could answer the fetch could mint
-/// identities.
+/// HTTPS only (plain HTTP to a loopback address, for tests and local development: checked by
+/// `ServeConfig::validate`), following no redirect and ignoring ambient proxy variables: whoever
+/// could answer the fetch could mint identities.
 fn id_token_verifier(config: &ServeConfig) -> anyhow::Result<Option<IdTokenVerifier>> {
-    let Some(audience) = config.google_id_token_audience.as_deref() else { return Ok(None) };
-    let jwks_url = reqwest::Url::parse(&config.google_jwks_url).context("FILAMENT_GOOGLE_JWKS_URL")?;
-    let host = jwks_url.host_str().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
-    let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
-    if jwks_url.scheme() != "https" && !(jwks_url.scheme() == "http" && loopback) {
-        anyhow::bail!("FILAMENT_GOOGLE_JWKS_URL must be https:// (plain http only to a loopback address)");
-    }
+    let Some(audience) = config.access.google_id_token_audience.as_deref() else { return Ok(None) };
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
         .build()
         .context("building the JWKS client")?;
-    let settings = IdTokenSettings { audience: audience.trim().to_string(), jwks_url: config.google_jwks_url.clone() };
+    let settings =
+        IdTokenSettings { audience: audience.trim().to_string(), jwks_url: config.access.google_jwks_url.clone() };
     Ok(Some(IdTokenVerifier::new(settings, client)))
 }
 
@@ -143,8 +136,8 @@ pub fn new_token(principal: &str) -> Result<String, String> {
 /// The console's sessions, signed with the key file's key (or a random one of this process),
 /// `Secure` (and `__Host-` prefixed) when clients reach the gateway over TLS.
 fn console_sessions(config: &ServeConfig, over_tls: bool) -> anyhow::Result<ConsoleSessions> {
-    let lifetime = Duration::from_secs(config.console_session_secs);
-    let Some(path) = &config.console_session_key_file else {
+    let lifetime = Duration::from_secs(config.access.console_session_secs);
+    let Some(path) = &config.access.console_session_key_file else {
         tracing::warn!(
             "console sessions are signed with a random key of this process (FILAMENT_CONSOLE_SESSION_KEY_FILE \
              unset): another replica, or this one after a restart, asks to sign in again"
@@ -166,22 +159,22 @@ fn console_sessions(config: &ServeConfig, over_tls: bool) -> anyhow::Result<Cons
 
 fn api_settings(config: &ServeConfig) -> ApiSettings {
     ApiSettings {
-        max_batch_body_bytes: config.max_batch_body_bytes,
-        max_append_request_bytes: config.max_append_request_bytes,
-        readiness_project: config.readiness_project.clone(),
-        pending_stream_max_age: Duration::from_secs(config.pending_stream_max_age_secs),
-        max_uri_bytes: config.max_uri_bytes,
-        max_header_bytes: config.max_header_bytes,
-        max_header_count: config.max_header_count as usize,
+        max_batch_body_bytes: config.memory.max_batch_body_bytes,
+        max_append_request_bytes: config.storage_write.max_append_request_bytes,
+        readiness_project: config.infrastructure.readiness_project.clone(),
+        pending_stream_max_age: Duration::from_secs(config.storage_write.pending_stream_max_age_secs),
+        max_uri_bytes: config.http.max_uri_bytes,
+        max_header_bytes: config.http.max_header_bytes,
+        max_header_count: config.http.max_header_count as usize,
         body_rate: crate::http::body_deadline::BodyRate {
-            initial: Duration::from_secs(config.body_read_timeout_secs),
-            min_rate_bytes_per_sec: config.body_min_rate_bytes_per_sec,
-            max_duration: Duration::from_secs(config.body_max_read_secs),
+            initial: Duration::from_secs(config.http.body_read_timeout_secs),
+            min_rate_bytes_per_sec: config.http.body_min_rate_bytes_per_sec,
+            max_duration: Duration::from_secs(config.http.body_max_read_secs),
         },
-        metrics_token_sha256: config.metrics_token.as_deref().map(crate::principals::token_digest),
+        metrics_token_sha256: config.access.metrics_token.as_deref().map(crate::principals::token_digest),
         connection_tests: crate::bigquery::fair::PerPrincipalCap::new(
             "connection_tests",
-            config.fairness.max_connection_tests_per_principal as usize,
+            config.control_plane.fairness.max_connection_tests_per_principal as usize,
         ),
     }
 }
@@ -199,28 +192,25 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     // Installed before anything records: a gauge set at start (the fleet count, each quota
     // pacer's rate) is otherwise lost until it changes.
     let metrics = telemetry::metrics_handle();
-    let limits = pipeline_limits(&config).context("invalid configuration")?;
-    let store = Store::connect(&store_settings(&config.database)).await.context("connecting to Postgres")?;
+    let limits = pipeline_limits(&config);
+    let store =
+        Store::connect(&store_settings(&config.infrastructure.database)).await.context("connecting to Postgres")?;
     store.migrate().await.context("applying migrations")?;
-    let listener =
-        tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
+    let listen = config.http.listen;
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     let address = listener.local_addr()?;
     let tls = tls_certificate(&config)?;
     let scheme = tls.as_ref().map_or("http", |_| "https");
-    let advertise_url = advertised_url(config.advertise_url.as_deref(), address, scheme);
-    if tls.is_some() && advertise_url.as_deref().is_some_and(|url| url.to_ascii_lowercase().starts_with("http://")) {
-        // Forwarded requests carry the caller's credential: never in clear from a TLS fleet.
-        anyhow::bail!("FILAMENT_ADVERTISE_URL is http:// while the gateway serves HTTPS: advertise its https:// URL");
-    }
-    let replica = Replica::new(store.clone(), Duration::from_secs(config.replica_lease_secs), advertise_url);
+    let advertise_url = advertised_url(config.fleet.advertise_url.as_deref(), address, scheme);
+    let replica = Replica::new(store.clone(), Duration::from_secs(config.fleet.replica_lease_secs), advertise_url);
     // Only executions whose replica stopped renewing its lease fail: live replicas keep theirs.
     replica.sweep().await;
-    tracing::info!(replica = %replica.lease.owner, lease_secs = config.replica_lease_secs,
+    tracing::info!(replica = %replica.lease.owner, lease_secs = config.fleet.replica_lease_secs,
         advertise_url = replica.lease.url.as_deref().unwrap_or("none (no forwarding to this replica)"), "gateway replica");
-    let endpoints =
-        Endpoints::new(config.bigquery_emulator_host.as_deref(), config.bigquery_storage_emulator_host.as_deref());
+    let endpoints = endpoints(&config);
     let quotas = paced_quotas(&config, &replica).await;
-    let bigquery = connect_bigquery(&endpoints, config.append_gzip_level, retry_policy(&config), quotas).await?;
+    let bigquery =
+        connect_bigquery(&endpoints, config.storage_write.append_gzip_level, retry_policy(&config), quotas).await?;
 
     let (sources, principals, generated_token) = initial_principals(&config)?;
     let stop_watching = tokio_util::sync::CancellationToken::new();
@@ -240,14 +230,14 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         auth: Authenticator::new(principals.clone(), id_token_verifier(&config)?),
         metrics,
         commits: commits.clone(),
-        request_slots: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_requests as usize)),
+        request_slots: Arc::new(tokio::sync::Semaphore::new(config.http.max_concurrent_requests as usize)),
         replica: replica.clone(),
         forwarder: forwarder(&config)?,
-        console: console_sessions(&config, tls.is_some() || config.behind_tls)?,
+        console: console_sessions(&config, tls.is_some() || config.http.behind_tls)?,
         readiness: crate::api::health::ReadinessProbe::default(),
     });
     let stop_heartbeat = tokio_util::sync::CancellationToken::new();
-    let heartbeat = replica.spawn_heartbeat(config.retention_days, stop_heartbeat.clone());
+    let heartbeat = replica.spawn_heartbeat(config.infrastructure.retention_days, stop_heartbeat.clone());
 
     tracing::info!(%address, emulator = endpoints.emulator, rest = %endpoints.rest, grpc = %endpoints.grpc, "gateway listening");
     // Standard output carries exactly these lines, for scripts and the test harness.
@@ -256,8 +246,11 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         println!("development token (pass as Authorization: Bearer <token>): {token}");
     }
 
-    let drained =
-        hand_over_on_signal(replica.clone(), state.pipeline.clone(), Duration::from_secs(config.shutdown_delay_secs));
+    let drained = hand_over_on_signal(
+        replica.clone(),
+        state.pipeline.clone(),
+        Duration::from_secs(config.fleet.shutdown_delay_secs),
+    );
     let acceptor = tls.as_ref().map(|certificate| {
         tokio::spawn(Arc::clone(certificate).keep_current(stop_watching.clone()));
         tokio_rustls::TlsAcceptor::from(certificate.server_config())
@@ -283,7 +276,7 @@ fn log_write_settings(bigquery: &BigQuery, limits: &PipelineLimits, publisher: &
         max_inflight_requests = limits.max_inflight_requests,
         max_append_connections = limits.max_append_connections,
         inflight_per_stream = limits.inflight_per_stream,
-        max_concurrent_prepares = limits.max_concurrent_prepares,
+        max_concurrent_set_ups = limits.max_concurrent_set_ups,
         max_concurrent_publications = publisher.max_concurrent_publications,
         max_buffered_bytes = limits.max_buffered_bytes,
         "bigquery.write.ready"
@@ -293,18 +286,18 @@ fn log_write_settings(bigquery: &BigQuery, limits: &PipelineLimits, publisher: &
 /// The BigQuery quotas the fleet paces by, as the operator set them (defaults: Google's).
 fn quota_settings(config: &ServeConfig) -> QuotaSettings {
     QuotaSettings {
-        tables_insert_per_second: config.quotas.quota_tables_insert_per_second,
-        api_requests_per_second_per_method: config.quotas.quota_api_requests_per_second_per_method,
-        concurrent_api_requests: config.quotas.quota_concurrent_api_requests as usize,
-        create_write_streams_per_hour: config.quotas.quota_create_write_streams_per_hour,
-        stream_quota_reading: config.quotas.quota_create_write_stream_reading,
+        tables_insert_per_second: config.control_plane.quotas.quota_tables_insert_per_second,
+        api_requests_per_second_per_method: config.control_plane.quotas.quota_api_requests_per_second_per_method,
+        concurrent_api_requests: config.control_plane.quotas.quota_concurrent_api_requests as usize,
+        create_write_streams_per_hour: config.control_plane.quotas.quota_create_write_streams_per_hour,
+        stream_quota_reading: config.control_plane.quotas.quota_create_write_stream_reading,
     }
 }
 
 /// The key of job-id tags: `FILAMENT_JOB_ID_KEY_FILE`'s, else the fleet's newest generation in
 /// Postgres (this replica's random key becomes generation 1 when there is none yet).
 async fn job_id_key(config: &ServeConfig, store: &Store) -> anyhow::Result<JobIdKey> {
-    let key = match &config.job_id_key_file {
+    let key = match &config.fleet.job_id_key_file {
         Some(path) => {
             let secret =
                 std::fs::read(path).with_context(|| format!("reading FILAMENT_JOB_ID_KEY_FILE {}", path.display()))?;
@@ -329,15 +322,18 @@ fn publisher(
     pipeline: &Pipeline,
     job_ids: JobIdKey,
 ) -> Publisher {
-    let maximum = config.max_concurrent_publications as usize;
+    let maximum = config.control_plane.max_concurrent_publications as usize;
     Publisher {
         store: store.clone(),
         bigquery: bigquery.clone(),
         pipeline: pipeline.clone(),
-        query_job_timeout: Duration::from_secs(config.query_job_timeout_secs),
+        query_job_timeout: Duration::from_secs(config.control_plane.query_job_timeout_secs),
         max_concurrent_publications: maximum,
         publications: AdaptiveLimits::starting_at("publication", BIGQUERY_CONCURRENT_QUERIES, maximum),
-        retry: RetryPolicy { quota_wait: Duration::from_secs(config.quota_wait_secs), ..PUBLICATION_RETRY },
+        retry: RetryPolicy {
+            quota_wait: Duration::from_secs(config.control_plane.quota_wait_secs),
+            ..PUBLICATION_RETRY
+        },
         job_ids,
     }
 }
@@ -363,7 +359,7 @@ async fn connect_bigquery(
 /// The client forwarding requests to the replica serving an execution (HTTPS trusting
 /// `FILAMENT_FORWARD_CA_FILE` too, when set).
 fn forwarder(config: &ServeConfig) -> anyhow::Result<crate::api::forward::Forwarder> {
-    let tls = crate::http::tls::forwarding_client_config(config.forward_ca_file.as_deref())
+    let tls = crate::http::tls::forwarding_client_config(config.fleet.forward_ca_file.as_deref())
         .map_err(anyhow::Error::msg)
         .context("FILAMENT_FORWARD_CA_FILE")?;
     Ok(crate::api::forward::Forwarder::new(tls))
@@ -371,8 +367,8 @@ fn forwarder(config: &ServeConfig) -> anyhow::Result<crate::api::forward::Forwar
 
 /// Where principals come from: the file, and `FILAMENT_API_TOKENS` as principal `default`.
 fn principal_sources(config: &ServeConfig) -> PrincipalSources {
-    let api_tokens = config.api_tokens.iter().map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect();
-    PrincipalSources { file: config.principals_file.clone(), api_tokens }
+    let api_tokens = config.access.api_tokens.iter().map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect();
+    PrincipalSources { file: config.access.principals_file.clone(), api_tokens }
 }
 
 /// The principals in force at start, their sources (for reloads), and the development token
@@ -381,7 +377,7 @@ fn principal_sources(config: &ServeConfig) -> PrincipalSources {
 fn initial_principals(config: &ServeConfig) -> anyhow::Result<(PrincipalSources, Principals, Option<String>)> {
     let mut sources = principal_sources(config);
     // `ServeConfig::validate` refused it beside configured tokens or a principals file.
-    let generated_token = if config.dev_generate_token {
+    let generated_token = if config.access.dev_generate_token {
         let token = format!("dev-{}", hex::encode(rand::random::<[u8; 16]>()));
         sources.api_tokens.push(token.clone());
         Some(token)
@@ -398,7 +394,7 @@ const RESERVED_FILE_DESCRIPTORS: u64 = 256;
 
 /// What client connections may hold; `max_connections` within the open-files limit.
 fn connection_limits(config: &ServeConfig) -> ConnectionLimits {
-    let configured = u64::from(config.max_connections);
+    let configured = u64::from(config.http.max_connections);
     let max_connections = match server::open_files_limit() {
         Some(limit) if configured + RESERVED_FILE_DESCRIPTORS > limit => {
             let lowered = limit.saturating_sub(RESERVED_FILE_DESCRIPTORS).max(1);
@@ -413,19 +409,19 @@ fn connection_limits(config: &ServeConfig) -> ConnectionLimits {
         _ => configured,
     };
     ConnectionLimits {
-        read_buffer_bytes: http1_read_buffer_bytes(config.max_uri_bytes, config.max_header_bytes),
-        http1_header_fields_parsed: http1_header_fields_parsed(config.max_header_count as usize),
+        read_buffer_bytes: http1_read_buffer_bytes(config.http.max_uri_bytes, config.http.max_header_bytes),
+        http1_header_fields_parsed: http1_header_fields_parsed(config.http.max_header_count as usize),
         max_connections: max_connections as usize,
-        header_read_timeout: Duration::from_secs(config.header_read_timeout_secs),
-        idle_timeout: Duration::from_secs(config.idle_timeout_secs),
-        max_connections_per_peer: config.connections.max_connections_per_peer.map(|max| max as usize),
+        header_read_timeout: Duration::from_secs(config.http.header_read_timeout_secs),
+        idle_timeout: Duration::from_secs(config.http.idle_timeout_secs),
+        max_connections_per_peer: config.http.connections.max_connections_per_peer.map(|max| max as usize),
         sending: server::SendLimits {
-            max_unsent_bytes: config.connections.max_unsent_response_bytes,
-            min_rate_bytes_per_sec: config.connections.min_send_rate_bytes_per_sec,
-            window: Duration::from_secs(config.write_timeout_secs),
+            max_unsent_bytes: config.http.connections.max_unsent_response_bytes,
+            min_rate_bytes_per_sec: config.http.connections.min_send_rate_bytes_per_sec,
+            window: Duration::from_secs(config.http.write_timeout_secs),
         },
-        shutdown_wait: Duration::from_secs(config.shutdown_connection_wait_secs),
-        max_header_list_bytes: config.max_header_bytes,
+        shutdown_wait: Duration::from_secs(config.http.shutdown_connection_wait_secs),
+        max_header_list_bytes: config.http.max_header_bytes,
     }
 }
 
@@ -443,7 +439,8 @@ async fn hand_over_on_signal(replica: Replica, pipeline: Pipeline, delay: Durati
 }
 
 /// Where other replicas forward to this one: the configured URL, else the listen address when
-/// it names a host (not `0.0.0.0` / `::`).
+/// it names a host (not `0.0.0.0` / `::`). `ServeConfig::validate` refused an http:// URL beside
+/// TLS: forwarded requests carry the caller's credential, never in clear from a TLS fleet.
 fn advertised_url(configured: Option<&str>, listening: std::net::SocketAddr, scheme: &str) -> Option<String> {
     match configured.map(str::trim).filter(|url| !url.is_empty()) {
         Some(url) => Some(url.trim_end_matches('/').to_string()),
@@ -452,9 +449,18 @@ fn advertised_url(configured: Option<&str>, listening: std::net::SocketAddr, sch
     }
 }
 
+/// Where BigQuery is: Google's endpoints, or the emulator's when configured.
+fn endpoints(config: &ServeConfig) -> Endpoints {
+    let infrastructure = &config.infrastructure;
+    Endpoints::new(
+        infrastructure.bigquery_emulator_host.as_deref(),
+        infrastructure.bigquery_storage_emulator_host.as_deref(),
+    )
+}
+
 /// The certificate to serve HTTPS with, when configured.
 fn tls_certificate(config: &ServeConfig) -> anyhow::Result<Option<Arc<ReloadingCertificate>>> {
-    let (Some(cert), Some(key)) = (&config.tls_cert_file, &config.tls_key_file) else { return Ok(None) };
+    let (Some(cert), Some(key)) = (&config.http.tls_cert_file, &config.http.tls_key_file) else { return Ok(None) };
     let files = TlsFiles { cert: cert.clone(), key: key.clone() };
     Ok(Some(ReloadingCertificate::load(files).map_err(anyhow::Error::msg).context("loading the TLS certificate")?))
 }

@@ -1,7 +1,6 @@
 //! Thin entry point: parse the configuration, initialise telemetry, run. `anyhow` lives here only.
 
 use anyhow::Context as _;
-use clap::Parser as _;
 use filament_bigquery::config::{Cli, Command, LogFormat};
 
 /// See Cargo.toml: fewer page faults and less fragmentation on batch-sized buffers.
@@ -13,7 +12,8 @@ const TRACE_FLUSH_AT_MOST: std::time::Duration = std::time::Duration::from_secs(
 
 #[tokio::main]
 async fn main() -> anyhow::Result<std::process::ExitCode> {
-    let cli = Cli::parse();
+    // Renamed settings are still read under their old names (for one release), with a warning.
+    let (cli, old_names): (Cli, _) = filament_bigquery::config::renamed::parse();
     // rustls is compiled with two crypto providers (through dependencies); pick one for the
     // process so TLS to Google never depends on which crate asks first.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
@@ -32,8 +32,9 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
                 .transpose()
                 .context("OTLP trace export (OTEL_EXPORTER_OTLP_*)")?;
             let trace_provider = traces.as_ref().map(filament_bigquery::traces::TraceExport::provider);
-            filament_bigquery::telemetry::init_logging(config.log_format, trace_provider);
-            config.validate().map_err(anyhow::Error::msg).context("invalid configuration")?;
+            filament_bigquery::telemetry::init_logging(config.infrastructure.log_format, trace_provider);
+            old_names.iter().for_each(filament_bigquery::config::renamed::OldName::warn);
+            config.validate()?;
             let served = filament_bigquery::app::serve(*config).await;
             if let Some(traces) = &traces {
                 // The last requests' spans are still queued: send them before the process ends.

@@ -99,7 +99,7 @@ impl ConnectionRefused {
     }
 }
 
-/// `bigquery.write.timing` of one phase of one resource (prepare, ...).
+/// `bigquery.write.timing` of one phase of one resource (set_up, ...).
 #[derive(Debug)]
 pub(crate) struct PhaseTiming<'a> {
     pub(crate) resource: &'a str,
@@ -189,7 +189,7 @@ impl AppendAcknowledged<'_> {
     }
 }
 
-/// `bigquery.write.prepare` with `layout_mismatch`: the existing destination table is laid out
+/// `bigquery.write.set_up` with `layout_mismatch`: the existing destination table is laid out
 /// otherwise than its resource declares. The table is left as it is and loading goes on.
 #[derive(Debug)]
 pub(crate) struct LayoutMismatch<'a> {
@@ -209,7 +209,7 @@ impl LayoutMismatch<'_> {
             .map(|d| format!("{}: table has {}, declared {}", d.option, d.table, d.declared))
             .collect();
         let layout_mismatch = described.join("; ");
-        tracing::warn!(run_id, execution_id, resource, table, %layout_mismatch, "bigquery.write.prepare");
+        tracing::warn!(run_id, execution_id, resource, table, %layout_mismatch, "bigquery.write.set_up");
     }
 }
 
@@ -354,7 +354,7 @@ fn describe_uploads_and_timings() {
     describe_gauge!(
         BIGQUERY_CONCURRENCY_LIMIT,
         Unit::Count,
-        "Calls to BigQuery allowed at once, by operation (prepare, publication): the adaptive limit"
+        "Calls to BigQuery allowed at once, by operation (set_up, stream_creation, publication): the adaptive limit"
     );
     describe_gauge!(
         BIGQUERY_CONCURRENCY_IN_FLIGHT,

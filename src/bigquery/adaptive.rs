@@ -15,7 +15,7 @@
 //!   concurrency) the limit shrinks by [`LATENCY_DECREASE`]; otherwise, if the limit was reached
 //!   during the window and no call in it was that slow, it grows: doubling until the first
 //!   decrease (slow start), then by one.
-//! - **Bounds.** The limit stays within 1 and the maximum (`FILAMENT_MAX_CONCURRENT_PREPARES`,
+//! - **Bounds.** The limit stays within 1 and the maximum (`FILAMENT_MAX_CONCURRENT_SET_UPS`,
 //!   `FILAMENT_MAX_CONCURRENT_PUBLICATIONS`), and starts at [`INITIAL_LIMIT`] (the fixed value
 //!   it replaced), except where BigQuery documents the concurrency it allows
 //!   ([`AdaptiveConcurrency::starting_at`]: publications start at its 100 concurrent queries).
@@ -72,7 +72,7 @@ pub(crate) struct AdaptiveConcurrency {
 
 #[derive(Debug)]
 struct Limiter {
-    /// `prepare`, `publication`: the metrics' `operation` label.
+    /// `set_up`, `stream_creation`, `publication`: the metrics' `operation` label.
     operation: &'static str,
     /// Its key among the operation's limits in the gauges.
     id: u64,

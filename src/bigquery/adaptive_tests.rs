@@ -135,7 +135,7 @@ async fn refused_after(latency: Duration) -> Result<(), Refused> {
 
 #[tokio::test(start_paused = true)]
 async fn a_principals_one_set_up_waits_one_round_behind_another_principals_thousand() {
-    let limits = AdaptiveLimits::new("prepare", 1);
+    let limits = AdaptiveLimits::new("set_up", 1);
     let destination = ProjectLocation::new("p", None);
     let started = Instant::now();
     let bulk: Vec<_> = (0..1_000)

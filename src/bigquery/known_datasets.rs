@@ -1,7 +1,7 @@
 //! Datasets this process has already found or created, with their location, so that the
 //! resources sharing a dataset check it once: a thousand resources starting at once would
 //! otherwise send a thousand `datasets.get` calls (BigQuery limits API requests per method and
-//! user to about 100 a second). [`crate::pipeline`]'s prepare step asks here before it creates
+//! user to about 100 a second). [`crate::pipeline`]'s set-up step asks here before it creates
 //! the tables.
 //!
 //! An answer is trusted for [`DATASET_KNOWN_FOR`]; checks of one dataset that arrive together

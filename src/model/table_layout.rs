@@ -227,7 +227,7 @@ fn struct_fields(data_type: &DataType) -> Option<&Fields> {
 }
 
 /// One way an existing destination table's layout differs from the declaration (the table is
-/// left as it is; `layout_mismatch` on the resource view and the `bigquery.write.prepare` event).
+/// left as it is; `layout_mismatch` on the resource view and the `bigquery.write.set_up` event).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub(crate) struct LayoutDifference {
     /// `partitioning`, `clustering` or `require_partition_filter`.

@@ -8,7 +8,7 @@
 //!
 //! Declared on `PUT /v1/runs/{run}/resources/{resource}` (`api::runs`), stored with the resource
 //! (`store::runs`, one JSONB column so later options need no migration), covered by the
-//! publication's fingerprint (`publish::fingerprint`), added to the destination table at prepare
+//! publication's fingerprint (`publish::fingerprint`), added to the destination table at set-up
 //! (`pipeline::lane::set_up`) and set by the statement (`publish::sql`).
 
 use serde::{Deserialize, Serialize};

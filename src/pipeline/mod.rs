@@ -14,7 +14,7 @@
 //! - `max_append_connections` (1,000): AppendRows connections open at once; a lane takes one
 //!   before its first request and gives it back once idle (BigQuery limits concurrent
 //!   connections per project).
-//! - `max_concurrent_prepares` (8): the most resources creating tables and streams at once in
+//! - `max_concurrent_set_ups` (8): the most resources creating tables and streams at once in
 //!   one project and location, separate from lanes so new tables get set up while established
 //!   ones upload; within it the adaptive limit ([`crate::bigquery::adaptive`]) finds what
 //!   BigQuery allows, never more, and principals take turns (`crate::bigquery::fair`).
@@ -56,7 +56,7 @@ use gate::{Lane, lock};
 use lane::accumulator::LanePressure;
 use lane::{AppendTimeouts, LaneCommand, LearnedDestination};
 
-/// Limits of the pipeline (their defaults and meaning: `config.rs`).
+/// Limits of the pipeline (their defaults and meaning: `config`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PipelineLimits {
     pub(crate) max_buffered_bytes: usize,
@@ -75,7 +75,7 @@ pub(crate) struct PipelineLimits {
     pub(crate) max_append_connections: usize,
     /// How long an idle AppendRows connection is kept while no lane waits for a place.
     pub(crate) append_connection_idle: Duration,
-    pub(crate) max_concurrent_prepares: usize,
+    pub(crate) max_concurrent_set_ups: usize,
     /// Lanes one principal may have open on this replica.
     pub(crate) max_open_lanes_per_principal: usize,
     /// How appends, `CreateWriteStream` and set-up are retried.
@@ -116,8 +116,8 @@ impl Pipeline {
                     limits.max_append_connections,
                     limits.append_connection_idle,
                 ),
-                prepares: AdaptiveLimits::new("prepare", limits.max_concurrent_prepares),
-                stream_creations: AdaptiveLimits::new("stream_creation", limits.max_concurrent_prepares),
+                prepares: AdaptiveLimits::new("set_up", limits.max_concurrent_set_ups),
+                stream_creations: AdaptiveLimits::new("stream_creation", limits.max_concurrent_set_ups),
                 inflight_per_stream: limits.inflight_per_stream,
                 retry: limits.retry,
                 append_timeouts: limits.append_timeouts,

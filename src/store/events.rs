@@ -1,8 +1,8 @@
 //! The timeline of a delivery: events recorded as the gateway acts (delivery started, tables
-//! prepared, append retries, pause, commit started, streams committed, publication jobs, hand-
+//! set up, append retries, pause, commit started, streams committed, publication jobs, hand-
 //! overs, the end state) and read back in order by `GET .../events`. Recording is best effort:
 //! a timeline row that cannot be written is logged and the operation it describes goes on;
-//! except a stream's events (prepared, committed), which are written by the statement that
+//! except a stream's events (set up, committed), which are written by the statement that
 //! changes its staging row ([`Store::change_stream`]): one round trip, standing or falling
 //! together.
 //! None of these is per batch, so a batch costs no extra Postgres round trip, except one that
@@ -33,8 +33,12 @@ pub(crate) const BACKPRESSURE_EVENT_MIN_MS: u64 = 100;
 pub(crate) enum EventKind {
     /// A delivery of the execution began (`delivery`).
     DeliveryStarted,
-    /// A resource's tables and pending stream are ready (`duration_ms`, `table`).
-    PrepareFinished,
+    /// A resource's tables and pending stream are ready (`duration_ms`, `table`). Stored as
+    /// `prepare_finished` before its rename: migration 0019 renamed the stored rows, and
+    /// `stored_kind!` reads a row a replica of the previous release writes during a rolling
+    /// upgrade under the new name.
+    #[serde(alias = "prepare_finished")]
+    SetUpFinished,
     /// An AppendRows attempt failed (`code`, `attempt`, `retryable`); repeats of one resource
     /// with the same code are one event whose `count` grows.
     AppendRetried,
@@ -83,7 +87,7 @@ impl EventKind {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             EventKind::DeliveryStarted => "delivery_started",
-            EventKind::PrepareFinished => "prepare_finished",
+            EventKind::SetUpFinished => "set_up_finished",
             EventKind::AppendRetried => "append_retried",
             EventKind::BackpressureWaited => "backpressure_waited",
             EventKind::Paused => "paused",
@@ -179,6 +183,14 @@ impl Event<'_> {
     }
 }
 
+/// The stored kind as read, a kind renamed since it was written under its new name (the
+/// previous release's replicas write `prepare_finished` until they are replaced).
+macro_rules! stored_kind {
+    () => {
+        "CASE kind WHEN 'prepare_finished' THEN 'set_up_finished' ELSE kind END AS kind"
+    };
+}
+
 /// One event as stored and answered.
 #[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
 pub(crate) struct EventRecord {
@@ -230,7 +242,7 @@ const RECORD_EVENT: &str = concat!("WITH ", record_event_ctes!());
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum StreamChange<'a> {
     /// Its PENDING stream exists: its name is recorded before any commit, so a commit whose
-    /// answer was lost can be resolved by asking BigQuery (`prepare_finished`).
+    /// answer was lost can be resolved by asking BigQuery (`set_up_finished`).
     /// `path`: where the stream writes (the destination `table` itself, or a staging table);
     /// `declined`: why a resource declared `direct_append` loads through staging all the same.
     Created { stream_name: &'a str, duration_ms: u64, table: &'a str, path: &'a WritePath, declined: Option<&'a str> },
@@ -263,7 +275,7 @@ impl StreamChange<'_> {
     fn parts(self) -> (EventKind, &'static str) {
         match self {
             StreamChange::Created { .. } => (
-                EventKind::PrepareFinished,
+                EventKind::SetUpFinished,
                 concat!(
                     "WITH changed AS (UPDATE staging_streams SET stream_name = $10, stream_created_at = now(),
                              direct_append = $11
@@ -331,10 +343,12 @@ impl Store {
 
     /// The execution's newest `limit` events (every delivery), oldest first.
     pub(crate) async fn latest_events(&self, key: &ExecutionKey, limit: i64) -> StoreResult<Vec<EventRecord>> {
-        let mut events: Vec<EventRecord> = sqlx::query_as(
-            "SELECT event_id, delivery, at, kind, resource, count, detail FROM execution_events
-             WHERE run_id = $1 AND execution_id = $2 ORDER BY event_id DESC LIMIT $3",
-        )
+        let mut events: Vec<EventRecord> = sqlx::query_as(concat!(
+            "SELECT event_id, delivery, at, ",
+            stored_kind!(),
+            ", resource, count, detail FROM execution_events
+             WHERE run_id = $1 AND execution_id = $2 ORDER BY event_id DESC LIMIT $3"
+        ))
         .bind_execution(key)
         .bind(limit)
         .fetch_all(&self.pool)
@@ -350,11 +364,13 @@ impl Store {
         after: i64,
         limit: i64,
     ) -> StoreResult<Vec<EventRecord>> {
-        Ok(sqlx::query_as(
-            "SELECT event_id, delivery, at, kind, resource, count, detail FROM execution_events
+        Ok(sqlx::query_as(concat!(
+            "SELECT event_id, delivery, at, ",
+            stored_kind!(),
+            ", resource, count, detail FROM execution_events
              WHERE run_id = $1 AND execution_id = $2 AND event_id > $3
-             ORDER BY event_id LIMIT $4",
-        )
+             ORDER BY event_id LIMIT $4"
+        ))
         .bind_execution(key)
         .bind(after)
         .bind(limit)

@@ -53,7 +53,7 @@ pub(crate) struct ResourceRecord {
     pub(crate) table_options: Option<TableOptions>,
     #[sqlx(json)]
     pub(crate) write_options: WriteOptions,
-    /// How the existing destination table's layout differs from `table_options` (last prepare);
+    /// How the existing destination table's layout differs from `table_options` (last set-up);
     /// not part of the declaration.
     #[sqlx(json(nullable))]
     pub(crate) layout_mismatch: Option<Vec<LayoutDifference>>,

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::telemetry;
 
-/// The gauges of one operation (`prepare`, `stream_creation`, `publication`).
+/// The gauges of one operation (`set_up`, `stream_creation`, `publication`).
 #[derive(Debug)]
 pub(super) struct OperationGauges {
     pub(super) operation: &'static str,

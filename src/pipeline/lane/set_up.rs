@@ -6,8 +6,7 @@
 //! is sent. The [`super::appender`] appends to that stream. A resource declared `direct_append`
 //! whose columns go in as sent gets no staging table: its stream writes into the destination
 //! ([`super::write_path`]). A declared widening (`widen_columns`) is checked here and left to
-//! the publication, after the commit's barrier (`publish::widen`). (Logs and metrics keep the
-//! documented name `prepare`: `bigquery.write.prepare.started`, `max_concurrent_prepares`.)
+//! the publication, after the commit's barrier (`publish::widen`).
 
 use tokio::time::Instant;
 
@@ -29,7 +28,7 @@ use crate::store::StreamChange;
 use crate::telemetry::{LayoutMismatch, PhaseTiming};
 
 /// Sets up the lane's tables and stream under the adaptive set-up limit of its project and
-/// location ([`crate::bigquery::adaptive`], at most `max_concurrent_prepares` at once into one;
+/// location ([`crate::bigquery::adaptive`], at most `max_concurrent_set_ups` at once into one;
 /// `CreateWriteStream` under a limit of its own within it), taking turns with the other
 /// principals' set-ups (`crate::bigquery::fair`); returns the PENDING stream's name and the
 /// columns as the destination takes them.
@@ -55,7 +54,7 @@ pub(super) async fn set_up(
         };
         let (attempt, action) = refusals.record(&context.retry, RetryClass::Pushback);
         Retried {
-            operation: "prepare",
+            operation: "set_up",
             resource: Some(&target.resource.resource),
             code: "quota",
             class: RetryClass::Pushback,
@@ -133,7 +132,7 @@ async fn set_up_once(
     let started = Instant::now();
     let resource = &target.resource;
     tracing::info!(run_id = %resource.delivery.run_id(), execution_id = %resource.delivery.execution_id(),
-        resource = %resource.resource, table = %target.destination_table, "bigquery.write.prepare.started");
+        resource = %resource.resource, table = %target.destination_table, "bigquery.write.set_up.started");
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
     let existing_location = bigquery.ensure_dataset(project, dataset, target.location.as_deref()).await?;
     check_location(target, existing_location.as_deref())?;
@@ -169,7 +168,7 @@ async fn set_up_once(
     let declined = declined.as_deref();
     let created = StreamChange::Created { stream_name: &stream_name, duration_ms, table, path: &path, declined };
     context.store.change_stream(resource, created).await.map_err(Problem::from)?;
-    PhaseTiming { resource: &resource.resource, phase: "prepare", duration }.emit();
+    PhaseTiming { resource: &resource.resource, phase: "set_up", duration }.emit();
     Ok(SetUp { stream_name, destination_columns, write_path: path })
 }
 

@@ -1,7 +1,8 @@
 //! The execution timeline (`GET .../events`, issue 24, item 2) against the real gateway and
 //! Postgres: an injected append retry (coalesced into one event with its count), the commit's
 //! streams and publication job, the end state, in order; a failed publication job with its
-//! code; polling with `after` returns only what is new.
+//! code; polling with `after` returns only what is new; a set-up recorded under its old kind
+//! (`prepare_finished`) reads as `set_up_finished`.
 
 use std::time::Duration;
 
@@ -49,12 +50,12 @@ fn event<'a>(page: &'a Value, kind: &str) -> &'a Value {
 async fn the_timeline_shows_a_coalesced_retry_the_commit_and_the_end_in_order() {
     let fake = FakeWrite::start().await;
     fake.script([AppendFault::Status(tonic::Code::Unavailable), AppendFault::Status(tonic::Code::Unavailable)]);
-    let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(Duration::from_millis(20)).spawn().await;
+    let gw = GatewayOptions::new().fake_write(&fake).bigquery_initial_backoff(Duration::from_millis(20)).spawn().await;
     TestRun::new("r", "e").full_append(&["t"]).open(&gw).await;
     gw.post_accepted("r", "e", "t", Some(0), ipc_stream(&[ids(0..10)])).await;
     acknowledged(&gw, 10).await;
     let before_commit = events(&gw, 0).await;
-    assert_eq!(kinds(&before_commit), ["delivery_started", "prepare_finished:t", "append_retried:t"]);
+    assert_eq!(kinds(&before_commit), ["delivery_started", "set_up_finished:t", "append_retried:t"]);
     let retried = event(&before_commit, "append_retried");
     assert_eq!(
         (retried["count"].as_i64(), retried["detail"]["code"].as_str()),
@@ -62,7 +63,7 @@ async fn the_timeline_shows_a_coalesced_retry_the_commit_and_the_end_in_order() 
         "{retried}"
     );
     assert_eq!(retried["detail"]["retryable"], true);
-    assert!(event(&before_commit, "prepare_finished")["detail"]["duration_ms"].is_u64());
+    assert!(event(&before_commit, "set_up_finished")["detail"]["duration_ms"].is_u64());
 
     let cursor = before_commit["next_after"].as_i64().unwrap();
     assert_eq!(gw.commit_and_wait("r", "e").await["state"], "committed");
@@ -109,7 +110,7 @@ async fn the_timeline_shows_a_coalesced_retry_the_commit_and_the_end_in_order() 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_publication_job_and_the_failed_end_carry_their_code() {
     let (proxy, _fake, gw) = one_batch_behind_a_proxy(0..5).await;
-    // The commit may begin while the lane still prepares; waiting makes the order one.
+    // The commit may begin while the lane still sets up; waiting makes the order one.
     acknowledged(&gw, 5).await;
     proxy.set_jobs(JobMode::invalid_query("", "Query error: boom"));
     assert_eq!(gw.commit_and_wait("r", "e").await["state"], "failed");
@@ -118,7 +119,7 @@ async fn a_failed_publication_job_and_the_failed_end_carry_their_code() {
         kinds(&timeline),
         [
             "delivery_started",
-            "prepare_finished:t",
+            "set_up_finished:t",
             "commit_started",
             "stream_committed:t",
             "publication_started:t",
@@ -234,4 +235,21 @@ async fn a_batch_refused_for_backpressure_is_on_the_timeline_with_its_wait() {
     let waited = backpressure_event(&gw, |event| event["detail"]["refused"] == 1).await;
     let latest_ms = waited["detail"]["waited_ms"].as_i64().unwrap();
     assert!((100..=300).contains(&latest_ms), "at most the 300 ms backpressure wait: {waited}");
+}
+
+/// `set_up_finished` was `prepare_finished` before its rename: a row a replica of the previous
+/// release records under the old kind (during a rolling upgrade) reads under the new one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_set_up_recorded_under_its_old_kind_reads_as_set_up_finished() {
+    let gw = GatewayOptions::new().spawn().await;
+    TestRun::new("r", "e").full_append(&["t"]).open(&gw).await;
+    gw.post_accepted("r", "e", "t", Some(0), ipc_stream(&[ids(0..10)])).await;
+    acknowledged(&gw, 10).await;
+    let mut db = sqlx::PgConnection::connect(&gw.database_url).await.unwrap();
+    let renamed = sqlx::query("UPDATE execution_events SET kind = 'prepare_finished' WHERE kind = 'set_up_finished'")
+        .execute(&mut db)
+        .await
+        .unwrap();
+    assert_eq!(renamed.rows_affected(), 1);
+    assert_eq!(kinds(&events(&gw, 0).await), ["delivery_started", "set_up_finished:t"]);
 }

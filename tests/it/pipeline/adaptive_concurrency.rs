@@ -26,8 +26,8 @@ async fn a_create_write_stream_refusal_storm_backs_set_up_off_and_loses_no_row()
     });
     let gw = GatewayOptions::new()
         .fake_write(&fake)
-        .append_initial_backoff(FAST_RETRY)
-        .env("FILAMENT_MAX_CONCURRENT_PREPARES", "32")
+        .bigquery_initial_backoff(FAST_RETRY)
+        .env("FILAMENT_MAX_CONCURRENT_SET_UPS", "32")
         .spawn()
         .await;
     let resources: Vec<String> = (0..16).map(|i| format!("r{i}")).collect();
@@ -58,7 +58,7 @@ async fn a_create_write_stream_refusal_storm_backs_set_up_off_and_loses_no_row()
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_query_job_refusal_storm_backs_publication_off_and_publishes_every_row_once() {
-    let gw = GatewayOptions::new().append_initial_backoff(FAST_RETRY).spawn().await;
+    let gw = GatewayOptions::new().bigquery_initial_backoff(FAST_RETRY).spawn().await;
     let proxy = gw.rest_conformance.clone().expect("the harness proxies REST calls");
     let resources: Vec<String> = (0..6).map(|i| format!("q{i}")).collect();
     let names: Vec<&str> = resources.iter().map(String::as_str).collect();

@@ -95,7 +95,7 @@ async fn an_idle_lane_gives_its_connection_back_and_opens_another_for_its_next_b
 #[tokio::test(flavor = "multi_thread")]
 async fn connections_refused_by_bigquery_slow_the_run_and_every_row_still_loads() {
     let fake = fake_with_connection_limit(3, Duration::from_millis(200)).await;
-    let gw = GatewayOptions::new().fake_write(&fake).append_initial_backoff(FAST_RETRY).spawn().await;
+    let gw = GatewayOptions::new().fake_write(&fake).bigquery_initial_backoff(FAST_RETRY).spawn().await;
     post_to_resources(&gw, 30).await;
     // Every lane set up before the commit, so that their first appends start together: set-ups
     // paced by the tables.insert quota would otherwise let lanes finish one after another.
@@ -121,7 +121,7 @@ async fn connections_that_never_come_free_fail_the_execution_retryably_without_h
     fake.with(|s| s.connection_limit = Some(0));
     let gw = GatewayOptions::new()
         .fake_write(&fake)
-        .append_initial_backoff(FAST_RETRY)
+        .bigquery_initial_backoff(FAST_RETRY)
         .env("FILAMENT_QUOTA_WAIT_SECS", "2")
         .spawn()
         .await;

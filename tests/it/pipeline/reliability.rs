@@ -63,7 +63,7 @@ async fn an_exhausted_quota_is_waited_out_beyond_the_attempt_limit_and_loads_eve
         if i % 2 == 0 { AppendFault::Status(tonic::Code::ResourceExhausted) } else { AppendFault::InResponseError(8) }
     }));
     let gw =
-        gateway_on_fake(&fake, &[("FILAMENT_APPEND_INITIAL_BACKOFF_MS", "5"), ("FILAMENT_QUOTA_WAIT_SECS", "120")])
+        gateway_on_fake(&fake, &[("FILAMENT_BIGQUERY_INITIAL_BACKOFF_MS", "5"), ("FILAMENT_QUOTA_WAIT_SECS", "120")])
             .await;
     prepare_run(&gw, json!({}), json!({"max_rows": 10}), &["t"]).await;
     for batch in 0..10 {
@@ -86,7 +86,7 @@ async fn a_quota_that_does_not_refill_answers_backpressure_then_fails_with_quota
     let gw = gateway_on_fake(
         &fake,
         &[
-            ("FILAMENT_APPEND_INITIAL_BACKOFF_MS", "20"),
+            ("FILAMENT_BIGQUERY_INITIAL_BACKOFF_MS", "20"),
             ("FILAMENT_QUOTA_WAIT_SECS", "5"),
             ("FILAMENT_MAX_BUFFERED_BYTES", "1048576"),
             ("FILAMENT_BACKPRESSURE_WAIT_MS", "100"),
@@ -143,7 +143,7 @@ async fn a_network_that_cuts_every_connection_still_loads_every_row_once() {
     fake.with(|s| s.table_delays.push((String::new(), Duration::from_millis(5))));
     let proxy = CuttingProxy::cutting_every(&fake.address, 300_000).await;
     let gw = Gateway::spawn_with(GatewayOptions {
-        env: env(&[("BIGQUERY_STORAGE_EMULATOR_HOST", &proxy.address), ("FILAMENT_APPEND_INITIAL_BACKOFF_MS", "50")]),
+        env: env(&[("BIGQUERY_STORAGE_EMULATOR_HOST", &proxy.address), ("FILAMENT_BIGQUERY_INITIAL_BACKOFF_MS", "50")]),
         ..Default::default()
     })
     .await;

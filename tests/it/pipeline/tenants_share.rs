@@ -111,7 +111,7 @@ async fn a_principal_setting_up_two_thousand_tables_leaves_anothers_commit_withi
     let bulk_resources: Vec<String> = (0..BULK_RESOURCES).map(|i| format!("r{i:04}")).collect();
     open_run(&gw, &bulk_token, &bulk_run, &gw.dataset, &bulk_resources).await;
     post_one_row_each(&gw, &bulk_token, &bulk_run, &bulk_resources).await;
-    let queued = gw.metric("filament_fair_queue_calls_waiting{operation=\"prepare\"}").await;
+    let queued = gw.metric("filament_fair_queue_calls_waiting{operation=\"set_up\"}").await;
     let set_up = rest.calls_of("tables.insert") / 2;
     assert!(set_up < BULK_RESOURCES / 2, "bulk's set-ups are still running ({set_up} of {BULK_RESOURCES} done)");
 
@@ -149,7 +149,7 @@ async fn a_principal_setting_up_two_thousand_tables_leaves_anothers_commit_withi
     let series = fairness_series(&metrics_while_waiting);
     assert!(!series.is_empty(), "{metrics_while_waiting}");
     let principals_waiting =
-        value_of(&metrics_while_waiting, "filament_fair_queue_principals_waiting{operation=\"prepare\"}");
+        value_of(&metrics_while_waiting, "filament_fair_queue_principals_waiting{operation=\"set_up\"}");
     assert!(principals_waiting.is_some_and(|principals| principals >= 1.0), "{series:#?}");
     for line in &series {
         for named in ["default", "small", gw.project.as_str(), gw.dataset.as_str()] {

@@ -22,7 +22,7 @@ const FAST_RETRY: Duration = Duration::from_millis(20);
 
 /// Options for a gateway whose appends go to `fake`, retried soon after a fault.
 fn fast_retries_on(fake: &FakeWrite) -> GatewayOptions {
-    GatewayOptions::new().fake_write(fake).append_initial_backoff(FAST_RETRY)
+    GatewayOptions::new().fake_write(fake).bigquery_initial_backoff(FAST_RETRY)
 }
 
 /// Run `run` with execution `e` open, upload batches of ten rows, `resources` full_append.
@@ -128,7 +128,7 @@ async fn an_upload_logs_the_writers_settings_its_stages_and_each_appends_timing(
     let gw = GatewayOptions::new().fake_write(&fake).spawn().await;
     let _retries = load_in_batches_of_ten(&gw, &fake, 2).await;
     let logs = gw.logs();
-    for event in ["bigquery.write.ready", "bigquery.write.prepare.started", "bigquery.write.publish.started"] {
+    for event in ["bigquery.write.ready", "bigquery.write.set_up.started", "bigquery.write.publish.started"] {
         assert!(logs.contains(event), "missing {event}");
     }
     let ready = logs.lines().find(|l| l.contains("bigquery.write.ready")).unwrap();
@@ -165,7 +165,7 @@ async fn the_window_refills_per_acknowledgement() {
 async fn resources_set_up_at_once_stay_within_the_maximum() {
     let fake = FakeWrite::start().await;
     fake.with(|s| s.create_delay = Duration::from_millis(400));
-    let gw = fast_retries_on(&fake).env("FILAMENT_MAX_CONCURRENT_PREPARES", "8").spawn().await;
+    let gw = fast_retries_on(&fake).env("FILAMENT_MAX_CONCURRENT_SET_UPS", "8").spawn().await;
     let resources: Vec<String> = (0..12).map(|i| format!("r{i}")).collect();
     let names: Vec<&str> = resources.iter().map(String::as_str).collect();
     TestRun::new("run", "e").full_append(&names).open(&gw).await;
@@ -513,7 +513,7 @@ async fn connections_cut_mid_stream_to_the_emulator_still_load_every_row_once() 
     let gw = GatewayOptions::new()
         .rest_host(&emulator.rest)
         .storage_write_host(&proxy.address)
-        .append_initial_backoff(Duration::from_millis(50))
+        .bigquery_initial_backoff(Duration::from_millis(50))
         .spawn()
         .await;
     TestRun::new("run", "e").batching(json!({"max_rows": 5000})).full_append(&["t"]).open(&gw).await;

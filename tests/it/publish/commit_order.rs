@@ -146,7 +146,7 @@ async fn twenty_tables_set_up_and_publish_at_most_eight_at_once_with_the_default
     assert!((2..=8).contains(&counters.max_running_queries), "jobs at once: {}", counters.max_running_queries);
     let logs = gw.logs();
     let ready = logs.lines().find(|l| l.contains("bigquery.write.ready")).expect("the writer's settings are logged");
-    assert!(ready.contains("max_concurrent_prepares=8") && ready.contains("max_concurrent_publications=8"), "{ready}");
+    assert!(ready.contains("max_concurrent_set_ups=8") && ready.contains("max_concurrent_publications=8"), "{ready}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

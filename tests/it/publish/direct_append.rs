@@ -30,12 +30,12 @@ async fn open_direct(gw: &Gateway, write_mode: &str) {
     TestRun::new("r", "e").resource("t", declaration).open(gw).await;
 }
 
-async fn prepare_finished(gw: &Gateway) -> Value {
+async fn set_up_finished(gw: &Gateway) -> Value {
     let (status, page) = gw.json(Method::GET, "/v1/runs/r/executions/e/events", None).await;
     assert_eq!(status, StatusCode::OK, "{page}");
     let events = page["events"].as_array().unwrap();
-    let prepared = events.iter().find(|e| e["kind"] == "prepare_finished" && e["resource"] == "t");
-    prepared.unwrap_or_else(|| panic!("prepare_finished in {page}"))["detail"].clone()
+    let prepared = events.iter().find(|e| e["kind"] == "set_up_finished" && e["resource"] == "t");
+    prepared.unwrap_or_else(|| panic!("set_up_finished in {page}"))["detail"].clone()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -50,7 +50,7 @@ async fn a_direct_append_commits_its_stream_into_the_destination_with_no_staging
     assert_eq!((publication["job_id"].as_str(), publication["rows_affected"].as_i64()), (Some(DIRECT), Some(40)));
     assert_eq!(publication["committed_streams"].as_array().map(Vec::len), Some(1), "{publication}");
     assert_eq!(count_rows_and_ids(&gw, "t").await, (40, 40));
-    assert_eq!(prepare_finished(&gw).await["path"], "direct_append");
+    assert_eq!(set_up_finished(&gw).await["path"], "direct_append");
     assert!(proxy.requests("POST", "/jobs").is_empty(), "no query job: {:?}", proxy.requests("POST", "/jobs"));
     let created = proxy.requests("POST", &format!("/datasets/{}/tables", gw.dataset));
     assert_eq!(created.len(), 1, "the destination only, no staging table: {created:?}");
@@ -100,7 +100,7 @@ async fn a_direct_append_whose_values_the_query_converts_loads_through_staging_a
     let committed = gw.commit_and_wait("r", "e").await;
     assert_eq!(committed["state"], "committed", "{committed}");
     assert_ne!(committed["resources"][0]["publication"]["job_id"], DIRECT, "{committed}");
-    let prepared = prepare_finished(&gw).await;
+    let prepared = set_up_finished(&gw).await;
     assert_eq!(prepared["path"], "staging", "{prepared}");
     let declined = prepared["direct_append_declined"].as_str().unwrap_or_default();
     assert!(declined.contains("amount is NUMERIC"), "{prepared}");

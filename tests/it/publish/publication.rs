@@ -390,7 +390,7 @@ async fn abort_before_commit_deletes_the_staging_tables() {
     let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
     TestRun::new("r", "e").full_append(&["t"]).open(&gw).await;
     gw.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..7)])).await;
-    // Flushed, so the lane prepares: wait for its staging table.
+    // Flushed, so the lane sets up: wait for its staging table.
     let (status, _) =
         gw.json(Method::POST, "/v1/runs/r/executions/e/checkpoints", Some(json!({"checkpoint": 1}))).await;
     assert_eq!(status, StatusCode::OK);

@@ -159,9 +159,9 @@ async fn an_existing_table_with_another_layout_is_left_alone_and_reported() {
         "{view}"
     );
     let logged = gw.logs().lines().any(|l| {
-        l.contains("bigquery.write.prepare") && l.contains("layout_mismatch") && l.contains("DAY on created_at")
+        l.contains("bigquery.write.set_up") && l.contains("layout_mismatch") && l.contains("DAY on created_at")
     });
-    assert!(logged, "a bigquery.write.prepare event reports the mismatch:\n{}", gw.logs());
+    assert!(logged, "a bigquery.write.set_up event reports the mismatch:\n{}", gw.logs());
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -215,9 +215,9 @@ impl GatewayOptions {
         self.rest_host(&proxy.address)
     }
 
-    /// The first retry of a failed append waits `backoff` (fault tests keep it short).
-    pub fn append_initial_backoff(self, backoff: Duration) -> Self {
-        self.env("FILAMENT_APPEND_INITIAL_BACKOFF_MS", &backoff.as_millis().to_string())
+    /// The first retry of a failed BigQuery call waits `backoff` (fault tests keep it short).
+    pub fn bigquery_initial_backoff(self, backoff: Duration) -> Self {
+        self.env("FILAMENT_BIGQUERY_INITIAL_BACKOFF_MS", &backoff.as_millis().to_string())
     }
 
     /// Real BigQuery in `project` with the caller's Application Default Credentials.
