@@ -13,15 +13,15 @@ use arrow_array::builder::{Decimal128Builder, ListBuilder, Time64MicrosecondBuil
 use arrow_array::{
     Array as _, ArrayRef, Decimal128Array, Int64Array, RecordBatch, StringArray, StructArray, Time64MicrosecondArray,
 };
-use arrow_schema::{DataType, Field, Fields, Schema, TimeUnit};
-use filament_bigquery::conformance::{Case, shape};
+use arrow_schema::{DataType, Field, Fields, TimeUnit};
+use filament_bigquery::conformance::shape;
 use filament_bigquery::model::WriteMode;
-use filament_bigquery::model::write_options::{Deletes, MetadataColumn};
 use google_cloud_bigquery_v2::client::{DatasetService, JobService, TableService};
 use google_cloud_bigquery_v2::model::{Dataset, DatasetReference, QueryRequest, Table};
 use serde_json::{Value, json};
 
 use super::keyed;
+use super::representative::representative_cases;
 use crate::support::arrow::{batch, ipc_stream};
 use crate::support::{Gateway, GatewayOptions, TestRun, random_suffix};
 
@@ -207,7 +207,7 @@ fn converted_rows(ids: &[i64], ops: Option<&[&str]>) -> RecordBatch {
     batch(fields, columns)
 }
 
-const WRITE_MODES: [(&str, WriteMode); 8] = [
+pub(super) const WRITE_MODES: [(&str, WriteMode); 8] = [
     ("full_replace", WriteMode::FullReplace),
     ("full_append", WriteMode::FullAppend),
     ("full_upsert", WriteMode::FullUpsert),
@@ -376,102 +376,6 @@ async fn resources_sharing_a_table_and_a_redelivery_publish_once() {
     let sql = format!("SELECT COUNT(*), COUNT(DISTINCT id) FROM `{}`.`{dataset}`.shared", live.project);
     let counts = live.query(&sql).await;
     assert_eq!((text(&counts[0][0]), text(&counts[0][1])), ("15".into(), "15".into()), "every row exactly once");
-}
-
-/// Cases covering every statement shape: each write mode, NUMERIC/BIGNUMERIC/TIME and
-/// composite keys, a collated STRING key, columns named like the aliases and keywords,
-/// conversions nested in STRUCTs and ARRAYs, key ranges at their extremes.
-fn representative_cases() -> Vec<(String, Case)> {
-    use filament_bigquery::model::key_ranges::{KeyRange, KeyValue};
-    let json = Field::new("doc", DataType::Utf8, true).with_metadata(std::collections::HashMap::from([(
-        "ARROW:extension:name".to_string(),
-        "arrow.json".to_string(),
-    )]));
-    let nested = Field::new(
-        "nested",
-        DataType::Struct(Fields::from(vec![
-            Field::new("amount", DataType::Decimal256(76, 38), true),
-            Field::new_list("times", Field::new_list_field(DataType::Time64(TimeUnit::Microsecond), true), true),
-        ])),
-        true,
-    );
-    let data = [
-        Field::new("t", DataType::Utf8, true),
-        Field::new("s", DataType::Decimal128(38, 9), true),
-        Field::new("order", DataType::Time64(TimeUnit::Microsecond), true),
-        json,
-        nested,
-        Field::new_list("amounts", Field::new_list_field(DataType::Decimal128(38, 9), true), true),
-    ];
-    let keys: Vec<(&str, Vec<Field>, Vec<KeyRange>)> = vec![
-        (
-            "int",
-            vec![Field::new("id", DataType::Int64, false)],
-            vec![KeyRange { column: "id".into(), min: KeyValue::Int64(i64::MIN), max: KeyValue::Int64(i64::MAX) }],
-        ),
-        ("numeric", vec![Field::new("k", DataType::Decimal128(38, 9), false)], vec![]),
-        ("bignumeric", vec![Field::new("k", DataType::Decimal256(76, 38), false)], vec![]),
-        (
-            "composite",
-            vec![
-                Field::new("tenant", DataType::Utf8, false),
-                Field::new("at", DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())), false),
-                Field::new("day", DataType::Date32, false),
-            ],
-            vec![
-                KeyRange {
-                    column: "tenant".into(),
-                    min: KeyValue::String("a'\\".into()),
-                    max: KeyValue::String("🦀".into()),
-                },
-                KeyRange {
-                    column: "at".into(),
-                    min: KeyValue::Timestamp(-62_135_596_800_000_000),
-                    max: KeyValue::Timestamp(253_402_300_799_999_999),
-                },
-                KeyRange { column: "day".into(), min: KeyValue::Date(-719_162), max: KeyValue::Date(2_932_896) },
-            ],
-        ),
-    ];
-    let mut cases = Vec::new();
-    // history is judged by its statement here (its rows are checked against the emulator).
-    for (mode, write_mode) in WRITE_MODES.into_iter().chain([("history", WriteMode::History)]) {
-        for (key_name, key_fields, ranges) in &keys {
-            let keyed = keyed(write_mode);
-            if !keyed && *key_name != "int" {
-                continue;
-            }
-            let mut fields = key_fields.clone();
-            fields.extend(data.iter().cloned());
-            if mode.starts_with("cdc_") {
-                fields.push(Field::new("_filament_op", DataType::Utf8, false));
-            }
-            let primary_key: Vec<String> =
-                if keyed { key_fields.iter().map(|f| f.name().clone()).collect() } else { vec![] };
-            let collated_keys = if *key_name == "composite" { vec!["tenant".to_string()] } else { vec![] };
-            let case = Case {
-                schema: Arc::new(Schema::new(fields)),
-                write_mode,
-                primary_key,
-                collated_keys,
-                key_ranges: if keyed { ranges.clone() } else { vec![] },
-                // Keyed statements fold by a STRING then a NUMERIC order (issue 25).
-                order_by: match write_mode {
-                    WriteMode::History => vec!["s".into()],
-                    _ if keyed => vec!["t".into(), "s".into()],
-                    _ => vec![],
-                },
-                // Every statement shape sets the load metadata columns too.
-                metadata_columns: MetadataColumn::ALL.to_vec(),
-                // The keyed modes are judged with soft deletes, the others cannot have them.
-                deletes: if keyed && write_mode != WriteMode::History { Deletes::Soft } else { Deletes::Hard },
-                // full_upsert is judged as a snapshot: its segment, completion and deletion.
-                delete_missing: write_mode == WriteMode::FullUpsert,
-            };
-            cases.push((format!("{mode}_{key_name}"), case));
-        }
-    }
-    cases
 }
 
 #[tokio::test]

@@ -2,6 +2,7 @@
 
 mod googlesql;
 mod live_bigquery;
+mod representative;
 mod rest_conformance;
 
 use filament_bigquery::model::WriteMode;
