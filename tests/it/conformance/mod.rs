@@ -1,5 +1,7 @@
 //! Judged by Google's artifacts: the GoogleSQL analyzer, the discovery document, live BigQuery (opt-in).
 
+mod case_builder;
+mod generated;
 mod googlesql;
 mod live_bigquery;
 mod representative;
