@@ -8,4 +8,5 @@ mod quotas;
 mod reliability;
 mod tenants_share;
 mod unreachable;
+mod upload_budget;
 mod windows_and_faults;
