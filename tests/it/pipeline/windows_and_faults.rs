@@ -1,7 +1,7 @@
-//! The upload pipeline against the scriptable fake (windows, limits, faults; the budget in
-//! `upload_budget.rs`) and, with a
-//! connection-cutting TCP proxy, against the emulator. Every test asserts the exact rows and
-//! offsets that end up in the stream: nothing lost, nothing duplicated.
+//! The upload pipeline against the scriptable fake (windows, limits, faults; the budget is in
+//! `upload_budget.rs`) and, with a connection-cutting TCP proxy, against the emulator. Every
+//! test asserts the exact rows and offsets that end up in the stream: nothing lost, nothing
+//! duplicated.
 
 use std::ops::Range;
 use std::time::Duration;
