@@ -4,6 +4,7 @@ mod foreign_jobs;
 mod hardening;
 mod id_tokens;
 mod peer_caps;
+mod principal_operations;
 mod principals;
 mod stalled_readers;
 mod tls;
