@@ -12,7 +12,7 @@ use reqwest::{Method, StatusCode};
 
 use crate::support::arrow::{batch, ipc_stream};
 use crate::support::otlp::{OtlpReceiver, ReceivedSpan};
-use crate::support::{GatewayOptions, TestRun, within};
+use crate::support::{Gateway, GatewayOptions, TestRun, within};
 
 /// The extractor's trace (W3C trace context: version, trace id, parent span id, sampled).
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -74,6 +74,20 @@ async fn a_batch_is_followed_from_the_extractors_request_to_the_publication_job(
     .await
     .unwrap_or_else(|| panic!("spans of the trace within 30 s: {:#?}", receiver.spans()));
 
+    upload_spans_follow_the_request(&spans);
+    commit_runs_in_a_trace_of_its_own(&gw, &spans);
+    // No row value and no credential in any span.
+    let leaks = |s: &ReceivedSpan| {
+        std::iter::once(&s.name)
+            .chain(s.attributes.iter().map(|(_, v)| v))
+            .any(|text| text.contains(SENTINEL) || text.contains(&gw.token))
+    };
+    assert!(!receiver.spans().iter().any(leaks), "{spans:#?}");
+}
+
+/// The batch request continues the extractor's span; its stages, the lane's upload (linked to
+/// the later request), set-up and the appends (9 rows at consecutive offsets) descend from it.
+fn upload_spans_follow_the_request(spans: &[ReceivedSpan]) {
     let requests: Vec<_> = spans.iter().filter(|s| s.trace_id == TRACE_ID && s.name.starts_with("POST ")).collect();
     let batch_request = requests
         .iter()
@@ -86,19 +100,19 @@ async fn a_batch_is_followed_from_the_extractors_request_to_the_publication_job(
     assert_eq!(batch_request.attribute("http.response.status_code"), Some("202"));
     assert_eq!(batch_request.service_name, "filament-under-test");
     for stage in ["batch.admission", "batch.decode", "batch.convert_and_encode"] {
-        let stage = named(&spans, stage);
+        let stage = named(spans, stage);
         assert!(stage.iter().any(|s| s.parent_span_id == batch_request.span_id), "{stage:#?}");
     }
-    let lane = named(&spans, "lane.upload");
+    let lane = named(spans, "lane.upload");
     assert_eq!(lane.len(), 1, "{lane:#?}");
     assert_eq!(lane[0].parent_span_id, batch_request.span_id, "the upload continues the request that accepted it");
     assert!(lane[0].linked_traces.iter().any(|t| t == OTHER_TRACE_ID), "and links to the later request: {lane:#?}");
     // Set-up runs in the lane: its REST calls and the stream's creation.
     for set_up in ["tables.insert", "bigquery.create_write_stream"] {
-        let calls = named(&spans, set_up);
+        let calls = named(spans, set_up);
         assert!(!calls.is_empty() && calls.iter().all(|s| s.parent_span_id == lane[0].span_id), "{set_up}: {calls:#?}");
     }
-    let appends = named(&spans, "bigquery.append_rows");
+    let appends = named(spans, "bigquery.append_rows");
     assert!(!appends.is_empty() && appends.iter().all(|s| s.parent_span_id == lane[0].span_id), "{appends:#?}");
     // The two batches' 9 rows, in one request or two, at consecutive offsets from 0.
     let number = |span: &ReceivedSpan, key: &str| span.attribute(key).map_or(-1, |v| v.parse::<i64>().unwrap());
@@ -112,6 +126,11 @@ async fn a_batch_is_followed_from_the_extractors_request_to_the_publication_job(
         append.attribute("bytes").is_some_and(|b| b.parse::<u64>().unwrap() > 0)
             && append.attribute("attempt") == Some("1")
     );
+}
+
+/// The commit runs in a trace of the gateway's own, linked to the request that committed, and
+/// the publication job's label names that trace.
+fn commit_runs_in_a_trace_of_its_own(gw: &Gateway, spans: &[ReceivedSpan]) {
     // The commit runs in a trace of the gateway's own, linked to the request that committed: its
     // jobs' trace label is never a trace id the caller chose.
     let commits: Vec<_> = spans.iter().filter(|s| s.name == "execution.commit").collect();
@@ -134,13 +153,6 @@ async fn a_batch_is_followed_from_the_extractors_request_to_the_publication_job(
         .unwrap_or_else(|| panic!("the job {job_id} was submitted"));
     let label = &submitted.body["configuration"]["labels"]["filament_trace_id"];
     assert_eq!(label, commit.trace_id.as_str(), "{}", submitted.body);
-    // No row value and no credential in any span.
-    let leaks = |s: &ReceivedSpan| {
-        std::iter::once(&s.name)
-            .chain(s.attributes.iter().map(|(_, v)| v))
-            .any(|text| text.contains(SENTINEL) || text.contains(&gw.token))
-    };
-    assert!(!receiver.spans().iter().any(leaks), "{spans:#?}");
 }
 
 /// A `traceparent` is continued only for a caller that authenticates as a principal: a request
