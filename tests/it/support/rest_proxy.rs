@@ -445,8 +445,22 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             return answer;
         }
     }
+    forward(&shared, method, &path, &path_and_query, content_type, body).await
+}
+
+/// Sends the request on to the emulator and its answer back, tables' answers given the
+/// collations and widened types the test scripted.
+async fn forward(
+    shared: &Arc<Shared>,
+    method: axum::http::Method,
+    path: &str,
+    path_and_query: &str,
+    content_type: Option<axum::http::HeaderValue>,
+    body: Bytes,
+) -> Response {
+    let is_get = method == "GET";
     let narrow = method == "POST" && path.ends_with("/tables") && shared.state.lock().unwrap().bignumeric_as_numeric;
-    let body = if narrow { narrowed_insert(&shared, body) } else { body };
+    let body = if narrow { narrowed_insert(shared, body) } else { body };
     let mut forwarded = shared.http.request(method, format!("http://{}{path_and_query}", shared.upstream)).body(body);
     if let Some(content_type) = content_type {
         forwarded = forwarded.header("content-type", content_type);
@@ -456,9 +470,9 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             let status = StatusCode::from_u16(response.status().as_u16()).unwrap();
             let content_type = response.headers().get("content-type").cloned();
             let mut bytes = response.bytes().await.unwrap_or_default();
-            if is_get && is_table_path(&path) {
-                bytes = with_collations(&shared, &path, bytes);
-                bytes = widened_answer(&shared, &path, bytes);
+            if is_get && is_table_path(path) {
+                bytes = with_collations(shared, path, bytes);
+                bytes = widened_answer(shared, path, bytes);
             }
             let mut answer = (status, bytes).into_response();
             if let Some(content_type) = content_type {
