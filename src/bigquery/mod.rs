@@ -1,7 +1,9 @@
 //! Everything that talks to BigQuery: credentials ([`credentials`]), datasets and tables
 //! ([`metadata`], REST; each dataset checked once per process: [`known_datasets`]), query jobs
 //! ([`jobs`], REST) and the Storage Write API ([`write`], tonic over the generated googleapis
-//! client). Failures are [`BigQueryError`]s, classified once.
+//! client). Failures are [`BigQueryError`]s, classified once, and retried by one driver
+//! ([`retry::RetryDriver`]) at one level: a REST call ([`rest_call`]) is one attempt, paced by
+//! the quotas; its caller's step is what the driver runs again.
 //!
 //! With `BIGQUERY_EMULATOR_HOST` / `BIGQUERY_STORAGE_EMULATOR_HOST` set, every call goes to the
 //! emulator over plain HTTP with anonymous credentials.
@@ -145,7 +147,8 @@ pub(crate) struct BigQuery {
 
 impl BigQuery {
     /// Clients for `endpoints`; AppendRows requests are gzip-compressed at `append_gzip_level`
-    /// (0: uncompressed); REST calls retry pushback as `rest_retry` says.
+    /// (0: uncompressed); a REST call that is a step of its own retries pushback as `rest_retry`
+    /// says ([`BigQuery::retrying_pushback`]).
     pub(crate) async fn connect(
         endpoints: Endpoints,
         append_gzip_level: u32,

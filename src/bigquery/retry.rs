@@ -2,14 +2,20 @@
 //! means ([`RetryClass`], classified once from the error, whatever the call), whether and when
 //! the next attempt runs ([`RetryPolicy`]: attempts, [`Backoff`], quota wait; one type, each
 //! caller handed its value by `app.rs`), the failures counted since the last progress
-//! ([`FailureStreak`]), and one event per failed attempt ([`Retried`]: `bigquery.write.retry`,
-//! naming the operation).
+//! ([`FailureStreak`]), one event per failed attempt ([`Retried`]: `bigquery.write.retry`,
+//! naming the operation), and the loop that runs them ([`RetryDriver`]).
 //!
-//! A failure is retried at one level only: a REST call retries BigQuery's pushback under its
-//! client's policy (`bigquery::rest_call`), unless its caller retries the whole step itself and
-//! hands the client [`RetryPolicy::ONCE`] (set-up, a publication's job); the appender and
-//! `CreateWriteStream` retry their own calls; a publication runs a failed job again under a new
-//! job id (`publish::destination`).
+//! One loop retries: the [`RetryDriver`] runs an operation's attempts under one policy; it
+//! owns the [`FailureStreak`], emits [`Retried`], calls the quota hook on pushback and sleeps
+//! the policy's delay; the caller only says what a failed attempt is ([`Failure`], from the
+//! attempt's answer). A failure is retried at one level only, by construction: the REST client
+//! makes each call once (`bigquery::rest_call`, no policy), and the driver wraps the step at one
+//! place per operation: set-up as a whole (`pipeline::lane::set_up`), `CreateWriteStream`, a
+//! publication's job under a new job id (`publish::publication_job`), a widening's or a
+//! connection test's job on `jobs.insert` pushback, a job's polls and `jobs.get`
+//! (`bigquery::jobs`), a metadata call that is a step of its own
+//! (`BigQuery::retrying_pushback`). The appender keeps its own loop over a connection's requests
+//! (replays, reconnects) and uses the same [`FailureStreak`] and [`Retried`].
 //!
 //! The same answer to BigQuery's pushback everywhere: a REST 429 or `rateLimitExceeded` /
 //! `quotaExceeded`, a gRPC `RESOURCE_EXHAUSTED`, a job that failed `rateLimitExceeded` or
