@@ -18,8 +18,8 @@ use super::error::ApiJson;
 use super::problems;
 use crate::bigquery::error::Stage;
 use crate::bigquery::fair::Tenant;
-use crate::bigquery::jobs::QueryJob;
-use crate::bigquery::retry::{Backoff, RetryPolicy};
+use crate::bigquery::jobs::{QueryJob, insert_pushed_back};
+use crate::bigquery::retry::{Backoff, RetryDriver, RetryPolicy};
 use crate::bigquery::{BigQueryError, CONNECTION_TEST_DEADLINE, CREDENTIALS_DEADLINE, within};
 use crate::error::{ErrorCode, Problem};
 use crate::model::ids::{validate_location, validate_project_id};
@@ -89,10 +89,11 @@ pub(crate) async fn test_connection(
         labels: &labels,
         maximum_bytes_billed: None,
         timeout: remaining,
-        insert_retry: CONNECTION_TEST_RETRY,
         recorded_statements: &[],
     };
-    let job = bigquery.run_query_job(&query);
+    // Its job is run again when BigQuery pushed back on jobs.insert: the one level that retries it.
+    let run = |_| bigquery.run_query_job(&query);
+    let job = RetryDriver::new(&CONNECTION_TEST_RETRY, "jobs.insert").run(insert_pushed_back, run);
     within("connection test", remaining, job).await.map_err(|e| connection_problem(&e, &bigquery.endpoints.rest))?;
     Ok(axum::Json(ConnectionTestResponse { ok: true, elapsed_ms: started.elapsed().as_millis() as u64 }))
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use google_cloud_bigquery_v2::model::{Job, JobConfiguration, JobConfigurationQuery, JobReference};
 use sha2::{Digest as _, Sha256};
 
-use super::retry::{Backoff, Retried, RetryClass, RetryPolicy};
+use super::retry::{Backoff, Failure, RetryClass, RetryDriver, RetryPolicy};
 use super::{BigQuery, BigQueryError, BigQueryResult, rest_call};
 
 /// How long one `jobs.getQueryResults` asks BigQuery to wait for the job (it may answer sooner;
@@ -59,9 +59,6 @@ pub(crate) struct QueryJob<'a> {
     pub(crate) maximum_bytes_billed: Option<i64>,
     /// How long to wait for the job to end.
     pub(crate) timeout: Duration,
-    /// How `jobs.insert` retries pushback: [`RetryPolicy::ONCE`] when the caller runs a
-    /// refused job again itself (a publication, under a new job id; set-up, as a whole).
-    pub(crate) insert_retry: RetryPolicy,
     /// The SHA-256 ([`statement_sha256`]) of every statement the gateway recorded under
     /// `job_id` before submitting it (an earlier delivery's, over its own staging table): a
     /// job found under the id running one of them, or `sql`, is ours.
@@ -110,11 +107,12 @@ fn rows_affected(job: &Job) -> Option<i64> {
 }
 
 impl BigQuery {
-    /// Runs the query job and waits for it, up to its timeout; `jobs.insert` retries pushback
-    /// as the job says.
+    /// Runs the query job and waits for it, up to its timeout. `jobs.insert` is made once: its
+    /// caller runs a refused job again ([`insert_pushed_back`] tells it), the one level that
+    /// retries it; reading the job's state (`jobs.getQueryResults`, `jobs.get`) is retried here,
+    /// since no caller could run it again without running the job again.
     pub(crate) async fn run_query_job(&self, query: &QueryJob<'_>) -> BigQueryResult<JobOutcome> {
-        let QueryJob { project, location, job_id, sql, labels, maximum_bytes_billed, timeout, insert_retry, .. } =
-            *query;
+        let QueryJob { project, location, job_id, sql, labels, maximum_bytes_billed, timeout, .. } = *query;
         let mut reference = JobReference::new().set_project_id(project).set_job_id(job_id);
         if let Some(location) = location {
             reference = reference.set_location(location);
@@ -129,7 +127,7 @@ impl BigQuery {
                 .set_labels(labels.iter().map(|(k, v)| (k.to_string(), v.clone()))),
         );
         let insert = || self.jobs.insert_job().set_project_id(project).set_job(job.clone()).send();
-        let (mut job, reused) = match rest_call(&self.quotas, &insert_retry, "jobs.insert", insert).await? {
+        let (mut job, reused) = match rest_call(&self.quotas, "jobs.insert", insert).await? {
             Ok(job) => (job, false),
             Err(e) if e.http_status_code() == Some(409) => (self.existing_job(query).await?, true),
             Err(e) => return Err(BigQueryError::rest("jobs.insert")(e)),
@@ -148,8 +146,11 @@ impl BigQuery {
         Ok(JobOutcome { rows_affected: rows_affected(&job), reused, cost: job_cost(&job) })
     }
 
-    /// Waits up to `timeout` for the job to complete, with `jobs.getQueryResults` long polls. An
-    /// answer other than a passing failure ends the wait: `jobs.get` then tells how it ended.
+    /// Waits up to `timeout` for the job to complete, with `jobs.getQueryResults` long polls
+    /// (an answer that the job is still running starts the next poll at once). An answer other
+    /// than a passing failure ends the wait: `jobs.get` then tells how it ended. A poll that
+    /// failed in passing or was pushed back is retried by the driver after [`LONG_POLL_BACKOFF`],
+    /// within the job's deadline.
     async fn wait_for_job(
         &self,
         project: &str,
@@ -158,57 +159,67 @@ impl BigQuery {
         timeout: Duration,
     ) -> BigQueryResult<()> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut failures = 0;
+        // The deadline bounds the attempts.
+        let policy = RetryPolicy {
+            max_attempts: u32::MAX,
+            backoff: LONG_POLL_BACKOFF,
+            quota_wait: timeout,
+            quota_backoff: LONG_POLL_BACKOFF,
+        };
+        let driver = RetryDriver::new(&policy, "jobs.getQueryResults").resource(job_id);
+        let failure = |answer: &Poll| match answer {
+            Poll::Failed(e) => Some(Failure::of(e)),
+            _ => None,
+        };
         loop {
-            let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if remaining.is_zero() {
-                return Err(BigQueryError::Timeout { operation: "query job", seconds: timeout.as_secs() });
-            }
-            let wait_ms = remaining.min(LONG_POLL).as_millis() as u32;
-            let poll = || {
-                let request = self
-                    .jobs
-                    .get_query_results()
-                    .set_project_id(project)
-                    .set_job_id(job_id)
-                    .set_timeout_ms(wait_ms)
-                    .set_max_results(0u32);
-                match location {
-                    Some(location) => request.set_location(location).send(),
-                    None => request.send(),
+            let poll = |_| self.poll_job(project, location, job_id, deadline);
+            match driver.run(failure, poll).await {
+                Poll::Complete => return Ok(()),
+                Poll::Running => {}
+                Poll::Failed(e) => return Err(e),
+                Poll::Expired => {
+                    return Err(BigQueryError::Timeout { operation: "query job", seconds: timeout.as_secs() });
                 }
-            };
-            // Each poll is made once: this loop is the one level that retries it, within the
-            // job's deadline.
-            match rest_call(&self.quotas, &RetryPolicy::ONCE, "jobs.getQueryResults", poll).await {
-                Ok(Ok(answer)) if answer.job_complete.unwrap_or(false) => return Ok(()),
-                Ok(Ok(_)) => failures = 0,
-                Ok(Err(e)) if e.http_status_code() == Some(429) || super::error::is_quota(&e) => {
-                    self.poll_failed(job_id, BigQueryError::rest("jobs.getQueryResults")(e), &mut failures).await?
-                }
-                // The job failed, or cannot be read: jobs.get says which.
-                Ok(Err(e)) if e.http_status_code().is_some_and(|status| status < 500) => return Ok(()),
-                Ok(Err(e)) => {
-                    self.poll_failed(job_id, BigQueryError::rest("jobs.getQueryResults")(e), &mut failures).await?
-                }
-                Err(e) => self.poll_failed(job_id, e, &mut failures).await?,
             }
         }
     }
 
-    /// A long poll that failed in passing or was pushed back: waits the shared backoff (the
-    /// outer deadline bounds the attempts); any other failure ends the wait with it.
-    async fn poll_failed(&self, job_id: &str, error: BigQueryError, failures: &mut u32) -> BigQueryResult<()> {
-        let class = RetryClass::of(&error);
-        *failures += 1;
-        let delay = (class != RetryClass::Permanent).then(|| LONG_POLL_BACKOFF.delay(*failures));
-        Retried::emit_failed_call("jobs.getQueryResults", job_id, &error, *failures, delay, None);
-        match delay {
-            Some(delay) => {
-                tokio::time::sleep(delay).await;
-                Ok(())
+    /// One `jobs.getQueryResults` long poll, waiting at most until `deadline`.
+    async fn poll_job(
+        &self,
+        project: &str,
+        location: Option<&str>,
+        job_id: &str,
+        deadline: tokio::time::Instant,
+    ) -> Poll {
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if remaining.is_zero() {
+            return Poll::Expired;
+        }
+        let wait_ms = remaining.min(LONG_POLL).as_millis() as u32;
+        let poll = || {
+            let request = self
+                .jobs
+                .get_query_results()
+                .set_project_id(project)
+                .set_job_id(job_id)
+                .set_timeout_ms(wait_ms)
+                .set_max_results(0u32);
+            match location {
+                Some(location) => request.set_location(location).send(),
+                None => request.send(),
             }
-            None => Err(error),
+        };
+        match rest_call(&self.quotas, "jobs.getQueryResults", poll).await {
+            Ok(Ok(answer)) if answer.job_complete.unwrap_or(false) => Poll::Complete,
+            Ok(Ok(_)) => Poll::Running,
+            Ok(Err(e)) if e.http_status_code() == Some(429) || super::error::is_quota(&e) => {
+                Poll::Failed(BigQueryError::rest("jobs.getQueryResults")(e))
+            }
+            // The job failed, or cannot be read: jobs.get says which.
+            Ok(Err(e)) if e.http_status_code().is_some_and(|status| status < 500) => Poll::Complete,
+            Ok(Err(e)) => Poll::Failed(BigQueryError::rest("jobs.getQueryResults")(e)),
+            Err(e) => Poll::Failed(e),
         }
     }
 
@@ -229,7 +240,31 @@ impl BigQuery {
                 None => request.send(),
             }
         };
-        rest_call(&self.quotas, &self.rest_retry, "jobs.get", get).await?.map_err(BigQueryError::rest("jobs.get"))
+        let get =
+            |_| async { rest_call(&self.quotas, "jobs.get", get).await?.map_err(BigQueryError::rest("jobs.get")) };
+        self.retrying_pushback("jobs.get", get).await
+    }
+}
+
+/// What one long poll found.
+enum Poll {
+    /// The job completed, or cannot be read (`jobs.get` tells which).
+    Complete,
+    /// The job is still running: poll again.
+    Running,
+    Failed(BigQueryError),
+    /// The job's deadline passed.
+    Expired,
+}
+
+/// Whether `outcome` is BigQuery's pushback on `jobs.insert` (the job was not created), which the
+/// caller retries by running the job again; its [`Failure`] when it is.
+pub(crate) fn insert_pushed_back<T>(outcome: &BigQueryResult<T>) -> Option<Failure> {
+    match outcome {
+        Err(e @ BigQueryError::Rest { operation: "jobs.insert", .. }) if RetryClass::of(e) == RetryClass::Pushback => {
+            Some(Failure::pushback(e))
+        }
+        _ => None,
     }
 }
 
@@ -246,7 +281,6 @@ mod tests {
             labels: &[],
             maximum_bytes_billed: None,
             timeout: Duration::from_secs(1),
-            insert_retry: RetryPolicy::ONCE,
             recorded_statements: recorded,
         }
     }

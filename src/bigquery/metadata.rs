@@ -281,7 +281,7 @@ impl BigQuery {
         dataset: &str,
         location: Option<&str>,
     ) -> BigQueryResult<KnownDataset> {
-        match rest_call(&self.quotas, &self.rest_retry, "datasets.get", || {
+        match rest_call(&self.quotas, "datasets.get", || {
             self.datasets.get_dataset().set_project_id(project).set_dataset_id(dataset).send()
         })
         .await?
@@ -296,7 +296,7 @@ impl BigQuery {
             body = body.set_location(location);
         }
         let insert = || self.datasets.insert_dataset().set_project_id(project).set_dataset(body.clone()).send();
-        match rest_call(&self.quotas, &self.rest_retry, "datasets.insert", insert).await? {
+        match rest_call(&self.quotas, "datasets.insert", insert).await? {
             Ok(_) => Ok(KnownDataset { location: location.map(String::from) }),
             // Created concurrently by another gateway: where is not known here.
             Err(e) if e.http_status_code() == Some(409) => Ok(KnownDataset { location: None }),
@@ -307,7 +307,7 @@ impl BigQuery {
     /// The table (schema, layout, labels), or `None` when it does not exist.
     pub(crate) async fn get_table(&self, project: &str, dataset: &str, table: &str) -> BigQueryResult<Option<Table>> {
         let get = || self.tables.get_table().set_project_id(project).set_dataset_id(dataset).set_table_id(table).send();
-        match rest_call(&self.quotas, &self.rest_retry, "tables.get", get).await? {
+        match rest_call(&self.quotas, "tables.get", get).await? {
             Ok(table) => Ok(Some(table)),
             Err(e) if e.http_status_code() == Some(404) => Ok(None),
             Err(e) => Err(BigQueryError::rest("tables.get")(e)),
@@ -357,7 +357,7 @@ impl BigQuery {
         let insert = || {
             self.tables.insert_table().set_project_id(project).set_dataset_id(dataset).set_table(body.clone()).send()
         };
-        match rest_call(&self.quotas, &self.rest_retry, "tables.insert", insert).await? {
+        match rest_call(&self.quotas, "tables.insert", insert).await? {
             Ok(_) => Ok(true),
             Err(e) if e.http_status_code() == Some(409) => Ok(false),
             Err(e) => Err(BigQueryError::rest("tables.insert")(e)),
@@ -405,17 +405,14 @@ impl BigQuery {
                 .set_table(body)
                 .send()
         };
-        rest_call(&self.quotas, &self.rest_retry, "tables.patch", patch)
-            .await?
-            .map(|_| ())
-            .map_err(BigQueryError::rest("tables.patch"))
+        rest_call(&self.quotas, "tables.patch", patch).await?.map(|_| ()).map_err(BigQueryError::rest("tables.patch"))
     }
 
     /// Deletes a table; a table that is already gone is fine.
     pub(crate) async fn delete_table(&self, project: &str, dataset: &str, table: &str) -> BigQueryResult<()> {
         let delete =
             || self.tables.delete_table().set_project_id(project).set_dataset_id(dataset).set_table_id(table).send();
-        match rest_call(&self.quotas, &self.rest_retry, "tables.delete", delete).await? {
+        match rest_call(&self.quotas, "tables.delete", delete).await? {
             Ok(_) => Ok(()),
             Err(e) if e.http_status_code() == Some(404) => Ok(()),
             Err(e) => Err(BigQueryError::rest("tables.delete")(e)),

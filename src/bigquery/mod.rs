@@ -1,7 +1,9 @@
 //! Everything that talks to BigQuery: credentials ([`credentials`]), datasets and tables
 //! ([`metadata`], REST; each dataset checked once per process: [`known_datasets`]), query jobs
 //! ([`jobs`], REST) and the Storage Write API ([`write`], tonic over the generated googleapis
-//! client). Failures are [`BigQueryError`]s, classified once.
+//! client). Failures are [`BigQueryError`]s, classified once, and retried by one driver
+//! ([`retry::RetryDriver`]) at one level: a REST call ([`rest_call`]) is one attempt, paced by
+//! the quotas; its caller's step is what the driver runs again.
 //!
 //! With `BIGQUERY_EMULATOR_HOST` / `BIGQUERY_STORAGE_EMULATOR_HOST` set, every call goes to the
 //! emulator over plain HTTP with anonymous credentials.
@@ -24,7 +26,7 @@ pub(crate) mod write;
 pub(crate) use error::{BigQueryError, BigQueryResult};
 use fair::Tenant;
 use quota::{Quotas, TenantQuotas};
-use retry::{RetryClass, RetryPolicy};
+use retry::RetryPolicy;
 
 use std::time::Duration;
 
@@ -80,45 +82,41 @@ pub(crate) async fn within<T>(
     }
 }
 
-/// A REST call's answer (the caller judges BigQuery's errors), each attempt paced within
-/// BigQuery's rate quotas (`quotas`: waited before the attempt, not counted in its deadline), and
-/// within [`REST_CALL_DEADLINE`] or a [`BigQueryError::Timeout`]. BigQuery's pushback (429, or 403
-/// `rateLimitExceeded` / `quotaExceeded`: [`retry::RetryClass::Pushback`]) is retried as
-/// `policy` says (its quota wait and backoff); one that outlasts it is returned
-/// (`quota_exceeded`). A caller that retries the whole step itself hands [`RetryPolicy::ONCE`].
-pub(crate) async fn rest_call<T, Call, Answer>(
+/// One attempt of a REST call (the caller judges BigQuery's errors), paced within BigQuery's
+/// rate quotas (`quotas`: waited before the attempt, not counted in its deadline; told of
+/// BigQuery's pushback, a 429 or 403 `rateLimitExceeded` / `quotaExceeded`), and within
+/// [`REST_CALL_DEADLINE`] or a [`BigQueryError::Timeout`]. It is never retried here: the
+/// caller's step is retried by [`retry::RetryDriver`], at one level
+/// ([`BigQuery::retrying_pushback`] for a call that is a step of its own).
+pub(crate) async fn rest_call<T, Answer>(
     quotas: &TenantQuotas,
-    policy: &RetryPolicy,
     operation: &'static str,
-    mut call: Call,
+    call: impl FnOnce() -> Answer,
 ) -> BigQueryResult<Result<T, google_cloud_gax::error::Error>>
 where
-    Call: FnMut() -> Answer,
     Answer: Future<Output = Result<T, google_cloud_gax::error::Error>>,
 {
-    let mut failures = retry::FailureStreak::default();
-    loop {
-        let answer = {
-            let _place = quotas.before_rest_call(operation).await;
-            let span = tracing::trace_span!(target: crate::traces::TARGET, "bigquery.rest", otel.name = operation,
-                bigquery.operation = operation, attempt = failures.attempts() + 1);
-            let answer = within(operation, REST_CALL_DEADLINE, async { Ok(call().await) });
-            tracing::Instrument::instrument(answer, span).await?
-        };
-        let error = match answer {
-            Err(e) if e.http_status_code() == Some(429) || error::is_quota(&e) => e,
-            answer => return Ok(answer),
-        };
+    let answer = {
+        let _place = quotas.before_rest_call(operation).await;
+        let span = tracing::trace_span!(target: crate::traces::TARGET, "bigquery.rest", otel.name = operation,
+            bigquery.operation = operation);
+        let answer = within(operation, REST_CALL_DEADLINE, async { Ok(call().await) });
+        tracing::Instrument::instrument(answer, span).await?
+    };
+    if let Err(e) = &answer
+        && (e.http_status_code() == Some(429) || error::is_quota(e))
+    {
         quotas.rest_refused(operation);
-        let (attempt, action) = failures.record(policy, RetryClass::Pushback);
-        let delay = action.delay();
-        let code = "quota";
-        let class = RetryClass::Pushback;
-        retry::Retried { operation, resource: None, code, class, attempt, delay, offset: None, error: &error }.emit();
-        match delay {
-            Some(delay) => tokio::time::sleep(delay).await,
-            None => return Ok(Err(error)),
-        }
+    }
+    Ok(answer)
+}
+
+/// Whether `answer` is BigQuery's pushback on a REST call (as a [`retry::Failure`] with the code
+/// `quota`): what [`BigQuery::retrying_pushback`] retries.
+pub(crate) fn rest_pushback<T>(answer: &BigQueryResult<T>) -> Option<retry::Failure> {
+    match answer {
+        Err(e @ BigQueryError::Rest { .. }) if e.is_pushback() => Some(retry::Failure::pushback(e)),
+        _ => None,
     }
 }
 
@@ -139,8 +137,9 @@ pub(crate) struct BigQuery {
     pub(crate) endpoints: Endpoints,
     /// Datasets found or created by this process (shared by every clone).
     pub(crate) known_datasets: std::sync::Arc<known_datasets::KnownDatasets>,
-    /// How REST calls retry BigQuery's pushback.
-    pub(crate) rest_retry: RetryPolicy,
+    /// How a REST call that is a step of its own retries BigQuery's pushback
+    /// ([`BigQuery::retrying_pushback`]).
+    rest_retry: RetryPolicy,
     /// The rate quotas every call is paced by (shared by every clone), met as the tenant
     /// these clients call for (the gateway's own, or a principal's: [`BigQuery::on_behalf_of`]).
     pub(crate) quotas: TenantQuotas,
@@ -148,7 +147,8 @@ pub(crate) struct BigQuery {
 
 impl BigQuery {
     /// Clients for `endpoints`; AppendRows requests are gzip-compressed at `append_gzip_level`
-    /// (0: uncompressed); REST calls retry pushback as `rest_retry` says.
+    /// (0: uncompressed); a REST call that is a step of its own retries pushback as `rest_retry`
+    /// says ([`BigQuery::retrying_pushback`]).
     pub(crate) async fn connect(
         endpoints: Endpoints,
         append_gzip_level: u32,
@@ -194,9 +194,19 @@ impl BigQuery {
         self.quotas.tenant()
     }
 
-    /// These clients with REST calls retried as `rest_retry` says (cheap: the clients are shared).
-    pub(crate) fn with_rest_retry(&self, rest_retry: RetryPolicy) -> Self {
-        Self { rest_retry, ..self.clone() }
+    /// `step`, one REST call of these clients (`operation`) that no larger step of its caller
+    /// runs again, retried on BigQuery's pushback as the clients' policy says: the one level
+    /// that retries it (a step that is run again as a whole, set-up or a publication's job,
+    /// calls the clients directly, each call made once).
+    pub(crate) async fn retrying_pushback<T, Step>(
+        &self,
+        operation: &'static str,
+        step: impl FnMut(u32) -> Step,
+    ) -> BigQueryResult<T>
+    where
+        Step: Future<Output = BigQueryResult<T>>,
+    {
+        retry::RetryDriver::new(&self.rest_retry, operation).run(rest_pushback, step).await
     }
 
     pub(crate) fn writer(&self) -> &write::WriteClient {

@@ -2,14 +2,20 @@
 //! means ([`RetryClass`], classified once from the error, whatever the call), whether and when
 //! the next attempt runs ([`RetryPolicy`]: attempts, [`Backoff`], quota wait; one type, each
 //! caller handed its value by `app.rs`), the failures counted since the last progress
-//! ([`FailureStreak`]), and one event per failed attempt ([`Retried`]: `bigquery.write.retry`,
-//! naming the operation).
+//! ([`FailureStreak`]), one event per failed attempt ([`Retried`]: `bigquery.write.retry`,
+//! naming the operation), and the loop that runs them ([`RetryDriver`]).
 //!
-//! A failure is retried at one level only: a REST call retries BigQuery's pushback under its
-//! client's policy (`bigquery::rest_call`), unless its caller retries the whole step itself and
-//! hands the client [`RetryPolicy::ONCE`] (set-up, a publication's job); the appender and
-//! `CreateWriteStream` retry their own calls; a publication runs a failed job again under a new
-//! job id (`publish::destination`).
+//! One loop retries: the [`RetryDriver`] runs an operation's attempts under one policy; it
+//! owns the [`FailureStreak`], emits [`Retried`], calls the quota hook on pushback and sleeps
+//! the policy's delay; the caller only says what a failed attempt is ([`Failure`], from the
+//! attempt's answer). A failure is retried at one level only, by construction: the REST client
+//! makes each call once (`bigquery::rest_call`, no policy), and the driver wraps the step at one
+//! place per operation: set-up as a whole (`pipeline::lane::set_up`), `CreateWriteStream`, a
+//! publication's job under a new job id (`publish::publication_job`), a widening's or a
+//! connection test's job on `jobs.insert` pushback, a job's polls and `jobs.get`
+//! (`bigquery::jobs`), a metadata call that is a step of its own
+//! (`BigQuery::retrying_pushback`). The appender keeps its own loop over a connection's requests
+//! (replays, reconnects) and uses the same [`FailureStreak`] and [`Retried`].
 //!
 //! The same answer to BigQuery's pushback everywhere: a REST 429 or `rateLimitExceeded` /
 //! `quotaExceeded`, a gRPC `RESOURCE_EXHAUSTED`, a job that failed `rateLimitExceeded` or
@@ -120,14 +126,6 @@ pub(crate) struct RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// One attempt and no retry: for a call whose caller retries the whole step itself.
-    pub(crate) const ONCE: RetryPolicy = RetryPolicy {
-        max_attempts: 1,
-        backoff: Backoff::new(Duration::ZERO, Duration::ZERO),
-        quota_wait: Duration::ZERO,
-        quota_backoff: Backoff::new(Duration::ZERO, Duration::ZERO),
-    };
-
     /// The decision after `failed_attempts` consecutive failures of this class (this one
     /// included); `quota_failing_for` is how long BigQuery has pushed back.
     pub(crate) fn decide(&self, class: RetryClass, failed_attempts: u32, quota_failing_for: Duration) -> RetryAction {
@@ -242,100 +240,85 @@ impl<E: Display> Retried<'_, E> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// How one failed attempt is reported and judged: its class, its code (`quota`, the gRPC code, the
+/// HTTP status) and what went wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Failure {
+    pub(crate) class: RetryClass,
+    pub(crate) code: String,
+    pub(crate) error: String,
+}
 
-    #[test]
-    fn backoff_doubles_with_jitter_up_to_its_ceiling() {
-        let backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
-        for attempt in 1..30 {
-            let ceiling =
-                Duration::from_millis(200).saturating_mul(1 << (attempt - 1).min(20)).min(Duration::from_secs(10));
-            let delay = backoff.delay(attempt);
-            assert!(delay >= ceiling / 2 && delay <= ceiling, "attempt {attempt}: {delay:?}");
-        }
+impl Failure {
+    /// A failed call to BigQuery, with the class and code of its error.
+    pub(crate) fn of(error: &BigQueryError) -> Self {
+        Self { class: RetryClass::of(error), code: error.code_name(), error: error.to_string() }
     }
 
-    #[test]
-    fn pushback_is_one_class_whatever_the_call() {
-        let grpc = BigQueryError::Grpc {
-            operation: "AppendRows",
-            status: tonic::Status::resource_exhausted("Exceeds 'AppendRows throughput' quota"),
-        };
-        let job = BigQueryError::JobFailed { reason: "jobRateLimitExceeded".into(), message: "too many".into() };
-        let unavailable = BigQueryError::Grpc { operation: "AppendRows", status: tonic::Status::unavailable("x") };
-        let refused = BigQueryError::JobFailed { reason: "invalidQuery".into(), message: "bad".into() };
-        assert_eq!((RetryClass::of(&grpc), RetryClass::of(&job)), (RetryClass::Pushback, RetryClass::Pushback));
-        assert_eq!(RetryClass::of(&unavailable), RetryClass::Transient);
-        assert_eq!(RetryClass::of(&refused), RetryClass::Permanent);
-    }
-
-    fn policy() -> RetryPolicy {
-        RetryPolicy {
-            max_attempts: 8,
-            backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(10)),
-            quota_wait: Duration::from_secs(900),
-            quota_backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(30)),
-        }
-    }
-
-    #[test]
-    fn retries_retryable_failures_until_the_attempts_run_out() {
-        let policy = policy();
-        let unavailable = BigQueryError::grpc("AppendRows")(tonic::Status::unavailable("gone"));
-        assert!(matches!(policy.decide(RetryClass::of(&unavailable), 1, Duration::ZERO), RetryAction::RetryAfter(_)));
-        assert!(matches!(policy.decide(RetryClass::of(&unavailable), 7, Duration::ZERO), RetryAction::RetryAfter(_)));
-        assert_eq!(
-            policy.decide(RetryClass::of(&unavailable), 8, Duration::ZERO),
-            RetryAction::Fail,
-            "the eighth is the last"
-        );
-        let invalid = BigQueryError::grpc("AppendRows")(tonic::Status::invalid_argument("bad"));
-        assert_eq!(policy.decide(RetryClass::of(&invalid), 1, Duration::ZERO), RetryAction::Fail);
-    }
-
-    #[test]
-    fn an_exhausted_quota_is_waited_out_by_time_not_attempts() {
-        let policy = policy();
-        let status = BigQueryError::grpc("AppendRows")(tonic::Status::resource_exhausted(
-            "Exceeds 'AppendRows throughput' quota",
-        ));
-        let code = tonic::Code::ResourceExhausted;
-        let in_response = BigQueryError::InResponse { operation: "AppendRows", code, message: "quota".into() };
-        for quota in [&status, &in_response] {
-            for attempt in [1, 8, 50, 500] {
-                let RetryAction::RetryAfter(delay) =
-                    policy.decide(RetryClass::of(quota), attempt, Duration::from_secs(60))
-                else {
-                    panic!("attempt {attempt} is retried while the wait lasts");
-                };
-                assert!(delay <= Duration::from_secs(30), "backoff capped at 30 s: {delay:?}");
-            }
-            // The last delay ends with the wait; past it the execution fails.
-            let RetryAction::RetryAfter(last) = policy.decide(RetryClass::of(quota), 40, Duration::from_secs(899))
-            else {
-                panic!("retried until the wait is over");
-            };
-            assert!(last <= Duration::from_secs(1), "{last:?}");
-            assert_eq!(policy.decide(RetryClass::of(quota), 2, Duration::from_secs(900)), RetryAction::Fail);
-        }
-    }
-
-    #[test]
-    fn a_streak_counts_quota_failures_apart_and_progress_resets_it() {
-        let policy = RetryPolicy { max_attempts: 2, quota_wait: Duration::from_secs(3600), ..policy() };
-        let quota = BigQueryError::grpc("AppendRows")(tonic::Status::resource_exhausted("quota"));
-        let unavailable = BigQueryError::grpc("AppendRows")(tonic::Status::unavailable("gone"));
-        let mut streak = FailureStreak::default();
-        for expected in 1..=20 {
-            let (attempt, action) = streak.record(&policy, RetryClass::of(&quota));
-            assert_eq!(attempt, expected);
-            assert!(matches!(action, RetryAction::RetryAfter(_)));
-        }
-        assert!(matches!(streak.record(&policy, RetryClass::of(&unavailable)), (1, RetryAction::RetryAfter(_))));
-        assert_eq!(streak.record(&policy, RetryClass::of(&unavailable)), (2, RetryAction::Fail));
-        streak.reset();
-        assert!(matches!(streak.record(&policy, RetryClass::of(&unavailable)), (1, RetryAction::RetryAfter(_))));
+    /// BigQuery's pushback on a REST call (`code`: `quota`).
+    pub(crate) fn pushback(error: &impl Display) -> Self {
+        Self { class: RetryClass::Pushback, code: "quota".into(), error: error.to_string() }
     }
 }
+
+/// The one retry loop: runs an operation's attempts under one [`RetryPolicy`]. It owns the
+/// streak of failures ([`FailureStreak`]), reports each failed attempt ([`Retried`]), tells the
+/// quota when BigQuery pushed back (the `on_pushback` hook) and sleeps the policy's delay. What a
+/// failure is the caller says (vector's `RetryLogic`): a function of the attempt's answer,
+/// `None` when the answer is the operation's (a success, or a failure not to retry nor report).
+#[derive(Clone, Copy)]
+pub(crate) struct RetryDriver<'a> {
+    policy: &'a RetryPolicy,
+    operation: &'static str,
+    resource: Option<&'a str>,
+    on_pushback: Option<&'a (dyn Fn() + Send + Sync)>,
+}
+
+impl<'a> RetryDriver<'a> {
+    pub(crate) fn new(policy: &'a RetryPolicy, operation: &'static str) -> Self {
+        Self { policy, operation, resource: None, on_pushback: None }
+    }
+
+    /// The resource whose calls these are (named in the [`Retried`] event).
+    pub(crate) fn resource(self, resource: &'a str) -> Self {
+        Self { resource: Some(resource), ..self }
+    }
+
+    /// Called after each attempt BigQuery pushed back on, before the wait (a quota's pace).
+    pub(crate) fn on_pushback(self, hook: &'a (dyn Fn() + Send + Sync)) -> Self {
+        Self { on_pushback: Some(hook), ..self }
+    }
+
+    /// Runs `attempt` (given its 1-based number) until `failure` says its answer is the
+    /// operation's, or the policy gives up; returns the last answer.
+    pub(crate) async fn run<R, Fut>(
+        self,
+        failure: impl Fn(&R) -> Option<Failure>,
+        mut attempt: impl FnMut(u32) -> Fut,
+    ) -> R
+    where
+        Fut: Future<Output = R>,
+    {
+        let mut streak = FailureStreak::default();
+        loop {
+            let answer = attempt(streak.attempts() + 1).await;
+            let Some(Failure { class, code, error }) = failure(&answer) else { return answer };
+            if class == RetryClass::Pushback
+                && let Some(hook) = self.on_pushback
+            {
+                hook();
+            }
+            let (attempt, action) = streak.record(self.policy, class);
+            let (operation, resource, delay) = (self.operation, self.resource, action.delay());
+            Retried { operation, resource, code: &code, class, attempt, delay, offset: None, error: &error }.emit();
+            match delay {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => return answer,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "retry_tests.rs"]
+mod tests;

@@ -208,7 +208,8 @@ impl Publisher {
             return self.prepare_snapshot_end(destination, resource).await;
         }
         let (project, dataset, table) = (destination.project, destination.dataset, destination.table);
-        let exists = self.bigquery.table_fields(project, dataset, table).await;
+        let read = |_| self.bigquery.table_fields(project, dataset, table);
+        let exists = self.bigquery.retrying_pushback("tables.get", read).await;
         Ok(exists.map_err(|e| e.problem(Stage::Publication))?.is_some())
     }
 
@@ -222,11 +223,13 @@ impl Publisher {
     ) -> Result<bool, Problem> {
         let fail = |e: BigQueryError| e.problem(Stage::Publication);
         let (project, dataset, table) = (destination.project, destination.dataset, destination.table);
-        let Some(existing) = self.bigquery.table_fields(project, dataset, table).await.map_err(fail)? else {
+        let read = |_| self.bigquery.table_fields(project, dataset, table);
+        let Some(existing) = self.bigquery.retrying_pushback("tables.get", read).await.map_err(fail)? else {
             return Ok(false);
         };
         let wanted = resource.write_options.publication_columns(resource.write_mode, &[]);
-        self.bigquery.add_missing_columns(project, dataset, table, &existing, &wanted).await.map_err(fail)?;
+        let add = |_| self.bigquery.add_missing_columns(project, dataset, table, &existing, &wanted);
+        self.bigquery.retrying_pushback("tables.patch", add).await.map_err(fail)?;
         Ok(true)
     }
 
@@ -245,7 +248,8 @@ impl Publisher {
         if string_keys.is_empty() && !key_ranges.iter().any(is_string_range) {
             return Ok(KeysAsCompared { ranges: key_ranges.to_vec(), collations: Vec::new() });
         }
-        let table = self.bigquery.get_table(destination.project, destination.dataset, destination.table).await;
+        let read = |_| self.bigquery.get_table(destination.project, destination.dataset, destination.table);
+        let table = self.bigquery.retrying_pushback("tables.get", read).await;
         let table = table.map_err(|e| e.problem(Stage::Publication))?.unwrap_or_default();
         let compared = KeysAsCompared::in_table(&table, &string_keys, key_ranges);
         let collated = collated_columns(&table);

@@ -105,7 +105,8 @@ impl Publisher {
         let deletions: Vec<_> = tables
             .into_iter()
             .map(|table| async move {
-                if let Err(e) = self.bigquery.delete_table(project, dataset, &table).await {
+                let delete = |_| self.bigquery.delete_table(project, dataset, &table);
+                if let Err(e) = self.bigquery.retrying_pushback("tables.delete", delete).await {
                     tracing::warn!(%table, error = %e, "could not delete a staging table");
                 }
             })

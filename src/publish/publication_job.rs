@@ -17,7 +17,7 @@ use crate::bigquery::BigQueryError;
 use crate::bigquery::error::Stage;
 use crate::bigquery::jobs::{JobOutcome, QueryJob, statement_sha256};
 use crate::bigquery::per_destination::ProjectLocation;
-use crate::bigquery::retry::{FailureStreak, Retried, RetryClass, RetryPolicy};
+use crate::bigquery::retry::{Failure, RetryDriver};
 use crate::error::Problem;
 use crate::model::DeliveryRef;
 use crate::pipeline::LaneReport;
@@ -63,6 +63,13 @@ impl PublicationJob<'_> {
     }
 }
 
+/// How one attempt's job ended, under which job id, after how long.
+struct Submitted {
+    job_id: String,
+    outcome: Result<JobOutcome, BigQueryError>,
+    duration: Duration,
+}
+
 /// One attempt about to be submitted: its job id and the digests of the statements recorded
 /// under it (this attempt's included).
 struct Attempt {
@@ -78,47 +85,46 @@ impl Publisher {
 
     /// Runs the publication's job, and runs it again under the next attempt's job id while
     /// [`decide::runs_again`] says it may (BigQuery's passing reasons, its rate limits, a DML
-    /// conflict) and the publication's retry policy says when. Each attempt's job id, the
-    /// fingerprint and the statement's digest are recorded before its job is submitted, and
-    /// each job runs under the adaptive publication limit, which learns from its result.
+    /// conflict, `jobs.insert` pushed back) and the publication's retry policy says when (the
+    /// [`RetryDriver`]: the one level that runs a refused job again).
     pub(super) async fn run_and_record(&self, job: &PublicationJob<'_>) -> Result<PublishOutcome, Problem> {
-        let mut attempt = job.recorded_job_id.map_or(1, job_id::attempt_of);
-        let mut job_id = job.recorded_job_id.map_or_else(|| self.attempt_job_id(job, attempt), str::to_string);
+        let first = job.recorded_job_id.map_or(1, job_id::attempt_of);
         let digest = statement_sha256(&job.statement.sql);
-        let mut failures = FailureStreak::default();
-        loop {
-            let destination = job.destination();
-            let record = NewPublication {
-                delivery: job.delivery(),
-                resource: &job.resource.resource,
-                destination: &destination,
-                job_id: &job_id,
-                fingerprint: &job.fingerprint,
-                committed_streams: None,
-                statement_sha256: Some(&digest),
+        let attempt = |n: u32| {
+            let job_id = match (n, job.recorded_job_id) {
+                (1, Some(recorded)) => recorded.to_string(),
+                _ => self.attempt_job_id(job, first + n - 1),
             };
-            let recorded_statements = self.store.begin_publication(&record).await?;
-            let started = Instant::now();
-            let submitted = Attempt { job_id, recorded_statements };
-            let outcome = self
-                .publications
-                .run(&job.project_location(), self.bigquery.tenant(), self.submit(job, &submitted))
-                .await;
-            let delay = match &outcome {
-                Err(e) if decide::runs_again(e) => {
-                    let (failed, action) = failures.record(&self.retry, RetryClass::of(e));
-                    Retried::emit_failed_call("query job", &job.resource.resource, e, failed, action.delay(), None);
-                    action.delay()
-                }
-                _ => None,
-            };
-            let Some(delay) = delay else {
-                return self.record_outcome(job, &submitted.job_id, outcome, started.elapsed()).await;
-            };
-            tokio::time::sleep(delay).await;
-            attempt += 1;
-            job_id = self.attempt_job_id(job, attempt);
-        }
+            self.attempt(job, job_id, &digest)
+        };
+        let runs_again = |answer: &Result<Submitted, Problem>| match answer {
+            Ok(Submitted { outcome: Err(e), .. }) if decide::runs_again(e) => Some(Failure::of(e)),
+            _ => None,
+        };
+        let driver = RetryDriver::new(&self.retry, "query job").resource(&job.resource.resource);
+        let Submitted { job_id, outcome, duration } = driver.run(runs_again, attempt).await?;
+        self.record_outcome(job, &job_id, outcome, duration).await
+    }
+
+    /// One attempt: its job id, the fingerprint and the statement's digest recorded, then its
+    /// job submitted under the adaptive publication limit, which learns from its result.
+    async fn attempt(&self, job: &PublicationJob<'_>, job_id: String, digest: &str) -> Result<Submitted, Problem> {
+        let destination = job.destination();
+        let record = NewPublication {
+            delivery: job.delivery(),
+            resource: &job.resource.resource,
+            destination: &destination,
+            job_id: &job_id,
+            fingerprint: &job.fingerprint,
+            committed_streams: None,
+            statement_sha256: Some(digest),
+        };
+        let recorded_statements = self.store.begin_publication(&record).await?;
+        let started = Instant::now();
+        let submitted = Attempt { job_id, recorded_statements };
+        let outcome =
+            self.publications.run(&job.project_location(), self.bigquery.tenant(), self.submit(job, &submitted)).await;
+        Ok(Submitted { job_id: submitted.job_id, outcome, duration: started.elapsed() })
     }
 
     /// Submits the attempt's job and waits for it.
@@ -141,8 +147,6 @@ impl Publisher {
             labels: &labels,
             maximum_bytes_billed: run.maximum_bytes_billed,
             timeout: self.query_job_timeout,
-            // This loop is the one level that runs a refused job again.
-            insert_retry: RetryPolicy::ONCE,
             recorded_statements: &attempt.recorded_statements,
         };
         let started = Instant::now();

@@ -10,8 +10,9 @@ use super::job_id::{self, JobKind};
 use super::plan::PlannedPublication;
 use super::sql::{TableRef, alter_column_types};
 use crate::bigquery::BigQueryError;
-use crate::bigquery::jobs::QueryJob;
+use crate::bigquery::jobs::{QueryJob, insert_pushed_back};
 use crate::bigquery::metadata::widenings;
+use crate::bigquery::retry::RetryDriver;
 use crate::model::columns::BigQueryType;
 use crate::model::staging::WritePath;
 use crate::pipeline::LaneReport;
@@ -36,7 +37,8 @@ impl Publisher {
             return Ok(());
         }
         let (project, dataset, table) = (&run.destination.project, &run.destination.dataset, &resource.table_name);
-        let Some(existing) = self.bigquery.table_fields(project, dataset, table).await? else { return Ok(()) };
+        let read = |_| self.bigquery.table_fields(project, dataset, table);
+        let Some(existing) = self.bigquery.retrying_pushback("tables.get", read).await? else { return Ok(()) };
         let widened: Vec<(String, BigQueryType)> =
             widenings(&existing, &staged.destination_columns).into_iter().map(|(c, t)| (c.to_string(), t)).collect();
         if widened.is_empty() {
@@ -56,14 +58,15 @@ impl Publisher {
             labels: &labels,
             maximum_bytes_billed: None,
             timeout: self.query_job_timeout,
-            insert_retry: self.retry,
             recorded_statements: &[],
         };
         let names: Vec<&str> = widened.iter().map(|(c, _)| c.as_str()).collect();
         tracing::info!(run_id = %delivery.run_id(), execution_id = %delivery.execution_id(), %table,
             columns = %names.join(","), %job_id, "bigquery.table.columns_widened");
         // Boxed: a query job's future is large.
-        tracing::Instrument::instrument(Box::pin(self.bigquery.run_query_job(&job)), span).await?;
+        // Its job is run again when BigQuery pushed back on jobs.insert: the one level that retries it.
+        let run = |_| tracing::Instrument::instrument(Box::pin(self.bigquery.run_query_job(&job)), span.clone());
+        RetryDriver::new(&self.retry, "jobs.insert").run(insert_pushed_back, run).await?;
         Ok(())
     }
 }

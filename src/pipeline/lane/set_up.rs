@@ -19,7 +19,7 @@ use crate::bigquery::error::{Stage, dataset_location_mismatch};
 use crate::bigquery::metadata::{
     layout_differences, published_columns, required_columns_missing, type_conflicts, widenings,
 };
-use crate::bigquery::retry::{Classified, FailureStreak, Retried, RetryAction, RetryClass, RetryPolicy};
+use crate::bigquery::retry::{Classified, Failure, RetryClass, RetryDriver};
 use crate::bigquery::{BigQuery, BigQueryError, table_path};
 use crate::error::{ErrorCode, Problem};
 use crate::model::columns::{BigQueryType, Column};
@@ -33,41 +33,29 @@ use crate::telemetry::{LayoutMismatch, PhaseTiming};
 /// principals' set-ups (`crate::bigquery::fair`); returns the PENDING stream's name and the
 /// columns as the destination takes them.
 ///
-/// This loop is the one level that retries BigQuery's pushback on the set-up's REST calls:
-/// they are made once ([`RetryPolicy::ONCE`]), a refusal ends the attempt (which tells the
-/// limit), and the whole set-up runs again after the retry policy's quota backoff (every step
-/// is idempotent) until the pushback has lasted its `quota_wait`: a quota slows a run down, it
+/// The [`RetryDriver`] here is the one level that retries BigQuery's pushback on the set-up's
+/// REST calls: the client makes each once, a refusal ends the attempt (which tells the limit),
+/// and the whole set-up runs again after the retry policy's quota backoff (every step is
+/// idempotent) until the pushback has lasted its `quota_wait`: a quota slows a run down, it
 /// does not fail one a slower pace completes.
 pub(super) async fn set_up(
     context: &LaneContext,
     target: &LaneTarget,
     destination: &DestinationTable,
 ) -> Result<SetUp, Problem> {
-    let bigquery = context.bigquery.with_rest_retry(RetryPolicy::ONCE);
-    let mut refusals = FailureStreak::default();
-    loop {
-        let set_up = set_up_once(context, &bigquery, target, destination);
-        let problem = match context.prepares.run(&target.project_location(), bigquery.tenant(), set_up).await {
-            Ok(set_up) => return Ok(set_up),
-            Err(SetUpFailure::Failed(problem)) => return Err(problem),
-            Err(SetUpFailure::PushedBack(problem)) => problem,
-        };
-        let (attempt, action) = refusals.record(&context.retry, RetryClass::Pushback);
-        Retried {
-            operation: "set_up",
-            resource: Some(&target.resource.resource),
-            code: "quota",
-            class: RetryClass::Pushback,
-            attempt,
-            delay: action.delay(),
-            offset: None,
-            error: &problem.detail,
-        }
-        .emit();
-        match action {
-            RetryAction::RetryAfter(delay) => tokio::time::sleep(delay).await,
-            RetryAction::Fail => return Err(problem),
-        }
+    let (bigquery, location) = (&context.bigquery, target.project_location());
+    let attempt = |_| {
+        let set_up = set_up_once(context, bigquery, target, destination);
+        context.prepares.run(&location, bigquery.tenant(), set_up)
+    };
+    let pushed_back = |answer: &Result<SetUp, SetUpFailure>| match answer {
+        Err(SetUpFailure::PushedBack(problem)) => Some(Failure::pushback(&problem.detail)),
+        _ => None,
+    };
+    let driver = RetryDriver::new(&context.retry, "set_up").resource(&target.resource.resource);
+    match driver.run(pushed_back, attempt).await {
+        Ok(set_up) => Ok(set_up),
+        Err(SetUpFailure::PushedBack(problem) | SetUpFailure::Failed(problem)) => Err(problem),
     }
 }
 
@@ -182,28 +170,16 @@ async fn create_pending_stream(
     target: &LaneTarget,
     table_path: &str,
 ) -> Result<String, BigQueryError> {
-    let mut failures = FailureStreak::default();
     let (quotas, destination) = (&context.bigquery.quotas, target.project_location());
-    loop {
+    let attempt = |_| async {
         quotas.before_create_write_stream(&destination).await;
         let create = context.bigquery.writer().create_pending_stream(table_path);
-        let created = context.stream_creations.run(&destination, quotas.tenant(), create);
-        let error = match created.await {
-            Ok(stream_name) => return Ok(stream_name),
-            Err(error) => error,
-        };
-        let class = RetryClass::of(&error);
-        if class == RetryClass::Pushback {
-            quotas.create_write_stream_refused(&destination);
-        }
-        let (attempt, action) = failures.record(&context.retry, class);
-        let resource = &target.resource.resource;
-        Retried::emit_failed_call("CreateWriteStream", resource, &error, attempt, action.delay(), None);
-        match action {
-            RetryAction::RetryAfter(delay) => tokio::time::sleep(delay).await,
-            RetryAction::Fail => return Err(error),
-        }
-    }
+        context.stream_creations.run(&destination, quotas.tenant(), create).await
+    };
+    let refused = || quotas.create_write_stream_refused(&destination);
+    let failure = |answer: &Result<String, BigQueryError>| answer.as_ref().err().map(Failure::of);
+    let driver = RetryDriver::new(&context.retry, "CreateWriteStream").resource(&target.resource.resource);
+    driver.on_pushback(&refused).run(failure, attempt).await
 }
 
 /// Refuses a dataset that exists in another location than the run's (compared
