@@ -1,7 +1,7 @@
 //! The many-tables benchmark (`make bench`, after `ingest`): runs of N resources of about 1 MiB
 //! each (N = 100, 1,000 and 10,000, or the list in `FILAMENT_BENCH_MANY_TABLES`), from the first
 //! batch to `committed`, against the simulated BigQuery control plane under Google's published
-//! quotas (`tests/it/support/control_plane.rs`: latencies, the REST quotas, the stream quota,
+//! quotas (`tests/it/support/control_plane/`: latencies, the REST quotas, the stream quota,
 //! query jobs) and the null Storage Write sink.
 //!
 //! A point beyond 1,000 resources runs on a clock [`LARGE_POINT_TIME_SCALE`] times faster
@@ -45,7 +45,8 @@ use measure::{
 };
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use support::control_plane::{Floor, Limits, SimulatedRest, StreamQuota};
+use support::control_plane::SimulatedRest;
+use support::control_plane::limits::{Floor, Limits, StreamQuota};
 use support::fake_write::FakeWrite;
 use support::{Gateway, GatewayOptions};
 use tokio::time::Instant;

@@ -9,7 +9,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::support::arrow::{ids, ipc_stream};
-use crate::support::control_plane::{Limits, SimulatedRest, StreamQuota};
+use crate::support::control_plane::SimulatedRest;
+use crate::support::control_plane::limits::{Limits, StreamQuota};
 use crate::support::fake_write::FakeWrite;
 use crate::support::proxy::SeveringProxy;
 use crate::support::quota_meter::QuotaUse;

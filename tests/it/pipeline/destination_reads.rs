@@ -7,7 +7,8 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::support::arrow::{ids, ipc_stream};
-use crate::support::control_plane::{Limits, SimulatedRest};
+use crate::support::control_plane::SimulatedRest;
+use crate::support::control_plane::limits::Limits;
 use crate::support::fake_write::FakeWrite;
 use crate::support::{GatewayOptions, TestRun, eventually};
 

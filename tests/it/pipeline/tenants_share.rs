@@ -13,7 +13,8 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::support::arrow::{ids, ipc_stream};
-use crate::support::control_plane::{Limits, SimulatedRest};
+use crate::support::control_plane::SimulatedRest;
+use crate::support::control_plane::limits::Limits;
 use crate::support::fake_write::FakeWrite;
 use crate::support::principals::{PrincipalsFile, entry, new_token};
 use crate::support::{Gateway, GatewayOptions, assert_problem, random_suffix, send, within};

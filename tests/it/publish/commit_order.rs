@@ -9,7 +9,8 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::support::arrow::{ids, ipc_stream};
-use crate::support::control_plane::{Limits, SimulatedRest};
+use crate::support::control_plane::SimulatedRest;
+use crate::support::control_plane::limits::Limits;
 use crate::support::fake_write::{AppendFault, FakeWrite};
 use crate::support::rows::{count_rows, int, post_ids};
 use crate::support::{Gateway, GatewayOptions, TestRun, eventually};
