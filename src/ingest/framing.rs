@@ -315,3 +315,7 @@ fn refuse_unread_features(message: &Message<'_>, record_batch: Option<RecordBatc
 fn named(name: Option<&str>, number: impl std::fmt::Display) -> String {
     name.map_or_else(|| format!("number {number}"), str::to_string)
 }
+
+#[cfg(test)]
+#[path = "framing_tests.rs"]
+mod tests;

@@ -24,9 +24,6 @@ mod scalars;
 pub mod schema;
 pub(crate) mod staged_size;
 
-#[cfg(test)]
-mod schema_message_tests;
-
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;

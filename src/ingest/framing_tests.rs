@@ -1,4 +1,4 @@
-//! Streams refused at their schema message by [`super::framing`], before any record batch is
+//! Streams refused at their schema message by [`super`] (through the body decoder), before any record batch is
 //! decoded: a big-endian schema, a metadata version, codec or feature flag the gateway does not
 //! read (each by its name), and a column it cannot load (a union, whose batches make arrow-ipc
 //! panic when their buffers are not aligned).
@@ -12,8 +12,8 @@ use arrow_schema::{DataType, Field, Schema, UnionFields};
 use bytes::Bytes;
 use flatbuffers::FlatBufferBuilder;
 
-use super::IngestError;
-use super::decode::BodyDecoder;
+use crate::ingest::IngestError;
+use crate::ingest::decode::{BodyDecoder, DecodedBody};
 
 fn ipc_stream(batch: &RecordBatch, compression: Option<arrow_ipc::CompressionType>) -> Vec<u8> {
     let options = arrow_ipc::writer::IpcWriteOptions::default().try_with_compression(compression).unwrap();
@@ -116,7 +116,7 @@ fn schema_message(endianness: Endianness, features: &[Feature]) -> Vec<u8> {
 
 /// Pushes `bytes` in chunks of `chunk_size`, each chunk starting at an address `misalign`
 /// bytes past an 8-byte boundary; the first error, from a push or from the end.
-fn decode(bytes: &[u8], chunk_size: usize, misalign: usize) -> Result<super::decode::DecodedBody, IngestError> {
+fn decode(bytes: &[u8], chunk_size: usize, misalign: usize) -> Result<DecodedBody, IngestError> {
     let mut decoder = BodyDecoder::new(1 << 20);
     for chunk in bytes.chunks(chunk_size) {
         let mut padded = vec![0u8; misalign];
