@@ -7,10 +7,6 @@
 
 use std::net::SocketAddr;
 
-/// Denials counted by principal and reason (principal names are the configured ones or
-/// `anonymous`, so the series are bounded).
-pub(crate) const DENIALS: &str = "filament_audit_denials_total";
-
 /// The name used for a request no principal was found for.
 pub(crate) const ANONYMOUS: &str = "anonymous";
 
@@ -30,7 +26,7 @@ impl Denied<'_> {
         let Denied { principal, method, route, reason, client } = *self;
         // By reason only: a principal's name belongs in the audit log, not in an unauthenticated
         // scrape.
-        metrics::counter!(DENIALS, "reason" => reason.to_string()).increment(1);
+        crate::telemetry::access_denied(reason);
         let client = client.map(|address| address.to_string());
         tracing::info!(target: "audit", principal, method, route, reason, client = client.as_deref(), "audit.denied");
     }

@@ -76,7 +76,7 @@ impl Replica {
                 // The row's expiry is set later than this, so the others count this replica
                 // at least until then.
                 self.counted_until.send_replace(started + self.lease.duration);
-                metrics::gauge!(telemetry::FLEET_REPLICAS).set(live_replicas as f64);
+                telemetry::fleet_size(live_replicas);
             }
             Err(e) => tracing::warn!(error = %e, "could not renew this replica's place in the fleet"),
         }
@@ -99,7 +99,7 @@ impl Replica {
                     });
                     if lapsed {
                         tracing::warn!("fleet membership lapsed: no paced BigQuery call until it is renewed");
-                        metrics::gauge!(telemetry::FLEET_REPLICAS).set(0.0);
+                        telemetry::fleet_size(0);
                     }
                     tokio::select! {
                         () = stop.cancelled() => return,

@@ -12,6 +12,10 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
 
+mod metric_events;
+
+pub(crate) use metric_events::*;
+
 pub(crate) const HTTP_REQUESTS: &str = "filament_http_requests_total";
 pub(crate) const HTTP_CONNECTIONS_CLOSED: &str = "filament_http_connections_closed_total";
 pub(crate) const HTTP_CONNECTIONS_REFUSED: &str = "filament_http_connections_refused_total";
@@ -50,6 +54,10 @@ pub(crate) use crate::traces::TRACE_SPANS_DROPPED;
 pub(crate) const APPEND_LATENCY: &str = "filament_append_latency_seconds";
 pub(crate) const HTTP_REQUEST_DURATION: &str = "filament_http_request_duration_seconds";
 pub(crate) const PUBLICATION_DURATION: &str = "filament_publication_duration_seconds";
+/// Refused reloads of the principals file and of the TLS pair; refused credentials by reason.
+pub(crate) const PRINCIPALS_RELOAD_ERRORS: &str = "filament_principals_reload_errors_total";
+pub(crate) const TLS_RELOAD_ERRORS: &str = "filament_tls_reload_errors_total";
+pub(crate) const AUDIT_DENIALS: &str = "filament_audit_denials_total";
 pub(crate) const PUBLICATION_BYTES_BILLED: &str = "filament_publication_bytes_billed_total";
 
 /// Operations at least this long are logged at INFO, shorter ones at DEBUG.

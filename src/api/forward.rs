@@ -158,7 +158,7 @@ async fn forward(state: &SharedState, owner_url: &str, request: Request) -> Resp
     if let Ok(by) = HeaderValue::from_str(&state.replica.lease.owner) {
         parts.headers.insert(FORWARDED_BY, by);
     }
-    metrics::counter!(crate::telemetry::REQUESTS_FORWARDED).increment(1);
+    crate::telemetry::request_forwarded();
     match state.forwarder.client.request(Request::from_parts(parts, body)).await {
         Ok(answer) => answer.map(|body| Body::new(body.map_err(axum::Error::new))),
         Err(e) => unreachable_owner(owner_url, &e.to_string()),

@@ -289,9 +289,7 @@ async fn record_request(State(state): State<SharedState>, request: Request, next
     }
     let response = tracing::Instrument::instrument(next.run(request), span.clone()).await;
     span.record("http.response.status_code", response.status().as_u16());
-    metrics::counter!(telemetry::HTTP_REQUESTS, "method" => method, "route" => route, "status" => response.status().as_u16().to_string())
-        .increment(1);
-    metrics::histogram!(telemetry::HTTP_REQUEST_DURATION).record(started.elapsed().as_secs_f64());
+    telemetry::http_request_answered(method, route, response.status().as_u16(), started.elapsed());
     response
 }
 

@@ -151,9 +151,9 @@ impl FairQueue {
             calls.push_back(Waiter { id, wake });
             if first_of_tenant {
                 state.rotation.push_back(tenant.clone());
-                metrics::gauge!(telemetry::FAIR_QUEUE_PRINCIPALS_WAITING, self.labels.clone()).increment(1.0);
+                telemetry::fair_queue_principals(&self.labels, true);
             }
-            metrics::gauge!(telemetry::FAIR_QUEUE_CALLS_WAITING, self.labels.clone()).increment(1.0);
+            telemetry::fair_queue_calls(&self.labels, true);
             (id, woken)
         };
         let mut queued = Queued { queue: self, tenant, id, granted: false };
@@ -185,11 +185,11 @@ impl FairQueue {
     }
 
     fn call_left(&self) {
-        metrics::gauge!(telemetry::FAIR_QUEUE_CALLS_WAITING, self.labels.clone()).decrement(1.0);
+        telemetry::fair_queue_calls(&self.labels, false);
     }
 
     fn tenant_left(&self) {
-        metrics::gauge!(telemetry::FAIR_QUEUE_PRINCIPALS_WAITING, self.labels.clone()).decrement(1.0);
+        telemetry::fair_queue_principals(&self.labels, false);
     }
 
     /// Calls waiting, in all.
@@ -225,7 +225,7 @@ impl Drop for CapPlace {
                 held.remove(&self.tenant);
             }
         }
-        metrics::gauge!(telemetry::PRINCIPAL_CAP_PLACES_HELD, "cap" => self.cap.name).decrement(1.0);
+        telemetry::principal_cap_place(self.cap.name, false);
     }
 }
 
@@ -249,7 +249,7 @@ impl PerPrincipalCap {
     pub(crate) fn refuses(&self, tenant: &Tenant) -> bool {
         let full = self.lock().get(tenant).is_some_and(|&count| count >= self.cap);
         if full {
-            metrics::counter!(telemetry::PRINCIPAL_CAP_REFUSALS, "cap" => self.name).increment(1);
+            telemetry::principal_cap_refused(self.name);
         }
         full
     }
@@ -259,7 +259,7 @@ impl PerPrincipalCap {
         let mut held = self.lock();
         let count = held.entry(tenant.clone()).or_default();
         if *count >= self.cap {
-            metrics::counter!(telemetry::PRINCIPAL_CAP_REFUSALS, "cap" => self.name).increment(1);
+            telemetry::principal_cap_refused(self.name);
             return None;
         }
         *count += 1;
@@ -275,7 +275,7 @@ impl PerPrincipalCap {
     }
 
     fn counted(&self, tenant: &Tenant) -> CapPlace {
-        metrics::gauge!(telemetry::PRINCIPAL_CAP_PLACES_HELD, "cap" => self.name).increment(1.0);
+        telemetry::principal_cap_place(self.name, true);
         CapPlace { cap: self.clone(), tenant: tenant.clone() }
     }
 }

@@ -262,7 +262,7 @@ impl TokenBucket {
         let mut state = self.state.lock();
         self.refill(&mut state, Instant::now());
         state.tokens = state.tokens.min(0.0);
-        metrics::counter!(telemetry::QUOTA_REFUSALS, self.labels.clone()).increment(1);
+        telemetry::quota_refused(&self.labels);
     }
 
     /// This replica's rate now, calls per second.
@@ -272,7 +272,7 @@ impl TokenBucket {
     }
 
     fn publish(&self, rate: Rate) {
-        metrics::gauge!(telemetry::QUOTA_RATE, self.labels.clone()).set(rate.per_second);
+        telemetry::quota_rate(self.labels.clone(), rate.per_second);
     }
 }
 
@@ -298,7 +298,7 @@ struct Waiting<'a> {
 impl<'a> Waiting<'a> {
     fn new(bucket: &'a TokenBucket) -> Self {
         bucket.waiting.fetch_add(1, Ordering::Relaxed);
-        metrics::gauge!(telemetry::QUOTA_WAITING, bucket.labels.clone()).increment(1.0);
+        telemetry::quota_waiting(&bucket.labels, true);
         Waiting { bucket }
     }
 }
@@ -306,7 +306,7 @@ impl<'a> Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.bucket.waiting.fetch_sub(1, Ordering::Relaxed);
-        metrics::gauge!(telemetry::QUOTA_WAITING, self.bucket.labels.clone()).decrement(1.0);
+        telemetry::quota_waiting(&self.bucket.labels, false);
     }
 }
 
@@ -382,7 +382,7 @@ impl Quotas {
     /// The stream quota's pace in `/metrics` (the same for every destination), from the start.
     fn publish_stream_rate(&self) {
         let rate = self.settings.create_write_stream().paced().share(*self.fleet.borrow());
-        metrics::gauge!(telemetry::QUOTA_RATE, quota_label("CreateWriteStream")).set(rate.per_second);
+        telemetry::quota_rate(quota_label("CreateWriteStream"), rate.per_second);
     }
 
     fn lock_methods(&self) -> parking_lot::MutexGuard<'_, HashMap<&'static str, Arc<TokenBucket>>> {

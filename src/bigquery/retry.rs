@@ -225,11 +225,7 @@ impl<E: Display> Retried<'_, E> {
     pub(crate) fn emit(&self) {
         let retryable = self.delay.is_some();
         if retryable {
-            metrics::counter!(telemetry::BIGQUERY_RETRIES, "operation" => self.operation, "code" => self.code.to_string())
-                .increment(1);
-            if self.operation == "AppendRows" {
-                metrics::counter!(telemetry::APPEND_RETRIES, "code" => self.code.to_string()).increment(1);
-            }
+            telemetry::bigquery_call_retried(self.operation, self.code);
         }
         let (operation, code, attempt) = (self.operation, self.code, self.attempt);
         let resource = self.resource.unwrap_or("");

@@ -19,9 +19,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::watched_files::WatchedFiles;
 
-/// Refused certificate reloads.
-pub(crate) const RELOAD_ERRORS: &str = "filament_tls_reload_errors_total";
-
 /// Where the certificate chain and its key are read from.
 #[derive(Debug, Clone)]
 pub(crate) struct TlsFiles {
@@ -91,7 +88,7 @@ impl ReloadingCertificate {
                     tracing::info!(cert = %self.files.cert.display(), "tls.certificate_reloaded");
                 }
                 Err(error) => {
-                    metrics::counter!(RELOAD_ERRORS).increment(1);
+                    crate::telemetry::reload_refused("tls");
                     tracing::error!(%error, "tls.reload_refused: the certificate in force stays");
                 }
             }

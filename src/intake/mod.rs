@@ -274,9 +274,7 @@ impl Intake<'_> {
         let (rows, uncompressed_bytes) = (body.rows as u64, body.uncompressed_bytes as u64);
         let lane_target = || LaneTarget::new(loaded.resource.clone(), &loaded.target.run, declared, body);
         self.pipeline.enqueue(&accepting, &loaded.resource.resource, lane_target, queued, lane_place);
-        metrics::counter!(telemetry::BATCHES_QUEUED).increment(1);
-        metrics::counter!(telemetry::ROWS_RECEIVED).increment(rows);
-        metrics::counter!(telemetry::BYTES_RECEIVED).increment(uncompressed_bytes);
+        telemetry::batch_queued(rows, uncompressed_bytes);
         Ok(Accepted::Queued(receipt))
     }
 

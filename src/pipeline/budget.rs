@@ -116,7 +116,7 @@ impl Drop for FrameCharge {
         // What is still owed for it is no longer owed; what was paid (forgotten) comes back.
         let unpaid = self.budget.debt.settle(self.units);
         self.budget.semaphore.add_permits(self.units - unpaid);
-        metrics::gauge!(telemetry::APPEND_SEND_QUEUE_BYTES).decrement((self.units * UNIT_BYTES) as f64);
+        telemetry::send_queue(false, self.units * UNIT_BYTES);
         self.budget.record_gauge();
     }
 }
@@ -267,7 +267,7 @@ impl ByteBudget {
         let units = units_for(frame_bytes);
         let taken = self.semaphore.forget_permits(units);
         self.debt.add(units - taken);
-        metrics::gauge!(telemetry::APPEND_SEND_QUEUE_BYTES).increment((units * UNIT_BYTES) as f64);
+        telemetry::send_queue(true, units * UNIT_BYTES);
         self.record_gauge();
         FrameCharge { budget: self.clone(), units }
     }
@@ -339,7 +339,7 @@ impl ByteBudget {
         .await;
         let waited = started.elapsed();
         if waited >= Duration::from_millis(1) {
-            metrics::counter!(telemetry::BACKPRESSURE_WAITS).increment(1);
+            telemetry::backpressure_waited();
         }
         match acquired {
             Ok(Ok((permit, share))) => {
@@ -354,14 +354,14 @@ impl ByteBudget {
 
     pub(crate) fn record_gauge(&self) {
         if let Some(gauge) = self.gauge {
-            metrics::gauge!(gauge).set(self.in_use_bytes() as f64);
+            telemetry::budget_in_use(gauge, self.in_use_bytes());
         }
     }
 }
 
 /// 429 `backpressure`: `what` stayed full for `waited`.
 fn backpressure(what: String, waited: Duration) -> Problem {
-    metrics::counter!(telemetry::BACKPRESSURE_REJECTIONS).increment(1);
+    telemetry::backpressure_refused();
     Problem::new(ErrorCode::Backpressure, format!("{what} stayed full for {} ms", waited.as_millis()))
         .with_hint("retry after the Retry-After delay; BigQuery is acknowledging slower than batches arrive")
         .with_retry_after(2)

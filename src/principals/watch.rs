@@ -12,9 +12,6 @@ use super::file::{self, FileRefused};
 use super::{Action, Principal, PrincipalSet, Principals};
 use crate::watched_files::{WatchedFiles, modification};
 
-/// Refused reloads of the principals file.
-pub(crate) const RELOAD_ERRORS: &str = "filament_principals_reload_errors_total";
-
 /// Where the principals come from: the file, and the simple mode's tokens.
 #[derive(Debug, Clone)]
 pub(crate) struct PrincipalSources {
@@ -129,7 +126,7 @@ pub(crate) fn reload(sources: &PrincipalSources, principals: &Principals) {
             principals.replace(set);
         }
         Err(error) => {
-            metrics::counter!(RELOAD_ERRORS).increment(1);
+            crate::telemetry::reload_refused("principals");
             tracing::error!(%error, "principals.reload_refused: the previous principals stay in force");
         }
     }

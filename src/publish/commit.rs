@@ -84,7 +84,7 @@ impl Publisher {
                 .await?
                 .ok_or_else(|| Problem::not_found(&delivery.execution))?,
         };
-        metrics::counter!(telemetry::EXECUTIONS_FINISHED, "state" => record.state.as_str()).increment(1);
+        telemetry::execution_finished(record.state.as_str());
         if ends_here && record.state == ExecutionState::Committed {
             self.store.record_event(&delivery, None, Event::Ended { state: record.state }).await;
         }

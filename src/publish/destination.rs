@@ -74,7 +74,7 @@ impl Publisher {
                 tracing::info!(run_id = %run.run_id, execution_id = %delivery.execution_id(),
                     resource = %resource.resource, %job_id,
                     "redelivered execution staged the same content; reusing its publication");
-                metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "reused").increment(1);
+                telemetry::publication_ended("reused");
                 return Ok(PublishOutcome::Done);
             }
             Reconciled::Refuse(problem) => return Err(problem.clone()),

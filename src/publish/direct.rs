@@ -87,7 +87,7 @@ impl Publisher {
                 );
                 let execution = &delivery.execution;
                 self.store.finish_publication(execution, name, PublicationEnd::Failed(&problem)).await?;
-                metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "failed").increment(1);
+                telemetry::publication_ended("failed");
                 Err(problem)
             }
         }
@@ -130,7 +130,7 @@ impl Publisher {
             self.store.record_event(delivery, Some(name), finished).await;
             let done = PublicationEnd::Done { rows_affected: rows, cost: &JobCost::default() };
             self.store.finish_publication(&delivery.execution, name, done).await?;
-            metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "done").increment(1);
+            telemetry::publication_ended("done");
         }
         Ok(outcome)
     }
@@ -161,6 +161,6 @@ impl Publisher {
 /// A commit whose outcome is unknown: the publication stays running, and a redelivery asks
 /// about its recorded streams.
 fn unfinished(lost: BigQueryError) -> PublishOutcome {
-    metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "unfinished").increment(1);
+    telemetry::publication_ended("unfinished");
     PublishOutcome::Unfinished(lost.problem(Stage::Publication))
 }

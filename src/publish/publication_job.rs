@@ -157,7 +157,7 @@ impl Publisher {
             Err(e) if e.is_retryable() => "unfinished",
             Err(_) => "failed",
         };
-        metrics::histogram!(telemetry::PUBLICATION_DURATION, "outcome" => outcome_label).record(duration.as_secs_f64());
+        telemetry::publication_job_took(outcome_label, duration);
         let cost = outcome.as_ref().ok().map(|o| &o.cost);
         let (dataset, table) = (run.destination.dataset.as_str(), job.resource.table_name.as_str());
         PublishTiming { resource: name, dataset, table, duration, cost }.emit();
@@ -181,13 +181,13 @@ impl Publisher {
                 self.store.record_event(job.delivery(), Some(name), finished).await;
                 let done = PublicationEnd::Done { rows_affected: outcome.rows_affected, cost: &outcome.cost };
                 self.store.finish_publication(execution, name, done).await?;
-                metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "done").increment(1);
+                telemetry::publication_ended("done");
                 Ok(PublishOutcome::Done)
             }
             Err(e) if e.is_retryable() => {
                 tracing::warn!(run_id = %job.delivery().run_id(), execution_id = %job.delivery().execution_id(),
                     resource = %name, %job_id, error = %e, "lost track of the publication job; a redelivery re-attaches to it");
-                metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "unfinished").increment(1);
+                telemetry::publication_ended("unfinished");
                 Ok(PublishOutcome::Unfinished(e.problem(Stage::Publication)))
             }
             Err(e) => {
@@ -196,7 +196,7 @@ impl Publisher {
                 let failed = Event::PublicationFailed { job_id, duration_ms, code, hint };
                 self.store.record_event(job.delivery(), Some(name), failed).await;
                 self.store.finish_publication(execution, name, PublicationEnd::Failed(&problem)).await?;
-                metrics::counter!(telemetry::PUBLICATIONS, "outcome" => "failed").increment(1);
+                telemetry::publication_ended("failed");
                 match e {
                     BigQueryError::ForeignJob { .. } => {
                         tracing::warn!(run_id = %job.delivery().run_id(), execution_id = %job.delivery().execution_id(),

@@ -33,7 +33,7 @@ impl OperationGauges {
 
     /// Shows `limit` (where no destination has one yet: the limit each starts at).
     pub(super) fn show_limit(&self, limit: usize) {
-        metrics::gauge!(telemetry::BIGQUERY_CONCURRENCY_LIMIT, "operation" => self.operation).set(limit as f64);
+        telemetry::concurrency_limit(self.operation, limit);
     }
 
     /// Limiter `id`'s limit is now `limit`: the gauge shows the lowest.
@@ -56,18 +56,16 @@ impl OperationGauges {
 
     /// A call entered a place under one of the limits.
     pub(super) fn entered(&self) {
-        metrics::gauge!(telemetry::BIGQUERY_CONCURRENCY_IN_FLIGHT, "operation" => self.operation).increment(1.0);
+        telemetry::concurrency_place(self.operation, true);
     }
 
     /// A call left its place.
     pub(super) fn left(&self) {
-        metrics::gauge!(telemetry::BIGQUERY_CONCURRENCY_IN_FLIGHT, "operation" => self.operation).decrement(1.0);
+        telemetry::concurrency_place(self.operation, false);
     }
 
     /// One of the limits decreased for `reason` (`refusal`, `latency`).
     pub(super) fn decreased(&self, reason: &'static str) {
-        metrics::counter!(telemetry::BIGQUERY_CONCURRENCY_DECREASES, "operation" => self.operation,
-            "reason" => reason)
-        .increment(1);
+        telemetry::concurrency_decreased(self.operation, reason);
     }
 }

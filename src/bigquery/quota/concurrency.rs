@@ -53,7 +53,7 @@ impl ConcurrencyShare {
                 let mut in_flight = self.in_flight.lock();
                 if *in_flight < self.limit() {
                     *in_flight += 1;
-                    metrics::gauge!(telemetry::QUOTA_IN_FLIGHT, "quota" => self.name).set(*in_flight as f64);
+                    telemetry::quota_in_flight(self.name, *in_flight);
                     return InFlight(self);
                 }
             }
@@ -66,7 +66,7 @@ impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         let mut in_flight = self.0.in_flight.lock();
         *in_flight -= 1;
-        metrics::gauge!(telemetry::QUOTA_IN_FLIGHT, "quota" => self.0.name).set(*in_flight as f64);
+        telemetry::quota_in_flight(self.0.name, *in_flight);
         self.0.freed.notify_one();
     }
 }

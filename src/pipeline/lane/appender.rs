@@ -173,14 +173,14 @@ struct ConnectionSlot {
 
 impl ConnectionSlot {
     fn new(permit: OwnedSemaphorePermit) -> Self {
-        metrics::gauge!(telemetry::APPEND_CONNECTIONS_OPEN).increment(1.0);
+        telemetry::append_connection(true);
         Self { _permit: permit }
     }
 }
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
-        metrics::gauge!(telemetry::APPEND_CONNECTIONS_OPEN).decrement(1.0);
+        telemetry::append_connection(false);
     }
 }
 
@@ -386,7 +386,7 @@ impl<'a, S: AppendService> Appender<'a, S> {
         .emit();
         self.acknowledged_rows += done.upload.rows as i64;
         drop(done);
-        metrics::gauge!(telemetry::APPENDS_IN_FLIGHT).decrement(1.0);
+        telemetry::appends_in_flight(0, 1);
         // Progress for the execution view; not needed for correctness.
         if self.service.add_rows_acknowledged(self.acknowledged_rows - self.rows_recorded).await {
             self.rows_recorded = self.acknowledged_rows;
@@ -408,7 +408,7 @@ impl<'a, S: AppendService> Appender<'a, S> {
         };
         // The connection's place is given back during the backoff too.
         self.tear_down_connection();
-        metrics::gauge!(telemetry::APPENDS_IN_FLIGHT).decrement(self.in_flight.len() as f64);
+        telemetry::appends_in_flight(0, self.in_flight.len());
         // Released slots let other lanes upload while this one waits.
         for f in self.in_flight.drain(..).rev() {
             self.replay.push_front(Unacknowledged { offset: f.offset, upload: f.upload });
@@ -449,7 +449,7 @@ impl<'a, S: AppendService> Appender<'a, S> {
                 Err(e) => Err(e),
             },
         };
-        metrics::gauge!(telemetry::APPENDS_IN_FLIGHT).increment(1.0);
+        telemetry::appends_in_flight(1, 0);
         let send_duration = started.elapsed();
         let span = tracing::trace_span!(target: crate::traces::TARGET, "bigquery.append_rows", offset, rows = upload.rows,
             bytes = upload.message.len(), attempt = self.failures.attempts() + 1);
