@@ -88,7 +88,7 @@ impl ReloadingCertificate {
                     tracing::info!(cert = %self.files.cert.display(), "tls.certificate_reloaded");
                 }
                 Err(error) => {
-                    crate::telemetry::reload_refused("tls");
+                    crate::telemetry::tls_reload_refused();
                     tracing::error!(%error, "tls.reload_refused: the certificate in force stays");
                 }
             }

@@ -126,7 +126,7 @@ pub(crate) fn reload(sources: &PrincipalSources, principals: &Principals) {
             principals.replace(set);
         }
         Err(error) => {
-            crate::telemetry::reload_refused("principals");
+            crate::telemetry::principals_reload_refused();
             tracing::error!(%error, "principals.reload_refused: the previous principals stay in force");
         }
     }

@@ -82,11 +82,14 @@ pub(crate) fn access_denied(reason: &str) {
     metrics::counter!(AUDIT_DENIALS, "reason" => reason.to_string()).increment(1);
 }
 
-/// A replaced principals file (`principals`) or TLS pair (`tls`) was refused; what was in force
-/// stays.
-pub(crate) fn reload_refused(of: &'static str) {
-    let counter = if of == "tls" { TLS_RELOAD_ERRORS } else { PRINCIPALS_RELOAD_ERRORS };
-    metrics::counter!(counter).increment(1);
+/// A replaced principals file was refused; the principals in force stay.
+pub(crate) fn principals_reload_refused() {
+    metrics::counter!(PRINCIPALS_RELOAD_ERRORS).increment(1);
+}
+
+/// A replaced TLS certificate or key was refused; the certificate in force stays.
+pub(crate) fn tls_reload_refused() {
+    metrics::counter!(TLS_RELOAD_ERRORS).increment(1);
 }
 
 /// The fleet has `replicas` live replicas (0 once this one stops counting).

@@ -69,10 +69,12 @@ const KINDS: [(&str, Kind); 7] = [
 
 /// How many numbers a coordinate has after a dimension word (`Z`, `M`, `ZM`).
 fn numbers_after(word: &[u8]) -> Option<usize> {
-    match word.to_ascii_uppercase().as_slice() {
-        b"Z" | b"M" => Some(3),
-        b"ZM" => Some(4),
-        _ => None,
+    if word.eq_ignore_ascii_case(b"Z") || word.eq_ignore_ascii_case(b"M") {
+        Some(3)
+    } else if word.eq_ignore_ascii_case(b"ZM") {
+        Some(4)
+    } else {
+        None
     }
 }
 
