@@ -120,7 +120,7 @@ async fn set_up_once(
     let started = Instant::now();
     let resource = &target.resource;
     tracing::info!(run_id = %resource.delivery.run_id(), execution_id = %resource.delivery.execution_id(),
-        resource = %resource.resource, table = %target.destination_table, "bigquery.write.set_up.started");
+        resource = %resource.resource, table = %target.destination_table, "bigquery.write.prepare.started");
     let (project, dataset) = (target.project.as_str(), target.dataset.as_str());
     let existing_location = bigquery.ensure_dataset(project, dataset, target.location.as_deref()).await?;
     check_location(target, existing_location.as_deref())?;

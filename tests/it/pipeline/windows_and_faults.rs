@@ -126,7 +126,7 @@ async fn an_upload_logs_the_writers_settings_its_stages_and_each_appends_timing(
     let gw = GatewayOptions::new().fake_write(&fake).spawn().await;
     let _retries = load_in_batches_of_ten(&gw, &fake, 2).await;
     let logs = gw.logs();
-    for event in ["bigquery.write.ready", "bigquery.write.set_up.started", "bigquery.write.publish.started"] {
+    for event in ["bigquery.write.ready", "bigquery.write.prepare.started", "bigquery.write.publish.started"] {
         assert!(logs.contains(event), "missing {event}");
     }
     let ready = logs.lines().find(|l| l.contains("bigquery.write.ready")).unwrap();
