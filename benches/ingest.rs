@@ -37,8 +37,8 @@ use std::time::Duration;
 use arrow_array::{BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
 use arrow_schema::{DataType, Field, Schema, TimeUnit};
 use measure::{
-    GIB, Gzip, GzipAlone, cpu_seconds, gateway_gzip_level, gateway_settings, gzip_alone, peak_rss_mib, previous_main,
-    sha256_alone,
+    GIB, Gzip, GzipAlone, MemoryAtPeak, cpu_seconds, gateway_gzip_level, gateway_settings, gzip_alone, peak_rss_mib,
+    previous_main, resident_mib, sha256_alone,
 };
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom as _;
@@ -255,6 +255,8 @@ struct Throughput {
     refused: u64,
     cpu_seconds: f64,
     peak_rss_mib: f64,
+    /// The budgets and the allocator at the largest resident set sampled (every 200 ms).
+    memory: MemoryAtPeak,
 }
 
 impl Throughput {
@@ -280,9 +282,9 @@ async fn run_k(binary: Option<&Path>, k: usize, set: &BodySet, total_bytes: u64)
     let per_resource = (total_bytes / k as u64).div_ceil(set.plain_bytes[0]).max(1) as usize;
     let cpu_before = cpu_seconds(&format!("/proc/{pid}/stat"));
     let started = Instant::now();
-    let posted =
-        futures::future::join_all(resources.iter().enumerate().map(|(i, r)| post_bodies(&gw, r, set, i, per_resource)))
-            .await;
+    let posting =
+        futures::future::join_all(resources.iter().enumerate().map(|(i, r)| post_bodies(&gw, r, set, i, per_resource)));
+    let (posted, memory) = while_sampling_memory(&gw, pid, posting).await;
     let receipts_seconds = started.elapsed().as_secs_f64();
     let refused = gw.metric("filament_backpressure_rejections_total").await.unwrap_or_default() as u64;
     let committed = gw.commit_and_wait("bench", "e").await;
@@ -308,7 +310,26 @@ async fn run_k(binary: Option<&Path>, k: usize, set: &BodySet, total_bytes: u64)
         refused,
         cpu_seconds,
         peak_rss_mib,
+        memory,
     }
+}
+
+/// Runs `work` while sampling the gateway's resident set and `/metrics` every 200 ms; its
+/// output and the memory at the largest sample.
+async fn while_sampling_memory<T>(gw: &Gateway, pid: u32, work: impl Future<Output = T>) -> (T, MemoryAtPeak) {
+    let peak = std::cell::Cell::new(MemoryAtPeak::default());
+    let sampling = async {
+        loop {
+            let metrics = gw.metrics().await;
+            peak.set(peak.get().max(MemoryAtPeak::sample(resident_mib(pid), &metrics)));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    let output = tokio::select! {
+        output = work => output,
+        _ = sampling => unreachable!("the sampling never ends"),
+    };
+    (output, peak.get())
 }
 
 /// Throughput (MB/s) of 8 fast tables until the sink holds all their rows, with or without
@@ -510,10 +531,11 @@ fn one_point(k: usize, bodies: Vec<Vec<u8>>, total_bytes: u64) {
         for (build, binary) in builds {
             let run = runtime.block_on(run_k(binary, k, &set, total_bytes));
             println!(
-                "round {round}, {build}, K={k}: {:.1} MB/s, {:.2} gateway CPU s/GiB, peak RSS {:.0} MiB, {:.1} s ({:.1} s to the last receipt, {} requests refused with 429)",
+                "round {round}, {build}, K={k}: {:.1} MB/s, {:.2} gateway CPU s/GiB, peak RSS {:.0} MiB ({}), {:.1} s ({:.1} s to the last receipt, {} requests refused with 429)",
                 run.mb_per_second(),
                 run.cpu_seconds_per_gib(),
                 run.peak_rss_mib,
+                run.memory.describe(),
                 run.seconds,
                 run.receipts_seconds,
                 run.refused
@@ -638,6 +660,7 @@ impl Results<'_> {
             "gateway_cpu_over_floor": r.cpu_seconds_per_gib() / self.cpu_floor(),
             "gateway_mb_per_second_per_core": r.bytes as f64 / MB / r.cpu_seconds,
             "peak_rss_mib": r.peak_rss_mib,
+            "memory_at_largest_sample": r.memory.json(),
         })
     }
 

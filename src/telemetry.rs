@@ -33,6 +33,13 @@ pub(crate) const APPEND_CONNECTIONS_OPEN: &str = "filament_append_connections_op
 pub(crate) const BUDGET_BYTES_IN_USE: &str = "filament_upload_budget_bytes_in_use";
 pub(crate) const APPEND_SEND_QUEUE_BYTES: &str = "filament_append_send_queue_bytes";
 pub(crate) const RECEIVE_BUDGET_BYTES_IN_USE: &str = "filament_receive_budget_bytes_in_use";
+/// The two budgets' capacities (`FILAMENT_MAX_BUFFERED_BYTES`, `FILAMENT_MAX_RECEIVING_BYTES`).
+pub(crate) const UPLOAD_BUDGET_BYTES: &str = "filament_upload_budget_bytes";
+pub(crate) const RECEIVE_BUDGET_BYTES: &str = "filament_receive_budget_bytes";
+/// The allocator's own figures, read when `/metrics` is scraped (`metric_events::allocator_read`).
+pub(crate) const ALLOCATOR_ALLOCATED_BYTES: &str = "filament_allocator_allocated_bytes";
+pub(crate) const ALLOCATOR_RESIDENT_BYTES: &str = "filament_allocator_resident_bytes";
+pub(crate) const ALLOCATOR_RETAINED_BYTES: &str = "filament_allocator_retained_bytes";
 pub(crate) const BACKPRESSURE_WAITS: &str = "filament_backpressure_waits_total";
 pub(crate) const BACKPRESSURE_REJECTIONS: &str = "filament_backpressure_rejections_total";
 pub(crate) const APPEND_RETRIES: &str = "filament_append_retries_total";
@@ -297,6 +304,23 @@ fn describe() {
         "Batch body bytes received and decoded, not yet converted (the receive budget)"
     );
     describe_counter!(BACKPRESSURE_WAITS, Unit::Count, "Batch requests that waited for the upload budget");
+    describe_gauge!(UPLOAD_BUDGET_BYTES, Unit::Bytes, "The upload budget's capacity (FILAMENT_MAX_BUFFERED_BYTES)");
+    describe_gauge!(RECEIVE_BUDGET_BYTES, Unit::Bytes, "The receive budget's capacity (FILAMENT_MAX_RECEIVING_BYTES)");
+    describe_gauge!(
+        ALLOCATOR_ALLOCATED_BYTES,
+        Unit::Bytes,
+        "Bytes the gateway's allocations hold (jemalloc stats.allocated)"
+    );
+    describe_gauge!(
+        ALLOCATOR_RESIDENT_BYTES,
+        Unit::Bytes,
+        "Bytes of the allocator's pages resident in memory, freed pages it keeps included (jemalloc stats.resident)"
+    );
+    describe_gauge!(
+        ALLOCATOR_RETAINED_BYTES,
+        Unit::Bytes,
+        "Virtual memory the allocator keeps mapped without pages behind it (jemalloc stats.retained)"
+    );
     describe_counter!(
         BACKPRESSURE_REJECTIONS,
         Unit::Count,

@@ -65,6 +65,74 @@ pub fn peak_rss_mib(pid: u32) -> f64 {
     line.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap() / 1024.0
 }
 
+/// The resident set of process `pid` now (`VmRSS`), MiB.
+pub fn resident_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"));
+    line.and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()).unwrap_or(0.0) / 1024.0
+}
+
+/// What the gateway's memory held at the sample where its resident set was largest: the two
+/// budgets' capacities and use, and the allocator's live and resident bytes (MiB, from its
+/// `/metrics`). What is resident beyond the allocator's pages is the binary and the stacks.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct MemoryAtPeak {
+    pub resident_mib: f64,
+    pub budgets_mib: f64,
+    pub receive_budget_in_use_mib: f64,
+    pub upload_budget_in_use_mib: f64,
+    pub allocated_mib: f64,
+    pub allocator_resident_mib: f64,
+}
+
+impl MemoryAtPeak {
+    /// One sample from `/metrics` text and the resident set.
+    pub fn sample(resident_mib: f64, metrics: &str) -> Self {
+        let gauge = |name: &str| {
+            let value =
+                metrics.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok());
+            value.unwrap_or(0.0) / (1024.0 * 1024.0)
+        };
+        Self {
+            resident_mib,
+            budgets_mib: gauge("filament_upload_budget_bytes") + gauge("filament_receive_budget_bytes"),
+            receive_budget_in_use_mib: gauge("filament_receive_budget_bytes_in_use"),
+            upload_budget_in_use_mib: gauge("filament_upload_budget_bytes_in_use"),
+            allocated_mib: gauge("filament_allocator_allocated_bytes"),
+            allocator_resident_mib: gauge("filament_allocator_resident_bytes"),
+        }
+    }
+
+    /// The sample for `result.json` (MiB).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "resident_mib": self.resident_mib,
+            "budgets_mib": self.budgets_mib,
+            "receive_budget_in_use_mib": self.receive_budget_in_use_mib,
+            "upload_budget_in_use_mib": self.upload_budget_in_use_mib,
+            "allocator_allocated_mib": self.allocated_mib,
+            "allocator_resident_mib": self.allocator_resident_mib,
+        })
+    }
+
+    /// The sample in words.
+    pub fn describe(&self) -> String {
+        format!(
+            "largest sample {:.0} MiB: receive budget {:.0} and upload budget {:.0} in use of {:.0}, allocator {:.0} allocated, {:.0} resident",
+            self.resident_mib,
+            self.receive_budget_in_use_mib,
+            self.upload_budget_in_use_mib,
+            self.budgets_mib,
+            self.allocated_mib,
+            self.allocator_resident_mib
+        )
+    }
+
+    pub fn max(self, other: Self) -> Self {
+        if other.resident_mib > self.resident_mib { other } else { self }
+    }
+}
+
 /// A gzip implementation and level, as the gateway could compress AppendRows requests.
 #[derive(Clone, Copy)]
 pub enum Gzip {

@@ -124,6 +124,7 @@ pub(crate) async fn metrics(State(state): State<SharedState>, headers: axum::htt
             return response;
         }
     }
+    crate::telemetry::allocator_read();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
 }
 

@@ -106,6 +106,7 @@ impl Pipeline {
     pub(crate) fn new(bigquery: BigQuery, store: Store, limits: PipelineLimits) -> Self {
         let budget = ByteBudget::new(limits.max_buffered_bytes, "the upload budget")
             .reporting_to(telemetry::BUDGET_BYTES_IN_USE);
+        telemetry::budgets_configured(limits.max_buffered_bytes, limits.max_receiving_bytes);
         Self {
             context: LaneContext {
                 upload_budget: Arc::new(budget.clone()),

@@ -24,6 +24,30 @@ pub(crate) fn execution_finished(state: &'static str) {
     metrics::counter!(EXECUTIONS_FINISHED, "state" => state).increment(1);
 }
 
+/// The pipeline's budgets were sized: the upload budget and the receive budget, bytes.
+pub(crate) fn budgets_configured(upload_bytes: usize, receive_bytes: usize) {
+    metrics::gauge!(UPLOAD_BUDGET_BYTES).set(upload_bytes as f64);
+    metrics::gauge!(RECEIVE_BUDGET_BYTES).set(receive_bytes as f64);
+}
+
+/// The allocator's figures as of now, for a `/metrics` scrape. Only a process whose global
+/// allocator is jemalloc (the gateway's binary) has figures to show; elsewhere they stay 0.
+pub(crate) fn allocator_read() {
+    use tikv_jemalloc_ctl::{epoch, stats};
+    if epoch::advance().is_err() {
+        return;
+    }
+    for (name, read) in [
+        (ALLOCATOR_ALLOCATED_BYTES, stats::allocated::read as fn() -> tikv_jemalloc_ctl::Result<usize>),
+        (ALLOCATOR_RESIDENT_BYTES, stats::resident::read),
+        (ALLOCATOR_RETAINED_BYTES, stats::retained::read),
+    ] {
+        if let Ok(bytes) = read() {
+            metrics::gauge!(name).set(bytes as f64);
+        }
+    }
+}
+
 /// A batch request's rows were queued on its lane.
 pub(crate) fn batch_queued(rows: u64, uncompressed_bytes: u64) {
     metrics::counter!(BATCHES_QUEUED).increment(1);
