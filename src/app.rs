@@ -335,6 +335,7 @@ fn publisher(
             ..PUBLICATION_RETRY
         },
         job_ids,
+        price_per_tib_usd: config.control_plane.on_demand_price_per_tib_usd,
     }
 }
 

@@ -6,12 +6,13 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::error::Problem;
+use crate::model::publication_plan::{self, PricedPublication};
 use crate::model::table_layout::LayoutDifference;
 use crate::model::table_options::TableOptionsDeclaration;
 use crate::model::write_options::{DeclaredPath, Deletes, MetadataColumn};
 use crate::model::{Batching, Destination, ExecutionState, JobCost, PublicationState, WriteMode};
 use crate::store::{
-    ExecutionRecord, PublicationRecord, ReceiptRecord, ResourceProgress, ResourceRecord, RunRecord, Store,
+    ExecutionRecord, PlanRow, PublicationRecord, ReceiptRecord, ResourceProgress, ResourceRecord, RunRecord, Store,
 };
 
 /// A declared resource.
@@ -144,6 +145,62 @@ pub(crate) struct ExecutionResourceView {
     pub(crate) publication: Option<PublicationView>,
 }
 
+/// One planned publication of the plan at the barrier.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub(crate) struct PlannedPublicationView {
+    #[serde(flatten)]
+    pub(crate) priced: PricedPublication,
+    /// `bytes_processed` at the plan's `price_per_tib_usd`, in US dollars (null when unpriced).
+    pub(crate) estimated_cost_usd: Option<f64>,
+}
+
+/// The priced plan the commit recorded at its barrier, before anything was published: each
+/// publication's statement dry-run (docs/cost.md).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub(crate) struct PlanView {
+    /// The delivery whose commit planned it.
+    pub(crate) delivery: i32,
+    pub(crate) planned_at: DateTime<Utc>,
+    /// The on-demand price per TiB the costs are estimated at (`FILAMENT_ON_DEMAND_PRICE_PER_TIB_USD`
+    /// when planned).
+    pub(crate) price_per_tib_usd: f64,
+    /// Bytes of every priced publication.
+    pub(crate) bytes_processed: i64,
+    /// `bytes_processed` at `price_per_tib_usd`, in US dollars.
+    pub(crate) estimated_cost_usd: f64,
+    /// Query jobs the publication inserts.
+    pub(crate) query_jobs: i32,
+    /// Publications whose statement could not be dry-run (not counted in the totals).
+    pub(crate) unpriced: usize,
+    pub(crate) publications: Vec<PlannedPublicationView>,
+}
+
+/// The plan view of the stored rows; `None` before the commit reached its barrier.
+fn plan_view(rows: Vec<PlanRow>) -> Option<PlanView> {
+    let first = rows.first()?;
+    let (delivery, planned_at, price) = (first.delivery, first.planned_at, first.price_per_tib_usd);
+    let priced: Vec<PricedPublication> = rows.into_iter().map(|row| row.priced).collect();
+    let (bytes_processed, query_jobs) = publication_plan::totals(&priced);
+    let unpriced = priced.iter().filter(|p| p.unpriced.is_some()).count();
+    let publications = priced
+        .into_iter()
+        .map(|priced| PlannedPublicationView {
+            estimated_cost_usd: priced.bytes_processed.map(|bytes| publication_plan::estimated_cost_usd(bytes, price)),
+            priced,
+        })
+        .collect();
+    Some(PlanView {
+        delivery,
+        planned_at,
+        price_per_tib_usd: price,
+        bytes_processed,
+        estimated_cost_usd: publication_plan::estimated_cost_usd(bytes_processed, price),
+        query_jobs,
+        unpriced,
+        publications,
+    })
+}
+
 /// An execution.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub(crate) struct ExecutionView {
@@ -154,6 +211,9 @@ pub(crate) struct ExecutionView {
     pub(crate) state: ExecutionState,
     pub(crate) error: Option<Problem>,
     pub(crate) resources: Vec<ExecutionResourceView>,
+    /// The priced plan of its commit, once the commit reached the barrier (absent before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) plan: Option<PlanView>,
     pub(crate) created_at: DateTime<Utc>,
     pub(crate) updated_at: DateTime<Utc>,
 }
@@ -211,6 +271,7 @@ pub(crate) async fn execution_view(store: &Store, execution: ExecutionRecord) ->
     let resources = store.list_resources(&execution.run_id).await?;
     let progress: Vec<ResourceProgress> = store.resource_progress(&execution.delivery_ref()).await?;
     let publications = store.list_publications(&execution.key()).await?;
+    let plan = plan_view(store.list_plan(&execution.key()).await?);
     let views = progress
         .into_iter()
         .map(|p| {
@@ -239,6 +300,7 @@ pub(crate) async fn execution_view(store: &Store, execution: ExecutionRecord) ->
         state: execution.state,
         error: execution.error,
         resources: views,
+        plan,
         created_at: execution.created_at,
         updated_at: execution.updated_at,
     })

@@ -146,6 +146,24 @@ impl BigQuery {
         Ok(JobOutcome { rows_affected: rows_affected(&job), reused, cost: job_cost(&job) })
     }
 
+    /// Dry-runs `sql` in `project` (`configuration.dryRun`: BigQuery validates and plans the
+    /// statement, runs and bills nothing, creates no job, so no job id is sent): the bytes it
+    /// reports the statement would process (`totalBytesProcessed`). One `jobs.insert`, paced by
+    /// the REST quotas; its caller retries pushback ([`BigQuery::retrying_pushback`]).
+    pub(crate) async fn dry_run_query(&self, project: &str, location: Option<&str>, sql: &str) -> BigQueryResult<i64> {
+        let statement = JobConfigurationQuery::new().set_query(sql).set_use_legacy_sql(false);
+        let mut job = Job::new().set_configuration(JobConfiguration::new().set_dry_run(true).set_query(statement));
+        if let Some(location) = location {
+            job = job.set_job_reference(JobReference::new().set_project_id(project).set_location(location));
+        }
+        let insert = || self.jobs.insert_job().set_project_id(project).set_job(job.clone()).send();
+        let job = rest_call(&self.quotas, "jobs.insert", insert).await?.map_err(BigQueryError::rest("jobs.insert"))?;
+        if let Some(error) = job_error(&job) {
+            return Err(error);
+        }
+        Ok(job_cost(&job).bytes_processed.unwrap_or(0))
+    }
+
     /// Waits up to `timeout` for the job to complete, with `jobs.getQueryResults` long polls
     /// (an answer that the job is still running starts the next poll at once). An answer other
     /// than a passing failure ends the wait: `jobs.get` then tells how it ended. A poll that

@@ -53,6 +53,14 @@ pub struct ControlPlaneArgs {
     #[arg(long, env = "FILAMENT_QUERY_JOB_TIMEOUT_SECS", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
     pub query_job_timeout_secs: u64,
 
+    /// The on-demand price of query processing, in US dollars per TiB, that the plan at the
+    /// commit's barrier estimates each publication's cost at (its dry-run bytes times this).
+    /// Default: Google's list price, $6.25 per TiB
+    /// (<https://cloud.google.com/bigquery/pricing#on_demand_pricing>); set your region's or
+    /// your contract's. Estimates only: nothing is refused by price.
+    #[arg(long, env = "FILAMENT_ON_DEMAND_PRICE_PER_TIB_USD", default_value_t = crate::model::publication_plan::LIST_ON_DEMAND_PRICE_PER_TIB_USD)]
+    pub on_demand_price_per_tib_usd: f64,
+
     /// BigQuery's rate quotas the fleet paces by.
     #[command(flatten)]
     pub quotas: QuotaArgs,

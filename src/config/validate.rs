@@ -31,6 +31,12 @@ impl ServeConfig {
         self.check_access(&mut problems);
         self.check_transport(&mut problems);
         self.check_storage_write(&mut problems);
+        let price = self.control_plane.on_demand_price_per_tib_usd;
+        if !(price.is_finite() && price >= 0.0) {
+            problems.push(format!(
+                "FILAMENT_ON_DEMAND_PRICE_PER_TIB_USD must be a number of dollars, 0 or more (got {price})"
+            ));
+        }
         if problems.is_empty() { Ok(()) } else { Err(InvalidSettings(problems)) }
     }
 

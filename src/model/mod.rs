@@ -1,6 +1,6 @@
 //! The vocabulary every stage shares: identifiers and keys ([`ids`]), columns ([`columns`]),
 //! the staging contract ([`staging`]), declared table layouts ([`table_options`], [`table_layout`]), write
-//! modes and their options ([`write_options`]), execution and publication states, and the
+//! modes and their options ([`write_options`]), the priced plan of a commit ([`publication_plan`]), execution and publication states, and the
 //! run's destination and batching settings, with the validation rules of the contract
 //! (`openapi/openapi.json`). Anything that reaches SQL or a BigQuery name passes through
 //! one of the validated types here first. `model` depends on nothing but [`crate::error`].
@@ -8,6 +8,7 @@
 pub(crate) mod columns;
 pub(crate) mod ids;
 pub mod key_ranges;
+pub(crate) mod publication_plan;
 pub(crate) mod request_bounds;
 pub(crate) mod staging;
 pub(crate) mod table_layout;

@@ -5,8 +5,9 @@
 //!    staging table, at most `max_concurrent_publications` streams at once. A `direct_append`
 //!    stream is only finalized: it writes into the destination, and its commit is the
 //!    publication. No destination changes. The first failure cancels the lanes still uploading.
-//! 2. **The barrier.** Only when every lane has drained and every stream is committed is the
-//!    delivery marked publishing (the point of no return, refused when an abort or a lane's
+//! 2. **The barrier.** Only when every lane has drained and every stream is committed is each
+//!    publication's statement dry-run and the priced plan recorded ([`super::pricing`]), and
+//!    then the delivery marked publishing (the point of no return, refused when an abort or a lane's
 //!    failure came first). A failure or an abort before it publishes nothing, and every staging
 //!    table of the delivery is deleted (no job will read them).
 //! 3. **Publication.** At most `max_concurrent_publications` destination tables at once, each
@@ -107,6 +108,10 @@ impl Publisher {
         let planned = match first_failure {
             Some(problem) => Err(problem),
             None => plan::plan(&declared, &reports, &continuing, completes_snapshot),
+        };
+        let planned = match planned {
+            Ok(plans) => self.price_plan(run, delivery, &plans).await.map(|_priced| plans),
+            Err(problem) => Err(problem),
         };
         let plans = match planned {
             Ok(plans) => plans,

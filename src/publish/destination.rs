@@ -23,6 +23,27 @@ use crate::model::staging::{WritePath, staging_table_name};
 use crate::store::{Publishing, ResourceRecord, RunRecord};
 use crate::telemetry;
 
+/// What finding a publication's statement may do to its destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Effects {
+    /// Add the columns a snapshot's deletion reads (at publication, after the barrier).
+    PrepareDestination,
+    /// Read only (the plan at the barrier, before anything may change).
+    ReadOnly,
+}
+
+/// Which statement publishes `planned` ([`decide::choose_statement`]).
+pub(super) fn statement_choice(planned: PlannedPublication<'_>) -> StatementChoice {
+    let resource = planned.resource;
+    decide::choose_statement(decide::PublicationFacts {
+        write_mode: resource.write_mode,
+        delete_missing: resource.write_options.delete_missing,
+        staged_rows: planned.staged.map(|report| report.rows_acknowledged),
+        first_segment: planned.first_segment,
+        completes_snapshot: planned.completes_snapshot,
+    })
+}
+
 impl Publisher {
     /// The destination's publications in order. After one fails (or its outcome is unknown),
     /// the later ones are not submitted: the table stays as a prefix of the declared order left it.
@@ -86,7 +107,7 @@ impl Publisher {
                 _ => Err(problem),
             };
         }
-        match self.statement(run, delivery, planned, &key_ranges).await? {
+        match self.statement(run, delivery, planned, &key_ranges, Effects::PrepareDestination).await? {
             Some(statement) => {
                 let job = PublicationJob { run, publishing, resource, fingerprint, statement, recorded_job_id };
                 self.run_and_record(&job).await
@@ -97,7 +118,7 @@ impl Publisher {
 
     /// The fingerprint of what the resource staged in this delivery (nothing, for an empty
     /// replacement), and the key ranges covering its batches.
-    async fn fingerprint(
+    pub(super) async fn fingerprint(
         &self,
         run: &RunRecord,
         delivery: &DeliveryRef,
@@ -134,25 +155,24 @@ impl Publisher {
     /// The statement to run ([`decide::choose_statement`]), with the destination's facts it
     /// needs fetched first; `None` when there is nothing to do (nothing staged, no replacement
     /// and no snapshot to complete, or a truncation or deletion of a table that does not exist).
-    async fn statement<'a>(
+    /// `effects` says whether the destination may be prepared for it (the plan at the barrier
+    /// only reads).
+    pub(super) async fn statement<'a>(
         &self,
         run: &RunRecord,
         delivery: &DeliveryRef,
         planned: PlannedPublication<'a>,
         key_ranges: &[KeyRange],
+        effects: Effects,
     ) -> Result<Option<Statement<'a>>, Problem> {
         let resource = planned.resource;
         let options = &resource.write_options;
-        let choice = decide::choose_statement(decide::PublicationFacts {
-            write_mode: resource.write_mode,
-            delete_missing: options.delete_missing,
-            staged_rows: planned.staged.map(|report| report.rows_acknowledged),
-            first_segment: planned.first_segment,
-            completes_snapshot: planned.completes_snapshot,
-        });
+        let choice = statement_choice(planned);
         let (project, dataset) = (&run.destination.project, &run.destination.dataset);
         let destination = sql::TableRef { project, dataset, table: &resource.table_name };
-        if choice.needs_existing_destination() && !self.destination_ready(&destination, resource, choice).await? {
+        if choice.needs_existing_destination()
+            && !self.destination_ready(&destination, resource, choice, effects).await?
+        {
             return Ok(None);
         }
         let staged = match choice {
@@ -197,14 +217,15 @@ impl Publisher {
     }
 
     /// Whether the destination of a truncation or a snapshot's deletion exists; before the
-    /// deletion, with the columns it reads added.
+    /// deletion, with the columns it reads added (unless `effects` only reads).
     async fn destination_ready(
         &self,
         destination: &sql::TableRef<'_>,
         resource: &ResourceRecord,
         choice: StatementChoice,
+        effects: Effects,
     ) -> Result<bool, Problem> {
-        if choice == StatementChoice::DeleteMissing {
+        if choice == StatementChoice::DeleteMissing && effects == Effects::PrepareDestination {
             return self.prepare_snapshot_end(destination, resource).await;
         }
         let (project, dataset, table) = (destination.project, destination.dataset, destination.table);

@@ -15,6 +15,8 @@
 //! stream its lane wrote into the destination ([`direct`]) instead of a query job. A resource
 //! declared `widen_columns` has its destination's columns widened after the barrier, before
 //! its statement ([`widen`]).
+//! At the barrier, before anything is published, every planned publication's statement is
+//! dry-run and the priced plan recorded ([`pricing`]).
 //! [`lifecycle`] begins a commit and aborts.
 
 mod commit;
@@ -26,6 +28,8 @@ pub(crate) mod job_id;
 pub(crate) mod keys_compared;
 mod lifecycle;
 mod plan;
+mod plan_metrics;
+mod pricing;
 mod publication_job;
 pub(crate) mod reconcile;
 pub(crate) mod sql;
@@ -63,6 +67,9 @@ pub(crate) struct Publisher {
     pub(crate) retry: crate::bigquery::retry::RetryPolicy,
     /// The fleet's key of job-id tags ([`job_id`]).
     pub(crate) job_ids: job_id::JobIdKey,
+    /// The on-demand price per TiB processed the plan at the barrier estimates costs at
+    /// (`FILAMENT_ON_DEMAND_PRICE_PER_TIB_USD`, [`pricing`]).
+    pub(crate) price_per_tib_usd: f64,
 }
 
 impl Publisher {

@@ -1,5 +1,5 @@
 //! The timeline of a delivery: events recorded as the gateway acts (delivery started, tables
-//! set up, append retries, pause, commit started, streams committed, publication jobs, hand-
+//! set up, append retries, pause, commit started, streams committed, the priced plan, publication jobs, hand-
 //! overs, the end state) and read back in order by `GET .../events`. Recording is best effort:
 //! a timeline row that cannot be written is logged and the operation it describes goes on;
 //! except a stream's events (set up, committed), which are written by the statement that
@@ -16,6 +16,7 @@ use utoipa::ToSchema;
 
 use super::{BindKey as _, Store, StoreResult};
 use crate::error::ErrorCode;
+use crate::model::publication_plan::{PricedPublication, estimated_cost_usd};
 use crate::model::staging::WritePath;
 use crate::model::{DeliveryRef, ExecutionKey, ExecutionState, ResourceRef};
 
@@ -51,6 +52,10 @@ pub(crate) enum EventKind {
     CommitStarted,
     /// A resource's stream was finalized and committed into its staging table (`rows`).
     StreamCommitted,
+    /// A resource's publication was planned at the barrier, before any publication (`path`,
+    /// `statement`, `bytes_processed`, `estimated_cost_usd`, `query_jobs`, and `unpriced` when
+    /// the statement could not be dry-run).
+    Planned,
     /// A destination's publication job (one attempt) was submitted (`job_id`).
     PublicationStarted,
     /// A destination's publication job ended (`job_id`, `duration_ms`, `rows_affected`,
@@ -93,6 +98,7 @@ impl EventKind {
             EventKind::Paused => "paused",
             EventKind::CommitStarted => "commit_started",
             EventKind::StreamCommitted => "stream_committed",
+            EventKind::Planned => "planned",
             EventKind::PublicationStarted => "publication_started",
             EventKind::PublicationFinished => "publication_finished",
             EventKind::PublicationFailed => "publication_failed",
@@ -122,6 +128,11 @@ pub(crate) enum Event<'a> {
     },
     Paused,
     CommitStarted,
+    /// The resource's priced plan, at the price in force.
+    Planned {
+        priced: &'a PricedPublication,
+        price_per_tib_usd: f64,
+    },
     PublicationStarted {
         job_id: &'a str,
     },
@@ -153,6 +164,7 @@ impl Event<'_> {
             Event::BackpressureWaited { .. } => EventKind::BackpressureWaited,
             Event::Paused => EventKind::Paused,
             Event::CommitStarted => EventKind::CommitStarted,
+            Event::Planned { .. } => EventKind::Planned,
             Event::PublicationStarted { .. } => EventKind::PublicationStarted,
             Event::PublicationFinished { .. } => EventKind::PublicationFinished,
             Event::PublicationFailed { .. } => EventKind::PublicationFailed,
@@ -171,6 +183,9 @@ impl Event<'_> {
             Event::BackpressureWaited { waited_ms, refused } => json!({"code": "backpressure", "waited_ms": waited_ms,
                 "total_ms": waited_ms, "refused": u8::from(*refused)}),
             Event::Paused | Event::CommitStarted => json!({}),
+            Event::Planned { priced, price_per_tib_usd } => json!({"path": priced.path, "statement": priced.statement,
+                "bytes_processed": priced.bytes_processed, "query_jobs": priced.query_jobs, "unpriced": priced.unpriced,
+                "estimated_cost_usd": priced.bytes_processed.map(|bytes| estimated_cost_usd(bytes, *price_per_tib_usd))}),
             Event::PublicationStarted { job_id } => json!({"job_id": job_id}),
             Event::PublicationFinished { job_id, duration_ms, rows_affected, bytes_billed } => json!({"job_id": job_id,
                 "duration_ms": duration_ms, "rows_affected": rows_affected, "bytes_billed": bytes_billed}),

@@ -1,6 +1,6 @@
 //! The only module that talks to Postgres (sqlx, runtime-checked queries). It persists runs,
-//! resources, executions and their deliveries, batch receipts, checkpoints, staging streams and
-//! publications; the API and the publisher read and write durable state through [`Store`].
+//! resources, executions and their deliveries, batch receipts, checkpoints, staging streams,
+//! publications and their priced plans; the API and the publisher read and write durable state through [`Store`].
 //!
 //! Conditional updates (`... WHERE state = ANY(...)`, the state sets bound from
 //! [`ExecutionState`](crate::model::ExecutionState)) make state transitions safe against
@@ -13,6 +13,7 @@ mod events;
 mod executions;
 mod fleet;
 mod job_id_keys;
+mod plans;
 mod publications;
 mod publishing;
 mod run_list;
@@ -21,6 +22,7 @@ mod runs;
 pub(crate) use batches::{HandedOverStream, InsertBatch, NewBatch, ReceiptRecord};
 pub(crate) use events::{BACKPRESSURE_EVENT_MIN_MS, Event, EventKind, EventRecord, StreamChange};
 pub(crate) use executions::{ExecutionRecord, Lease, OpenExecution, ResourceProgress};
+pub(crate) use plans::PlanRow;
 pub(crate) use publications::{NewPublication, PublicationEnd, PublicationRecord};
 pub(crate) use publishing::Publishing;
 pub(crate) use run_list::{RunListCursor, RunListQuery, RunListRow};

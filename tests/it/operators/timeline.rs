@@ -1,6 +1,6 @@
 //! The execution timeline (`GET .../events`, issue 24, item 2) against the real gateway and
 //! Postgres: an injected append retry (coalesced into one event with its count), the commit's
-//! streams and publication job, the end state, in order; a failed publication job with its
+//! streams, its plan and publication job, the end state, in order; a failed publication job with its
 //! code; polling with `after` returns only what is new; a set-up recorded under its old kind
 //! (`prepare_finished`) reads as `set_up_finished`.
 
@@ -70,7 +70,14 @@ async fn the_timeline_shows_a_coalesced_retry_the_commit_and_the_end_in_order() 
     let after_commit = events(&gw, cursor).await;
     assert_eq!(
         kinds(&after_commit),
-        ["commit_started", "stream_committed:t", "publication_started:t", "publication_finished:t", "ended"],
+        [
+            "commit_started",
+            "stream_committed:t",
+            "planned:t",
+            "publication_started:t",
+            "publication_finished:t",
+            "ended"
+        ],
         "only what is new since the cursor, in order"
     );
     assert_eq!(event(&after_commit, "stream_committed")["detail"]["rows"], 10);
@@ -122,6 +129,7 @@ async fn a_failed_publication_job_and_the_failed_end_carry_their_code() {
             "set_up_finished:t",
             "commit_started",
             "stream_committed:t",
+            "planned:t",
             "publication_started:t",
             "publication_failed:t",
             "ended"

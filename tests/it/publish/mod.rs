@@ -2,6 +2,7 @@
 
 mod commit_order;
 mod direct_append;
+mod plan;
 mod publication;
 mod publication_cost;
 mod publication_safety;

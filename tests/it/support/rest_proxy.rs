@@ -107,6 +107,11 @@ pub struct ProxyState {
     pub refuse_job_inserts: usize,
     /// `jobs.insert` calls refused so far.
     pub refused_job_inserts: usize,
+    /// (part of the query, bytes): a dry run (`configuration.dryRun`) of a query containing the
+    /// part is answered as BigQuery answers it, with `totalBytesProcessed` these bytes (the
+    /// emulator answers 0 for every dry run); other dry runs are forwarded. No `JobMode` and
+    /// no refusal applies to dry runs: they create no job.
+    pub dry_run_bytes: Vec<(String, i64)>,
 }
 
 #[derive(Clone)]
@@ -141,15 +146,27 @@ impl RestProxy {
         self.state.lock().unwrap().jobs = mode;
     }
 
-    /// Recorded requests whose method is `method` and whose path contains `path_part`.
+    /// Recorded requests whose method is `method` and whose path contains `path_part`, dry
+    /// runs left out (they create no job: [`RestProxy::dry_runs`] lists them).
     pub fn requests(&self, method: &str, path_part: &str) -> Vec<Recorded> {
         self.state
             .lock()
             .unwrap()
             .requests
             .iter()
-            .filter(|r| r.method == method && r.path.contains(path_part))
+            .filter(|r| r.method == method && r.path.contains(path_part) && !is_dry_run(&r.body))
             .cloned()
+            .collect()
+    }
+
+    /// The SQL of every dry run (`jobs.insert` with `configuration.dryRun`) seen.
+    pub fn dry_runs(&self) -> Vec<String> {
+        let state = self.state.lock().unwrap();
+        state
+            .requests
+            .iter()
+            .filter(|r| r.method == "POST" && r.path.ends_with("/jobs") && is_dry_run(&r.body))
+            .filter_map(|r| r.body["configuration"]["query"]["query"].as_str().map(str::to_string))
             .collect()
     }
 
@@ -163,7 +180,7 @@ impl RestProxy {
             .collect()
     }
 
-    /// The SQL of every `jobs.insert` seen.
+    /// The SQL of every job inserted (`jobs.insert`, dry runs left out).
     pub fn queries(&self) -> Vec<String> {
         self.requests("POST", "/jobs")
             .iter()
@@ -209,6 +226,29 @@ pub fn job(id: &str, state: &str, error: Option<(&str, &str)>) -> Value {
         job["status"]["errors"] = json!([{"reason": reason, "message": message}]);
     }
     job
+}
+
+/// Whether a `jobs.insert` body asks for a dry run.
+fn is_dry_run(body: &Value) -> bool {
+    body["configuration"]["dryRun"] == json!(true)
+}
+
+/// BigQuery's answer to a dry run whose query `dry_run_bytes` scripts, or `None` to forward it.
+fn dry_run_answer(shared: &Shared, body: &Value) -> Option<Response> {
+    let query = body["configuration"]["query"]["query"].as_str().unwrap_or("");
+    let state = shared.state.lock().unwrap();
+    let (_, bytes) = state.dry_run_bytes.iter().find(|(part, _)| query.contains(part.as_str()))?;
+    let answer = json!({
+        "kind": "bigquery#job",
+        "configuration": body["configuration"],
+        "jobReference": {"projectId": "filament-demo", "location": "US"},
+        "status": {"state": "DONE"},
+        "statistics": {
+            "totalBytesProcessed": bytes.to_string(),
+            "query": {"totalBytesProcessed": bytes.to_string(), "totalBytesBilled": "0", "cacheHit": false},
+        },
+    });
+    Some(axum::Json(answer).into_response())
 }
 
 /// Whether this `jobs.insert` is refused (`refuse_job_inserts`), counting it.
@@ -426,6 +466,12 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     let get_id = (method == "GET" && (path.contains("/jobs/") || path.contains("/queries/")))
         .then(|| job_id_of(&path))
         .flatten();
+    if is_insert && is_dry_run(&json_body) {
+        if let Some(answer) = dry_run_answer(&shared, &json_body) {
+            return answer;
+        }
+        return forward(&shared, method, &path, &path_and_query, content_type, body).await;
+    }
     if is_insert && refuse_job_insert(&shared) {
         let message = "Exceeded rate limits: too many concurrent queries for this project_and_region. \
             For more information, see https://cloud.google.com/bigquery/docs/troubleshoot-quotas";

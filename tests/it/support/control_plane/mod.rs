@@ -113,6 +113,8 @@ struct Catalog {
 #[derive(Debug, Default, Clone)]
 pub struct Counters {
     pub jobs_inserted: usize,
+    /// Dry runs (`configuration.dryRun`): answered at once, creating no job.
+    pub dry_runs: usize,
     pub running_queries: usize,
     pub max_running_queries: usize,
     pub refused_table_updates: usize,
@@ -292,9 +294,15 @@ fn written_table(sql: &str) -> String {
     sql[start..].split_whitespace().next().unwrap_or_default().to_string()
 }
 
-/// `jobs.insert`: the job queues for a project slot and a slot on its table, runs for
+/// `jobs.insert`: a dry run is answered DONE at once (no job); a job queues for a project slot and a slot on its table, runs for
 /// [`Limits::query_duration`], then is DONE.
 fn insert_job(shared: &Arc<Shared>, body: Value) -> Response {
+    if body["configuration"]["dryRun"] == true {
+        shared.catalog.lock().unwrap().counters.dry_runs += 1;
+        let mut planned = super::rest_proxy::job("", "DONE", None);
+        planned["statistics"]["query"]["totalBytesProcessed"] = json!("0");
+        return json_answer(planned);
+    }
     let id = body["jobReference"]["jobId"].as_str().unwrap_or_default().to_string();
     let table = written_table(body["configuration"]["query"]["query"].as_str().unwrap_or_default());
     let (done_tx, done_rx) = watch::channel(false);

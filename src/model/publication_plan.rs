@@ -1,0 +1,135 @@
+//! The priced plan of a commit (issue 58): what each planned publication will run, the bytes
+//! BigQuery's dry run says its statement processes, and what that costs at the configured
+//! on-demand price. Pure: the publisher dry-runs ([`crate::publish`]), the store keeps the plan
+//! per delivery, the API shows it; docs/cost.md describes it.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Google's list price for on-demand query processing, US dollars per TiB (2^40 bytes):
+/// <https://cloud.google.com/bigquery/pricing#on_demand_pricing> (December 2026).
+pub(crate) const LIST_ON_DEMAND_PRICE_PER_TIB_USD: f64 = 6.25;
+
+/// Bytes in a tebibyte, the unit on-demand prices are quoted in.
+const BYTES_PER_TIB: f64 = 1_099_511_627_776.0;
+
+/// How a planned publication reaches its destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+pub(crate) enum PlannedPath {
+    /// A query job reads the staging table (or, with no rows staged, only the destination).
+    StagingQuery,
+    /// The stream written into the destination is committed: no statement, no job.
+    DirectAppend,
+}
+
+impl PlannedPath {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            PlannedPath::StagingQuery => "staging_query",
+            PlannedPath::DirectAppend => "direct_append",
+        }
+    }
+}
+
+/// The kind of statement a planned publication runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+pub(crate) enum PlannedStatement {
+    /// No statement: a direct append, a publication with nothing to do, or one a redelivery
+    /// reuses.
+    None,
+    /// `INSERT ... SELECT` (the append modes).
+    Insert,
+    /// `TRUNCATE` and `INSERT` in one transaction (`full_replace`'s first segment).
+    TruncateInsert,
+    /// `TRUNCATE` alone (an empty replacement).
+    Truncate,
+    /// `MERGE` (the keyed modes, and a snapshot's completion).
+    Merge,
+    /// The `history` mode's versioning statements.
+    History,
+    /// The deletion that completes a snapshot without rows of its own.
+    Delete,
+}
+
+impl PlannedStatement {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            PlannedStatement::None => "none",
+            PlannedStatement::Insert => "insert",
+            PlannedStatement::TruncateInsert => "truncate_insert",
+            PlannedStatement::Truncate => "truncate",
+            PlannedStatement::Merge => "merge",
+            PlannedStatement::History => "history",
+            PlannedStatement::Delete => "delete",
+        }
+    }
+}
+
+/// One planned publication, priced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
+pub(crate) struct PricedPublication {
+    pub(crate) resource: String,
+    /// The destination table in the run's dataset.
+    pub(crate) table: String,
+    pub(crate) path: PlannedPath,
+    pub(crate) statement: PlannedStatement,
+    /// Bytes the dry run says the statement processes (0 without a statement); null when it
+    /// could not be dry-run (`unpriced` says why).
+    pub(crate) bytes_processed: Option<i64>,
+    /// Query jobs the publication inserts (0 or 1): what it spends of the project's job
+    /// quotas and concurrent-query limit. A direct append makes one `BatchCommitWriteStreams`
+    /// call instead.
+    pub(crate) query_jobs: i32,
+    /// Why the statement has no figure (BigQuery refused to dry-run it, for instance because
+    /// a column it names is added or widened only at publication).
+    pub(crate) unpriced: Option<String>,
+}
+
+/// What `bytes` cost at `price_per_tib_usd`, in US dollars, to the micro-dollar (on-demand
+/// pricing bills bytes processed; BigQuery rounds each job up to 10 MB per table read, which
+/// this estimate leaves out).
+pub(crate) fn estimated_cost_usd(bytes: i64, price_per_tib_usd: f64) -> f64 {
+    let dollars = bytes as f64 / BYTES_PER_TIB * price_per_tib_usd;
+    (dollars * 1_000_000.0).round() / 1_000_000.0
+}
+
+/// The plan's totals: bytes of the priced publications, and query jobs.
+pub(crate) fn totals(plan: &[PricedPublication]) -> (i64, i32) {
+    let bytes = plan.iter().filter_map(|p| p.bytes_processed).sum();
+    let jobs = plan.iter().map(|p| p.query_jobs).sum();
+    (bytes, jobs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tib_costs_the_price_and_smaller_figures_round_to_the_micro_dollar() {
+        assert_eq!(estimated_cost_usd(1 << 40, LIST_ON_DEMAND_PRICE_PER_TIB_USD), 6.25);
+        assert_eq!(estimated_cost_usd(0, 6.25), 0.0);
+        // 100 GiB at $6.25 per TiB: $0.6103515625.
+        assert_eq!(estimated_cost_usd(100 << 30, 6.25), 0.610352);
+        // 10 MiB: $0.0000596...
+        assert_eq!(estimated_cost_usd(10 << 20, 6.25), 0.00006);
+        assert_eq!(estimated_cost_usd(1 << 40, 5.0), 5.0);
+    }
+
+    #[test]
+    fn totals_count_priced_bytes_and_jobs() {
+        let priced = |bytes, jobs| PricedPublication {
+            resource: "r".into(),
+            table: "t".into(),
+            path: PlannedPath::StagingQuery,
+            statement: PlannedStatement::Insert,
+            bytes_processed: bytes,
+            query_jobs: jobs,
+            unpriced: None,
+        };
+        assert_eq!(totals(&[priced(Some(10), 1), priced(None, 1), priced(Some(5), 0)]), (15, 2));
+    }
+}

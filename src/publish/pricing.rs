@@ -1,0 +1,151 @@
+//! The priced plan at the barrier (issue 58): once every stream is committed to staging and
+//! before the delivery is marked publishing, each planned publication's statement is found as
+//! its publication would find it (reading the destination, changing nothing) and dry-run
+//! (`dryRun: true`: free, no job, nothing billed; a `jobs.insert` paced by the REST quotas and
+//! retried on pushback like every other call). The plan ([`PricedPublication`] per resource)
+//! is recorded, each resource's `planned` event written and the totals counted, then the
+//! commit goes on ([`super::commit`]). A statement BigQuery refuses to dry-run (a column it
+//! names is added or widened only at publication, say) is recorded unpriced, with BigQuery's
+//! reason; its job still carries the run's `maximumBytesBilled`.
+
+use futures::StreamExt as _;
+
+use super::Publisher;
+use super::decide::StatementChoice;
+use super::destination::{Effects, statement_choice};
+use super::plan::{DestinationPlan, PlannedPublication};
+use super::plan_metrics;
+use super::reconcile::{PublishBy, Reconciled, publish_by, reconcile};
+use crate::error::Problem;
+use crate::model::publication_plan::{PlannedPath, PlannedStatement, PricedPublication};
+use crate::model::staging::WritePath;
+use crate::model::{DeliveryRef, WriteMode};
+use crate::store::{Event, RunRecord};
+
+/// The statement kind the plan names for a statement choice.
+pub(super) fn planned_statement(choice: StatementChoice, write_mode: WriteMode) -> PlannedStatement {
+    match choice.shape(write_mode) {
+        None => PlannedStatement::None,
+        Some("insert") => PlannedStatement::Insert,
+        Some("replace") => PlannedStatement::TruncateInsert,
+        Some("truncate") => PlannedStatement::Truncate,
+        Some("history") => PlannedStatement::History,
+        Some("delete_missing") => PlannedStatement::Delete,
+        // `merge`, `snapshot_completion`.
+        Some(_) => PlannedStatement::Merge,
+    }
+}
+
+impl Publisher {
+    /// Prices every planned publication of the delivery, records the plan and its events, and
+    /// returns it (in the plans' order). A failure to read the state database or the
+    /// destination fails the commit before anything is published.
+    pub(super) async fn price_plan(
+        &self,
+        run: &RunRecord,
+        delivery: &DeliveryRef,
+        plans: &[DestinationPlan<'_>],
+    ) -> Result<Vec<PricedPublication>, Problem> {
+        let pricing: Vec<_> = plans
+            .iter()
+            .flat_map(|destination| destination.publications.iter())
+            .map(|planned| Box::pin(self.price(run, delivery, *planned)))
+            .collect();
+        let priced: Vec<Result<PricedPublication, Problem>> =
+            futures::stream::iter(pricing).buffered(self.max_concurrent_publications).collect().await;
+        let priced = priced.into_iter().collect::<Result<Vec<_>, _>>()?;
+        self.store.record_plan(delivery, self.price_per_tib_usd, &priced).await?;
+        for publication in &priced {
+            let planned = Event::Planned { priced: publication, price_per_tib_usd: self.price_per_tib_usd };
+            self.store.record_event(delivery, Some(&publication.resource), planned).await;
+        }
+        let (bytes, jobs) = crate::model::publication_plan::totals(&priced);
+        plan_metrics::plan_priced(bytes, jobs, priced.iter().filter(|p| p.unpriced.is_some()).count());
+        tracing::info!(run_id = %run.run_id, execution_id = %delivery.execution_id(), publications = priced.len(),
+            bytes_processed = bytes, query_jobs = jobs, "bigquery.write.plan.priced");
+        Ok(priced)
+    }
+
+    /// One planned publication, priced: what [`super::destination`] would run for it, dry-run.
+    async fn price(
+        &self,
+        run: &RunRecord,
+        delivery: &DeliveryRef,
+        planned: PlannedPublication<'_>,
+    ) -> Result<PricedPublication, Problem> {
+        let resource = planned.resource;
+        let path = match planned.staged.map(|report| &report.write_path) {
+            Some(WritePath::Direct) => PlannedPath::DirectAppend,
+            _ => PlannedPath::StagingQuery,
+        };
+        let mut priced = PricedPublication {
+            resource: resource.resource.to_string(),
+            table: resource.table_name.clone(),
+            path,
+            statement: PlannedStatement::None,
+            bytes_processed: Some(0),
+            query_jobs: 0,
+            unpriced: None,
+        };
+        let (fingerprint, key_ranges) = self.fingerprint(run, delivery, planned).await?;
+        let previous = self.store.get_publication(&delivery.execution, &resource.resource).await?;
+        let decision = reconcile(previous.as_ref(), &fingerprint);
+        let written = planned.staged.map(|report| &report.write_path);
+        match (&decision, publish_by(&decision, previous.as_ref(), written)) {
+            (_, PublishBy::CommittingStreams { .. }) => {
+                priced.path = PlannedPath::DirectAppend;
+                return Ok(priced);
+            }
+            (Reconciled::Reuse { .. }, _) => return Ok(priced),
+            (Reconciled::Refuse(problem), _) => {
+                priced.bytes_processed = None;
+                priced.unpriced = Some(problem.detail.clone());
+                return Ok(priced);
+            }
+            (Reconciled::Submit | Reconciled::Reattach { .. }, PublishBy::QueryJob) => {}
+        }
+        let Some(statement) = self.statement(run, delivery, planned, &key_ranges, Effects::ReadOnly).await? else {
+            return Ok(priced);
+        };
+        priced.path = PlannedPath::StagingQuery;
+        priced.statement = planned_statement(statement_choice(planned), resource.write_mode);
+        priced.query_jobs = 1;
+        let project = run.job_project.as_deref().unwrap_or(&run.destination.project);
+        let location = run.destination.location();
+        let dry_run = |_| self.bigquery.dry_run_query(project, location, &statement.sql);
+        match self.bigquery.retrying_pushback("jobs.insert", dry_run).await {
+            Ok(bytes) => priced.bytes_processed = Some(bytes),
+            Err(e) => {
+                tracing::warn!(run_id = %run.run_id, execution_id = %delivery.execution_id(),
+                    resource = %resource.resource, error = %e, "the publication's statement could not be dry-run");
+                priced.bytes_processed = None;
+                priced.unpriced = Some(e.to_string());
+            }
+        }
+        Ok(priced)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::publish::decide::ScopeChoice;
+
+    #[test]
+    fn each_statement_choice_names_its_kind() {
+        let staged = |replace, scope| StatementChoice::FromStaging { replace, scope };
+        let cases = [
+            (StatementChoice::Nothing, WriteMode::FullAppend, PlannedStatement::None),
+            (staged(false, ScopeChoice::StagedKeys), WriteMode::FullAppend, PlannedStatement::Insert),
+            (staged(true, ScopeChoice::StagedKeys), WriteMode::FullReplace, PlannedStatement::TruncateInsert),
+            (StatementChoice::Truncate, WriteMode::FullReplace, PlannedStatement::Truncate),
+            (staged(false, ScopeChoice::StagedKeys), WriteMode::IncrementalUpsert, PlannedStatement::Merge),
+            (staged(false, ScopeChoice::SnapshotCompletion), WriteMode::FullUpsert, PlannedStatement::Merge),
+            (staged(false, ScopeChoice::StagedKeys), WriteMode::History, PlannedStatement::History),
+            (StatementChoice::DeleteMissing, WriteMode::FullUpsert, PlannedStatement::Delete),
+        ];
+        for (choice, mode, expected) in cases {
+            assert_eq!(planned_statement(choice, mode), expected, "{choice:?} in {mode:?}");
+        }
+    }
+}

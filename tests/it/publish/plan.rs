@@ -1,0 +1,104 @@
+//! The priced plan at the barrier (issue 58): once every stream is committed to staging and
+//! before any publication job, each publication's statement is dry-run; the bytes BigQuery
+//! reports (the REST proxy answers them: the emulator says 0) become the plan's bytes and cost,
+//! shown in the execution view, the timeline and `/metrics`.
+
+use std::sync::Arc;
+
+use arrow_array::Int64Array;
+use arrow_schema::{DataType, Field};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::support::arrow::{batch, ids, ipc_stream};
+use crate::support::rest_proxy::RestProxy;
+use crate::support::{GatewayOptions, TestRun, required_env};
+
+const TIB: i64 = 1 << 40;
+const TEN_GIB: i64 = 10 << 30;
+
+/// Rows `(id, v = -id)`.
+fn keyed(range: std::ops::Range<i64>) -> arrow_array::RecordBatch {
+    batch(
+        vec![Field::new("id", DataType::Int64, false), Field::new("v", DataType::Int64, true)],
+        vec![
+            Arc::new(Int64Array::from_iter_values(range.clone())),
+            Arc::new(Int64Array::from_iter_values(range.map(|i| -i))),
+        ],
+    )
+}
+
+fn planned<'a>(plan: &'a Value, resource: &str) -> &'a Value {
+    let publications = plan["publications"].as_array().expect("the plan's publications");
+    publications.iter().find(|p| p["resource"] == resource).unwrap_or_else(|| panic!("{resource} in {plan}"))
+}
+
+fn assert_cost(value: &Value, dollars: f64) {
+    let cost = value.as_f64().unwrap_or_else(|| panic!("a cost: {value}"));
+    assert!((cost - dollars).abs() < 1e-9, "{cost} is not {dollars}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_statement_is_dry_run_at_the_barrier_and_its_bytes_priced_to_the_cent() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    proxy.state.lock().unwrap().dry_run_bytes =
+        vec![("`.`orders`".into(), TIB), ("`users` AS _filament_target".into(), TEN_GIB)];
+    let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
+    TestRun::new("r", "e")
+        .full_append(&["orders"])
+        .resource("users", json!({"write_mode": "incremental_upsert", "primary_key": ["id"]}))
+        .resource("events", json!({"write_mode": "full_append", "direct_append": true}))
+        .open(&gw)
+        .await;
+    gw.post_accepted("r", "e", "orders", None, ipc_stream(&[ids(0..7)])).await;
+    gw.post_accepted("r", "e", "users", None, ipc_stream(&[keyed(0..5)])).await;
+    gw.post_accepted("r", "e", "events", None, ipc_stream(&[ids(0..3)])).await;
+    let committed = gw.commit_and_wait("r", "e").await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+
+    let plan = &committed["plan"];
+    assert_eq!((plan["delivery"].as_i64(), plan["price_per_tib_usd"].as_f64()), (Some(1), Some(6.25)), "{plan}");
+    assert_eq!(plan["bytes_processed"], TIB + TEN_GIB, "{plan}");
+    assert_eq!((plan["query_jobs"].as_i64(), plan["unpriced"].as_i64()), (Some(2), Some(0)), "{plan}");
+    // $6.25 for the TiB, $0.06103515625 for the 10 GiB: to the micro-dollar.
+    assert_cost(&plan["estimated_cost_usd"], 6.311035);
+    let orders = planned(plan, "orders");
+    assert_eq!((orders["path"].as_str(), orders["statement"].as_str()), (Some("staging_query"), Some("insert")));
+    assert_eq!((orders["bytes_processed"].as_i64(), orders["query_jobs"].as_i64()), (Some(TIB), Some(1)));
+    assert_cost(&orders["estimated_cost_usd"], 6.25);
+    let users = planned(plan, "users");
+    assert_eq!((users["statement"].as_str(), users["bytes_processed"].as_i64()), (Some("merge"), Some(TEN_GIB)));
+    assert_cost(&users["estimated_cost_usd"], 0.061035);
+    let events = planned(plan, "events");
+    assert_eq!((events["path"].as_str(), events["statement"].as_str()), (Some("direct_append"), Some("none")));
+    assert_eq!((events["bytes_processed"].as_i64(), events["query_jobs"].as_i64()), (Some(0), Some(0)), "{events}");
+
+    // Every dry run came before the first publication job, and none carried a job id.
+    {
+        let state = proxy.state.lock().unwrap();
+        let inserts: Vec<_> =
+            state.requests.iter().filter(|r| r.method == "POST" && r.path.ends_with("/jobs")).collect();
+        let is_dry = |r: &&&crate::support::rest_proxy::Recorded| r.body["configuration"]["dryRun"] == true;
+        let dry: Vec<_> = inserts.iter().filter(is_dry).collect();
+        assert_eq!(dry.len(), 2, "one dry run per statement: {dry:?}");
+        assert!(dry.iter().all(|r| r.body["jobReference"].get("jobId").is_none()), "{dry:?}");
+        let first_job = inserts.iter().filter(|r| !is_dry(r)).map(|r| r.at).min().expect("publication jobs");
+        assert!(dry.iter().all(|r| r.at < first_job), "dry runs at the barrier, before any publication job");
+    }
+
+    let (_, timeline) = gw.json(Method::GET, "/v1/runs/r/executions/e/events", None).await;
+    let planned_events: Vec<&Value> =
+        timeline["events"].as_array().unwrap().iter().filter(|e| e["kind"] == "planned").collect();
+    assert_eq!(planned_events.len(), 3, "{timeline}");
+    let orders_event = planned_events.iter().find(|e| e["resource"] == "orders").expect("orders planned");
+    assert_eq!(orders_event["detail"]["bytes_processed"], TIB, "{orders_event}");
+    assert_cost(&orders_event["detail"]["estimated_cost_usd"], 6.25);
+
+    let metrics = gw.metrics().await;
+    for series in
+        [format!("filament_plan_bytes_processed_total {}", TIB + TEN_GIB), "filament_plan_query_jobs_total 2".into()]
+    {
+        assert!(metrics.contains(&series), "{series} not in:\n{metrics}");
+    }
+    assert!(!metrics.contains(&gw.dataset) && !metrics.contains("orders"), "no table names in:\n{metrics}");
+}
