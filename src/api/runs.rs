@@ -37,6 +37,13 @@ pub(crate) struct CreateRunRequest {
     /// Most bytes one publication job may bill; a job that would bill more fails with
     /// `publication_too_expensive` (and the figure it needed).
     pub(crate) maximum_bytes_billed: Option<i64>,
+    /// Most bytes every publication of one execution may process together. Judged, with
+    /// `maximum_bytes_billed` per publication, on the plan the commit makes at its barrier
+    /// (each statement dry-run): an execution over either fails with
+    /// `publication_too_expensive`, naming the tables and their bytes, before any publication
+    /// job; nothing is published and its staging tables are deleted. A publication BigQuery
+    /// cannot dry-run counts as over this budget.
+    pub(crate) maximum_bytes_billed_per_execution: Option<i64>,
 }
 
 /// Body of `PUT /v1/runs/{run_id}/resources/{resource}`.
@@ -141,6 +148,10 @@ pub(crate) async fn create_run(
     if request.maximum_bytes_billed.is_some_and(|bytes| !billed.contains(bytes)) {
         return Err(Problem::invalid_request(format!("maximum_bytes_billed must be {}", billed.describe())));
     }
+    if request.maximum_bytes_billed_per_execution.is_some_and(|bytes| !billed.contains(bytes)) {
+        let bounds = billed.describe();
+        return Err(Problem::invalid_request(format!("maximum_bytes_billed_per_execution must be {bounds}")));
+    }
     let mut definition = serde_json::json!({"destination": destination, "batching": batching});
     // Present only when set, so runs defined before these settings keep their definition.
     if let Some(project) = &request.job_project {
@@ -148,6 +159,9 @@ pub(crate) async fn create_run(
     }
     if let Some(bytes) = request.maximum_bytes_billed {
         definition["maximum_bytes_billed"] = serde_json::json!(bytes);
+    }
+    if let Some(bytes) = request.maximum_bytes_billed_per_execution {
+        definition["maximum_bytes_billed_per_execution"] = serde_json::json!(bytes);
     }
     let definition_sha256 = hex::encode(Sha256::digest(definition.to_string().as_bytes()));
     let (run, created) = state
@@ -158,6 +172,7 @@ pub(crate) async fn create_run(
             batching,
             job_project: request.job_project,
             maximum_bytes_billed: request.maximum_bytes_billed,
+            maximum_bytes_billed_per_execution: request.maximum_bytes_billed_per_execution,
             definition_sha256: definition_sha256.clone(),
             principal: caller.name().to_string(),
         })

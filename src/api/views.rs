@@ -89,6 +89,9 @@ pub(crate) struct RunView {
     /// Most bytes one publication job may bill, when limited.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) maximum_bytes_billed: Option<i64>,
+    /// Most bytes every publication of one execution may process together, when limited.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) maximum_bytes_billed_per_execution: Option<i64>,
     /// The principal that created the run.
     #[schema(example = "acme-orders")]
     pub(crate) principal: String,
@@ -255,6 +258,7 @@ pub(crate) async fn run_view(store: &Store, run: RunRecord) -> Result<RunView, P
         batching: run.batching,
         job_project: run.job_project,
         maximum_bytes_billed: run.maximum_bytes_billed,
+        maximum_bytes_billed_per_execution: run.maximum_bytes_billed_per_execution,
         principal: run.principal,
         resources: resources.into_iter().map(ResourceView::from).collect(),
         executions: executions

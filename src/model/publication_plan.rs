@@ -1,7 +1,8 @@
 //! The priced plan of a commit (issue 58): what each planned publication will run, the bytes
 //! BigQuery's dry run says its statement processes, and what that costs at the configured
 //! on-demand price. Pure: the publisher dry-runs ([`crate::publish`]), the store keeps the plan
-//! per delivery, the API shows it; docs/cost.md describes it.
+//! per delivery, the API shows it, and [`over_budget`] judges it against the run's byte budgets
+//! before anything is published; docs/cost.md describes it.
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -104,6 +105,58 @@ pub(crate) fn totals(plan: &[PricedPublication]) -> (i64, i32) {
     (bytes, jobs)
 }
 
+/// The run's byte budgets a plan is judged against.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ByteBudgets {
+    /// The run's `maximum_bytes_billed`: each publication's statement.
+    pub(crate) per_publication: Option<i64>,
+    /// The run's `maximum_bytes_billed_per_execution`: the plan's total.
+    pub(crate) per_execution: Option<i64>,
+}
+
+/// Why the plan is over the run's budgets (the detail of `publication_too_expensive`, naming
+/// each table over and its bytes), or `None` when it is within them. A publication that could
+/// not be priced is within the per-publication budget (its job carries `maximumBytesBilled`,
+/// which BigQuery enforces) but over a per-execution budget (nothing else would bound it).
+pub(crate) fn over_budget(plan: &[PricedPublication], budgets: ByteBudgets) -> Option<String> {
+    let mut reasons = Vec::new();
+    if let Some(limit) = budgets.per_publication {
+        let over: Vec<String> = plan
+            .iter()
+            .filter_map(|p| {
+                p.bytes_processed.filter(|bytes| *bytes > limit).map(|bytes| format!("{} ({bytes} bytes)", p.table))
+            })
+            .collect();
+        if !over.is_empty() {
+            reasons.push(format!("over the run's maximum_bytes_billed of {limit}: {}", over.join(", ")));
+        }
+    }
+    if let Some(limit) = budgets.per_execution {
+        let (total, _) = totals(plan);
+        let unpriced: Vec<&str> =
+            plan.iter().filter(|p| p.bytes_processed.is_none()).map(|p| p.table.as_str()).collect();
+        if total > limit {
+            let tables: Vec<String> = plan
+                .iter()
+                .filter_map(|p| {
+                    p.bytes_processed.filter(|bytes| *bytes > 0).map(|bytes| format!("{} ({bytes} bytes)", p.table))
+                })
+                .collect();
+            reasons.push(format!(
+                "{total} bytes in all, over the run's maximum_bytes_billed_per_execution of {limit}: {}",
+                tables.join(", ")
+            ));
+        }
+        if !unpriced.is_empty() {
+            reasons.push(format!(
+                "not priced, so not within the run's maximum_bytes_billed_per_execution: {}",
+                unpriced.join(", ")
+            ));
+        }
+    }
+    (!reasons.is_empty()).then(|| format!("the publication would process {}", reasons.join("; ")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,17 +172,55 @@ mod tests {
         assert_eq!(estimated_cost_usd(1 << 40, 5.0), 5.0);
     }
 
-    #[test]
-    fn totals_count_priced_bytes_and_jobs() {
-        let priced = |bytes, jobs| PricedPublication {
-            resource: "r".into(),
-            table: "t".into(),
+    fn priced(table: &str, bytes: Option<i64>, jobs: i32) -> PricedPublication {
+        PricedPublication {
+            resource: table.into(),
+            table: table.into(),
             path: PlannedPath::StagingQuery,
             statement: PlannedStatement::Insert,
             bytes_processed: bytes,
             query_jobs: jobs,
-            unpriced: None,
-        };
-        assert_eq!(totals(&[priced(Some(10), 1), priced(None, 1), priced(Some(5), 0)]), (15, 2));
+            unpriced: bytes.is_none().then(|| "invalidQuery".into()),
+        }
+    }
+
+    #[test]
+    fn totals_count_priced_bytes_and_jobs() {
+        assert_eq!(totals(&[priced("a", Some(10), 1), priced("b", None, 1), priced("c", Some(5), 0)]), (15, 2));
+    }
+
+    #[test]
+    fn a_plan_over_either_budget_names_the_tables_and_their_bytes() {
+        let plan = [priced("orders", Some(300), 1), priced("users", Some(100), 1), priced("events", Some(0), 0)];
+        assert_eq!(over_budget(&plan, ByteBudgets::default()), None);
+        let per_job = ByteBudgets { per_publication: Some(200), per_execution: None };
+        assert_eq!(
+            over_budget(&plan, per_job).as_deref(),
+            Some("the publication would process over the run's maximum_bytes_billed of 200: orders (300 bytes)")
+        );
+        let per_execution = ByteBudgets { per_publication: Some(300), per_execution: Some(399) };
+        assert_eq!(
+            over_budget(&plan, per_execution).as_deref(),
+            Some(
+                "the publication would process 400 bytes in all, over the run's maximum_bytes_billed_per_execution \
+                 of 399: orders (300 bytes), users (100 bytes)"
+            )
+        );
+        let within = ByteBudgets { per_publication: Some(300), per_execution: Some(400) };
+        assert_eq!(over_budget(&plan, within), None, "a budget is the most allowed, inclusive");
+    }
+
+    #[test]
+    fn an_unpriced_publication_is_over_a_per_execution_budget_only() {
+        let plan = [priced("orders", Some(10), 1), priced("widened", None, 1)];
+        assert_eq!(
+            over_budget(&plan, ByteBudgets { per_publication: Some(1), per_execution: None }).map(|_| ()),
+            Some(())
+        );
+        assert_eq!(over_budget(&plan, ByteBudgets { per_publication: Some(10), per_execution: None }), None);
+        let detail = over_budget(&plan, ByteBudgets { per_publication: None, per_execution: Some(1000) });
+        assert!(detail.is_some_and(|d| {
+            d.ends_with("not priced, so not within the run's maximum_bytes_billed_per_execution: widened")
+        }));
     }
 }

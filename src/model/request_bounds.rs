@@ -53,7 +53,7 @@ pub(crate) const BATCHING_FLUSH_INTERVAL_MS: IntegerBounds = IntegerBounds::betw
 pub(crate) const EXPIRATION_DAYS: IntegerBounds = IntegerBounds::between(1, MAX_EXPIRATION_DAYS);
 /// `table_options.partitioning.range.interval`.
 pub(crate) const RANGE_INTERVAL: IntegerBounds = IntegerBounds::at_least(1);
-/// `maximum_bytes_billed` of a run.
+/// `maximum_bytes_billed` and `maximum_bytes_billed_per_execution` of a run.
 pub(crate) const MAXIMUM_BYTES_BILLED: IntegerBounds = IntegerBounds::at_least(1);
 
 /// A limit as the OpenAPI document states it on one property.
@@ -80,6 +80,7 @@ pub(crate) const DOCUMENTED_BOUNDS: &[(&str, &str, DocumentedBound)] = &[
     ("TableOptionsDeclaration", "labels", DocumentedBound::MaxProperties(MAX_LABELS)),
     ("IntegerRange", "interval", DocumentedBound::Integer(RANGE_INTERVAL)),
     ("CreateRunRequest", "maximum_bytes_billed", DocumentedBound::Integer(MAXIMUM_BYTES_BILLED)),
+    ("CreateRunRequest", "maximum_bytes_billed_per_execution", DocumentedBound::Integer(MAXIMUM_BYTES_BILLED)),
 ];
 
 #[cfg(test)]

@@ -6,8 +6,8 @@
 //!    stream is only finalized: it writes into the destination, and its commit is the
 //!    publication. No destination changes. The first failure cancels the lanes still uploading.
 //! 2. **The barrier.** Only when every lane has drained and every stream is committed is each
-//!    publication's statement dry-run and the priced plan recorded ([`super::pricing`]), and
-//!    then the delivery marked publishing (the point of no return, refused when an abort or a lane's
+//!    publication's statement dry-run and the priced plan recorded and judged against the run's
+//!    byte budgets ([`super::pricing`]), and then the delivery marked publishing (the point of no return, refused when an abort or a lane's
 //!    failure came first). A failure or an abort before it publishes nothing, and every staging
 //!    table of the delivery is deleted (no job will read them).
 //! 3. **Publication.** At most `max_concurrent_publications` destination tables at once, each
@@ -110,7 +110,7 @@ impl Publisher {
             None => plan::plan(&declared, &reports, &continuing, completes_snapshot),
         };
         let planned = match planned {
-            Ok(plans) => self.price_plan(run, delivery, &plans).await.map(|_priced| plans),
+            Ok(plans) => self.price_within_budget(run, delivery, &plans).await.map(|_priced| plans),
             Err(problem) => Err(problem),
         };
         let plans = match planned {

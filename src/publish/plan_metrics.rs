@@ -6,6 +6,9 @@
 pub(crate) const PLAN_BYTES_PROCESSED: &str = "filament_plan_bytes_processed_total";
 /// Query jobs planned publications will insert.
 pub(crate) const PLAN_QUERY_JOBS: &str = "filament_plan_query_jobs_total";
+/// Commits whose plan was judged against the run's budgets, by `outcome` (`within_budget`,
+/// `over_budget`).
+pub(crate) const PLANS: &str = "filament_plans_total";
 /// Planned publications whose statement could not be dry-run.
 pub(crate) const PLAN_UNPRICED: &str = "filament_plan_unpriced_total";
 
@@ -14,4 +17,9 @@ pub(crate) fn plan_priced(bytes: i64, query_jobs: i32, unpriced: usize) {
     metrics::counter!(PLAN_BYTES_PROCESSED).increment(bytes.max(0) as u64);
     metrics::counter!(PLAN_QUERY_JOBS).increment(query_jobs.max(0) as u64);
     metrics::counter!(PLAN_UNPRICED).increment(unpriced as u64);
+}
+
+/// A priced plan was judged against the run's budgets: `within_budget` or `over_budget`.
+pub(crate) fn plan_judged(outcome: &'static str) {
+    metrics::counter!(PLANS, "outcome" => outcome).increment(1);
 }

@@ -4,7 +4,9 @@
 //! (`dryRun: true`: free, no job, nothing billed; a `jobs.insert` paced by the REST quotas and
 //! retried on pushback like every other call). The plan ([`PricedPublication`] per resource)
 //! is recorded, each resource's `planned` event written and the totals counted, then the
-//! commit goes on ([`super::commit`]). A statement BigQuery refuses to dry-run (a column it
+//! plan is judged against the run's byte budgets ([`over_budget`]): over either, the commit
+//! fails with `publication_too_expensive` before the barrier (nothing published, staging
+//! deleted); within them it goes on ([`super::commit`]). A statement BigQuery refuses to dry-run (a column it
 //! names is added or widened only at publication, say) is recorded unpriced, with BigQuery's
 //! reason; its job still carries the run's `maximumBytesBilled`.
 
@@ -16,8 +18,8 @@ use super::destination::{Effects, statement_choice};
 use super::plan::{DestinationPlan, PlannedPublication};
 use super::plan_metrics;
 use super::reconcile::{PublishBy, Reconciled, publish_by, reconcile};
-use crate::error::Problem;
-use crate::model::publication_plan::{PlannedPath, PlannedStatement, PricedPublication};
+use crate::error::{ErrorCode, Problem};
+use crate::model::publication_plan::{ByteBudgets, PlannedPath, PlannedStatement, PricedPublication, over_budget};
 use crate::model::staging::WritePath;
 use crate::model::{DeliveryRef, WriteMode};
 use crate::store::{Event, RunRecord};
@@ -64,6 +66,34 @@ impl Publisher {
         tracing::info!(run_id = %run.run_id, execution_id = %delivery.execution_id(), publications = priced.len(),
             bytes_processed = bytes, query_jobs = jobs, "bigquery.write.plan.priced");
         Ok(priced)
+    }
+
+    /// Prices the plan ([`Self::price_plan`]) and judges it against the run's byte budgets: a
+    /// plan over either fails the commit with `publication_too_expensive` before the barrier,
+    /// so nothing is published.
+    pub(super) async fn price_within_budget(
+        &self,
+        run: &RunRecord,
+        delivery: &DeliveryRef,
+        plans: &[DestinationPlan<'_>],
+    ) -> Result<Vec<PricedPublication>, Problem> {
+        let priced = self.price_plan(run, delivery, plans).await?;
+        let budgets = ByteBudgets {
+            per_publication: run.maximum_bytes_billed,
+            per_execution: run.maximum_bytes_billed_per_execution,
+        };
+        match over_budget(&priced, budgets) {
+            None => {
+                plan_metrics::plan_judged("within_budget");
+                Ok(priced)
+            }
+            Some(detail) => {
+                plan_metrics::plan_judged("over_budget");
+                let hint = "raise the run's maximum_bytes_billed or maximum_bytes_billed_per_execution, or let the \
+                    statements read less (partition or cluster the destination on the key, see docs/cost.md)";
+                Err(Problem::new(ErrorCode::PublicationTooExpensive, detail).with_hint(hint))
+            }
+        }
     }
 
     /// One planned publication, priced: what [`super::destination`] would run for it, dry-run.

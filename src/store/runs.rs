@@ -19,6 +19,8 @@ pub(crate) struct RunRecord {
     /// Project the publication jobs run in; `None`: the destination's.
     pub(crate) job_project: Option<String>,
     pub(crate) maximum_bytes_billed: Option<i64>,
+    /// Most bytes every publication of one execution may process together, judged on the plan.
+    pub(crate) maximum_bytes_billed_per_execution: Option<i64>,
     pub(crate) definition_sha256: String,
     /// The principal that created the run (`principals`); it alone sees it, with `read_all`
     /// principals.
@@ -38,6 +40,7 @@ pub(crate) struct NewRun {
     pub(crate) batching: Batching,
     pub(crate) job_project: Option<String>,
     pub(crate) maximum_bytes_billed: Option<i64>,
+    pub(crate) maximum_bytes_billed_per_execution: Option<i64>,
     pub(crate) definition_sha256: String,
     pub(crate) principal: String,
 }
@@ -84,8 +87,9 @@ impl Store {
     pub(crate) async fn create_run(&self, run: &NewRun) -> StoreResult<(RunRecord, bool)> {
         let batching = serde_json::to_value(&run.batching).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let inserted = sqlx::query_as::<_, RunRecord>(
-            "INSERT INTO runs (run_id, project, dataset, location, batching, definition_sha256, job_project, maximum_bytes_billed, principal)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+            "INSERT INTO runs (run_id, project, dataset, location, batching, definition_sha256, job_project, maximum_bytes_billed, principal,
+                               maximum_bytes_billed_per_execution)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
              ON CONFLICT (run_id) DO NOTHING
              RETURNING *",
         )
@@ -98,6 +102,7 @@ impl Store {
         .bind(&run.job_project)
         .bind(run.maximum_bytes_billed)
         .bind(&run.principal)
+        .bind(run.maximum_bytes_billed_per_execution)
         .fetch_optional(&self.pool)
         .await?;
         match inserted {

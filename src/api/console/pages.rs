@@ -174,6 +174,9 @@ pub(super) fn run(principal: &str, run: &RunView) -> Markup {
             dt { "Created" } dd { (run.created_at.to_rfc3339()) }
             @if let Some(project) = &run.job_project { dt { "Job project" } dd { (project) } }
             @if let Some(bytes) = run.maximum_bytes_billed { dt { "Maximum bytes billed" } dd { (bytes) } }
+            @if let Some(bytes) = run.maximum_bytes_billed_per_execution {
+                dt { "Maximum bytes billed per execution" } dd { (bytes) }
+            }
         }
         h2 { "Resources" }
         table #resources {

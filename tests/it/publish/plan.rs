@@ -102,3 +102,76 @@ async fn each_statement_is_dry_run_at_the_barrier_and_its_bytes_priced_to_the_ce
     }
     assert!(!metrics.contains(&gw.dataset) && !metrics.contains("orders"), "no table names in:\n{metrics}");
 }
+
+/// Run `run` into the gateway's dataset with `budgets` (run settings), its `tables` declared
+/// full_append, execution `e` open and 5 rows posted to each.
+async fn open_with_budgets(gw: &crate::support::Gateway, run: &str, budgets: Value, tables: &[&str]) {
+    let mut body = json!({"run_id": run, "destination": {"project": gw.project, "dataset": gw.dataset}});
+    body.as_object_mut().unwrap().extend(budgets.as_object().unwrap().clone());
+    let (status, created) = gw.json(Method::POST, "/v1/runs", Some(body)).await;
+    assert_eq!(status, reqwest::StatusCode::CREATED, "{created}");
+    for table in tables {
+        gw.declare(run, table, json!({"write_mode": "full_append"})).await;
+    }
+    gw.open_new_execution(run, "e").await;
+    for table in tables {
+        gw.post_accepted(run, "e", table, None, ipc_stream(&[ids(0..5)])).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plan_over_a_byte_budget_fails_before_any_publication_job_and_changes_nothing() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    proxy.state.lock().unwrap().dry_run_bytes = ["big", "small", "wide", "narrow"]
+        .iter()
+        .zip([300, 100, 300, 100])
+        .map(|(table, bytes)| (format!("`.`{table}`"), bytes))
+        .collect();
+    let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
+    let (status, refused) = gw
+        .json(
+            Method::POST,
+            "/v1/runs",
+            Some(json!({"run_id": "bad", "destination": {"project": gw.project, "dataset": gw.dataset},
+                "maximum_bytes_billed_per_execution": 0})),
+        )
+        .await;
+    assert_eq!((status.as_u16(), refused["code"].as_str()), (400, Some("invalid_request")), "{refused}");
+
+    // 400 bytes in all, over the execution's 399; each within the job's 1000.
+    let budgets = json!({"maximum_bytes_billed": 1000, "maximum_bytes_billed_per_execution": 399});
+    open_with_budgets(&gw, "total", budgets, &["big", "small"]).await;
+    let failed = gw.commit_and_wait("total", "e").await;
+    assert_eq!(
+        (failed["state"].as_str(), failed["error"]["code"].as_str()),
+        (Some("failed"), Some("publication_too_expensive")),
+        "{failed}"
+    );
+    let detail = failed["error"]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("400 bytes in all")
+            && detail.contains("big (300 bytes)")
+            && detail.contains("small (100 bytes)"),
+        "{detail}"
+    );
+    assert_eq!(failed["plan"]["bytes_processed"], 400, "the plan stays visible: {failed}");
+    let (_, run) = gw.json(Method::GET, "/v1/runs/total", None).await;
+    assert_eq!(run["maximum_bytes_billed_per_execution"], 399, "{run}");
+
+    // One table over the job's 200.
+    open_with_budgets(&gw, "each", json!({"maximum_bytes_billed": 200}), &["wide", "narrow"]).await;
+    let failed = gw.commit_and_wait("each", "e").await;
+    assert_eq!(failed["error"]["code"], "publication_too_expensive", "{failed}");
+    let detail = failed["error"]["detail"].as_str().unwrap();
+    assert!(detail.contains("wide (300 bytes)") && !detail.contains("narrow"), "{detail}");
+
+    assert_eq!(proxy.dry_runs().len(), 4, "{:?}", proxy.dry_runs());
+    assert!(proxy.requests("POST", "/jobs").is_empty(), "no job but dry runs: {:?}", proxy.queries());
+    let deleted = proxy.requests("DELETE", "/tables/_filament_stg_");
+    assert_eq!(deleted.len(), 4, "every staging table deleted: {deleted:?}");
+    for table in ["big", "small", "wide", "narrow"] {
+        assert_eq!(crate::support::rows::count_rows(&gw, table).await, 0, "{table} unchanged");
+    }
+    let metrics = gw.metrics().await;
+    assert!(metrics.contains("filament_plans_total{outcome=\"over_budget\"} 2"), "{metrics}");
+}
