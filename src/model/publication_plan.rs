@@ -117,7 +117,8 @@ pub(crate) struct ByteBudgets {
 /// Why the plan is over the run's budgets (the detail of `publication_too_expensive`, naming
 /// each table over and its bytes), or `None` when it is within them. A publication that could
 /// not be priced is within the per-publication budget (its job carries `maximumBytesBilled`,
-/// which BigQuery enforces) but over a per-execution budget (nothing else would bound it).
+/// which BigQuery enforces) but over a per-execution budget (nothing else would bound it),
+/// unless it runs no job (a redelivery that refuses it: its publication fails on its own).
 pub(crate) fn over_budget(plan: &[PricedPublication], budgets: ByteBudgets) -> Option<String> {
     let mut reasons = Vec::new();
     if let Some(limit) = budgets.per_publication {
@@ -134,7 +135,7 @@ pub(crate) fn over_budget(plan: &[PricedPublication], budgets: ByteBudgets) -> O
     if let Some(limit) = budgets.per_execution {
         let (total, _) = totals(plan);
         let unpriced: Vec<&str> =
-            plan.iter().filter(|p| p.bytes_processed.is_none()).map(|p| p.table.as_str()).collect();
+            plan.iter().filter(|p| p.bytes_processed.is_none() && p.query_jobs > 0).map(|p| p.table.as_str()).collect();
         if total > limit {
             let tables: Vec<String> = plan
                 .iter()
@@ -212,7 +213,7 @@ mod tests {
 
     #[test]
     fn an_unpriced_publication_is_over_a_per_execution_budget_only() {
-        let plan = [priced("orders", Some(10), 1), priced("widened", None, 1)];
+        let plan = [priced("orders", Some(10), 1), priced("widened", None, 1), priced("refused", None, 0)];
         assert_eq!(
             over_budget(&plan, ByteBudgets { per_publication: Some(1), per_execution: None }).map(|_| ()),
             Some(())

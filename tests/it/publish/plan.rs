@@ -41,7 +41,7 @@ fn assert_cost(value: &Value, dollars: f64) {
 #[tokio::test(flavor = "multi_thread")]
 async fn each_statement_is_dry_run_at_the_barrier_and_its_bytes_priced_to_the_cent() {
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
-    proxy.state.lock().unwrap().dry_run_bytes =
+    proxy.state.lock().unwrap().dry_runs.bytes =
         vec![("`.`orders`".into(), TIB), ("`users` AS _filament_target".into(), TEN_GIB)];
     let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
     TestRun::new("r", "e")
@@ -122,7 +122,7 @@ async fn open_with_budgets(gw: &crate::support::Gateway, run: &str, budgets: Val
 #[tokio::test(flavor = "multi_thread")]
 async fn a_plan_over_a_byte_budget_fails_before_any_publication_job_and_changes_nothing() {
     let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
-    proxy.state.lock().unwrap().dry_run_bytes = ["big", "small", "wide", "narrow"]
+    proxy.state.lock().unwrap().dry_runs.bytes = ["big", "small", "wide", "narrow"]
         .iter()
         .zip([300, 100, 300, 100])
         .map(|(table, bytes)| (format!("`.`{table}`"), bytes))
@@ -174,4 +174,64 @@ async fn a_plan_over_a_byte_budget_fails_before_any_publication_job_and_changes_
     }
     let metrics = gw.metrics().await;
     assert!(metrics.contains("filament_plans_total{outcome=\"over_budget\"} 2"), "{metrics}");
+}
+
+/// A statement BigQuery refuses to dry-run is planned unpriced, with BigQuery's reason, and
+/// the commit goes on (its job carries `maximumBytesBilled`); under a per-execution budget
+/// nothing would bound it, so the execution fails before any job.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_statement_that_cannot_be_dry_run_is_unpriced_and_fails_only_a_per_execution_budget() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    {
+        let mut state = proxy.state.lock().unwrap();
+        state.dry_runs.bytes = vec![("`.`priced`".into(), 100), ("`.`bounded`".into(), 100)];
+        state.dry_runs.refused = vec!["`.`unpriced`".into(), "`.`unbounded`".into()];
+    }
+    let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
+    open_with_budgets(&gw, "open", json!({"maximum_bytes_billed": 1000}), &["priced", "unpriced"]).await;
+    let committed = gw.commit_and_wait("open", "e").await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+    let plan = &committed["plan"];
+    assert_eq!((plan["bytes_processed"].as_i64(), plan["unpriced"].as_i64()), (Some(100), Some(1)), "{plan}");
+    let unpriced = planned(plan, "unpriced");
+    assert!(unpriced["bytes_processed"].is_null() && unpriced["estimated_cost_usd"].is_null(), "{unpriced}");
+    assert!(unpriced["unpriced"].as_str().is_some_and(|why| why.contains("cannot be inserted")), "{unpriced}");
+    assert_eq!((unpriced["statement"].as_str(), unpriced["query_jobs"].as_i64()), (Some("insert"), Some(1)));
+    assert_eq!(proxy.queries().len(), 2, "both published");
+
+    open_with_budgets(&gw, "bounded", json!({"maximum_bytes_billed_per_execution": 1000}), &["bounded", "unbounded"])
+        .await;
+    let failed = gw.commit_and_wait("bounded", "e").await;
+    assert_eq!(failed["error"]["code"], "publication_too_expensive", "{failed}");
+    let detail = failed["error"]["detail"].as_str().unwrap();
+    assert!(detail.contains("not priced") && detail.contains("unbounded") && !detail.contains("bounded,"), "{detail}");
+    assert_eq!(proxy.queries().len(), 2, "no job for the failed execution");
+    let metrics = gw.metrics().await;
+    assert!(metrics.contains("filament_plan_unpriced_total 2"), "{metrics}");
+}
+
+/// Dry runs are REST calls like any other: BigQuery's pushback on one is waited out and the dry
+/// run sent again by the retry driver, and the plan gets its figure.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dry_run_pushed_back_is_retried_and_priced() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    {
+        let mut state = proxy.state.lock().unwrap();
+        state.dry_runs.bytes = vec![("`.`t`".into(), 4096)];
+        state.dry_runs.push_back = 2;
+    }
+    let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
+    TestRun::new("r", "e").full_append(&["t"]).open(&gw).await;
+    gw.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..5)])).await;
+    let committed = gw.commit_and_wait("r", "e").await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+    assert_eq!(planned(&committed["plan"], "t")["bytes_processed"], 4096, "{committed}");
+    assert_eq!(proxy.dry_runs().len(), 3, "two pushed back, the third answered");
+    let metrics = gw.metrics().await;
+    let retried = metrics.lines().any(|l| {
+        l.starts_with("filament_bigquery_retries_total{")
+            && l.contains("operation=\"jobs.insert\"")
+            && !l.ends_with(" 0")
+    });
+    assert!(retried, "the retries are counted:\n{metrics}");
 }

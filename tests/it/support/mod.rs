@@ -28,6 +28,7 @@ pub mod arrow;
 pub mod browser;
 pub mod control_plane;
 pub mod discovery;
+pub mod dry_runs;
 pub mod emulator;
 pub mod emulator_watch;
 mod eventually;

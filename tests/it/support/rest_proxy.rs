@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 use super::arrow::{self, ipc_stream};
 use super::discovery::Discovery;
+use super::dry_runs::{self, DryRunScript, is_dry_run};
 use super::fake_rest::bigquery_error;
 use super::fake_write::FakeWrite;
 use super::{Gateway, GatewayOptions, TestRun, required_env};
@@ -107,11 +108,8 @@ pub struct ProxyState {
     pub refuse_job_inserts: usize,
     /// `jobs.insert` calls refused so far.
     pub refused_job_inserts: usize,
-    /// (part of the query, bytes): a dry run (`configuration.dryRun`) of a query containing the
-    /// part is answered as BigQuery answers it, with `totalBytesProcessed` these bytes (the
-    /// emulator answers 0 for every dry run); other dry runs are forwarded. No `JobMode` and
-    /// no refusal applies to dry runs: they create no job.
-    pub dry_run_bytes: Vec<(String, i64)>,
+    /// How dry runs are answered ([`super::dry_runs`]: none of `jobs` applies to them).
+    pub dry_runs: DryRunScript,
 }
 
 #[derive(Clone)]
@@ -156,17 +154,6 @@ impl RestProxy {
             .iter()
             .filter(|r| r.method == method && r.path.contains(path_part) && !is_dry_run(&r.body))
             .cloned()
-            .collect()
-    }
-
-    /// The SQL of every dry run (`jobs.insert` with `configuration.dryRun`) seen.
-    pub fn dry_runs(&self) -> Vec<String> {
-        let state = self.state.lock().unwrap();
-        state
-            .requests
-            .iter()
-            .filter(|r| r.method == "POST" && r.path.ends_with("/jobs") && is_dry_run(&r.body))
-            .filter_map(|r| r.body["configuration"]["query"]["query"].as_str().map(str::to_string))
             .collect()
     }
 
@@ -226,29 +213,6 @@ pub fn job(id: &str, state: &str, error: Option<(&str, &str)>) -> Value {
         job["status"]["errors"] = json!([{"reason": reason, "message": message}]);
     }
     job
-}
-
-/// Whether a `jobs.insert` body asks for a dry run.
-fn is_dry_run(body: &Value) -> bool {
-    body["configuration"]["dryRun"] == json!(true)
-}
-
-/// BigQuery's answer to a dry run whose query `dry_run_bytes` scripts, or `None` to forward it.
-fn dry_run_answer(shared: &Shared, body: &Value) -> Option<Response> {
-    let query = body["configuration"]["query"]["query"].as_str().unwrap_or("");
-    let state = shared.state.lock().unwrap();
-    let (_, bytes) = state.dry_run_bytes.iter().find(|(part, _)| query.contains(part.as_str()))?;
-    let answer = json!({
-        "kind": "bigquery#job",
-        "configuration": body["configuration"],
-        "jobReference": {"projectId": "filament-demo", "location": "US"},
-        "status": {"state": "DONE"},
-        "statistics": {
-            "totalBytesProcessed": bytes.to_string(),
-            "query": {"totalBytesProcessed": bytes.to_string(), "totalBytesBilled": "0", "cacheHit": false},
-        },
-    });
-    Some(axum::Json(answer).into_response())
 }
 
 /// Whether this `jobs.insert` is refused (`refuse_job_inserts`), counting it.
@@ -467,7 +431,8 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         .then(|| job_id_of(&path))
         .flatten();
     if is_insert && is_dry_run(&json_body) {
-        if let Some(answer) = dry_run_answer(&shared, &json_body) {
+        let scripted = dry_runs::answer(&mut shared.state.lock().unwrap().dry_runs, &json_body);
+        if let Some(answer) = scripted {
             return answer;
         }
         return forward(&shared, method, &path, &path_and_query, content_type, body).await;
