@@ -7,8 +7,9 @@
 //!    publication. No destination changes. The first failure cancels the lanes still uploading.
 //! 2. **The barrier.** Only when every lane has drained and every stream is committed is each
 //!    publication's statement dry-run and the priced plan recorded and judged against the run's
-//!    byte budgets ([`super::pricing`]), and then the delivery marked publishing (the point of no return, refused when an abort or a lane's
-//!    failure came first). A failure or an abort before it publishes nothing, and every staging
+//!    byte budgets ([`super::pricing`]), and then the delivery marked publishing (the point of
+//!    no return, refused when an abort or a lane's failure came first). A failure (an
+//!    over-budget plan included) or an abort before it publishes nothing, and every staging
 //!    table of the delivery is deleted (no job will read them).
 //! 3. **Publication.** At most `max_concurrent_publications` destination tables at once, each
 //!    running its resources' publications in declaration order ([`super::destination`]), every
