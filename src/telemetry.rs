@@ -36,6 +36,12 @@ pub(crate) const RECEIVE_BUDGET_BYTES_IN_USE: &str = "filament_receive_budget_by
 /// The two budgets' capacities (`FILAMENT_MAX_BUFFERED_BYTES`, `FILAMENT_MAX_RECEIVING_BYTES`).
 pub(crate) const UPLOAD_BUDGET_BYTES: &str = "filament_upload_budget_bytes";
 pub(crate) const RECEIVE_BUDGET_BYTES: &str = "filament_receive_budget_bytes";
+/// The priced plan at the commit barrier (`publish::pricing`): dry-run bytes, query jobs
+/// planned, plans judged against the budgets by `outcome`, publications left unpriced.
+pub(crate) const PLAN_BYTES_PROCESSED: &str = "filament_plan_bytes_processed_total";
+pub(crate) const PLAN_QUERY_JOBS: &str = "filament_plan_query_jobs_total";
+pub(crate) const PLANS: &str = "filament_plans_total";
+pub(crate) const PLAN_UNPRICED: &str = "filament_plan_unpriced_total";
 /// The allocator's own figures, read when `/metrics` is scraped (`metric_events::allocator_read`).
 pub(crate) const ALLOCATOR_ALLOCATED_BYTES: &str = "filament_allocator_allocated_bytes";
 pub(crate) const ALLOCATOR_RESIDENT_BYTES: &str = "filament_allocator_resident_bytes";
@@ -304,6 +310,33 @@ fn describe() {
         "Batch body bytes received and decoded, not yet converted (the receive budget)"
     );
     describe_counter!(BACKPRESSURE_WAITS, Unit::Count, "Batch requests that waited for the upload budget");
+    describe_counter!(
+        BACKPRESSURE_REJECTIONS,
+        Unit::Count,
+        "Batch requests answered 429 because the budget stayed full"
+    );
+    describe_counter!(APPEND_RETRIES, Unit::Count, "Failed AppendRows attempts that were retried, by gRPC code");
+    describe_counter!(
+        BIGQUERY_RETRIES,
+        Unit::Count,
+        "Failed attempts of any BigQuery call that were retried, by operation and code"
+    );
+    describe_quotas_and_traces();
+    describe_uploads_and_timings();
+    describe_plans_and_memory();
+}
+
+/// The priced plans at the commit barrier, the budgets' capacities and the allocator.
+fn describe_plans_and_memory() {
+    use metrics::{Unit, describe_counter, describe_gauge};
+    describe_counter!(
+        PLAN_BYTES_PROCESSED,
+        Unit::Bytes,
+        "Bytes the dry runs of planned publication statements reported they would process"
+    );
+    describe_counter!(PLAN_QUERY_JOBS, Unit::Count, "Query jobs that planned publications will insert");
+    describe_counter!(PLANS, Unit::Count, "Commit plans judged against the run's byte budgets, by outcome");
+    describe_counter!(PLAN_UNPRICED, Unit::Count, "Planned publications whose statement could not be dry-run");
     describe_gauge!(UPLOAD_BUDGET_BYTES, Unit::Bytes, "The upload budget's capacity (FILAMENT_MAX_BUFFERED_BYTES)");
     describe_gauge!(RECEIVE_BUDGET_BYTES, Unit::Bytes, "The receive budget's capacity (FILAMENT_MAX_RECEIVING_BYTES)");
     describe_gauge!(
@@ -321,19 +354,6 @@ fn describe() {
         Unit::Bytes,
         "Virtual memory the allocator keeps mapped without pages behind it (jemalloc stats.retained)"
     );
-    describe_counter!(
-        BACKPRESSURE_REJECTIONS,
-        Unit::Count,
-        "Batch requests answered 429 because the budget stayed full"
-    );
-    describe_counter!(APPEND_RETRIES, Unit::Count, "Failed AppendRows attempts that were retried, by gRPC code");
-    describe_counter!(
-        BIGQUERY_RETRIES,
-        Unit::Count,
-        "Failed attempts of any BigQuery call that were retried, by operation and code"
-    );
-    describe_quotas_and_traces();
-    describe_uploads_and_timings();
 }
 
 /// The pacers of BigQuery's quotas, the fleet and trace export.

@@ -161,7 +161,9 @@ impl BigQuery {
         if let Some(error) = job_error(&job) {
             return Err(error);
         }
-        Ok(job_cost(&job).bytes_processed.unwrap_or(0))
+        job_cost(&job)
+            .bytes_processed
+            .ok_or_else(|| BigQueryError::Inconsistent("the dry run answered no totalBytesProcessed".into()))
     }
 
     /// Waits up to `timeout` for the job to complete, with `jobs.getQueryResults` long polls

@@ -100,7 +100,8 @@ pub(crate) fn estimated_cost_usd(bytes: i64, price_per_tib_usd: f64) -> f64 {
 
 /// The plan's totals: bytes of the priced publications, and query jobs.
 pub(crate) fn totals(plan: &[PricedPublication]) -> (i64, i32) {
-    let bytes = plan.iter().filter_map(|p| p.bytes_processed).sum();
+    // Saturating: a total past i64 is over any budget, never wrapped under one.
+    let bytes = plan.iter().filter_map(|p| p.bytes_processed).fold(0i64, i64::saturating_add);
     let jobs = plan.iter().map(|p| p.query_jobs).sum();
     (bytes, jobs)
 }

@@ -28,7 +28,6 @@ pub(crate) mod job_id;
 pub(crate) mod keys_compared;
 mod lifecycle;
 mod plan;
-mod plan_metrics;
 mod pricing;
 mod publication_job;
 pub(crate) mod reconcile;

@@ -16,13 +16,15 @@ use super::Publisher;
 use super::decide::StatementChoice;
 use super::destination::{Effects, statement_choice};
 use super::plan::{DestinationPlan, PlannedPublication};
-use super::plan_metrics;
 use super::reconcile::{PublishBy, Reconciled, publish_by, reconcile};
+use crate::bigquery::BigQueryError;
+use crate::bigquery::error::Stage;
 use crate::error::{ErrorCode, Problem};
 use crate::model::publication_plan::{ByteBudgets, PlannedPath, PlannedStatement, PricedPublication, over_budget};
 use crate::model::staging::WritePath;
 use crate::model::{DeliveryRef, WriteMode};
 use crate::store::{Event, RunRecord};
+use crate::telemetry;
 
 /// The statement kind the plan names for a statement choice.
 pub(super) fn planned_statement(choice: StatementChoice, write_mode: WriteMode) -> PlannedStatement {
@@ -47,25 +49,27 @@ impl Publisher {
         run: &RunRecord,
         delivery: &DeliveryRef,
         plans: &[DestinationPlan<'_>],
-    ) -> Result<Vec<PricedPublication>, Problem> {
+    ) -> Result<PricedPlan, Problem> {
         let pricing: Vec<_> = plans
             .iter()
             .flat_map(|destination| destination.publications.iter())
             .map(|planned| Box::pin(self.price(run, delivery, *planned)))
             .collect();
-        let priced: Vec<Result<PricedPublication, Problem>> =
+        let priced: Vec<Result<Priced, Problem>> =
             futures::stream::iter(pricing).buffered(self.max_concurrent_publications).collect().await;
         let priced = priced.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let begun_earlier = priced.iter().any(|p| p.begun_earlier);
+        let priced: Vec<PricedPublication> = priced.into_iter().map(|p| p.publication).collect();
         self.store.record_plan(delivery, self.price_per_tib_usd, &priced).await?;
         for publication in &priced {
             let planned = Event::Planned { priced: publication, price_per_tib_usd: self.price_per_tib_usd };
             self.store.record_event(delivery, Some(&publication.resource), planned).await;
         }
         let (bytes, jobs) = crate::model::publication_plan::totals(&priced);
-        plan_metrics::plan_priced(bytes, jobs, priced.iter().filter(|p| p.unpriced.is_some()).count());
+        telemetry::plan_priced(bytes, jobs, priced.iter().filter(|p| p.unpriced.is_some()).count());
         tracing::info!(run_id = %run.run_id, execution_id = %delivery.execution_id(), publications = priced.len(),
-            bytes_processed = bytes, query_jobs = jobs, "bigquery.write.plan.priced");
-        Ok(priced)
+            bytes_processed = bytes, query_jobs = jobs, begun_earlier, "bigquery.write.plan.priced");
+        Ok(PricedPlan { publications: priced, begun_earlier })
     }
 
     /// Prices the plan ([`Self::price_plan`]) and judges it against the run's byte budgets: a
@@ -77,18 +81,24 @@ impl Publisher {
         delivery: &DeliveryRef,
         plans: &[DestinationPlan<'_>],
     ) -> Result<Vec<PricedPublication>, Problem> {
-        let priced = self.price_plan(run, delivery, plans).await?;
+        let PricedPlan { publications: priced, begun_earlier } = self.price_plan(run, delivery, plans).await?;
+        if begun_earlier {
+            // An earlier delivery passed the barrier and published some of it: the budgets were
+            // judged then, and failing now could no longer leave every table unchanged.
+            telemetry::plan_judged("begun_earlier");
+            return Ok(priced);
+        }
         let budgets = ByteBudgets {
             per_publication: run.maximum_bytes_billed,
             per_execution: run.maximum_bytes_billed_per_execution,
         };
         match over_budget(&priced, budgets) {
             None => {
-                plan_metrics::plan_judged("within_budget");
+                telemetry::plan_judged("within_budget");
                 Ok(priced)
             }
             Some(detail) => {
-                plan_metrics::plan_judged("over_budget");
+                telemetry::plan_judged("over_budget");
                 let hint = "raise the run's maximum_bytes_billed or maximum_bytes_billed_per_execution, or let the \
                     statements read less (partition or cluster the destination on the key, see docs/cost.md)";
                 Err(Problem::new(ErrorCode::PublicationTooExpensive, detail).with_hint(hint))
@@ -102,7 +112,7 @@ impl Publisher {
         run: &RunRecord,
         delivery: &DeliveryRef,
         planned: PlannedPublication<'_>,
-    ) -> Result<PricedPublication, Problem> {
+    ) -> Result<Priced, Problem> {
         let resource = planned.resource;
         let path = match planned.staged.map(|report| &report.write_path) {
             Some(WritePath::Direct) => PlannedPath::DirectAppend,
@@ -119,23 +129,33 @@ impl Publisher {
         };
         let (fingerprint, key_ranges) = self.fingerprint(run, delivery, planned).await?;
         let previous = self.store.get_publication(&delivery.execution, &resource.resource).await?;
+        let begun_earlier = previous.is_some();
         let decision = reconcile(previous.as_ref(), &fingerprint);
         let written = planned.staged.map(|report| &report.write_path);
+        let done = |publication| Ok(Priced { publication, begun_earlier });
         match (&decision, publish_by(&decision, previous.as_ref(), written)) {
             (_, PublishBy::CommittingStreams { .. }) => {
                 priced.path = PlannedPath::DirectAppend;
-                return Ok(priced);
+                return done(priced);
             }
-            (Reconciled::Reuse { .. }, _) => return Ok(priced),
+            (Reconciled::Reuse { .. }, _) => return done(priced),
             (Reconciled::Refuse(problem), _) => {
                 priced.bytes_processed = None;
                 priced.unpriced = Some(problem.detail.clone());
-                return Ok(priced);
+                return done(priced);
             }
-            (Reconciled::Submit | Reconciled::Reattach { .. }, PublishBy::QueryJob) => {}
+            (Reconciled::Reattach { .. }, PublishBy::QueryJob) => {
+                // Its job was inserted by an earlier delivery: the publication waits for it, and
+                // inserts none (nor is its statement priced again).
+                priced.statement = planned_statement(statement_choice(planned), resource.write_mode);
+                priced.bytes_processed = None;
+                priced.unpriced = Some("its job was inserted by an earlier delivery and is reattached".into());
+                return done(priced);
+            }
+            (Reconciled::Submit, PublishBy::QueryJob) => {}
         }
         let Some(statement) = self.statement(run, delivery, planned, &key_ranges, Effects::ReadOnly).await? else {
-            return Ok(priced);
+            return done(priced);
         };
         priced.path = PlannedPath::StagingQuery;
         priced.statement = planned_statement(statement_choice(planned), resource.write_mode);
@@ -145,6 +165,9 @@ impl Publisher {
         let dry_run = |_| self.bigquery.dry_run_query(project, location, &statement.sql);
         match self.bigquery.retrying_pushback("jobs.insert", dry_run).await {
             Ok(bytes) => priced.bytes_processed = Some(bytes),
+            // BigQuery could not be asked: the commit fails before the barrier, retryable (a
+            // redelivery whose earlier delivery published already plans on, unpriced).
+            Err(e) if !refused_dry_run(&e) && !begun_earlier => return Err(e.problem(Stage::Setup)),
             Err(e) => {
                 tracing::warn!(run_id = %run.run_id, execution_id = %delivery.execution_id(),
                     resource = %resource.resource, error = %e, "the publication's statement could not be dry-run");
@@ -152,8 +175,28 @@ impl Publisher {
                 priced.unpriced = Some(e.to_string());
             }
         }
-        Ok(priced)
+        done(priced)
     }
+}
+
+/// One planned publication priced, and whether an earlier delivery of the execution began to
+/// publish it (its publication record exists).
+struct Priced {
+    publication: PricedPublication,
+    begun_earlier: bool,
+}
+
+/// The delivery's plan, and whether an earlier delivery of the execution passed the barrier.
+pub(super) struct PricedPlan {
+    pub(super) publications: Vec<PricedPublication>,
+    pub(super) begun_earlier: bool,
+}
+
+/// BigQuery answered that it will not run the statement (the request was refused as invalid,
+/// or the dry run's job failed), rather than not answering: the plan then records it unpriced.
+fn refused_dry_run(error: &BigQueryError) -> bool {
+    matches!(error, BigQueryError::JobFailed { .. } | BigQueryError::Inconsistent(_))
+        || matches!(error.http_status(), Some(400 | 404))
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{BindKey as _, EXECUTION_KEY, Store, StoreResult};
+use super::{BindKey as _, DELIVERY_KEY, EXECUTION_KEY, Store, StoreResult};
 use crate::model::publication_plan::PricedPublication;
 use crate::model::{DeliveryRef, ExecutionKey};
 
@@ -19,7 +19,8 @@ pub(crate) struct PlanRow {
 }
 
 impl Store {
-    /// Records the delivery's plan at `price_per_tib_usd`, replacing any earlier delivery's.
+    /// Records the delivery's plan at `price_per_tib_usd`, replacing any earlier delivery's;
+    /// nothing when the delivery is no longer the execution's, or already past its barrier.
     pub(crate) async fn record_plan(
         &self,
         delivery: &DeliveryRef,
@@ -35,6 +36,17 @@ impl Store {
         let jobs: Vec<i32> = plan.iter().map(|p| p.query_jobs).collect();
         let unpriced: Vec<Option<String>> = plan.iter().map(|p| p.unpriced.clone()).collect();
         let mut tx = self.pool.begin().await?;
+        // Only while this delivery is the execution's, before its barrier: a replica that lost
+        // the execution meanwhile must not replace the current delivery's plan.
+        let current: Option<i32> = sqlx::query_scalar(&format!(
+            "SELECT delivery FROM executions WHERE {DELIVERY_KEY} AND publishing_at IS NULL FOR UPDATE"
+        ))
+        .bind_delivery(delivery)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if current.is_none() {
+            return Ok(());
+        }
         sqlx::query(&format!("DELETE FROM publication_plans WHERE {EXECUTION_KEY}"))
             .bind_execution(&delivery.execution)
             .execute(&mut *tx)
@@ -60,12 +72,16 @@ impl Store {
         Ok(())
     }
 
-    /// The execution's plan, by resource (empty before its commit reached the barrier).
+    /// The plan of the execution's current delivery, by resource (empty before its commit
+    /// reached the barrier).
     pub(crate) async fn list_plan(&self, execution: &ExecutionKey) -> StoreResult<Vec<PlanRow>> {
         Ok(sqlx::query_as(&format!(
             "SELECT resource, \"table\", path, statement, bytes_processed, query_jobs, unpriced, delivery,
                     price_per_tib_usd, planned_at
-             FROM publication_plans WHERE {EXECUTION_KEY} ORDER BY resource"
+             FROM publication_plans p WHERE {EXECUTION_KEY}
+               AND delivery = (SELECT e.delivery FROM executions e WHERE e.run_id = p.run_id
+                                                                   AND e.execution_id = p.execution_id)
+             ORDER BY resource"
         ))
         .bind_execution(execution)
         .fetch_all(&self.pool)

@@ -24,6 +24,18 @@ pub(crate) fn execution_finished(state: &'static str) {
     metrics::counter!(EXECUTIONS_FINISHED, "state" => state).increment(1);
 }
 
+/// A commit's plan was priced: its dry-run bytes, query jobs and unpriced publications.
+pub(crate) fn plan_priced(bytes: i64, query_jobs: i32, unpriced: usize) {
+    metrics::counter!(PLAN_BYTES_PROCESSED).increment(bytes.max(0) as u64);
+    metrics::counter!(PLAN_QUERY_JOBS).increment(query_jobs.max(0) as u64);
+    metrics::counter!(PLAN_UNPRICED).increment(unpriced as u64);
+}
+
+/// A priced plan was judged against the run's budgets: `within_budget` or `over_budget`.
+pub(crate) fn plan_judged(outcome: &'static str) {
+    metrics::counter!(PLANS, "outcome" => outcome).increment(1);
+}
+
 /// The pipeline's budgets were sized: the upload budget and the receive budget, bytes.
 pub(crate) fn budgets_configured(upload_bytes: usize, receive_bytes: usize) {
     metrics::gauge!(UPLOAD_BUDGET_BYTES).set(upload_bytes as f64);

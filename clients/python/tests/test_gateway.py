@@ -83,6 +83,31 @@ def test_round_trip_of_two_resources(client: Client, dataset: str) -> None:
     assert client.create_run(project=PROJECT, dataset=dataset, run_id=run.run_id).run_id == run.run_id
 
 
+def test_the_commit_shows_its_priced_plan_and_the_run_its_byte_budgets(client: Client, dataset: str) -> None:
+    run = client.create_run(
+        project=PROJECT,
+        dataset=dataset,
+        run_id=f"plan_{uuid.uuid4().hex[:8]}",
+        maximum_bytes_billed=1 << 40,
+        maximum_bytes_billed_per_execution=1 << 41,
+    )
+    assert run.view is not None
+    assert run.view.get("maximum_bytes_billed") == 1 << 40
+    assert run.view.get("maximum_bytes_billed_per_execution") == 1 << 41
+    run.declare("public.users", write_mode="incremental_upsert", primary_key=["id"])
+    with run.execution() as ex:
+        ex.write("public.users", users(0, 50))
+    assert ex.result is not None and ex.result["state"] == "committed"
+    plan = ex.result.get("plan")
+    assert plan is not None and plan["delivery"] == 1
+    [planned] = plan["publications"]
+    assert (planned["resource"], planned["table"]) == ("public.users", "public_users")
+    assert (planned["path"], planned["statement"], planned["query_jobs"]) == ("staging_query", "merge", 1)
+    # The emulator's dry runs answer 0 bytes (the REST double's tests price real figures).
+    assert planned.get("bytes_processed") == 0 and plan["estimated_cost_usd"] == 0
+    assert count_and_sum(dataset, "public_users") == (50, sum(range(50)))
+
+
 def test_geography_range_interval_and_flexible_names_load_through_the_client(client: Client, dataset: str) -> None:
     run = client.create_run(project=PROJECT, dataset=dataset)
     run.declare("places", write_mode="incremental_upsert", primary_key=["first name"])

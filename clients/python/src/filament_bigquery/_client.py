@@ -376,10 +376,14 @@ class Client:
         run_id: Optional[str] = None,
         location: Optional[str] = None,
         batching: Optional[Mapping[str, int]] = None,
+        maximum_bytes_billed: Optional[int] = None,
+        maximum_bytes_billed_per_execution: Optional[int] = None,
     ) -> Run:
         """Creates the run (or finds the same one again: creating is idempotent). Without
         `run_id` the client generates one (starting with the client's `run_id_prefix`), so that
-        a retried request cannot create two runs."""
+        a retried request cannot create two runs. `maximum_bytes_billed` bounds each publication
+        job, `maximum_bytes_billed_per_execution` all of one execution's together: a commit whose
+        priced plan exceeds either fails with `publication_too_expensive` before publishing."""
         run_id = run_id or (self.run_id_prefix + _new_id())[:MAX_ID_CHARS]
         destination: dict[str, Any] = {"project": project, "dataset": dataset}
         if location is not None:
@@ -387,6 +391,10 @@ class Client:
         body: dict[str, Any] = {"run_id": run_id, "destination": destination}
         if batching is not None:
             body["batching"] = dict(batching)
+        if maximum_bytes_billed is not None:
+            body["maximum_bytes_billed"] = maximum_bytes_billed
+        if maximum_bytes_billed_per_execution is not None:
+            body["maximum_bytes_billed_per_execution"] = maximum_bytes_billed_per_execution
         view = cast(RunView, self._transport.json("POST", "/v1/runs", json=body))
         return Run(self, view["run_id"], view)
 

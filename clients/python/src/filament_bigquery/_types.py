@@ -58,6 +58,33 @@ class ExecutionResourceView(TypedDict):
     publication: NotRequired[Optional[PublicationView]]
 
 
+class PlannedPublicationView(TypedDict):
+    """One publication of the plan a commit records at its barrier (docs/cost.md)."""
+
+    resource: str
+    table: str
+    path: Literal["staging_query", "direct_append"]
+    statement: Literal["none", "insert", "truncate_insert", "truncate", "merge", "history", "delete"]
+    query_jobs: int
+    bytes_processed: NotRequired[Optional[int]]
+    """What the dry run says the statement processes; None when it could not be dry-run."""
+    unpriced: NotRequired[Optional[str]]
+    estimated_cost_usd: NotRequired[Optional[float]]
+
+
+class PlanView(TypedDict):
+    """The priced plan of an execution's commit: every statement dry-run before publication."""
+
+    delivery: int
+    planned_at: str
+    price_per_tib_usd: float
+    bytes_processed: int
+    estimated_cost_usd: float
+    query_jobs: int
+    unpriced: int
+    publications: List[PlannedPublicationView]
+
+
 class ExecutionView(TypedDict):
     run_id: str
     execution_id: str
@@ -67,6 +94,7 @@ class ExecutionView(TypedDict):
     created_at: str
     updated_at: str
     error: NotRequired[Optional[Problem]]
+    plan: NotRequired[Optional[PlanView]]
 
 
 class ResourceView(TypedDict):
@@ -92,6 +120,8 @@ class RunView(TypedDict):
     created_at: str
     durable_checkpoint: NotRequired[Optional[Any]]
     durable_checkpoint_execution_id: NotRequired[Optional[str]]
+    maximum_bytes_billed: NotRequired[Optional[int]]
+    maximum_bytes_billed_per_execution: NotRequired[Optional[int]]
 
 
 class LatestExecution(TypedDict):
