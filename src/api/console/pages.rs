@@ -8,7 +8,7 @@ use maud::{DOCTYPE, Markup, html};
 
 use super::RunsFilter;
 use crate::api::run_list::{RunList, RunListItem};
-use crate::api::views::{ExecutionResourceView, ExecutionView, PublicationView, RunView};
+use crate::api::views::{ExecutionResourceView, ExecutionView, PlanView, PublicationView, RunView};
 use crate::error::Problem;
 use crate::model::ExecutionState;
 use crate::store::EventRecord;
@@ -238,6 +238,7 @@ pub(super) fn execution(principal: &str, view: &ExecutionView, events: &[EventRe
                 th.num { "Rows acknowledged" } th.num { "Bytes" } th.num { "Batches" } th { "Publication" } } }
             tbody { @for resource in &view.resources { (resource_row(resource, events, jobs)) } }
         }
+        @if let Some(plan) = &view.plan { (plan_section(plan)) }
         h2 { "Timeline" }
         (timeline(events))
     };
@@ -273,6 +274,49 @@ fn publication_cell(publication: &PublicationView, events: &[EventRecord], jobs:
             @if let Some(rows) = publication.rows_affected { " · " (rows) " rows affected" }
             @if let Some(bytes) = publication.cost.bytes_billed { " · " (bytes) " bytes billed" }
             @if let Some(error) = &publication.error { (error_box(error.code.as_str(), &error.detail, error.hint.as_deref())) }
+        }
+    }
+}
+
+/// Width of the plan's byte bars, in SVG user units.
+const PLAN_BAR_WIDTH: i64 = 160;
+
+/// The priced plan of the commit: each publication's statement, its dry-run bytes (a bar scaled
+/// to the largest) and estimated cost, then the totals.
+fn plan_section(plan: &PlanView) -> Markup {
+    let largest = plan.publications.iter().filter_map(|p| p.priced.bytes_processed).max().unwrap_or(0).max(1);
+    html! {
+        h2 { "Plan" }
+        p { "Delivery " (plan.delivery) " · planned " (plan.planned_at.to_rfc3339()) " at $" (plan.price_per_tib_usd)
+            " per TiB · " span #plan-total { (plan.bytes_processed) " bytes, $" (format!("{:.6}", plan.estimated_cost_usd)) }
+            " · " (plan.query_jobs) " query jobs" @if plan.unpriced > 0 { " · " (plan.unpriced) " unpriced" } }
+        table #plan {
+            thead { tr { th { "Resource" } th { "Table" } th { "Path" } th { "Statement" } th.num { "Bytes" } th { "" }
+                th.num { "Estimated cost" } th.num { "Query jobs" } } }
+            tbody { @for planned in &plan.publications {
+                @let priced = &planned.priced;
+                tr data-resource=(priced.resource) {
+                    td { (priced.resource) } td { (priced.table) } td { (priced.path.as_str()) }
+                    td.statement { (priced.statement.as_str()) }
+                    td.num.bytes { @match priced.bytes_processed { Some(bytes) => (bytes), None => "unpriced" } }
+                    td { (byte_bar(priced.bytes_processed.unwrap_or(0), largest)) }
+                    td.num { @if let Some(cost) = planned.estimated_cost_usd { "$" (format!("{cost:.6}")) } }
+                    td.num { (priced.query_jobs) }
+                }
+                @if let Some(why) = &priced.unpriced { tr.unpriced { td colspan="8" { (why) } } }
+            } }
+        }
+    }
+}
+
+/// A publication's bytes as a bar, scaled so that the largest of the plan fills the width.
+fn byte_bar(bytes: i64, largest: i64) -> Markup {
+    let width = (i128::from(bytes.max(0)) * i128::from(PLAN_BAR_WIDTH) / i128::from(largest)) as i64;
+    html! {
+        svg.bytes-bar width=(PLAN_BAR_WIDTH) height="10" viewBox={ "0 0 " (PLAN_BAR_WIDTH) " 10" } role="img"
+            aria-label={ (bytes) " bytes" } {
+            rect width=(PLAN_BAR_WIDTH) height="10" fill="#eee" {}
+            rect width=(width) height="10" fill="#4a7bd0" {}
         }
     }
 }

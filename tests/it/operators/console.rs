@@ -95,6 +95,11 @@ async fn a_signed_in_browser_sees_committed_and_failed_runs_and_is_refused_after
         "{href}"
     );
     assert!(browser.text("#timeline").await.contains("publication_finished"));
+    // The plan the commit priced at its barrier (the emulator's dry runs answer 0 bytes).
+    let planned =
+        gw.json(Method::GET, "/v1/runs/console-ok/executions/e", None).await.1["plan"]["publications"][0].clone();
+    assert_eq!(browser.text("#plan tr[data-resource='t'] .statement").await, planned["statement"].as_str().unwrap());
+    assert_eq!(browser.text("#plan tr[data-resource='t'] .bytes").await, planned["bytes_processed"].to_string());
     browser.screenshot("committed-execution").await;
 
     browser.goto(&gw.url("/ui/runs/console-ok")).await;
