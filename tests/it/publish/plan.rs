@@ -238,3 +238,36 @@ async fn a_dry_run_pushed_back_is_retried_and_priced() {
     });
     assert!(retried, "the retries are counted:\n{metrics}");
 }
+
+/// A redelivery of an execution whose first delivery passed the barrier (its job was inserted
+/// and may still run) is planned but not judged: failing it over budget could no longer leave
+/// every table as it was. Its reattached publication inserts no job and is not priced again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redelivery_past_an_earlier_barrier_is_planned_but_not_judged() {
+    use crate::support::rest_proxy::JobMode;
+    use std::time::Duration;
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    proxy.state.lock().unwrap().dry_runs.bytes = vec![("`.`t`".into(), 100)];
+    let gw = GatewayOptions::new().rest_proxy(&proxy).env("FILAMENT_QUERY_JOB_TIMEOUT_SECS", "2").spawn().await;
+    open_with_budgets(&gw, "r", json!({"maximum_bytes_billed_per_execution": 1000}), &["t"]).await;
+    proxy.set_jobs(JobMode::RunFor(Duration::from_secs(60)));
+    let unfinished = gw.commit_and_wait("r", "e").await;
+    assert_eq!(unfinished["resources"][0]["publication"]["state"], "running", "{unfinished}");
+    assert_eq!(proxy.dry_runs().len(), 1, "the first delivery's plan");
+
+    // Its job completes; meanwhile the statement would read more than the budget.
+    proxy.set_jobs(JobMode::RunFor(Duration::ZERO));
+    proxy.state.lock().unwrap().dry_runs.bytes = vec![("`.`t`".into(), 5000)];
+    let (status, redelivered) = gw.open_execution("r", "e").await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{redelivered}");
+    gw.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..5)])).await;
+    let committed = gw.commit_and_wait("r", "e").await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+    let reattached = planned(&committed["plan"], "t");
+    assert_eq!(reattached["query_jobs"].as_i64(), Some(0), "{reattached}");
+    assert!(reattached["unpriced"].as_str().is_some_and(|why| why.contains("reattached")), "{reattached}");
+    assert_eq!(committed["plan"]["delivery"], 2, "{committed}");
+    assert_eq!(proxy.dry_runs().len(), 1, "the reattached statement is not dry-run again");
+    let metrics = gw.metrics().await;
+    assert!(metrics.contains("filament_plans_total{outcome=\"begun_earlier\"} 1"), "{metrics}");
+}
