@@ -59,6 +59,13 @@ impl Publisher {
             futures::stream::iter(pricing).buffered(self.max_concurrent_publications).collect().await;
         let priced = priced.into_iter().collect::<Result<Vec<_>, _>>()?;
         let begun_earlier = priced.iter().any(|p| p.begun_earlier);
+        // A dry run BigQuery could not be asked fails the commit before the barrier, retryable;
+        // unless an earlier delivery began to publish, whose redelivery plans on, unpriced.
+        if let Some(unasked) = priced.iter().find_map(|p| p.unasked.clone())
+            && !begun_earlier
+        {
+            return Err(unasked);
+        }
         let priced: Vec<PricedPublication> = priced.into_iter().map(|p| p.publication).collect();
         self.store.record_plan(delivery, self.price_per_tib_usd, &priced).await?;
         for publication in &priced {
@@ -132,7 +139,7 @@ impl Publisher {
         let begun_earlier = previous.is_some();
         let decision = reconcile(previous.as_ref(), &fingerprint);
         let written = planned.staged.map(|report| &report.write_path);
-        let done = |publication| Ok(Priced { publication, begun_earlier });
+        let done = |publication| Ok(Priced { publication, begun_earlier, unasked: None });
         match (&decision, publish_by(&decision, previous.as_ref(), written)) {
             (_, PublishBy::CommittingStreams { .. }) => {
                 priced.path = PlannedPath::DirectAppend;
@@ -165,14 +172,15 @@ impl Publisher {
         let dry_run = |_| self.bigquery.dry_run_query(project, location, &statement.sql);
         match self.bigquery.retrying_pushback("jobs.insert", dry_run).await {
             Ok(bytes) => priced.bytes_processed = Some(bytes),
-            // BigQuery could not be asked: the commit fails before the barrier, retryable (a
-            // redelivery whose earlier delivery published already plans on, unpriced).
-            Err(e) if !refused_dry_run(&e) && !begun_earlier => return Err(e.problem(Stage::Setup)),
             Err(e) => {
                 tracing::warn!(run_id = %run.run_id, execution_id = %delivery.execution_id(),
                     resource = %resource.resource, error = %e, "the publication's statement could not be dry-run");
                 priced.bytes_processed = None;
                 priced.unpriced = Some(e.to_string());
+                if !refused_dry_run(&e) {
+                    let unasked = Some(e.problem(Stage::Setup));
+                    return Ok(Priced { publication: priced, begun_earlier, unasked });
+                }
             }
         }
         done(priced)
@@ -184,6 +192,8 @@ impl Publisher {
 struct Priced {
     publication: PricedPublication,
     begun_earlier: bool,
+    /// Why BigQuery could not be asked for its dry run (not a refusal of the statement).
+    unasked: Option<Problem>,
 }
 
 /// The delivery's plan, and whether an earlier delivery of the execution passed the barrier.

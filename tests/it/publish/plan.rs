@@ -239,6 +239,25 @@ async fn a_dry_run_pushed_back_is_retried_and_priced() {
     assert!(retried, "the retries are counted:\n{metrics}");
 }
 
+/// A dry run BigQuery cannot be asked (it answers 503) is not a refusal of the
+/// statement: the commit fails before the barrier with the retryable code, no job inserted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dry_run_bigquery_cannot_answer_fails_the_commit_before_the_barrier_retryably() {
+    let proxy = RestProxy::start(&required_env("BIGQUERY_EMULATOR_HOST")).await;
+    proxy.state.lock().unwrap().dry_runs.unavailable = true;
+    let gw = GatewayOptions::new().rest_proxy(&proxy).spawn().await;
+    TestRun::new("r", "e").full_append(&["t"]).open(&gw).await;
+    gw.post_accepted("r", "e", "t", None, ipc_stream(&[ids(0..5)])).await;
+    let failed = gw.commit_and_wait("r", "e").await;
+    assert_eq!(failed["state"], "failed", "{failed}");
+    assert_eq!(failed["error"]["code"], "bigquery_unavailable", "{failed}");
+    // Only pushback is retried at this level; a 503 ends the commit, which the extractor's
+    // redelivery runs again as a whole.
+    assert_eq!(proxy.dry_runs().len(), 1, "one dry run, answered 503");
+    assert!(proxy.queries().is_empty(), "no publication job");
+    assert!(failed["resources"][0]["publication"].is_null(), "{failed}");
+}
+
 /// A redelivery of an execution whose first delivery passed the barrier (its job was inserted
 /// and may still run) is planned but not judged: failing it over budget could no longer leave
 /// every table as it was. Its reattached publication inserts no job and is not priced again.

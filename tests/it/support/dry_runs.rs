@@ -19,6 +19,8 @@ pub struct DryRunScript {
     pub refused: Vec<String>,
     /// The next this many dry runs are pushed back: 429 `rateLimitExceeded`.
     pub push_back: usize,
+    /// Every dry run is answered 503 `backendError`: BigQuery cannot be asked.
+    pub unavailable: bool,
 }
 
 /// Whether a `jobs.insert` body asks for a dry run.
@@ -34,6 +36,16 @@ pub fn answer(script: &mut DryRunScript, body: &Value) -> Option<Response> {
         let message = "Exceeded rate limits: too many api requests per user per method for this user_method";
         let error = bigquery_error(429, "RESOURCE_EXHAUSTED", message, "rateLimitExceeded", vec![]);
         return Some((StatusCode::TOO_MANY_REQUESTS, axum::Json(error)).into_response());
+    }
+    if script.unavailable {
+        let error = bigquery_error(
+            503,
+            "UNAVAILABLE",
+            "Error encountered during execution. Retrying may solve the problem.",
+            "backendError",
+            vec![],
+        );
+        return Some((StatusCode::SERVICE_UNAVAILABLE, axum::Json(error)).into_response());
     }
     if script.refused.iter().any(|part| query.contains(part.as_str())) {
         let message = "Query error: Column v of type NUMERIC cannot be inserted into a column of type INT64";
