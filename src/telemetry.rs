@@ -46,6 +46,8 @@ pub(crate) const PLAN_UNPRICED: &str = "filament_plan_unpriced_total";
 pub(crate) const ALLOCATOR_ALLOCATED_BYTES: &str = "filament_allocator_allocated_bytes";
 pub(crate) const ALLOCATOR_RESIDENT_BYTES: &str = "filament_allocator_resident_bytes";
 pub(crate) const ALLOCATOR_RETAINED_BYTES: &str = "filament_allocator_retained_bytes";
+/// The pool of received messages' buffers (`ingest::message_buffers`), by `state`: lent or idle.
+pub(crate) const MESSAGE_BUFFERS_BYTES: &str = "filament_message_buffers_bytes";
 pub(crate) const BACKPRESSURE_WAITS: &str = "filament_backpressure_waits_total";
 pub(crate) const BACKPRESSURE_REJECTIONS: &str = "filament_backpressure_rejections_total";
 pub(crate) const APPEND_RETRIES: &str = "filament_append_retries_total";
@@ -353,6 +355,11 @@ fn describe_plans_and_memory() {
         ALLOCATOR_RETAINED_BYTES,
         Unit::Bytes,
         "Virtual memory the allocator keeps mapped without pages behind it (jemalloc stats.retained)"
+    );
+    describe_gauge!(
+        MESSAGE_BUFFERS_BYTES,
+        Unit::Bytes,
+        "Capacity of the pooled buffers received messages are joined into, lent (holding a message) or idle"
     );
 }
 

@@ -83,6 +83,9 @@ pub struct MemoryAtPeak {
     pub upload_budget_in_use_mib: f64,
     pub allocated_mib: f64,
     pub allocator_resident_mib: f64,
+    /// The message buffer pool: capacity lent (holding messages) and idle.
+    pub message_buffers_lent_mib: f64,
+    pub message_buffers_idle_mib: f64,
 }
 
 impl MemoryAtPeak {
@@ -100,6 +103,8 @@ impl MemoryAtPeak {
             upload_budget_in_use_mib: gauge("filament_upload_budget_bytes_in_use"),
             allocated_mib: gauge("filament_allocator_allocated_bytes"),
             allocator_resident_mib: gauge("filament_allocator_resident_bytes"),
+            message_buffers_lent_mib: gauge("filament_message_buffers_bytes{state=\"lent\"}"),
+            message_buffers_idle_mib: gauge("filament_message_buffers_bytes{state=\"idle\"}"),
         }
     }
 
@@ -112,19 +117,23 @@ impl MemoryAtPeak {
             "upload_budget_in_use_mib": self.upload_budget_in_use_mib,
             "allocator_allocated_mib": self.allocated_mib,
             "allocator_resident_mib": self.allocator_resident_mib,
+            "message_buffers_lent_mib": self.message_buffers_lent_mib,
+            "message_buffers_idle_mib": self.message_buffers_idle_mib,
         })
     }
 
     /// The sample in words.
     pub fn describe(&self) -> String {
         format!(
-            "largest sample {:.0} MiB: receive budget {:.0} and upload budget {:.0} in use of {:.0}, allocator {:.0} allocated, {:.0} resident",
+            "largest sample {:.0} MiB: receive budget {:.0} and upload budget {:.0} in use of {:.0}, allocator {:.0} allocated, {:.0} resident, message buffers {:.0} lent and {:.0} idle",
             self.resident_mib,
             self.receive_budget_in_use_mib,
             self.upload_budget_in_use_mib,
             self.budgets_mib,
             self.allocated_mib,
-            self.allocator_resident_mib
+            self.allocator_resident_mib,
+            self.message_buffers_lent_mib,
+            self.message_buffers_idle_mib
         )
     }
 

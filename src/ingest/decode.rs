@@ -4,16 +4,18 @@
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
 use arrow_ipc::reader::StreamDecoder;
 use arrow_schema::SchemaRef;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use sha2::{Digest as _, Sha256};
 
 use super::IngestError;
 use super::framing::MessageFraming;
+use super::message_buffers::{MessageBuffer, MessageBuffers};
 
 thread_local! {
     static CONTAINING_PANIC: Cell<bool> = const { Cell::new(false) };
@@ -62,8 +64,9 @@ pub struct BodyDecoder {
     decoder: StreamDecoder,
     framing: MessageFraming,
     hasher: Sha256,
-    /// The pieces of the message being received, joined once it is complete.
-    message: Vec<Bytes>,
+    /// The message being received.
+    message: MessageAssembly,
+    buffers: Arc<MessageBuffers>,
     batches: Vec<DecodedBatch>,
     received_bytes: usize,
     max_body_bytes: usize,
@@ -82,12 +85,19 @@ pub enum Progress {
 }
 
 impl BodyDecoder {
+    /// A decoder joining each message into a fresh allocation.
     pub fn new(max_body_bytes: usize) -> Self {
+        Self::pooled(max_body_bytes, MessageBuffers::unpooled())
+    }
+
+    /// A decoder joining each message into a buffer of `buffers` (the replica's pool).
+    pub fn pooled(max_body_bytes: usize, buffers: Arc<MessageBuffers>) -> Self {
         Self {
             decoder: StreamDecoder::new(),
             framing: MessageFraming::new(max_body_bytes),
             hasher: Sha256::new(),
-            message: Vec::new(),
+            message: MessageAssembly::default(),
+            buffers,
             batches: Vec::new(),
             received_bytes: 0,
             max_body_bytes,
@@ -118,7 +128,8 @@ impl BodyDecoder {
         }
         let piece = chunk.split_to(taken);
         self.hasher.update(&piece);
-        self.message.push(piece);
+        let remaining = self.framing.body_bytes_remaining();
+        self.message.push(piece, remaining, self.max_body_bytes, &self.buffers);
         Ok(match self.framing.take_completed() {
             Some(completed) => {
                 self.completed = Some(completed);
@@ -138,7 +149,7 @@ impl BodyDecoder {
 
     /// Feeds the pieces received since the last complete message to the decoder, as one buffer.
     fn decode_message(&mut self, forwardable_record_batch: bool) -> Result<(), IngestError> {
-        let message = join(std::mem::take(&mut self.message));
+        let message = self.message.take(&self.buffers);
         let mut buffer = Buffer::from(message.clone());
         while !buffer.is_empty() {
             match contained(|| self.decoder.decode(&mut buffer))? {
@@ -176,21 +187,60 @@ impl BodyDecoder {
     }
 }
 
-/// One buffer of the pieces: the piece itself when there is one (no copy).
-fn join(mut pieces: Vec<Bytes>) -> Bytes {
-    if pieces.len() == 1 {
-        return pieces.pop().unwrap_or_default();
+/// The bytes of the message being received: its first pieces (slices of the connection's
+/// reads) until its length is known, then one buffer of that length the rest is copied into,
+/// so the reads' buffers are not held until the message completes.
+#[derive(Debug, Default)]
+struct MessageAssembly {
+    pieces: Vec<Bytes>,
+    buffer: Option<MessageBuffer>,
+}
+
+impl MessageAssembly {
+    /// Adds the next piece; `body_bytes_remaining` is what the framing still expects of the
+    /// message's body after it, when known. A message declaring more than `max_body_bytes`
+    /// gets no buffer (its body is refused before it is all received).
+    fn push(
+        &mut self,
+        piece: Bytes,
+        body_bytes_remaining: Option<u64>,
+        max_body_bytes: usize,
+        buffers: &Arc<MessageBuffers>,
+    ) {
+        if let Some(buffer) = &mut self.buffer {
+            buffer.extend(&piece);
+            return;
+        }
+        self.pieces.push(piece);
+        let Some(remaining) = body_bytes_remaining.filter(|&remaining| remaining > 0) else { return };
+        let received: usize = self.pieces.iter().map(Bytes::len).sum();
+        let length_bytes =
+            usize::try_from(remaining).map_or(usize::MAX, |remaining| received.saturating_add(remaining));
+        if length_bytes > max_body_bytes {
+            return;
+        }
+        let Some(mut buffer) = buffers.lease(length_bytes) else { return };
+        for piece in self.pieces.drain(..) {
+            buffer.extend(&piece);
+        }
+        self.buffer = Some(buffer);
     }
-    let mut joined = BytesMut::with_capacity(pieces.iter().map(Bytes::len).sum());
-    for piece in &pieces {
-        joined.extend_from_slice(piece);
+
+    fn is_empty(&self) -> bool {
+        self.pieces.is_empty() && self.buffer.is_none()
     }
-    joined.freeze()
+
+    /// The message as one buffer (the piece itself when it came in one), leaving this empty.
+    fn take(&mut self, buffers: &Arc<MessageBuffers>) -> Bytes {
+        match self.buffer.take() {
+            Some(buffer) => buffer.freeze(),
+            None => buffers.join(std::mem::take(&mut self.pieces)),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use arrow_array::{Int64Array, StringArray};
     use arrow_ipc::writer::StreamWriter;
@@ -233,6 +283,42 @@ mod tests {
             decoder.push(bytes::Bytes::copy_from_slice(chunk))?;
         }
         decoder.finish()
+    }
+
+    /// A large message arriving in many reads is copied into one pooled buffer as it arrives
+    /// (the reads' buffers are not kept), decoded exactly, and the buffer is back in the pool
+    /// once the last batch viewing it is dropped.
+    #[test]
+    fn a_large_message_is_assembled_in_a_pooled_buffer_that_comes_back() {
+        let batches = vec![zeros(), zeros()];
+        let bytes = ipc_stream(&batches);
+        let pool = MessageBuffers::new(16 << 20);
+        let mut decoder = BodyDecoder::pooled(4 << 20, Arc::clone(&pool));
+        let mut chunks = bytes.chunks(4096).map(bytes::Bytes::copy_from_slice);
+        let first = chunks.next().unwrap();
+        let first_read = first.clone();
+        decoder.push(first).unwrap();
+        assert!(first_read.is_unique(), "the first read's bytes were copied, not kept");
+        chunks.try_for_each(|chunk| decoder.push(chunk)).unwrap();
+        let body = decoder.finish().unwrap();
+        assert_eq!(body.batches.iter().map(|d| d.batch.clone()).collect::<Vec<_>>(), batches);
+        assert_eq!(body.arrow_ipc_sha256, hex::encode(Sha256::digest(&bytes)));
+        let (lent, idle) = pool.held_bytes();
+        assert!(lent >= 1_600_000 && idle == 0, "both messages' buffers are lent: {lent} {idle}");
+        drop(body);
+        assert_eq!(pool.held_bytes(), (0, lent));
+    }
+
+    /// A message declaring a body beyond the limit gets no buffer reserved for it: it is
+    /// refused as its bytes arrive.
+    #[test]
+    fn a_message_declaring_more_than_the_limit_reserves_nothing() {
+        let bytes = ipc_stream(&[zeros()]);
+        let pool = MessageBuffers::new(16 << 20);
+        let mut decoder = BodyDecoder::pooled(400_000, Arc::clone(&pool));
+        let refused = bytes.chunks(4096).map(bytes::Bytes::copy_from_slice).try_for_each(|c| decoder.push(c));
+        assert!(matches!(refused, Err(IngestError::BodyTooLarge { .. })), "{refused:?}");
+        assert_eq!(pool.held_bytes(), (0, 0));
     }
 
     #[test]

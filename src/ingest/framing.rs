@@ -153,6 +153,15 @@ impl MessageFraming {
         self.completed.take()
     }
 
+    /// The bytes of the current message's body still to come, once its metadata was read (so
+    /// the whole message's length is known), while they are.
+    pub(crate) fn body_bytes_remaining(&self) -> Option<u64> {
+        match &self.state {
+            FramingState::Body(body) => Some(body.length_bytes - body.position_bytes),
+            _ => None,
+        }
+    }
+
     /// Follows `bytes` up to the end of at most one message body and returns how many it took
     /// (at least one). Fails when that message would take the stream's decompressed size
     /// beyond the limit: the caller must then not pass these bytes to the decoder.

@@ -18,6 +18,7 @@ mod framing;
 mod geography;
 mod interval;
 pub(crate) mod key_ranges;
+pub mod message_buffers;
 pub(crate) mod prepare;
 mod range_values;
 mod scalars;

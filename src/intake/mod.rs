@@ -179,7 +179,7 @@ impl Intake<'_> {
         B: Stream<Item = Result<Bytes, Problem>> + Unpin,
     {
         let max_body_bytes = self.limits.max_batch_body_bytes;
-        let mut decoder = BodyDecoder::new(max_body_bytes);
+        let mut decoder = BodyDecoder::pooled(max_body_bytes, self.pipeline.message_buffers());
         let (mut received, mut held) = (0usize, admission.received_bytes());
         while let Some(chunk) = body.next().await {
             let mut chunk = chunk?;

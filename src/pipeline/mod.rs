@@ -48,6 +48,7 @@ use crate::bigquery::adaptive::AdaptiveLimits;
 use crate::bigquery::fair::{CapPlace, PerPrincipalCap, Tenant};
 use crate::bigquery::retry::RetryPolicy;
 use crate::error::{ErrorCode, Problem};
+use crate::ingest::message_buffers::MessageBuffers;
 use crate::model::{ExecutionKey, ResourceName};
 use crate::store::Store;
 use crate::telemetry;
@@ -83,6 +84,15 @@ pub(crate) struct PipelineLimits {
     pub(crate) append_timeouts: AppendTimeouts,
 }
 
+/// What the message buffer pool may hold, lent and idle: the two budgets (which count the
+/// messages' bytes) and a quarter more, the most a buffer's capacity class adds to its
+/// message. Below that, at full budgets, buffers would be freed and allocated again at the
+/// rate messages arrive, which is what the pool is for avoiding.
+fn message_buffers_limit(limits: &PipelineLimits) -> usize {
+    let budgets = limits.max_buffered_bytes.saturating_add(limits.max_receiving_bytes);
+    budgets.saturating_add(budgets / 4)
+}
+
 /// One lane's end: its report once every row is uploaded, or why it failed.
 pub(crate) type LaneDrain = std::pin::Pin<Box<dyn Future<Output = Result<LaneReport, Problem>> + Send>>;
 
@@ -94,6 +104,8 @@ pub(crate) struct Pipeline {
     receiving: ByteBudget,
     limits: PipelineLimits,
     conversions: Arc<Semaphore>,
+    /// The buffers received messages are joined into, bounded by the two budgets together.
+    message_buffers: Arc<MessageBuffers>,
     executions: Arc<Mutex<HashMap<ExecutionKey, Arc<DeliveryLanes>>>>,
     /// Each principal's share with its capacity (`max_buffered_bytes`), replaced when a reload
     /// changes it.
@@ -128,11 +140,17 @@ impl Pipeline {
             receiving: ByteBudget::new(limits.max_receiving_bytes, "the receive budget")
                 .reporting_to(telemetry::RECEIVE_BUDGET_BYTES_IN_USE),
             conversions: Arc::new(Semaphore::new(limits.max_concurrent_batch_decodes)),
+            message_buffers: MessageBuffers::new(message_buffers_limit(&limits)),
             limits,
             executions: Arc::default(),
             principal_shares: Arc::default(),
             open_lanes: PerPrincipalCap::new("open_lanes", limits.max_open_lanes_per_principal),
         }
+    }
+
+    /// The replica's pool of message buffers, for a batch body's decoder.
+    pub(crate) fn message_buffers(&self) -> Arc<MessageBuffers> {
+        Arc::clone(&self.message_buffers)
     }
 
     /// Refuses a batch of `resource` early, its body unread, when it would open a lane and

@@ -42,6 +42,12 @@ pub(crate) fn budgets_configured(upload_bytes: usize, receive_bytes: usize) {
     metrics::gauge!(RECEIVE_BUDGET_BYTES).set(receive_bytes as f64);
 }
 
+/// The message buffer pool's capacity lent out and idle (`ingest::message_buffers`).
+pub(crate) fn message_buffers(lent_bytes: usize, idle_bytes: usize) {
+    metrics::gauge!(MESSAGE_BUFFERS_BYTES, "state" => "lent").set(lent_bytes as f64);
+    metrics::gauge!(MESSAGE_BUFFERS_BYTES, "state" => "idle").set(idle_bytes as f64);
+}
+
 /// The allocator's figures as of now, for a `/metrics` scrape. Only a process whose global
 /// allocator is jemalloc (the gateway's binary) has figures to show; elsewhere they stay 0.
 pub(crate) fn allocator_read() {
