@@ -532,7 +532,7 @@ fn one_point(k: usize, bodies: Vec<Vec<u8>>, total_bytes: u64) {
         for (build, binary) in builds {
             let run = runtime.block_on(run_k(binary, k, &set, total_bytes));
             println!(
-                "round {round}, {build}, K={k}: {:.1} MB/s, {:.2} gateway CPU s/GiB, peak RSS {:.0} MiB ({}), {:.1} s ({:.1} s to the last receipt, {} requests refused with 429)",
+                "round {round}, {build}, K={k}: {:.1} MB/s, {:.2} gateway CPU s/GiB, peak RSS {:.1} MiB ({}), {:.1} s ({:.1} s to the last receipt, {} requests refused with 429)",
                 run.mb_per_second(),
                 run.cpu_seconds_per_gib(),
                 run.peak_rss_mib,

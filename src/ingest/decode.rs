@@ -139,6 +139,13 @@ impl BodyDecoder {
         })
     }
 
+    /// The bytes the body holds in memory, to count in the receive budget: those received,
+    /// and the room the message in progress has taken beyond them (its buffer is taken at its
+    /// whole length once the length is known).
+    pub fn bytes_to_hold(&self) -> usize {
+        self.received_bytes.saturating_add(self.message.bytes_ahead())
+    }
+
     /// Decodes the message [`Self::push_some`] completed.
     pub fn decode_completed(&mut self) -> Result<(), IngestError> {
         match self.completed.take() {
@@ -230,6 +237,11 @@ impl MessageAssembly {
         self.pieces.is_empty() && self.buffer.is_none()
     }
 
+    /// The buffer's room not yet filled.
+    fn bytes_ahead(&self) -> usize {
+        self.buffer.as_ref().map_or(0, MessageBuffer::unfilled_bytes)
+    }
+
     /// The message as one buffer (the piece itself when it came in one), leaving this empty.
     fn take(&mut self, buffers: &Arc<MessageBuffers>) -> Bytes {
         match self.buffer.take() {
@@ -299,7 +311,10 @@ mod tests {
         let first_read = first.clone();
         decoder.push(first).unwrap();
         assert!(first_read.is_unique(), "the first read's bytes were copied, not kept");
+        let first_message_bytes = decoder.bytes_to_hold();
+        assert!(first_message_bytes >= 800_000, "the first message's whole buffer is counted: {first_message_bytes}");
         chunks.try_for_each(|chunk| decoder.push(chunk)).unwrap();
+        assert_eq!(decoder.bytes_to_hold(), bytes.len(), "once complete, what was received");
         let body = decoder.finish().unwrap();
         assert_eq!(body.batches.iter().map(|d| d.batch.clone()).collect::<Vec<_>>(), batches);
         assert_eq!(body.arrow_ipc_sha256, hex::encode(Sha256::digest(&bytes)));

@@ -77,9 +77,8 @@ impl MessageBuffers {
 
     /// An empty buffer for a message of `length_bytes`, filled by the caller as its bytes
     /// arrive: pooled when the message is large enough, a plain allocation otherwise. `None`
-    /// when no memory can be reserved for it (the caller keeps the pieces instead). A new
-    /// buffer's pages become resident only as its bytes are written, that is as they are
-    /// received and counted in the receive budget.
+    /// when no memory can be reserved for it (the caller keeps the pieces instead). The
+    /// caller counts its room in the receive budget ([`super::decode::BodyDecoder::bytes_to_hold`]).
     pub(crate) fn lease(self: &Arc<Self>, length_bytes: usize) -> Option<MessageBuffer> {
         if length_bytes < SMALLEST_POOLED_BYTES || self.limit_bytes == 0 {
             let mut buffer = Vec::new();
@@ -168,6 +167,11 @@ impl MessageBuffer {
     /// Appends bytes of the message (within the length it was leased for, or it grows).
     pub(crate) fn extend(&mut self, bytes: &[u8]) {
         self.buffer.extend_from_slice(bytes);
+    }
+
+    /// Capacity not yet filled with the message's bytes.
+    pub(crate) fn unfilled_bytes(&self) -> usize {
+        self.buffer.capacity() - self.buffer.len()
     }
 
     /// The message's bytes, shared.

@@ -173,7 +173,8 @@ impl Intake<'_> {
     }
 
     /// Reads and decodes the body, holding what it receives (and what IPC-compressed buffers
-    /// decompress to) in the receive budget before decoding allocates it.
+    /// decompress to, and the room a message's buffer takes ahead of its bytes) in the receive
+    /// budget before decoding allocates it.
     async fn receive_body<B>(&self, mut body: B, admission: &mut Admission) -> Result<DecodedBody, Problem>
     where
         B: Stream<Item = Result<Bytes, Problem>> + Unpin,
@@ -195,6 +196,12 @@ impl Intake<'_> {
                 if let Progress::MessageComplete { decompressed_bytes } = decoder.push_some(&mut chunk)? {
                     admission.hold_received(decompressed_bytes).await?;
                     decoder.decode_completed()?;
+                }
+                // A message's buffer, taken at its length, is counted before its bytes arrive.
+                let to_hold = decoder.bytes_to_hold();
+                if to_hold > held {
+                    admission.hold_received(to_hold - held).await?;
+                    held = to_hold;
                 }
             }
         }
