@@ -518,11 +518,16 @@ fn main() {
 }
 
 /// `FILAMENT_BENCH_ONLY_K=K`: one plain run at K resources (1 MiB bodies from K=1024 on),
+/// unpinned unless `FILAMENT_BENCH_PIN=1`,
 /// printed and not written anywhere: for profiling one point (`perf record -p`). With a
 /// previous main (`FILAMENT_BENCH_PREVIOUS_GATEWAY`), both builds run the point in turn,
 /// `FILAMENT_BENCH_ROUNDS` times (default 3), so a change's cost shows beside the machine's noise.
 fn one_point(k: usize, bodies: Vec<Vec<u8>>, total_bytes: u64) {
     let set = if k >= 1024 { small_bodies() } else { BodySet::plain("plain", bodies) };
+    // `FILAMENT_BENCH_PIN=1`: pinned as `make bench` pins (load generator on core 0, gateway on 1).
+    if std::env::var("FILAMENT_BENCH_PIN").is_ok_and(|pin| pin == "1") {
+        PINNED.store(pin(std::process::id(), 0), std::sync::atomic::Ordering::SeqCst);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let previous = previous_main();
     let rounds = if previous.is_some() { env_or("FILAMENT_BENCH_ROUNDS", 3) } else { 1 };
