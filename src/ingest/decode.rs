@@ -253,7 +253,6 @@ impl MessageAssembly {
 
 #[cfg(test)]
 mod tests {
-
     use arrow_array::{Int64Array, StringArray};
     use arrow_ipc::writer::StreamWriter;
     use arrow_schema::{DataType, Field, Schema};
