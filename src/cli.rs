@@ -218,7 +218,11 @@ async fn watch(api: &Api, run: &str, execution: &str, interval: Duration) -> Res
                 }
                 return Ok(Outcome::Failed);
             }
-            ExecutionState::Extracting | ExecutionState::Paused | ExecutionState::Committing => {
+            // A staged execution waits for its next commit or abort, like one still extracting.
+            ExecutionState::Extracting
+            | ExecutionState::Paused
+            | ExecutionState::Committing
+            | ExecutionState::Staged => {
                 tokio::time::sleep(interval).await;
             }
         }

@@ -85,11 +85,40 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
             ));
         }
         let bytes = Bytes::from_request(req, state).await.map_err(body_rejection)?;
-        refuse_nul_characters(&bytes)?;
-        match axum::Json::<T>::from_bytes(&bytes) {
-            Ok(axum::Json(value)) => Ok(ApiJson(value)),
-            Err(rejection) => Err(Problem::invalid_request(rejection.body_text())),
+        json_value(&bytes).map(ApiJson)
+    }
+}
+
+/// [`ApiJson`] for a body a request may leave out: an empty body, with or without a content
+/// type, is `None`; any other body is read as [`ApiJson`] reads it.
+#[derive(Debug)]
+pub(crate) struct OptionalApiJson<T>(pub Option<T>);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OptionalApiJson<T> {
+    type Rejection = Problem;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let json_type = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(is_json);
+        let bytes = Bytes::from_request(req, state).await.map_err(body_rejection)?;
+        if bytes.is_empty() {
+            return Ok(OptionalApiJson(None));
         }
+        if !json_type {
+            return Err(Problem::new(
+                ErrorCode::UnsupportedMediaType,
+                "send the body as Content-Type: application/json, or send none",
+            ));
+        }
+        json_value(&bytes).map(|value| OptionalApiJson(Some(value)))
+    }
+}
+
+/// A JSON body's value, or the problem with it.
+fn json_value<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, Problem> {
+    refuse_nul_characters(bytes)?;
+    match axum::Json::<T>::from_bytes(bytes) {
+        Ok(axum::Json(value)) => Ok(value),
+        Err(rejection) => Err(Problem::invalid_request(rejection.body_text())),
     }
 }
 

@@ -9,7 +9,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::SharedState;
 use super::auth::{Caller, RunAccess};
-use super::error::{ApiJson, ApiPath, ApiQuery};
+use super::error::{ApiJson, ApiPath, ApiQuery, OptionalApiJson};
 use super::problems;
 use super::runs::load_run;
 use super::views::{ExecutionView, execution_view};
@@ -18,7 +18,7 @@ use crate::error::{ErrorCode, Problem};
 use crate::model::{ExecutionId, ExecutionKey, ExecutionState};
 use crate::pipeline::{Pipeline, Transitioning};
 use crate::principals::Action;
-use crate::publish::{AbortOutcome, CommitStart};
+use crate::publish::{AbortOutcome, CommitStart, CommitThrough};
 use crate::replica::{Owned, Ownership};
 use crate::store::{Event, ExecutionRecord, OpenExecution, RunRecord};
 
@@ -52,10 +52,28 @@ pub(crate) struct CheckpointResponse {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub(crate) struct CommitParams {
-    /// Wait for the terminal state and answer 200 with it. Closing the connection stops only
-    /// the waiting: the commit goes on.
+    /// Wait for the terminal state (or `staged`, when held) and answer 200 with it. Closing
+    /// the connection stops only the waiting: the commit goes on.
     #[serde(default)]
     pub(crate) wait: bool,
+    /// Stop at the barrier: stage every stream and record the priced plan, then stay `staged`
+    /// with nothing published. The same as the body's `hold`.
+    #[serde(default)]
+    pub(crate) hold: bool,
+}
+
+/// Optional body of `POST .../commit` (no body, or `{}`, commits through publication).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CommitRequest {
+    /// Stop at the barrier: stage every stream and record the priced plan (`plan` in the
+    /// execution), then stay `staged`, nothing published, until a commit without `hold`
+    /// publishes it as planned or `abort` deletes its staging tables. A held execution must
+    /// be committed within the pending-stream limit counted from its oldest stream
+    /// (`FILAMENT_PENDING_STREAM_MAX_AGE_SECS`, 23 h), else that commit fails with
+    /// `pending_stream_expired`. The same as the query parameter `hold=true`.
+    #[serde(default)]
+    pub(crate) hold: bool,
 }
 
 /// The run and the execution, or `invalid_identifier` / `not_found` (the run's first).
@@ -161,7 +179,7 @@ pub(crate) async fn open_execution(
             state.pipeline.cancel(&key);
             (StatusCode::OK, record)
         }
-        OpenExecution::Committing(record) => return Err(not_extracting(&record, "redeliver while committing")),
+        OpenExecution::Committing(record) => return Err(not_extracting(&record, "deliver it again")),
     };
     let started = Event::DeliveryStarted { delivery: record.delivery, replica: &state.replica.lease.owner };
     state.store.record_event(&record.delivery_ref(), None, started).await;
@@ -261,9 +279,10 @@ pub(crate) async fn pause_execution(
 #[utoipa::path(
     post, path = "/v1/runs/{run_id}/executions/{execution_id}/commit", tag = "executions", security(("bearer" = []), ("google_id_token" = [])),
     params(("run_id" = String, Path, description = "Run id"), ("execution_id" = String, Path, description = "Execution id"), CommitParams),
+    request_body(content = CommitRequest, description = "Optional; `{\"hold\": true}` stops at the barrier (`staged`)"),
     responses(
         (status = 202, description = "Committing (poll the execution)", body = ExecutionView),
-        (status = 200, description = "With `wait=true`, or already committed: the terminal execution", body = ExecutionView),
+        (status = 200, description = "With `wait=true`, or already committed (or staged, when held): the execution in that state", body = ExecutionView),
         problems::CommitProblems,
     )
 )]
@@ -272,11 +291,16 @@ pub(crate) async fn commit_execution(
     caller: Caller,
     ApiPath((run_id, execution_id)): ApiPath<(String, String)>,
     ApiQuery(params): ApiQuery<CommitParams>,
+    OptionalApiJson(request): OptionalApiJson<CommitRequest>,
 ) -> Result<(StatusCode, axum::Json<ExecutionView>), Problem> {
     caller.require(Action::Commit)?;
+    let hold = params.hold || request.is_some_and(|request| request.hold);
+    let through = if hold { CommitThrough::Barrier } else { CommitThrough::Publication };
     let (transitioning, run, execution) = begin_transition(&state, &caller, &run_id, &execution_id).await?;
     let max_age = state.settings.pending_stream_max_age;
-    let committing = match state.publisher.begin_commit(transitioning, run, execution, max_age).await? {
+    let lease = &state.replica.lease;
+    let started = state.publisher.begin_commit(transitioning, (run, execution), through, max_age, lease).await?;
+    let committing = match started {
         CommitStart::Started(committing) => committing,
         CommitStart::Current(current) => return already_committing(&state, *current, params.wait).await,
     };
@@ -309,23 +333,25 @@ async fn already_committing(
     wait: bool,
 ) -> Result<(StatusCode, axum::Json<ExecutionView>), Problem> {
     match current.state {
-        ExecutionState::Committed => Ok((StatusCode::OK, axum::Json(execution_view(&state.store, current).await?))),
+        ExecutionState::Committed | ExecutionState::Staged => {
+            Ok((StatusCode::OK, axum::Json(execution_view(&state.store, current).await?)))
+        }
         ExecutionState::Committing => {
             let record = if wait { wait_for_terminal(state, &current.key()).await? } else { current };
-            let status = if record.state.is_terminal() { StatusCode::OK } else { StatusCode::ACCEPTED };
+            let status = if record.state.is_resting() { StatusCode::OK } else { StatusCode::ACCEPTED };
             Ok((status, axum::Json(execution_view(&state.store, record).await?)))
         }
         _ => Err(not_extracting(&current, "commit")),
     }
 }
 
-/// Polls until another request's commit ends, for at most the publication job timeout (then
-/// the current record, still committing: answered 202).
+/// Polls until another request's commit ends (or holds, `staged`), for at most the publication
+/// job timeout (then the current record, still committing: answered 202).
 async fn wait_for_terminal(state: &SharedState, key: &ExecutionKey) -> Result<ExecutionRecord, Problem> {
     let deadline = tokio::time::Instant::now() + state.publisher.query_job_timeout;
     loop {
         let record = state.store.get_execution(key).await?.ok_or_else(|| Problem::not_found(key))?;
-        if record.state.is_terminal() || tokio::time::Instant::now() >= deadline {
+        if record.state.is_resting() || tokio::time::Instant::now() >= deadline {
             return Ok(record);
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;

@@ -175,6 +175,10 @@ pub(crate) struct PlanView {
     pub(crate) query_jobs: i32,
     /// Publications whose statement could not be dry-run (not counted in the totals).
     pub(crate) unpriced: usize,
+    /// On a `staged` execution whose plan is over the run's byte budgets: why a commit of it
+    /// would fail (`publication_too_expensive`, naming each table and its bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) over_budget: Option<String>,
     pub(crate) publications: Vec<PlannedPublicationView>,
 }
 
@@ -200,8 +204,30 @@ fn plan_view(rows: Vec<PlanRow>) -> Option<PlanView> {
         estimated_cost_usd: publication_plan::estimated_cost_usd(bytes_processed, price),
         query_jobs,
         unpriced,
+        over_budget: None,
         publications,
     })
+}
+
+/// A staged execution's plan, with why a commit of it would fail when it is over the run's
+/// budgets (judged as the commit judges it).
+async fn staged_plan(
+    store: &Store,
+    execution: &ExecutionRecord,
+    plan: Option<PlanView>,
+) -> Result<Option<PlanView>, Problem> {
+    let Some(mut plan) = plan else { return Ok(None) };
+    if execution.state != ExecutionState::Staged {
+        return Ok(Some(plan));
+    }
+    let Some(run) = store.get_run(&execution.run_id).await? else { return Ok(Some(plan)) };
+    let budgets = publication_plan::ByteBudgets {
+        per_publication: run.maximum_bytes_billed,
+        per_execution: run.maximum_bytes_billed_per_execution,
+    };
+    let priced: Vec<PricedPublication> = plan.publications.iter().map(|p| p.priced.clone()).collect();
+    plan.over_budget = publication_plan::over_budget(&priced, budgets);
+    Ok(Some(plan))
 }
 
 /// An execution.
@@ -217,6 +243,9 @@ pub(crate) struct ExecutionView {
     /// The priced plan of its commit, once the commit reached the barrier (absent before).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) plan: Option<PlanView>,
+    /// When a commit asked to hold staged this delivery (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) staged_at: Option<DateTime<Utc>>,
     pub(crate) created_at: DateTime<Utc>,
     pub(crate) updated_at: DateTime<Utc>,
 }
@@ -275,7 +304,7 @@ pub(crate) async fn execution_view(store: &Store, execution: ExecutionRecord) ->
     let resources = store.list_resources(&execution.run_id).await?;
     let progress: Vec<ResourceProgress> = store.resource_progress(&execution.delivery_ref()).await?;
     let publications = store.list_publications(&execution.key()).await?;
-    let plan = plan_view(store.list_plan(&execution.key()).await?);
+    let plan = staged_plan(store, &execution, plan_view(store.list_plan(&execution.key()).await?)).await?;
     let views = progress
         .into_iter()
         .map(|p| {
@@ -305,6 +334,7 @@ pub(crate) async fn execution_view(store: &Store, execution: ExecutionRecord) ->
         error: execution.error,
         resources: views,
         plan,
+        staged_at: execution.staged_at,
         created_at: execution.created_at,
         updated_at: execution.updated_at,
     })

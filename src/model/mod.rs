@@ -107,6 +107,8 @@ impl fmt::Display for WriteMode {
 }
 
 /// Lifecycle of an execution: `extracting -> paused -> committing -> committed | failed`;
+/// a commit asked to hold stops at `staged` (every stream committed to staging, the plan
+/// recorded, nothing published) until a second commit moves it back to `committing`;
 /// `aborted` from any non-terminal state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
@@ -115,6 +117,9 @@ pub(crate) enum ExecutionState {
     Extracting,
     Paused,
     Committing,
+    /// Staged and planned by a commit asked to hold; nothing published. Nothing of it lives in
+    /// a replica's memory, so no lease keeps it: any replica takes the next commit or abort.
+    Staged,
     Committed,
     Failed,
     Aborted,
@@ -126,10 +131,18 @@ impl ExecutionState {
     /// Where checkpoints, pause and commit may still act: extraction has not ended.
     pub(crate) const BEFORE_COMMIT: &'static [Self] = &[Self::Extracting, Self::Paused];
     /// Every state that has not ended: abort and failure move from these.
-    pub(crate) const OPEN: &'static [Self] = &[Self::Extracting, Self::Paused, Self::Committing];
+    pub(crate) const OPEN: &'static [Self] = &[Self::Extracting, Self::Paused, Self::Committing, Self::Staged];
+    /// The open states whose work lives in its replica's memory: the replica's lease keeps
+    /// them, and one whose lease lapsed is failed (`gateway_restarted`).
+    pub(crate) const LEASED: &'static [Self] = &[Self::Extracting, Self::Paused, Self::Committing];
 
     pub(crate) fn is_terminal(self) -> bool {
         matches!(self, ExecutionState::Committed | ExecutionState::Failed | ExecutionState::Aborted)
+    }
+
+    /// Where a commit rests: ended, or held at the barrier (`staged`) until the next request.
+    pub(crate) fn is_resting(self) -> bool {
+        self.is_terminal() || self == ExecutionState::Staged
     }
 
     pub(crate) fn as_str(self) -> &'static str {
@@ -137,6 +150,7 @@ impl ExecutionState {
             ExecutionState::Extracting => "extracting",
             ExecutionState::Paused => "paused",
             ExecutionState::Committing => "committing",
+            ExecutionState::Staged => "staged",
             ExecutionState::Committed => "committed",
             ExecutionState::Failed => "failed",
             ExecutionState::Aborted => "aborted",
@@ -184,7 +198,10 @@ impl DeliveryOutcome {
             ExecutionState::Committed => Self::Committed,
             ExecutionState::Failed => Self::Failed,
             ExecutionState::Aborted => Self::Aborted,
-            ExecutionState::Extracting | ExecutionState::Paused | ExecutionState::Committing => Self::Redelivered,
+            ExecutionState::Extracting
+            | ExecutionState::Paused
+            | ExecutionState::Committing
+            | ExecutionState::Staged => Self::Redelivered,
         }
     }
 }

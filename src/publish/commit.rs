@@ -16,12 +16,20 @@
 //!    query job under the adaptive publication limit.
 //! 4. **The end** ([`decide::publications_ended`]): staging tables deleted except those a job
 //!    may still read, and the delivery committed, or failed naming every failed resource.
+//!
+//! A commit asked to hold ([`CommitThrough::Barrier`]) stops at the barrier instead: what the
+//! next commit needs of each stream is recorded and the delivery moved to `staged`, nothing
+//! published, its staging tables kept (also when its plan is over the run's budgets: the
+//! `staged` event says so, and the next commit fails on it). The next commit, on any replica,
+//! takes the staged streams from the store (neither finalized nor committed again) and goes on
+//! from the plan, priced again against the destinations as they are then.
 
 use parking_lot::Mutex;
 
 use futures::StreamExt as _;
 
 use super::decide::{self, CommitVerdict};
+use super::lifecycle::CommitThrough;
 use super::plan::{self, DestinationPlan};
 use super::{Committing, Publisher};
 use crate::bigquery::error::Stage;
@@ -31,7 +39,7 @@ use crate::error::{ErrorCode, Problem};
 use crate::model::staging::WritePath;
 use crate::model::{DeliveryRef, ExecutionState};
 use crate::pipeline::{LaneDrain, LaneReport};
-use crate::store::{Event, ExecutionRecord, Publishing, RunRecord, StreamChange};
+use crate::store::{Event, ExecutionRecord, Publishing, RunRecord, StreamChange, StreamToKeep};
 use crate::telemetry::{self, PhaseTiming};
 
 /// How a commit that did not fail ended.
@@ -41,6 +49,17 @@ enum CommitEnd {
     /// The delivery stopped committing (an abort, or a lane that failed it) before the barrier:
     /// no destination changed, and the record that stopped it stands.
     StoppedBeforePublishing,
+    /// Held at the barrier, as asked: `staged`.
+    Held,
+}
+
+/// A lane's part in the staging phase.
+enum ToStage {
+    /// A lane (here, or a stream a replica that shut down handed over) whose stream is to be
+    /// finalized and committed once drained.
+    Draining(LaneDrain),
+    /// A stream an earlier, held commit of the delivery staged.
+    Staged(LaneReport),
 }
 
 /// The first failure of the staging phase, in time (the lanes it cancels fail after it, for
@@ -62,15 +81,16 @@ impl Publisher {
     /// Commits one delivery [`Self::begin_commit`] moved to `committing`. Any failure fails the
     /// execution with its problem; the terminal record is returned either way.
     pub(crate) async fn commit(&self, committing: Committing) -> Result<ExecutionRecord, Problem> {
-        let Committing { run, execution } = committing;
+        let Committing { run, execution, through } = committing;
         let run = &run;
         let delivery = execution.delivery_ref();
-        let result = self.commit_inner(run, &delivery, execution.completes_snapshot()).await;
+        let result = self.commit_inner(run, &execution, through).await;
         self.pipeline.forget(&delivery.execution, delivery.delivery);
         let ends_here = matches!(result, Ok(CommitEnd::Committed));
+        let held = matches!(result, Ok(CommitEnd::Held));
         let record = match result {
             Ok(CommitEnd::Committed) => self.store.mark_committed(&delivery).await?,
-            Ok(CommitEnd::StoppedBeforePublishing) => None,
+            Ok(CommitEnd::StoppedBeforePublishing | CommitEnd::Held) => None,
             Err(problem) => {
                 tracing::warn!(run_id = %run.run_id, execution_id = %execution.execution_id, code = %problem.code,
                     detail = %problem.detail, cause = problem.cause.as_deref(), "commit failed");
@@ -86,7 +106,9 @@ impl Publisher {
                 .await?
                 .ok_or_else(|| Problem::not_found(&delivery.execution))?,
         };
-        telemetry::execution_finished(record.state.as_str());
+        if !(held && record.state == ExecutionState::Staged) {
+            telemetry::execution_finished(record.state.as_str());
+        }
         if ends_here && record.state == ExecutionState::Committed {
             self.store.record_event(&delivery, None, Event::Ended { state: record.state }).await;
         }
@@ -96,14 +118,18 @@ impl Publisher {
     async fn commit_inner(
         &self,
         run: &RunRecord,
-        delivery: &DeliveryRef,
-        completes_snapshot: bool,
+        execution: &ExecutionRecord,
+        through: CommitThrough,
     ) -> Result<CommitEnd, Problem> {
-        let lanes = self.lanes_to_stage(delivery).await?;
+        let delivery = &execution.delivery_ref();
+        let lanes = match execution.staged_at {
+            Some(_) => self.staged_lanes(delivery).await?,
+            None => self.lanes_to_stage(delivery).await?,
+        };
         let declared = self.store.list_resources_by_declaration(&run.run_id).await?;
         let continuing = self.store.continuing_resources(&delivery.execution).await?;
         let completes_snapshot =
-            completes_snapshot && !self.store.snapshot_completed_elsewhere(&delivery.execution).await?;
+            execution.completes_snapshot() && !self.store.snapshot_completed_elsewhere(&delivery.execution).await?;
         let (mut reports, first_failure) = self.stage(run, delivery, lanes).await;
         reports.sort_by(|a, b| a.resource.cmp(&b.resource));
         let planned = match first_failure {
@@ -114,6 +140,15 @@ impl Publisher {
             Ok(plans) => self.price_within_budget(run, delivery, &plans).await.map(|_priced| plans),
             Err(problem) => Err(problem),
         };
+        if through == CommitThrough::Barrier {
+            match &planned {
+                Ok(_) => return self.hold(run, delivery, &reports, None).await,
+                Err(problem) if problem.code == ErrorCode::PublicationTooExpensive => {
+                    return self.hold(run, delivery, &reports, Some(&problem.detail)).await;
+                }
+                Err(_) => {}
+            }
+        }
         let plans = match planned {
             Ok(plans) => plans,
             Err(problem) => {
@@ -133,17 +168,52 @@ impl Publisher {
         self.end(run, decide::publications_ended(results)).await.map(|()| CommitEnd::Committed)
     }
 
+    /// Stops a commit asked to hold at the barrier: records what the next commit needs of each
+    /// stream and moves the delivery to `staged` (`over_budget`: why that commit would fail).
+    /// When an abort came first, the staging tables are deleted as for any stop.
+    async fn hold(
+        &self,
+        run: &RunRecord,
+        delivery: &DeliveryRef,
+        reports: &[LaneReport],
+        over_budget: Option<&str>,
+    ) -> Result<CommitEnd, Problem> {
+        let streams: Vec<StreamToKeep<'_>> = reports
+            .iter()
+            .map(|report| StreamToKeep {
+                resource: &report.resource,
+                rows_acknowledged: report.rows_acknowledged,
+                destination_columns: &report.destination_columns,
+            })
+            .collect();
+        if self.store.stage_delivery(delivery, &streams).await?.is_none() {
+            let staging_tables = self.staging_tables(delivery).await;
+            self.delete_staging_tables(run, staging_tables).await;
+            return Ok(CommitEnd::StoppedBeforePublishing);
+        }
+        self.store.record_event(delivery, None, Event::Staged { over_budget }).await;
+        tracing::info!(run_id = %run.run_id, execution_id = %delivery.execution_id(), streams = reports.len(),
+            over_budget = over_budget.is_some(), "execution.staged");
+        Ok(CommitEnd::Held)
+    }
+
     /// The delivery's lanes here, and the streams a replica that shut down handed over for
     /// resources without a lane here (already drained).
-    async fn lanes_to_stage(&self, delivery: &DeliveryRef) -> Result<Vec<LaneDrain>, Problem> {
+    async fn lanes_to_stage(&self, delivery: &DeliveryRef) -> Result<Vec<ToStage>, Problem> {
         let lanes = self.pipeline.drain_each(&delivery.execution, delivery.delivery);
         let handed_over = self.store.handed_over_streams(delivery).await?;
         let with_lane: std::collections::HashSet<_> = lanes.iter().map(|(resource, _)| resource.clone()).collect();
         let ready = handed_over.into_iter().filter(|stream| !with_lane.contains(&stream.resource)).map(|stream| {
             let report: LaneReport = stream.into();
-            Box::pin(std::future::ready(Ok(report))) as LaneDrain
+            ToStage::Draining(Box::pin(std::future::ready(Ok(report))))
         });
-        Ok(lanes.into_iter().map(|(_, drained)| drained).chain(ready).collect())
+        Ok(lanes.into_iter().map(|(_, drained)| ToStage::Draining(drained)).chain(ready).collect())
+    }
+
+    /// The streams a held commit of the delivery staged, as its next commit takes them.
+    async fn staged_lanes(&self, delivery: &DeliveryRef) -> Result<Vec<ToStage>, Problem> {
+        let streams = self.store.staged_streams(delivery).await?;
+        Ok(streams.into_iter().map(|staged| ToStage::Staged(staged.into())).collect())
     }
 
     /// Staging: awaits every lane, finalizing and committing each stream as soon as its lane
@@ -153,12 +223,16 @@ impl Publisher {
         &self,
         run: &RunRecord,
         delivery: &DeliveryRef,
-        lanes: Vec<LaneDrain>,
+        lanes: Vec<ToStage>,
     ) -> (Vec<LaneReport>, Option<Problem>) {
         let stream_commits = tokio::sync::Semaphore::new(self.max_concurrent_publications);
         let first_failure = FirstFailure::default();
-        let staged = lanes.into_iter().map(|drained| async {
+        let staged = lanes.into_iter().map(|lane| async {
             let staged = async {
+                let drained = match lane {
+                    ToStage::Draining(drained) => drained,
+                    ToStage::Staged(report) => return Ok(report),
+                };
                 let report = drained.await?;
                 let _slot = stream_commits.acquire().await.map_err(|_| Problem::internal("stream commits closed"))?;
                 self.commit_stream(run, delivery, &report).await?;

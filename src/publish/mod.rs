@@ -45,7 +45,7 @@ use crate::model::staging::WritePath;
 use crate::pipeline::Pipeline;
 use crate::store::{RunRecord, Store};
 pub(crate) use decide::PUBLICATION_RETRY;
-pub(crate) use lifecycle::{AbortOutcome, CommitStart, Committing};
+pub(crate) use lifecycle::{AbortOutcome, CommitStart, CommitThrough, Committing};
 
 /// Runs commits. Cheap to clone.
 #[derive(Debug, Clone)]

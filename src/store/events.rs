@@ -56,6 +56,9 @@ pub(crate) enum EventKind {
     /// `statement`, `bytes_processed`, `estimated_cost_usd`, `query_jobs`, and `unpriced` when
     /// the statement could not be dry-run).
     Planned,
+    /// A commit asked to hold stopped at the barrier: every stream staged, the plan recorded,
+    /// nothing published (`over_budget` names why a commit of it would fail, when it would).
+    Staged,
     /// A destination's publication job (one attempt) was submitted (`job_id`).
     PublicationStarted,
     /// A destination's publication job ended (`job_id`, `duration_ms`, `rows_affected`,
@@ -99,6 +102,7 @@ impl EventKind {
             EventKind::CommitStarted => "commit_started",
             EventKind::StreamCommitted => "stream_committed",
             EventKind::Planned => "planned",
+            EventKind::Staged => "staged",
             EventKind::PublicationStarted => "publication_started",
             EventKind::PublicationFinished => "publication_finished",
             EventKind::PublicationFailed => "publication_failed",
@@ -133,6 +137,9 @@ pub(crate) enum Event<'a> {
         priced: &'a PricedPublication,
         price_per_tib_usd: f64,
     },
+    Staged {
+        over_budget: Option<&'a str>,
+    },
     PublicationStarted {
         job_id: &'a str,
     },
@@ -165,6 +172,7 @@ impl Event<'_> {
             Event::Paused => EventKind::Paused,
             Event::CommitStarted => EventKind::CommitStarted,
             Event::Planned { .. } => EventKind::Planned,
+            Event::Staged { .. } => EventKind::Staged,
             Event::PublicationStarted { .. } => EventKind::PublicationStarted,
             Event::PublicationFinished { .. } => EventKind::PublicationFinished,
             Event::PublicationFailed { .. } => EventKind::PublicationFailed,
@@ -186,6 +194,7 @@ impl Event<'_> {
             Event::Planned { priced, price_per_tib_usd } => json!({"path": priced.path, "statement": priced.statement,
                 "bytes_processed": priced.bytes_processed, "query_jobs": priced.query_jobs, "unpriced": priced.unpriced,
                 "estimated_cost_usd": priced.bytes_processed.map(|bytes| estimated_cost_usd(bytes, *price_per_tib_usd))}),
+            Event::Staged { over_budget } => json!({"over_budget": over_budget}),
             Event::PublicationStarted { job_id } => json!({"job_id": job_id}),
             Event::PublicationFinished { job_id, duration_ms, rows_affected, bytes_billed } => json!({"job_id": job_id,
                 "duration_ms": duration_ms, "rows_affected": rows_affected, "bytes_billed": bytes_billed}),

@@ -32,6 +32,9 @@ pub(crate) struct ExecutionRecord {
     /// When the delivery was paused: a segment the run resumes later, not the one that
     /// completes its snapshot.
     pub(crate) paused_at: Option<DateTime<Utc>>,
+    /// When a commit asked to hold staged the delivery (`staged`, and kept once its second
+    /// commit began).
+    pub(crate) staged_at: Option<DateTime<Utc>>,
     /// The replica whose memory holds the open delivery's uploads.
     pub(crate) owner: Option<String>,
     pub(crate) lease_expires_at: Option<DateTime<Utc>>,
@@ -83,7 +86,7 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
-    fn seconds(&self) -> f64 {
+    pub(super) fn seconds(&self) -> f64 {
         self.duration.as_secs_f64()
     }
 }
@@ -94,7 +97,8 @@ pub(crate) enum OpenExecution {
     Created(ExecutionRecord),
     /// The execution existed: a new delivery started.
     Redelivered(ExecutionRecord),
-    /// The execution is committing; a redelivery now would race the publication.
+    /// The execution is committing (a redelivery now would race the publication) or staged
+    /// (its next commit publishes what it staged; abort it first to deliver it again).
     Committing(ExecutionRecord),
 }
 
@@ -142,7 +146,7 @@ impl Store {
                     .await?;
                 OpenExecution::Created(record)
             }
-            Some(current) if current.state == ExecutionState::Committing => {
+            Some(current) if matches!(current.state, ExecutionState::Committing | ExecutionState::Staged) => {
                 tx.rollback().await?;
                 return Ok(OpenExecution::Committing(current));
             }
@@ -157,7 +161,7 @@ impl Store {
                 .await?;
                 let sql = format!(
                     "UPDATE executions SET delivery = delivery + 1, state = $6, error = NULL,
-                            publishing_at = NULL, paused_at = NULL, finished_at = NULL, updated_at = now(),
+                            publishing_at = NULL, paused_at = NULL, staged_at = NULL, finished_at = NULL, updated_at = now(),
                             owner = $3, lease_expires_at = now() + $4 * interval '1 second',
                             owner_url = $5, handed_over = false
                      WHERE {EXECUTION_KEY} RETURNING *"
@@ -385,7 +389,7 @@ impl Store {
         )
         .bind(&lease.owner)
         .bind(lease.seconds())
-        .bind(state_names(ExecutionState::OPEN))
+        .bind(state_names(ExecutionState::LEASED))
         .execute(&self.pool)
         .await?;
         Ok(renewed.rows_affected())
@@ -407,7 +411,7 @@ impl Store {
              {RECORD_FAILED_END}"
         ))
         .bind(problem_json(problem)?)
-        .bind(state_names(ExecutionState::OPEN))
+        .bind(state_names(ExecutionState::LEASED))
         .bind(owner)
         .bind(ExecutionState::Failed)
         .execute(&self.pool)

@@ -1,6 +1,6 @@
 //! The only module that talks to Postgres (sqlx, runtime-checked queries). It persists runs,
 //! resources, executions and their deliveries, batch receipts, checkpoints, staging streams,
-//! publications and their priced plans; the API and the publisher read and write durable state through [`Store`].
+//! publications and their priced plans, and what a held commit staged; the API and the publisher read and write durable state through [`Store`].
 //!
 //! Conditional updates (`... WHERE state = ANY(...)`, the state sets bound from
 //! [`ExecutionState`](crate::model::ExecutionState)) make state transitions safe against
@@ -18,6 +18,7 @@ mod publications;
 mod publishing;
 mod run_list;
 mod runs;
+mod staged;
 
 pub(crate) use batches::{HandedOverStream, InsertBatch, NewBatch, ReceiptRecord};
 pub(crate) use events::{BACKPRESSURE_EVENT_MIN_MS, Event, EventKind, EventRecord, StreamChange};
@@ -27,6 +28,7 @@ pub(crate) use publications::{NewPublication, PublicationEnd, PublicationRecord}
 pub(crate) use publishing::Publishing;
 pub(crate) use run_list::{RunListCursor, RunListQuery, RunListRow};
 pub(crate) use runs::{NewRun, ResourceRecord, ResourceUpsert, RunRecord};
+pub(crate) use staged::StreamToKeep;
 
 use std::time::Duration;
 

@@ -108,6 +108,21 @@ def test_the_commit_shows_its_priced_plan_and_the_run_its_byte_budgets(client: C
     assert count_and_sum(dataset, "public_users") == (50, sum(range(50)))
 
 
+def test_a_held_commit_shows_its_plan_and_publishes_on_the_next_commit(client: Client, dataset: str) -> None:
+    run = client.create_run(project=PROJECT, dataset=dataset, run_id=f"held_{uuid.uuid4().hex[:8]}")
+    run.declare("public.users", write_mode="full_append")
+    ex = run.execution()
+    ex.write("public.users", users(0, 30))
+    staged = ex.commit(hold=True)
+    assert staged["state"] == "staged" and "staged_at" in staged and ex.result is None
+    plan = staged.get("plan")
+    assert plan is not None and [p["table"] for p in plan["publications"]] == ["public_users"]
+    assert count_and_sum(dataset, "public_users") == (0, 0)
+    committed = ex.commit()
+    assert committed["state"] == "committed" and ex.result is not None
+    assert count_and_sum(dataset, "public_users") == (30, sum(range(30)))
+
+
 def test_geography_range_interval_and_flexible_names_load_through_the_client(client: Client, dataset: str) -> None:
     run = client.create_run(project=PROJECT, dataset=dataset)
     run.declare("places", write_mode="incremental_upsert", primary_key=["first name"])

@@ -17,10 +17,11 @@ use crate::store::EventRecord;
 pub(crate) const REFRESH_SECS: u32 = 3;
 
 /// The states the runs list filters by, in lifecycle order.
-const STATES: [ExecutionState; 6] = [
+const STATES: [ExecutionState; 7] = [
     ExecutionState::Extracting,
     ExecutionState::Paused,
     ExecutionState::Committing,
+    ExecutionState::Staged,
     ExecutionState::Committed,
     ExecutionState::Failed,
     ExecutionState::Aborted,

@@ -332,3 +332,29 @@ async fn a_direct_append_handed_over_at_sigterm_goes_on_in_the_same_stream() {
     assert_eq!(publication["committed_streams"][0].as_str(), Some(handed_over[0].1.as_str()), "{publication}");
     assert_eq!(count_rows_and_ids(&b, "t").await, (60, 60));
 }
+
+/// A held (`staged`) execution lives in Postgres and BigQuery only: killing the replica that
+/// staged it fails nothing, and another replica publishes one and aborts another.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_execution_outlives_its_replica_and_another_publishes_or_aborts_it() {
+    let mut a = first_replica().await;
+    let b = replica_of(&a).await;
+    TestRun::new("r", "kept").full_append(&["t"]).open(&a).await;
+    a.post_accepted("r", "kept", "t", Some(0), ipc_stream(&[ids(0..40)])).await;
+    a.open_new_execution("r", "dropped").await;
+    a.post_accepted("r", "dropped", "t", Some(0), ipc_stream(&[ids(100..110)])).await;
+    for execution in ["kept", "dropped"] {
+        crate::publish::held::hold(&a, "r", execution).await;
+    }
+    a.kill();
+    outlive_current_leases(&a.database_url, Duration::from_secs(LEASE_SECS.parse().unwrap())).await;
+    for execution in ["kept", "dropped"] {
+        let (_, seen) = b.json(Method::GET, &format!("/v1/runs/r/executions/{execution}"), None).await;
+        assert_eq!(seen["state"], "staged", "{seen}");
+    }
+    let (status, aborted) = b.json(Method::POST, "/v1/runs/r/executions/dropped/abort", None).await;
+    assert_eq!((status, aborted["state"].as_str()), (StatusCode::OK, Some("aborted")), "{aborted}");
+    let committed = b.commit_and_wait("r", "kept").await;
+    assert_eq!(committed["state"], "committed", "{committed}");
+    assert_eq!(count_rows_and_ids(&b, "t").await, (40, 40), "the kept rows once, none of the aborted");
+}

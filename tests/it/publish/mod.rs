@@ -2,6 +2,7 @@
 
 mod commit_order;
 mod direct_append;
+pub(crate) mod held;
 mod plan;
 mod publication;
 mod publication_cost;

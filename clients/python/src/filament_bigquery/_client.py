@@ -806,9 +806,13 @@ class Execution:
         self.result = self.view
         return self.view
 
-    def commit(self, wait: bool = True, timeout: Optional[float] = None) -> ExecutionView:
+    def commit(self, wait: bool = True, timeout: Optional[float] = None, hold: bool = False) -> ExecutionView:
         """Commits: with `wait`, returns the terminal execution (also as `result`) and raises
         `ExecutionFailed` when it failed; without, returns the `committing` view.
+
+        With `hold`, the commit stops at the barrier: every stream staged and the priced plan
+        recorded (the view's `plan`), nothing published, the execution `staged` (what `wait`
+        returns then). A later `commit()` publishes it as planned; `abort()` discards it.
 
         Once asked, a commit runs to its end at the gateway: a wait that ends early (the
         answer lost, the read timed out) is retried on this execution id, and past `timeout`
@@ -817,21 +821,21 @@ class Execution:
         self.flush()
         timeout = timeout if timeout is not None else self.run.client.commit_timeout
         deadline = time.monotonic() + timeout
-        params = {"wait": "true"} if wait else None
+        params = self._commit_params(wait, hold)
         try:
             view = cast(
                 ExecutionView,
-                self._transport.json("POST", f"{self._path}/commit", params=params, timeout=timeout),
+                self._transport.json("POST", f"{self._path}/commit", params=params or None, timeout=timeout),
             )
         except GatewayUnreachable:
             view = self.get()
         except Conflict as conflict:
-            # A retried commit may find the execution committing or already finished.
+            # A retried commit may find the execution committing, staged or already finished.
             view = self.get()
-            if view["state"] not in ("committing", "committed", "failed"):
+            if view["state"] not in ("committing", "staged", "committed", "failed"):
                 raise conflict
         if wait:
-            view = self._wait_terminal(view, deadline)
+            view = self._wait_terminal(view, deadline, hold)
         self.view = view
         if view["state"] in TERMINAL_STATES:
             self.result = view
@@ -839,17 +843,26 @@ class Execution:
             raise ExecutionFailed(cast(dict[str, Any], view))
         return view
 
-    def _wait_terminal(self, view: ExecutionView, deadline: float) -> ExecutionView:
+    @staticmethod
+    def _commit_params(wait: bool, hold: bool) -> dict[str, str]:
+        params = {"wait": "true"} if wait else {}
+        if hold:
+            params["hold"] = "true"
+        return params
+
+    def _wait_terminal(self, view: ExecutionView, deadline: float, hold: bool = False) -> ExecutionView:
         pause = 0.2
-        while view["state"] not in TERMINAL_STATES:
+        while view["state"] not in TERMINAL_STATES and not (hold and view["state"] == "staged"):
             if time.monotonic() > deadline:
                 raise CommitStillRunning(self.run_id, self.execution_id, view["state"])
-            if view["state"] in ("extracting", "paused"):
+            if view["state"] in ("extracting", "paused", "staged"):
                 # The commit request never arrived (its connection failed): send it again.
                 remaining = max(1.0, deadline - time.monotonic())
                 view = cast(
                     ExecutionView,
-                    self._transport.json("POST", f"{self._path}/commit", params={"wait": "true"}, timeout=remaining),
+                    self._transport.json(
+                        "POST", f"{self._path}/commit", params=self._commit_params(True, hold), timeout=remaining
+                    ),
                 )
                 continue
             time.sleep(pause)

@@ -18,7 +18,7 @@ WriteMode = Literal[
 MetadataColumn = Literal["loaded_at", "run_id", "execution_id"]
 """A load metadata column the publication sets: `_filament_loaded_at`, `_filament_run_id`,
 `_filament_execution_id`."""
-ExecutionState = Literal["extracting", "paused", "committing", "committed", "failed", "aborted"]
+ExecutionState = Literal["extracting", "paused", "committing", "staged", "committed", "failed", "aborted"]
 TERMINAL_STATES = ("committed", "failed", "aborted")
 
 
@@ -83,6 +83,8 @@ class PlanView(TypedDict):
     query_jobs: int
     unpriced: int
     publications: List[PlannedPublicationView]
+    over_budget: NotRequired[str]
+    """On a `staged` execution over the run's byte budgets: why its commit would fail."""
 
 
 class ExecutionView(TypedDict):
@@ -95,6 +97,8 @@ class ExecutionView(TypedDict):
     updated_at: str
     error: NotRequired[Optional[Problem]]
     plan: NotRequired[Optional[PlanView]]
+    staged_at: NotRequired[str]
+    """When a commit asked to hold staged it (`commit(hold=True)`)."""
 
 
 class ResourceView(TypedDict):
