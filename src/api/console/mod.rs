@@ -8,6 +8,7 @@
 //! a session.
 
 pub(crate) mod pages;
+mod phases;
 pub(crate) mod session;
 
 use std::net::SocketAddr;

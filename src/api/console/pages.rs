@@ -240,6 +240,7 @@ pub(super) fn execution(principal: &str, view: &ExecutionView, events: &[EventRe
             tbody { @for resource in &view.resources { (resource_row(resource, events, jobs)) } }
         }
         @if let Some(plan) = &view.plan { (plan_section(plan)) }
+        (super::phases::phase_chart(events, view.delivery, view.plan.as_ref()))
         h2 { "Timeline" }
         (timeline(events))
     };

@@ -100,6 +100,15 @@ async fn a_signed_in_browser_sees_committed_and_failed_runs_and_is_refused_after
         gw.json(Method::GET, "/v1/runs/console-ok/executions/e", None).await.1["plan"]["publications"][0].clone();
     assert_eq!(browser.text("#plan tr[data-resource='t'] .statement").await, planned["statement"].as_str().unwrap());
     assert_eq!(browser.text("#plan tr[data-resource='t'] .bytes").await, planned["bytes_processed"].to_string());
+    // Each phase of the resource as a bar on one time axis, the plan's figures beside it.
+    let bars = browser.client.find_all(Locator::Css("#phases g[data-resource='t'] rect.phase")).await.unwrap();
+    let mut phases = Vec::new();
+    for bar in bars {
+        phases.push(bar.attr("data-phase").await.unwrap().unwrap_or_default());
+    }
+    assert_eq!(phases, ["set-up", "upload", "stream commit", "plan", "publication"]);
+    let figures = browser.text("#phases g[data-resource='t'] .plan-figures").await;
+    assert_eq!(figures, format!("t · {} B · $0.000000", planned["bytes_processed"]));
     browser.screenshot("committed-execution").await;
 
     browser.goto(&gw.url("/ui/runs/console-ok")).await;
