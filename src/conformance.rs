@@ -62,7 +62,8 @@ pub struct TableBody {
 #[derive(Debug, Clone)]
 pub struct Statement {
     /// Which path of the generator made it (`merge`, `insert`, `replace`, `truncate`, and for
-    /// `delete_missing` `snapshot_completion` and `delete_missing`, and `history`).
+    /// `delete_missing` `snapshot_completion` and `delete_missing`, and `history`; `atomic` for
+    /// an atomic execution's transaction over several tables).
     pub shape: &'static str,
     pub sql: String,
     /// A script of several statements (`full_replace`'s transaction).
@@ -77,6 +78,14 @@ pub struct Shaped {
     /// Every statement the write mode can publish with: for `full_replace` its first segment
     /// (the transaction), a later segment and an empty replacement.
     pub statements: Vec<Statement>,
+}
+
+/// The script an atomic execution whose resources publish `publications` (in this order)
+/// would submit: one multi-statement transaction over all their tables
+/// ([`sql::atomic_script`]).
+pub fn atomic(publications: &[&Statement]) -> Statement {
+    let sql = sql::atomic_script(publications.iter().map(|statement| statement.sql.as_str()));
+    Statement { shape: "atomic", sql, script: true }
 }
 
 /// The staging table of every case (the real name's hash makes it unique per delivery).

@@ -261,6 +261,24 @@ fn replace(p: &Publication<'_>) -> String {
     )
 }
 
+/// The script of an atomic execution's publication (issue 58 item 4): every statement in
+/// order inside one multi-statement transaction, so BigQuery applies all or none of them. A
+/// statement that is a transaction of its own (`full_replace`'s) contributes its body:
+/// transactions do not nest.
+pub(crate) fn atomic_script<'a>(statements: impl IntoIterator<Item = &'a str>) -> String {
+    let mut script = String::from("BEGIN TRANSACTION;\n");
+    for statement in statements {
+        let body = statement
+            .strip_prefix("BEGIN TRANSACTION;\n")
+            .and_then(|inner| inner.strip_suffix("\nCOMMIT TRANSACTION;"))
+            .unwrap_or(statement);
+        script.push_str(body.trim_end_matches(';'));
+        script.push_str(";\n");
+    }
+    script.push_str("COMMIT TRANSACTION;");
+    script
+}
+
 /// A key column as the fold groups it: converted to its destination type, and under the
 /// destination's collation where it has one (a key `'A'` and a later `'a'` are one key to an
 /// `und:ci` column, so only the later row may reach the MERGE).

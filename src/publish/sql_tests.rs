@@ -353,3 +353,16 @@ fn quoting_escapes_what_validation_should_have_rejected() {
     let sql = statement(WriteMode::FullAppend, &hostile, &[], false);
     assert!(sql.contains("`x\\`; DROP TABLE t; --`"), "{sql}");
 }
+
+#[test]
+fn an_atomic_script_holds_every_statement_in_one_transaction() {
+    let key = ["id".to_string()];
+    let replace = statement(WriteMode::FullReplace, &columns(), &[], true);
+    let merge = statement(WriteMode::IncrementalUpsert, &columns(), &key, false);
+    let script = atomic_script([replace.as_str(), merge.as_str()]);
+    assert_eq!(script.matches("BEGIN TRANSACTION;").count(), 1, "{script}");
+    assert_eq!(script.matches("COMMIT TRANSACTION;").count(), 1, "{script}");
+    assert!(script.starts_with("BEGIN TRANSACTION;\nTRUNCATE TABLE") && script.ends_with(";\nCOMMIT TRANSACTION;"));
+    assert!(script.find("TRUNCATE").unwrap() < script.find("MERGE").unwrap(), "in order: {script}");
+    insta::assert_snapshot!("atomic_replace_then_merge", script);
+}

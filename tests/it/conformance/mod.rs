@@ -1,5 +1,6 @@
 //! Judged by Google's artifacts: the GoogleSQL analyzer, the discovery document, live BigQuery (opt-in).
 
+mod atomic_scripts;
 mod case_builder;
 mod generated;
 mod googlesql;
