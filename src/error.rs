@@ -82,6 +82,7 @@ error_codes! {
     PublicationInProgress => "publication_in_progress", CONFLICT, "Publication in progress";
     RunConflict => "run_conflict", CONFLICT, "Run already exists with another definition";
     ResourceConflict => "resource_conflict", CONFLICT, "Resource conflicts with its declaration";
+    AtomicPublicationUnsupported => "atomic_publication_unsupported", CONFLICT, "Atomic publication cannot hold these resources";
     BatchConflict => "batch_conflict", CONFLICT, "Batch sequence number reused with other content";
     Backpressure => "backpressure", TOO_MANY_REQUESTS, "Upload budget full";
     PrincipalLimit => "principal_limit", TOO_MANY_REQUESTS, "The principal's share is in use";

@@ -28,6 +28,12 @@ use crate::store::{Event, ExecutionRecord, OpenExecution, RunRecord};
 pub(crate) struct OpenExecutionRequest {
     /// `[A-Za-z0-9_-]{1,64}`; generated when absent. An existing id starts a new delivery.
     pub(crate) execution_id: Option<String>,
+    /// Publish every destination in one multi-statement transaction (all tables change or
+    /// none); default: the run's `atomic`. Fixed when the execution is first opened (a new
+    /// delivery keeps it). Refused with `atomic_publication_unsupported` when the run's
+    /// resources do not fit one transaction (more than 100 tables, `direct_append`,
+    /// `widen_columns`).
+    pub(crate) atomic: Option<bool>,
 }
 
 /// Body of `POST .../checkpoints`.
@@ -150,9 +156,16 @@ pub(crate) async fn open_execution(
         Some(id) => ExecutionId::parse(id)?,
         None => ExecutionId::generate(),
     };
+    let atomic_wanted = request.atomic.unwrap_or(run.atomic);
     let key = ExecutionKey { run_id: run.run_id, execution_id };
     // Hold the current delivery's gate so no batch is half-accepted while the delivery changes.
     let previous = state.store.get_execution(&key).await?;
+    if previous.as_ref().map_or(atomic_wanted, |previous| previous.atomic) {
+        let resources = state.store.list_resources(&key.run_id).await?;
+        if let Some(problem) = crate::publish::atomic::refusal(&resources) {
+            return Err(problem);
+        }
+    }
     // Another live replica holds the open delivery's uploads: it alone can cancel them. An
     // owner whose lease lapsed has its execution failed, and the redelivery goes ahead; a
     // handed-over one is simply delivered again here.
@@ -171,7 +184,7 @@ pub(crate) async fn open_execution(
         Some(lanes) => Some(lanes.begin_transition().await),
         None => None,
     };
-    let (status, record) = match state.store.open_execution(&key, &state.replica.lease).await? {
+    let (status, record) = match state.store.open_execution(&key, &state.replica.lease, atomic_wanted).await? {
         OpenExecution::Created(record) => (StatusCode::CREATED, record),
         OpenExecution::Redelivered(record) => {
             // The previous delivery's uploads are abandoned: their pending streams are never
@@ -279,7 +292,7 @@ pub(crate) async fn pause_execution(
 #[utoipa::path(
     post, path = "/v1/runs/{run_id}/executions/{execution_id}/commit", tag = "executions", security(("bearer" = []), ("google_id_token" = [])),
     params(("run_id" = String, Path, description = "Run id"), ("execution_id" = String, Path, description = "Execution id"), CommitParams),
-    request_body(content = CommitRequest, description = "Optional; `{\"hold\": true}` stops at the barrier (`staged`)"),
+    request_body(content = Option<CommitRequest>, description = "Optional; `{\"hold\": true}` stops at the barrier (`staged`)"),
     responses(
         (status = 202, description = "Committing (poll the execution)", body = ExecutionView),
         (status = 200, description = "With `wait=true`, or already committed (or staged, when held): the execution in that state", body = ExecutionView),

@@ -165,7 +165,32 @@ pub(crate) fn openapi() -> utoipa::openapi::OpenApi {
         .merge(operations_routes())
         .into_openapi();
     schema_bounds::apply(&mut document);
-    document
+    plain_optional_bodies(document)
+}
+
+/// An optional request body (`Option<T>` in a handler's `request_body`) is generated as
+/// `oneOf: [null, T]`, which client generators mishandle (openapi-python-client serialises its
+/// unset value); not `required` already says it may be left out, so its schema becomes `T`.
+fn plain_optional_bodies(document: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+    let Ok(mut value) = serde_json::to_value(&document) else { return document };
+    let bodies = value["paths"].as_object_mut().into_iter().flat_map(|paths| paths.values_mut());
+    for body in bodies.flat_map(|item| item.as_object_mut().into_iter().flat_map(|ops| ops.values_mut())) {
+        let Some(request_body) = body.get_mut("requestBody") else { continue };
+        if request_body.get("required").and_then(serde_json::Value::as_bool) == Some(true) {
+            continue;
+        }
+        for media in request_body["content"].as_object_mut().into_iter().flat_map(|content| content.values_mut()) {
+            let schema = &mut media["schema"];
+            let Some(choices) = schema.get("oneOf").and_then(serde_json::Value::as_array) else { continue };
+            let not_null: Vec<&serde_json::Value> = choices.iter().filter(|c| c["type"] != "null").collect();
+            if let [only] = not_null[..]
+                && not_null.len() + 1 == choices.len()
+            {
+                *schema = only.clone();
+            }
+        }
+    }
+    serde_json::from_value(value).unwrap_or(document)
 }
 
 /// The OpenAPI document as the checked-in `openapi/openapi.json` holds it.

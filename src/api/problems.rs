@@ -95,6 +95,7 @@ problems! {
         RUN_ROUTE,
         &[
             ResourceConflict,
+            AtomicPublicationUnsupported,
             PrimaryKeyRequired,
             InvalidPrimaryKey,
             InvalidOrderBy,
@@ -108,8 +109,12 @@ problems! {
         ],
     ];
     /// `POST /v1/runs/{run_id}/executions`.
-    OpenExecutionProblems =
-        [EVERY_ROUTE, JSON_BODY, RUN_ROUTE, &[ExecutionOwnedElsewhere, ReplicaDraining, ExecutionNotExtracting]];
+    OpenExecutionProblems = [
+        EVERY_ROUTE,
+        JSON_BODY,
+        RUN_ROUTE,
+        &[ExecutionOwnedElsewhere, ReplicaDraining, ExecutionNotExtracting, AtomicPublicationUnsupported],
+    ];
     /// `GET /v1/runs/{run_id}/executions/{execution_id}`.
     GetExecutionProblems = [EVERY_ROUTE, RUN_ROUTE];
     /// `GET .../events`.
@@ -121,8 +126,9 @@ problems! {
     /// `POST .../commit`.
     CommitProblems = [
         EVERY_ROUTE,
+        JSON_BODY,
         EXECUTION_ROUTE,
-        &[InvalidRequest, ExecutionNotExtracting, PendingStreamExpired],
+        &[ExecutionNotExtracting, PendingStreamExpired],
     ];
     /// `POST .../abort`.
     AbortProblems = [EVERY_ROUTE, EXECUTION_ROUTE, &[ExecutionNotExtracting, PublicationInProgress]];

@@ -44,6 +44,12 @@ pub(crate) struct CreateRunRequest {
     /// job; nothing is published and its staging tables are deleted. A publication BigQuery
     /// cannot dry-run counts as over this budget.
     pub(crate) maximum_bytes_billed_per_execution: Option<i64>,
+    /// Publish every destination of each execution in one multi-statement transaction (one
+    /// query job: all tables change or none), instead of one job per table. The run's resources
+    /// must then fit one transaction: at most 100 destination tables, no `direct_append` and
+    /// no `widen_columns` (`atomic_publication_unsupported` at the declaration that breaks it).
+    /// An execution may choose otherwise when it opens. Default false (docs/write-modes.md).
+    pub(crate) atomic: Option<bool>,
 }
 
 /// Body of `PUT /v1/runs/{run_id}/resources/{resource}`.
@@ -163,6 +169,10 @@ pub(crate) async fn create_run(
     if let Some(bytes) = request.maximum_bytes_billed_per_execution {
         definition["maximum_bytes_billed_per_execution"] = serde_json::json!(bytes);
     }
+    let atomic = request.atomic.unwrap_or(false);
+    if atomic {
+        definition["atomic"] = serde_json::json!(true);
+    }
     let definition_sha256 = hex::encode(Sha256::digest(definition.to_string().as_bytes()));
     let (run, created) = state
         .store
@@ -173,6 +183,7 @@ pub(crate) async fn create_run(
             job_project: request.job_project,
             maximum_bytes_billed: request.maximum_bytes_billed,
             maximum_bytes_billed_per_execution: request.maximum_bytes_billed_per_execution,
+            atomic,
             definition_sha256: definition_sha256.clone(),
             principal: caller.name().to_string(),
         })
@@ -211,6 +222,25 @@ pub(crate) async fn get_run(
     caller.require_read()?;
     let run = load_run(&state, &caller, &run_id, RunAccess::Read).await?;
     Ok(axum::Json(run_view(&state.store, run).await?))
+}
+
+/// 409 `atomic_publication_unsupported` when `declared` would leave the resources of an
+/// atomic run (or of a run with an atomic execution open) beyond one transaction.
+async fn refuse_what_atomic_publication_cannot_hold(
+    state: &SharedState,
+    run: &RunRecord,
+    declared: &ResourceRecord,
+) -> Result<(), Problem> {
+    if !run.atomic && !state.store.has_open_atomic_execution(&run.run_id).await? {
+        return Ok(());
+    }
+    let mut resources = state.store.list_resources(&run.run_id).await?;
+    resources.retain(|resource| resource.resource != declared.resource);
+    resources.push(declared.clone());
+    match crate::publish::atomic::refusal(&resources) {
+        Some(problem) => Err(problem),
+        None => Ok(()),
+    }
 }
 
 fn validate_primary_key(write_mode: WriteMode, primary_key: &[String]) -> Result<(), Problem> {
@@ -293,6 +323,7 @@ pub(crate) async fn put_resource(
         write_options,
         layout_mismatch: None,
     };
+    refuse_what_atomic_publication_cannot_hold(&state, &run, &declared).await?;
     match state.store.upsert_resource(&run.run_id, &declared).await? {
         ResourceUpsert::Stored(stored) => Ok(axum::Json(stored.into())),
         ResourceUpsert::Conflict(current) => Err(Problem::new(

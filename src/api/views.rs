@@ -92,6 +92,10 @@ pub(crate) struct RunView {
     /// Most bytes every publication of one execution may process together, when limited.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) maximum_bytes_billed_per_execution: Option<i64>,
+    /// Its executions publish every destination in one transaction (unless one opened with
+    /// `atomic: false`).
+    #[serde(default)]
+    pub(crate) atomic: bool,
     /// The principal that created the run.
     #[schema(example = "acme-orders")]
     pub(crate) principal: String,
@@ -238,6 +242,9 @@ pub(crate) struct ExecutionView {
     /// Current delivery (1 for the first POST, +1 for each redelivery).
     pub(crate) delivery: i32,
     pub(crate) state: ExecutionState,
+    /// Every destination is published in one multi-statement transaction.
+    #[serde(default)]
+    pub(crate) atomic: bool,
     pub(crate) error: Option<Problem>,
     pub(crate) resources: Vec<ExecutionResourceView>,
     /// The priced plan of its commit, once the commit reached the barrier (absent before).
@@ -288,6 +295,7 @@ pub(crate) async fn run_view(store: &Store, run: RunRecord) -> Result<RunView, P
         job_project: run.job_project,
         maximum_bytes_billed: run.maximum_bytes_billed,
         maximum_bytes_billed_per_execution: run.maximum_bytes_billed_per_execution,
+        atomic: run.atomic,
         principal: run.principal,
         resources: resources.into_iter().map(ResourceView::from).collect(),
         executions: executions
@@ -331,6 +339,7 @@ pub(crate) async fn execution_view(store: &Store, execution: ExecutionRecord) ->
         execution_id: execution.execution_id.into(),
         delivery: execution.delivery,
         state: execution.state,
+        atomic: execution.atomic,
         error: execution.error,
         resources: views,
         plan,

@@ -92,12 +92,15 @@ impl BigQueryError {
     }
 
     /// A query job that failed for a passing reason: the same statement may succeed under a new
-    /// job id (BigQuery's transient `errorResult` reasons, and a DML conflict with a concurrent
-    /// statement on the same table).
+    /// job id (BigQuery's transient `errorResult` reasons, a DML conflict with a concurrent
+    /// statement on the same table, and a multi-statement transaction cancelled by a concurrent
+    /// update: BigQuery cancels a conflicting transaction rather than queueing it).
     pub(crate) fn is_transient_job_failure(&self) -> bool {
         match self {
             BigQueryError::JobFailed { reason, message } => {
-                TRANSIENT_JOB_REASONS.contains(&reason.as_str()) || message.contains("Could not serialize access")
+                TRANSIENT_JOB_REASONS.contains(&reason.as_str())
+                    || message.contains("Could not serialize access")
+                    || message.contains("aborted due to concurrent update")
             }
             _ => false,
         }

@@ -164,7 +164,11 @@ impl Publisher {
             self.delete_staging_tables(run, staging_tables).await;
             return Ok(CommitEnd::StoppedBeforePublishing);
         };
-        let results = self.publish_all(run, &publishing, plans).await;
+        let results = if execution.atomic {
+            self.publish_atomic(run, &publishing, plans).await
+        } else {
+            self.publish_all(run, &publishing, plans).await
+        };
         self.end(run, decide::publications_ended(results)).await.map(|()| CommitEnd::Committed)
     }
 

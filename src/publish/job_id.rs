@@ -98,6 +98,19 @@ pub(crate) fn publication_job_id(
     if attempt <= 1 { format!("{readable}_{tag}") } else { format!("{readable}_{tag}-a{attempt}") }
 }
 
+/// The job id of attempt `attempt` (1-based) of an atomic execution's publication (one
+/// transaction over every destination, `publish::atomic`):
+/// `filament_{run}_{execution}_{dataset}_atomic_{tag}`, then `-a2`, ... as for one table.
+pub(crate) fn atomic_job_id(key: &JobIdKey, delivery: &DeliveryRef, dataset: &str, attempt: u32) -> String {
+    let (run_id, execution_id) = (delivery.run_id(), delivery.execution_id());
+    let attempt_text = attempt.to_string();
+    let tag = key.tag(&["atomic publication", run_id, execution_id, dataset, &attempt_text]);
+    let readable = sanitize(&format!("filament_{run_id}_{execution_id}_{dataset}_atomic"));
+    let budget = MAX_JOB_ID_LEN - ATTEMPT_SUFFIX_LEN - tag.len() - 1;
+    let readable: String = readable.chars().take(budget).collect();
+    if attempt <= 1 { format!("{readable}_{tag}") } else { format!("{readable}_{tag}-a{attempt}") }
+}
+
 /// The attempt a publication job id was made for: its `-aN` suffix, 1 without one. A suffix
 /// is told apart from the readable part by following the tag, whose hex digits hold no `-`.
 pub(crate) fn attempt_of(job_id: &str) -> u32 {

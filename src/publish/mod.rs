@@ -17,8 +17,10 @@
 //! its statement ([`widen`]).
 //! At the barrier, before anything is published, every planned publication's statement is
 //! dry-run and the priced plan recorded ([`pricing`]).
-//! [`lifecycle`] begins a commit and aborts.
+//! [`lifecycle`] begins a commit and aborts. An execution opened `atomic` publishes every
+//! destination in one multi-statement transaction instead ([`atomic`]).
 
+pub(crate) mod atomic;
 mod commit;
 pub(crate) mod decide;
 pub(crate) mod destination;

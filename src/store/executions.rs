@@ -35,6 +35,9 @@ pub(crate) struct ExecutionRecord {
     /// When a commit asked to hold staged the delivery (`staged`, and kept once its second
     /// commit began).
     pub(crate) staged_at: Option<DateTime<Utc>>,
+    /// Every destination is published in one multi-statement transaction
+    /// (`publish::atomic`); fixed when the execution is first opened.
+    pub(crate) atomic: bool,
     /// The replica whose memory holds the open delivery's uploads.
     pub(crate) owner: Option<String>,
     pub(crate) lease_expires_at: Option<DateTime<Utc>>,
@@ -117,9 +120,14 @@ fn problem_json(problem: &Problem) -> StoreResult<serde_json::Value> {
 }
 
 impl Store {
-    /// Creates the execution (delivery 1) or starts a new delivery of an existing one, owned
-    /// by `lease.owner`.
-    pub(crate) async fn open_execution(&self, key: &ExecutionKey, lease: &Lease) -> StoreResult<OpenExecution> {
+    /// Creates the execution (delivery 1, publishing atomically when `atomic`) or starts a new
+    /// delivery of an existing one (which keeps its `atomic`), owned by `lease.owner`.
+    pub(crate) async fn open_execution(
+        &self,
+        key: &ExecutionKey,
+        lease: &Lease,
+        atomic: bool,
+    ) -> StoreResult<OpenExecution> {
         let mut tx = self.pool.begin().await?;
         // Serialise concurrent opens of the same id on the run row.
         sqlx::query("SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE").bind(&key.run_id).execute(&mut *tx).await?;
@@ -132,12 +140,14 @@ impl Store {
             None => {
                 let record: ExecutionRecord = bind_new_delivery(
                     sqlx::query_as(
-                        "INSERT INTO executions (run_id, execution_id, delivery, state, owner, lease_expires_at, owner_url)
-                         VALUES ($1, $2, 1, $6, $3, now() + $4 * interval '1 second', $5) RETURNING *",
+                        "INSERT INTO executions (run_id, execution_id, delivery, state, owner, lease_expires_at, owner_url,
+                                                 atomic)
+                         VALUES ($1, $2, 1, $6, $3, now() + $4 * interval '1 second', $5, $7) RETURNING *",
                     ),
                     key,
                     lease,
                 )
+                .bind(atomic)
                 .fetch_one(&mut *tx)
                 .await?;
                 sqlx::query("INSERT INTO deliveries (run_id, execution_id, delivery) VALUES ($1, $2, 1)")

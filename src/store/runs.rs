@@ -2,11 +2,11 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{Store, StoreError, StoreResult};
+use super::{Store, StoreError, StoreResult, state_names};
 use crate::model::table_layout::LayoutDifference;
 use crate::model::table_options::TableOptions;
 use crate::model::write_options::WriteOptions;
-use crate::model::{Batching, Destination, ResourceName, ResourceRef, RunId, WriteMode};
+use crate::model::{Batching, Destination, ExecutionState, ResourceName, ResourceRef, RunId, WriteMode};
 
 /// A run as stored.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -21,6 +21,9 @@ pub(crate) struct RunRecord {
     pub(crate) maximum_bytes_billed: Option<i64>,
     /// Most bytes every publication of one execution may process together, judged on the plan.
     pub(crate) maximum_bytes_billed_per_execution: Option<i64>,
+    /// Every execution publishes all its destinations in one multi-statement transaction
+    /// (`publish::atomic`), unless it opens with `atomic: false`.
+    pub(crate) atomic: bool,
     pub(crate) definition_sha256: String,
     /// The principal that created the run (`principals`); it alone sees it, with `read_all`
     /// principals.
@@ -41,6 +44,7 @@ pub(crate) struct NewRun {
     pub(crate) job_project: Option<String>,
     pub(crate) maximum_bytes_billed: Option<i64>,
     pub(crate) maximum_bytes_billed_per_execution: Option<i64>,
+    pub(crate) atomic: bool,
     pub(crate) definition_sha256: String,
     pub(crate) principal: String,
 }
@@ -88,8 +92,8 @@ impl Store {
         let batching = serde_json::to_value(&run.batching).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let inserted = sqlx::query_as::<_, RunRecord>(
             "INSERT INTO runs (run_id, project, dataset, location, batching, definition_sha256, job_project, maximum_bytes_billed, principal,
-                               maximum_bytes_billed_per_execution)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                               maximum_bytes_billed_per_execution, atomic)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
              ON CONFLICT (run_id) DO NOTHING
              RETURNING *",
         )
@@ -103,6 +107,7 @@ impl Store {
         .bind(run.maximum_bytes_billed)
         .bind(&run.principal)
         .bind(run.maximum_bytes_billed_per_execution)
+        .bind(run.atomic)
         .fetch_optional(&self.pool)
         .await?;
         match inserted {
@@ -112,6 +117,18 @@ impl Store {
                 existing.map(|r| (r, false)).ok_or_else(|| StoreError::Corrupt("run vanished".into()))
             }
         }
+    }
+
+    /// Whether an execution of the run that publishes atomically has not ended: the run's
+    /// declarations must then fit one transaction.
+    pub(crate) async fn has_open_atomic_execution(&self, run_id: &RunId) -> StoreResult<bool> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM executions WHERE run_id = $1 AND atomic AND state = ANY($2))",
+        )
+        .bind(run_id)
+        .bind(state_names(ExecutionState::OPEN))
+        .fetch_one(&self.pool)
+        .await?)
     }
 
     pub(crate) async fn get_run(&self, run_id: &RunId) -> StoreResult<Option<RunRecord>> {

@@ -123,6 +123,22 @@ def test_a_held_commit_shows_its_plan_and_publishes_on_the_next_commit(client: C
     assert count_and_sum(dataset, "public_users") == (30, sum(range(30)))
 
 
+def test_an_atomic_run_publishes_every_table_in_one_job(client: Client, dataset: str) -> None:
+    run = client.create_run(project=PROJECT, dataset=dataset, run_id=f"atomic_{uuid.uuid4().hex[:8]}", atomic=True)
+    assert run.view is not None and run.view.get("atomic") is True
+    run.declare("public.users", write_mode="full_append")
+    run.declare("public.orders", write_mode="full_append", table="orders_atomic")
+    with run.execution() as ex:
+        ex.write("public.users", users(0, 20))
+        ex.write("public.orders", users(0, 10))
+    assert ex.result is not None and ex.result["state"] == "committed" and ex.result.get("atomic") is True
+    jobs = {r["publication"]["job_id"] for r in ex.result["resources"]}  # type: ignore[index]
+    # `filament_<run>_<execution>_<dataset>_atomic_<tag>`: one job for both tables.
+    assert len(jobs) == 1 and next(iter(jobs)).rsplit("_", 1)[0].endswith(f"_{dataset}_atomic")
+    assert count_and_sum(dataset, "public_users") == (20, sum(range(20)))
+    assert count_and_sum(dataset, "orders_atomic") == (10, sum(range(10)))
+
+
 def test_geography_range_interval_and_flexible_names_load_through_the_client(client: Client, dataset: str) -> None:
     run = client.create_run(project=PROJECT, dataset=dataset)
     run.declare("places", write_mode="incremental_upsert", primary_key=["first name"])

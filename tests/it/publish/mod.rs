@@ -1,5 +1,6 @@
 //! Commit and publication: order, statements per write mode, options, layouts, cost and safety.
 
+mod atomic;
 mod commit_order;
 mod direct_append;
 pub(crate) mod held;

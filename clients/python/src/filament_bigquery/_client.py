@@ -378,12 +378,14 @@ class Client:
         batching: Optional[Mapping[str, int]] = None,
         maximum_bytes_billed: Optional[int] = None,
         maximum_bytes_billed_per_execution: Optional[int] = None,
+        atomic: bool = False,
     ) -> Run:
         """Creates the run (or finds the same one again: creating is idempotent). Without
         `run_id` the client generates one (starting with the client's `run_id_prefix`), so that
         a retried request cannot create two runs. `maximum_bytes_billed` bounds each publication
         job, `maximum_bytes_billed_per_execution` all of one execution's together: a commit whose
-        priced plan exceeds either fails with `publication_too_expensive` before publishing."""
+        priced plan exceeds either fails with `publication_too_expensive` before publishing.
+        With `atomic`, each execution publishes every table in one transaction (all or none)."""
         run_id = run_id or (self.run_id_prefix + _new_id())[:MAX_ID_CHARS]
         destination: dict[str, Any] = {"project": project, "dataset": dataset}
         if location is not None:
@@ -395,6 +397,8 @@ class Client:
             body["maximum_bytes_billed"] = maximum_bytes_billed
         if maximum_bytes_billed_per_execution is not None:
             body["maximum_bytes_billed_per_execution"] = maximum_bytes_billed_per_execution
+        if atomic:
+            body["atomic"] = True
         view = cast(RunView, self._transport.json("POST", "/v1/runs", json=body))
         return Run(self, view["run_id"], view)
 
@@ -543,16 +547,18 @@ class Run:
         max_body_bytes: Optional[int] = None,
         compression: Optional[str] = None,
         max_in_flight: Optional[int] = None,
+        atomic: Optional[bool] = None,
     ) -> Execution:
         """Opens an execution (`POST .../executions`). An existing `execution_id` starts a new
         delivery of it (`Execution.delivery` is then 2, 3, ...): everything the previous
         delivery sent is discarded. Use it as a context manager: a clean exit commits (waiting
-        for the outcome), an exception aborts."""
+        for the outcome), an exception aborts. `atomic` (default: the run's) publishes every
+        table of the execution in one transaction."""
         execution_id = execution_id or _new_id()
-        view = cast(
-            ExecutionView,
-            self.client._transport.json("POST", f"{self._path}/executions", json={"execution_id": execution_id}),
-        )
+        body: dict[str, Any] = {"execution_id": execution_id}
+        if atomic is not None:
+            body["atomic"] = atomic
+        view = cast(ExecutionView, self.client._transport.json("POST", f"{self._path}/executions", json=body))
         client = self.client
         return Execution(
             self,

@@ -92,6 +92,7 @@ class ExecutionView(TypedDict):
     execution_id: str
     delivery: int
     state: ExecutionState
+    atomic: NotRequired[bool]
     resources: List[ExecutionResourceView]
     created_at: str
     updated_at: str
@@ -126,6 +127,7 @@ class RunView(TypedDict):
     durable_checkpoint_execution_id: NotRequired[Optional[str]]
     maximum_bytes_billed: NotRequired[Optional[int]]
     maximum_bytes_billed_per_execution: NotRequired[Optional[int]]
+    atomic: NotRequired[bool]
 
 
 class LatestExecution(TypedDict):
