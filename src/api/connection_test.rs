@@ -88,6 +88,7 @@ pub(crate) async fn test_connection(
         sql: "SELECT 1",
         labels: &labels,
         maximum_bytes_billed: None,
+        statement_byte_budget: None,
         timeout: remaining,
         recorded_statements: &[],
     };

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use google_cloud_bigquery_v2::model::{Job, JobConfiguration, JobConfigurationQuery, JobReference};
+use google_cloud_bigquery_v2::model::{Job, JobConfiguration, JobConfigurationQuery, JobReference, ScriptOptions};
 use sha2::{Digest as _, Sha256};
 
 use super::retry::{Backoff, Failure, RetryClass, RetryDriver, RetryPolicy};
@@ -57,6 +57,9 @@ pub(crate) struct QueryJob<'a> {
     pub(crate) labels: &'a [(&'static str, String)],
     /// The job fails instead of billing more (`bytesBilledLimitExceeded`).
     pub(crate) maximum_bytes_billed: Option<i64>,
+    /// A script's limit per statement (`scriptOptions.statementByteBudget`): an atomic
+    /// publication's transaction bounds each table's statement as one job per table would.
+    pub(crate) statement_byte_budget: Option<i64>,
     /// How long to wait for the job to end.
     pub(crate) timeout: Duration,
     /// The SHA-256 ([`statement_sha256`]) of every statement the gateway recorded under
@@ -113,6 +116,7 @@ impl BigQuery {
     /// since no caller could run it again without running the job again.
     pub(crate) async fn run_query_job(&self, query: &QueryJob<'_>) -> BigQueryResult<JobOutcome> {
         let QueryJob { project, location, job_id, sql, labels, maximum_bytes_billed, timeout, .. } = *query;
+        let script = query.statement_byte_budget.map(|bytes| ScriptOptions::new().set_statement_byte_budget(bytes));
         let mut reference = JobReference::new().set_project_id(project).set_job_id(job_id);
         if let Some(location) = location {
             reference = reference.set_location(location);
@@ -120,7 +124,8 @@ impl BigQuery {
         let statement = JobConfigurationQuery::new()
             .set_query(sql)
             .set_use_legacy_sql(false)
-            .set_or_clear_maximum_bytes_billed(maximum_bytes_billed);
+            .set_or_clear_maximum_bytes_billed(maximum_bytes_billed)
+            .set_or_clear_script_options(script);
         let job = Job::new().set_job_reference(reference).set_configuration(
             JobConfiguration::new()
                 .set_query(statement)
@@ -300,6 +305,7 @@ mod tests {
             sql,
             labels: &[],
             maximum_bytes_billed: None,
+            statement_byte_budget: None,
             timeout: Duration::from_secs(1),
             recorded_statements: recorded,
         }

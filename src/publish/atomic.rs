@@ -5,9 +5,10 @@
 //!
 //! - **One job id and one fingerprint.** The job id is keyed like every publication's
 //!   ([`job_id::atomic_job_id`]); the fingerprint is the SHA-256 of every resource's
-//!   fingerprint in order. Each resource's publication record carries both, so a redelivery
-//!   reuses the job (same content, done), re-attaches to it (same content, running) or is
-//!   refused (`replay_mismatch`) exactly as one table's publication is ([`reconcile`]).
+//!   fingerprint in order. Each resource's publication record carries both, and a redelivery
+//!   is decided from all of them together ([`decide_transaction`]): it reuses the job (the
+//!   same resources and content, done), re-attaches to it (running) or is refused
+//!   (`replay_mismatch`), as one table's publication is.
 //! - **A failed transaction changed nothing**, so unlike one table's failed publication it does
 //!   not refuse a redelivery: the next delivery submits its transaction under the next
 //!   attempt's job id.
@@ -28,7 +29,7 @@ use tokio::time::Instant;
 use super::decide::{self, PublicationResult, PublishOutcome};
 use super::destination::Effects;
 use super::plan::{DestinationPlan, PlannedPublication};
-use super::reconcile::{Reconciled, reconcile};
+use super::reconcile::Reconciled;
 use super::{Publisher, job_id, sql};
 use crate::bigquery::BigQueryError;
 use crate::bigquery::error::Stage;
@@ -38,7 +39,7 @@ use crate::bigquery::retry::{Failure, RetryDriver};
 use crate::error::{ErrorCode, Problem};
 use crate::model::write_options::DeclaredPath;
 use crate::model::{JobCost, PublicationState};
-use crate::store::{Event, NewPublication, PublicationEnd, Publishing, ResourceRecord, RunRecord};
+use crate::store::{Event, NewPublication, PublicationEnd, PublicationRecord, Publishing, ResourceRecord, RunRecord};
 use crate::telemetry;
 
 /// The most destination tables one BigQuery transaction may change.
@@ -70,6 +71,56 @@ pub(crate) fn refusal(resources: &[ResourceRecord]) -> Option<Problem> {
         )
         .with_hint("declare the resources without these options, split them across runs, or open the execution with atomic: false")
     })
+}
+
+/// What an atomic delivery publishing `planned` (resource names) under `fingerprint` does,
+/// given every publication record of its execution, and the attempt a new job starts at:
+///
+/// | earlier records                                                    | decision          |
+/// |--------------------------------------------------------------------|-------------------|
+/// | none                                                               | submit, attempt 1 |
+/// | all failed (a failed transaction changed nothing)                  | submit, the attempt after the last |
+/// | one job, this fingerprint, exactly these resources, all done       | reuse it          |
+/// | the same, some running                                             | re-attach to it   |
+/// | anything else                                                      | `replay_mismatch` |
+pub(super) fn decide_transaction(
+    records: &[PublicationRecord],
+    planned: &[&str],
+    fingerprint: &str,
+) -> (Reconciled, u32) {
+    let Some(first) = records.first() else { return (Reconciled::Submit, 1) };
+    if records.iter().all(|r| r.state == PublicationState::Failed) {
+        let last = records.iter().map(|r| job_id::attempt_of(&r.job_id)).max().unwrap_or(0);
+        return (Reconciled::Submit, last + 1);
+    }
+    let one_job = records
+        .iter()
+        .all(|r| r.job_id == first.job_id && r.fingerprint == fingerprint && r.state != PublicationState::Failed);
+    let same_resources = records.len() == planned.len()
+        && planned.iter().all(|resource| records.iter().any(|r| r.resource.to_string() == *resource));
+    let job_id = first.job_id.clone();
+    if one_job && same_resources {
+        if records.iter().all(|r| r.state == PublicationState::Done) {
+            return (Reconciled::Reuse { job_id }, 1);
+        }
+        let attempt = job_id::attempt_of(&job_id);
+        return (Reconciled::Reattach { job_id }, attempt);
+    }
+    let problem = Problem::new(
+        ErrorCode::ReplayMismatch,
+        format!("this execution's transaction was already published by job {job_id} with other resources or content"),
+    )
+    .with_hint("a corrected load needs a new execution ID");
+    (Reconciled::Refuse(problem), 1)
+}
+
+/// The transaction fingerprint and its decision for the delivery's `planned` publications
+/// (each resource's fingerprint and key ranges, in order, for the statements).
+pub(super) struct TransactionPlan {
+    pub(super) fingerprint: String,
+    pub(super) decision: Reconciled,
+    pub(super) first_attempt: u32,
+    pub(super) key_ranges: Vec<Vec<crate::model::key_ranges::KeyRange>>,
 }
 
 /// The fingerprint of the whole transaction: every resource's, in publication order.
@@ -116,14 +167,14 @@ impl Publisher {
             .collect()
     }
 
-    async fn publish_transaction(
+    /// The transaction's fingerprint and what this delivery does with it
+    /// ([`decide_transaction`] over every publication record of the execution).
+    pub(super) async fn transaction_plan(
         &self,
         run: &RunRecord,
-        publishing: &Publishing,
+        delivery: &crate::model::DeliveryRef,
         planned: &[PlannedPublication<'_>],
-    ) -> Result<PublishOutcome, Problem> {
-        let Some(lead) = planned.first() else { return Ok(PublishOutcome::Done) };
-        let delivery = publishing.delivery();
+    ) -> Result<TransactionPlan, Problem> {
         let mut fingerprints = Vec::with_capacity(planned.len());
         let mut key_ranges = Vec::with_capacity(planned.len());
         for publication in planned {
@@ -132,22 +183,32 @@ impl Publisher {
             key_ranges.push(ranges);
         }
         let fingerprint = transaction_fingerprint(&fingerprints);
-        let previous = self.store.get_publication(&delivery.execution, &lead.resource.resource).await?;
-        let (recorded_job_id, first_attempt) = match (reconcile(previous.as_ref(), &fingerprint), &previous) {
-            (Reconciled::Submit, _) => (None, 1),
-            (Reconciled::Reattach { job_id }, _) => {
-                let attempt = job_id::attempt_of(&job_id);
-                (Some(job_id), attempt)
-            }
-            (Reconciled::Reuse { .. }, _) => {
+        let records = self.store.list_publications(&delivery.execution).await?;
+        let names: Vec<&str> = fingerprints.iter().map(|(resource, _)| resource.as_str()).collect();
+        let (decision, first_attempt) = decide_transaction(&records, &names, &fingerprint);
+        Ok(TransactionPlan { fingerprint, decision, first_attempt, key_ranges })
+    }
+
+    async fn publish_transaction(
+        &self,
+        run: &RunRecord,
+        publishing: &Publishing,
+        planned: &[PlannedPublication<'_>],
+    ) -> Result<PublishOutcome, Problem> {
+        if planned.is_empty() {
+            return Ok(PublishOutcome::Done);
+        }
+        let delivery = publishing.delivery();
+        let TransactionPlan { fingerprint, decision, first_attempt, key_ranges } =
+            self.transaction_plan(run, delivery, planned).await?;
+        let recorded_job_id = match decision {
+            Reconciled::Submit => None,
+            Reconciled::Reattach { job_id } => Some(job_id),
+            Reconciled::Reuse { .. } => {
                 telemetry::publication_ended("reused");
                 return Ok(PublishOutcome::Done);
             }
-            // A failed transaction changed nothing: this delivery's runs under the next attempt.
-            (Reconciled::Refuse(_), Some(failed)) if failed.state == PublicationState::Failed => {
-                (None, job_id::attempt_of(&failed.job_id) + 1)
-            }
-            (Reconciled::Refuse(problem), _) => return Err(problem),
+            Reconciled::Refuse(problem) => return Err(problem),
         };
         let mut statements = Vec::with_capacity(planned.len());
         for (publication, ranges) in planned.iter().zip(&key_ranges) {
@@ -208,7 +269,11 @@ impl Publisher {
                 committed_streams: None,
                 statement_sha256: Some(digest),
             };
-            recorded_statements = self.store.begin_publication(&record).await?;
+            for digest in self.store.begin_publication(&record).await? {
+                if !recorded_statements.contains(&digest) {
+                    recorded_statements.push(digest);
+                }
+            }
             let started = Event::PublicationStarted { job_id: &job_id };
             self.store.record_event(delivery, Some(&resource.resource), started).await;
         }
@@ -221,7 +286,10 @@ impl Publisher {
             job_id: &job_id,
             sql: &transaction.script,
             labels: &labels,
-            maximum_bytes_billed: run.maximum_bytes_billed,
+            // Each statement within the run's per-publication budget, the whole transaction
+            // within its per-execution budget (as the plan judged them).
+            maximum_bytes_billed: run.maximum_bytes_billed_per_execution,
+            statement_byte_budget: run.maximum_bytes_billed,
             timeout: self.query_job_timeout,
             recorded_statements: &recorded_statements,
         };
@@ -322,6 +390,43 @@ mod tests {
         let detail = refusal(&[direct, widened]).expect("refused").detail;
         assert!(detail.contains("direct_append, committed outside any query job (events)"), "{detail}");
         assert!(detail.contains("widen_columns, whose ALTER TABLE no transaction holds (wide)"), "{detail}");
+    }
+
+    fn record(resource: &str, job_id: &str, fingerprint: &str, state: PublicationState) -> PublicationRecord {
+        PublicationRecord {
+            resource: resource.parse().unwrap(),
+            destination: format!("raw.{resource}"),
+            job_id: job_id.into(),
+            fingerprint: fingerprint.into(),
+            state,
+            rows_affected: None,
+            error: None,
+            cost: JobCost::default(),
+            committed_streams: None,
+        }
+    }
+
+    #[test]
+    fn a_redelivery_is_decided_from_every_record_of_the_transaction() {
+        use PublicationState::{Done, Failed, Running};
+        let decide = |records: &[PublicationRecord], planned: &[&str]| decide_transaction(records, planned, "f");
+        assert_eq!(decide(&[], &["a", "b"]), (Reconciled::Submit, 1));
+        let both = |state_a, state_b| [record("a", "j", "f", state_a), record("b", "j", "f", state_b)];
+        assert_eq!(decide(&both(Done, Done), &["a", "b"]), (Reconciled::Reuse { job_id: "j".into() }, 1));
+        assert_eq!(decide(&both(Done, Running), &["a", "b"]), (Reconciled::Reattach { job_id: "j".into() }, 1));
+        let retried = [record("a", "j-a3", "f", Running), record("b", "j-a3", "f", Running)];
+        assert_eq!(decide(&retried, &["a", "b"]), (Reconciled::Reattach { job_id: "j-a3".into() }, 3));
+        // A failed transaction changed nothing: the next runs under the attempt after the last.
+        let failed = [record("a", "j-a2", "other", Failed), record("b", "j-a2", "other", Failed)];
+        assert_eq!(decide(&failed, &["a", "b", "c"]), (Reconciled::Submit, 3));
+        let mismatch = |records: &[PublicationRecord], planned: &[&str]| matches!(decide(records, planned).0, Reconciled::Refuse(p) if p.code == ErrorCode::ReplayMismatch);
+        // A resource the earlier transaction did not publish, one it did that is not planned
+        // now, other content, a mixture of jobs or of outcomes: never taken as published.
+        assert!(mismatch(&[record("b", "j", "f", Done)], &["a", "b"]));
+        assert!(mismatch(&both(Done, Done), &["a"]));
+        assert!(mismatch(&[record("a", "j", "g", Done), record("b", "j", "g", Done)], &["a", "b"]));
+        assert!(mismatch(&[record("a", "j", "f", Done), record("b", "k", "f", Done)], &["a", "b"]));
+        assert!(mismatch(&both(Done, Failed), &["a", "b"]));
     }
 
     #[test]

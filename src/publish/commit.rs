@@ -137,7 +137,7 @@ impl Publisher {
             None => plan::plan(&declared, &reports, &continuing, completes_snapshot),
         };
         let planned = match planned {
-            Ok(plans) => self.price_within_budget(run, delivery, &plans).await.map(|_priced| plans),
+            Ok(plans) => self.price_within_budget(run, delivery, &plans, execution.atomic).await.map(|_priced| plans),
             Err(problem) => Err(problem),
         };
         if through == CommitThrough::Barrier {

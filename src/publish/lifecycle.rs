@@ -120,10 +120,16 @@ impl Publisher {
             ),
         )
         .with_hint("deliver the execution again and commit it sooner");
-        self.pipeline.cancel(&execution.key());
-        if self.store.fail_execution(&execution.delivery_ref(), &problem).await?.is_some() && staged {
-            self.serving(run).discard_staging(run, &execution.delivery_ref()).await;
+        let delivery = execution.delivery_ref();
+        if staged {
+            // Only while still staged: another commit may have resumed it meanwhile.
+            if self.store.fail_staged_execution(&delivery, &problem).await?.is_some() {
+                self.serving(run).discard_staging(run, &delivery).await;
+            }
+            return Err(problem);
         }
+        self.pipeline.cancel(&execution.key());
+        self.store.fail_execution(&delivery, &problem).await?;
         Err(problem)
     }
 

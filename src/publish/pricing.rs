@@ -49,12 +49,17 @@ impl Publisher {
         run: &RunRecord,
         delivery: &DeliveryRef,
         plans: &[DestinationPlan<'_>],
+        atomic: bool,
     ) -> Result<PricedPlan, Problem> {
-        let pricing: Vec<_> = plans
-            .iter()
-            .flat_map(|destination| destination.publications.iter())
-            .map(|planned| Box::pin(self.price(run, delivery, *planned)))
-            .collect();
+        let planned: Vec<PlannedPublication<'_>> =
+            plans.iter().flat_map(|destination| destination.publications.iter().copied()).collect();
+        // An atomic execution's earlier deliveries are judged on its one transaction.
+        let transaction = match atomic && !planned.is_empty() {
+            true => Some(self.transaction_plan(run, delivery, &planned).await?.decision),
+            false => None,
+        };
+        let pricing: Vec<_> =
+            planned.iter().map(|planned| Box::pin(self.price(run, delivery, *planned, transaction.as_ref()))).collect();
         let priced: Vec<Result<Priced, Problem>> =
             futures::stream::iter(pricing).buffered(self.max_concurrent_publications).collect().await;
         let priced = priced.into_iter().collect::<Result<Vec<_>, _>>()?;
@@ -87,8 +92,9 @@ impl Publisher {
         run: &RunRecord,
         delivery: &DeliveryRef,
         plans: &[DestinationPlan<'_>],
+        atomic: bool,
     ) -> Result<Vec<PricedPublication>, Problem> {
-        let PricedPlan { publications: priced, begun_earlier } = self.price_plan(run, delivery, plans).await?;
+        let PricedPlan { publications: priced, begun_earlier } = self.price_plan(run, delivery, plans, atomic).await?;
         if begun_earlier {
             // An earlier delivery passed the barrier and published some of it: the budgets were
             // judged then, and failing now could no longer leave every table unchanged.
@@ -114,11 +120,14 @@ impl Publisher {
     }
 
     /// One planned publication, priced: what [`super::destination`] would run for it, dry-run.
+    /// `transaction`: an atomic execution's decision for its one transaction
+    /// ([`super::atomic::decide_transaction`]), taken instead of the resource's own record.
     async fn price(
         &self,
         run: &RunRecord,
         delivery: &DeliveryRef,
         planned: PlannedPublication<'_>,
+        transaction: Option<&Reconciled>,
     ) -> Result<Priced, Problem> {
         let resource = planned.resource;
         let path = match planned.staged.map(|report| &report.write_path) {
@@ -135,9 +144,8 @@ impl Publisher {
             unpriced: None,
         };
         let (fingerprint, key_ranges) = self.fingerprint(run, delivery, planned).await?;
-        let previous = self.store.get_publication(&delivery.execution, &resource.resource).await?;
-        let begun_earlier = previous.is_some();
-        let decision = reconcile(previous.as_ref(), &fingerprint);
+        let (previous, decision, begun_earlier) =
+            self.earlier(delivery, &resource.resource, &fingerprint, transaction).await?;
         let written = planned.staged.map(|report| &report.write_path);
         let done = |publication| Ok(Priced { publication, begun_earlier, unasked: None });
         match (&decision, publish_by(&decision, previous.as_ref(), written)) {
@@ -184,6 +192,28 @@ impl Publisher {
             }
         }
         done(priced)
+    }
+}
+
+impl Publisher {
+    /// What the publication of `resource` does given the execution's earlier deliveries: its
+    /// record, the decision, and whether an earlier delivery began to publish it. An atomic
+    /// execution's `transaction` decision stands for every resource; a failed transaction
+    /// changed nothing, so its redelivery (submitted again) has not begun.
+    async fn earlier(
+        &self,
+        delivery: &DeliveryRef,
+        resource: &crate::model::ResourceName,
+        fingerprint: &str,
+        transaction: Option<&Reconciled>,
+    ) -> Result<(Option<crate::store::PublicationRecord>, Reconciled, bool), Problem> {
+        if let Some(decision) = transaction {
+            return Ok((None, decision.clone(), !matches!(decision, Reconciled::Submit)));
+        }
+        let previous = self.store.get_publication(&delivery.execution, resource).await?;
+        let decision = reconcile(previous.as_ref(), fingerprint);
+        let begun_earlier = previous.is_some();
+        Ok((previous, decision, begun_earlier))
     }
 }
 

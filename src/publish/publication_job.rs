@@ -146,6 +146,7 @@ impl Publisher {
             sql: &job.statement.sql,
             labels: &labels,
             maximum_bytes_billed: run.maximum_bytes_billed,
+            statement_byte_budget: None,
             timeout: self.query_job_timeout,
             recorded_statements: &attempt.recorded_statements,
         };

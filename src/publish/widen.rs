@@ -57,6 +57,7 @@ impl Publisher {
             sql: &sql,
             labels: &labels,
             maximum_bytes_billed: None,
+            statement_byte_budget: None,
             timeout: self.query_job_timeout,
             recorded_statements: &[],
         };

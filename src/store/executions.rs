@@ -282,7 +282,7 @@ impl Store {
 
     /// Fails an open delivery that also meets `extra_condition` (SQL over the execution's row),
     /// recording its end in the run's timeline in the same statement.
-    async fn fail_open_execution(
+    pub(super) async fn fail_open_execution(
         &self,
         delivery: &DeliveryRef,
         problem: &Problem,

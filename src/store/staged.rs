@@ -5,6 +5,7 @@
 //! records ([`crate::publish`]); an abort discards it like any delivery before its barrier.
 
 use super::{BindKey as _, DELIVERY_KEY, ExecutionRecord, HandedOverStream, Lease, Store, StoreError, StoreResult};
+use crate::error::Problem;
 use crate::model::columns::Column;
 use crate::model::{DeliveryRef, ExecutionState};
 
@@ -83,6 +84,16 @@ impl Store {
         .bind(ExecutionState::Staged)
         .fetch_optional(&self.pool)
         .await?)
+    }
+
+    /// Fails the delivery with `problem` only while it is `staged` (a commit that read it
+    /// staged must not fail it once another commit resumed it).
+    pub(crate) async fn fail_staged_execution(
+        &self,
+        delivery: &DeliveryRef,
+        problem: &Problem,
+    ) -> StoreResult<Option<ExecutionRecord>> {
+        self.fail_open_execution(delivery, problem, "state = 'staged'").await
     }
 
     /// The streams a held commit staged for the delivery ([`Self::stage_delivery`]): each

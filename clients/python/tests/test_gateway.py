@@ -121,6 +121,13 @@ def test_a_held_commit_shows_its_plan_and_publishes_on_the_next_commit(client: C
     committed = ex.commit()
     assert committed["state"] == "committed" and ex.result is not None
     assert count_and_sum(dataset, "public_users") == (30, sum(range(30)))
+    # Held inside the context manager, it stays held on a clean exit.
+    with run.execution() as held:
+        held.write("public.users", users(30, 5))
+        assert held.commit(hold=True)["state"] == "staged"
+    assert held.get()["state"] == "staged"
+    assert count_and_sum(dataset, "public_users") == (30, sum(range(30)))
+    held.abort()
 
 
 def test_an_atomic_run_publishes_every_table_in_one_job(client: Client, dataset: str) -> None:

@@ -226,7 +226,8 @@ impl JobConsole<'_> {
 
 /// An execution: its state and error, each resource's progress and publication, its timeline.
 pub(super) fn execution(principal: &str, view: &ExecutionView, events: &[EventRecord], jobs: &JobConsole) -> Markup {
-    let refresh = (!view.state.is_terminal()).then_some(REFRESH_SECS);
+    // A staged execution waits for a person's commit or abort: nothing to follow.
+    let refresh = (!view.state.is_resting()).then_some(REFRESH_SECS);
     let content = html! {
         p.crumbs { a href={ "/ui/runs/" (view.run_id) } { "Run " (view.run_id) } }
         h1 { "Execution " span #execution-id { (view.execution_id) } " " (state_badge(view.state)) }

@@ -101,8 +101,19 @@ async fn a_failing_statement_leaves_every_table_as_it_was_and_the_corrected_rede
         "{jobs:?}"
     );
 
-    // Committing again finds it committed; nothing runs again.
+    // The failed transaction changed nothing, so the redelivery's plan was priced and judged
+    // afresh (not left unpriced as "failed earlier").
+    assert_eq!(committed["plan"]["unpriced"], 0, "{committed}");
+
+    // Committing again finds it committed; a further delivery of the same content reuses the
+    // transaction's job: nothing runs again.
     assert_eq!(gw.commit_and_wait("r", "e").await["state"], "committed");
+    gw.open_execution("r", "e").await;
+    for (extra, table) in TABLES.iter().enumerate() {
+        gw.post_accepted("r", "e", table, None, ipc_stream(&[ids(100..103 + extra as i64)])).await;
+    }
+    assert_eq!(gw.commit_and_wait("r", "e").await["state"], "committed");
+    assert_eq!(counts(&gw).await, [(5, 5), (7, 7), (5, 5)], "nothing published twice");
     assert_eq!(transactions(&proxy), 3);
 }
 

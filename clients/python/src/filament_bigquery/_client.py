@@ -579,6 +579,7 @@ class Run:
         except NotFound:
             return None
         pause = 0.2
+        # A staged execution (a commit held at the barrier) runs no commit: it is answered.
         while view["state"] == "committing":
             if time.monotonic() > deadline:
                 raise CommitStillRunning(self.run_id, execution_id, view["state"])
@@ -902,7 +903,10 @@ class Execution:
     ) -> None:
         try:
             if exc is None:
-                self.commit(wait=True)
+                # A commit held at the barrier (`commit(hold=True)`) stays staged: a later
+                # commit() publishes it, abort() discards it.
+                if self.view["state"] != "staged":
+                    self.commit(wait=True)
                 return
             if isinstance(exc, ExecutionFailed):
                 return  # already terminal
