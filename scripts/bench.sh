@@ -27,9 +27,9 @@ export FILAMENT_TOOLS_PYTHON="$PWD/$PEER_VENV/bin/python"
 # The previous main, measured beside this build in the same run: its release binary, built
 # once in a worktree of its commit with a target dir of its own (FILAMENT_BENCH_PREVIOUS_MAIN
 # names another commit; `none` skips it, and many_tables then measures this build with the
-# previous main's fixed maxima instead). The default is the main of 2026-12-01, before the
-# hostile-input and frame-accounting work: issue 44 compares K=8's CPU per GiB with it.
-PREVIOUS_MAIN=${FILAMENT_BENCH_PREVIOUS_MAIN:-ea9d4ad}
+# previous main's fixed maxima instead). The default is 400bce7, the main issue 57 (the I/O floor, Postgres
+# transactions per resource) compares K=8 and K=64 with.
+PREVIOUS_MAIN=${FILAMENT_BENCH_PREVIOUS_MAIN:-400bce7}
 if [ "$PREVIOUS_MAIN" != none ]; then
   commit=$(git rev-parse --short "$PREVIOUS_MAIN^{commit}")
   previous_dir="$PWD/build/previous-main/$commit"
