@@ -178,7 +178,7 @@ impl Publisher {
         let mut fingerprints = Vec::with_capacity(planned.len());
         let mut key_ranges = Vec::with_capacity(planned.len());
         for publication in planned {
-            let (fingerprint, ranges) = self.fingerprint(run, delivery, *publication).await?;
+            let (fingerprint, ranges) = Self::fingerprint(run, *publication)?;
             fingerprints.push((publication.resource.resource.to_string(), fingerprint));
             key_ranges.push(ranges);
         }

@@ -132,9 +132,15 @@ impl Publisher {
             execution.completes_snapshot() && !self.store.snapshot_completed_elsewhere(&delivery.execution).await?;
         let (mut reports, first_failure) = self.stage(run, delivery, lanes).await;
         reports.sort_by(|a, b| a.resource.cmp(&b.resource));
-        let planned = match first_failure {
-            Some(problem) => Err(problem),
-            None => plan::plan(&declared, &reports, &continuing, completes_snapshot),
+        // Read once: the plan's pricing and the publication fingerprint from it.
+        let commit_inputs = match first_failure {
+            Some(_) => Ok(Default::default()),
+            None => self.store.commit_inputs(delivery).await.map_err(Problem::from),
+        };
+        let planned = match (first_failure, &commit_inputs) {
+            (Some(problem), _) => Err(problem),
+            (None, Err(problem)) => Err(problem.clone()),
+            (None, Ok(inputs)) => plan::plan(&declared, &reports, inputs, &continuing, completes_snapshot),
         };
         let planned = match planned {
             Ok(plans) => self.price_within_budget(run, delivery, &plans, execution.atomic).await.map(|_priced| plans),

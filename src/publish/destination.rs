@@ -78,11 +78,11 @@ impl Publisher {
         planned: PlannedPublication<'_>,
     ) -> Result<PublishOutcome, Problem> {
         let (resource, delivery) = (planned.resource, publishing.delivery());
-        let (fingerprint, key_ranges) = self.fingerprint(run, delivery, planned).await?;
-        let previous = self.store.get_publication(&delivery.execution, &resource.resource).await?;
-        let decision = reconcile(previous.as_ref(), &fingerprint);
+        let (fingerprint, key_ranges) = Self::fingerprint(run, planned)?;
+        let previous = planned.earlier;
+        let decision = reconcile(previous, &fingerprint);
         let written = planned.staged.map(|report| &report.write_path);
-        if let PublishBy::CommittingStreams { earlier_streams } = publish_by(&decision, previous.as_ref(), written) {
+        if let PublishBy::CommittingStreams { earlier_streams } = publish_by(&decision, previous, written) {
             let staged = planned.staged;
             let direct =
                 DirectPublication { run, publishing, resource, fingerprint: &fingerprint, staged, earlier_streams };
@@ -118,24 +118,17 @@ impl Publisher {
 
     /// The fingerprint of what the resource staged in this delivery (nothing, for an empty
     /// replacement), and the key ranges covering its batches.
-    pub(super) async fn fingerprint(
-        &self,
+    pub(super) fn fingerprint(
         run: &RunRecord,
-        delivery: &DeliveryRef,
         planned: PlannedPublication<'_>,
     ) -> Result<(String, Vec<KeyRange>), Problem> {
         let resource = planned.resource;
-        let (schema_sha256, receipts) = match planned.staged {
-            Some(report) => {
-                let staged = delivery.resource(report.resource.clone());
-                let staging = self
-                    .store
-                    .get_staging_stream(&staged)
-                    .await?
-                    .ok_or_else(|| Problem::internal(format!("no staging record for {}", report.resource)))?;
-                (staging.arrow_schema_sha256, self.store.list_receipts(&staged).await?)
+        let (schema_sha256, receipts) = match (planned.staged, planned.staged_inputs) {
+            (Some(_), Some(inputs)) => (inputs.arrow_schema_sha256.as_str(), inputs.receipts.as_slice()),
+            (Some(report), None) => {
+                return Err(Problem::internal(format!("no staging record for {}", report.resource)));
             }
-            None => (String::new(), Vec::new()),
+            (None, _) => ("", &[][..]),
         };
         let fingerprint = fingerprint::fingerprint(&fingerprint::FingerprintInput {
             project: &run.destination.project,
@@ -145,8 +138,8 @@ impl Publisher {
             primary_key: &resource.primary_key,
             write_options: &resource.write_options,
             completes_snapshot: planned.completes_snapshot,
-            arrow_schema_sha256: &schema_sha256,
-            receipts: &receipts,
+            arrow_schema_sha256: schema_sha256,
+            receipts,
         });
         let ranges = covering_ranges(receipts.iter().map(|r| r.key_ranges.as_deref()));
         Ok((fingerprint, ranges))

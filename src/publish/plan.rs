@@ -10,7 +10,7 @@
 use crate::error::Problem;
 use crate::model::{ResourceName, WriteMode};
 use crate::pipeline::LaneReport;
-use crate::store::ResourceRecord;
+use crate::store::{CommitInputs, PublicationRecord, ResourceRecord, StagedInputs};
 
 /// One resource's publication.
 #[derive(Debug, Clone, Copy)]
@@ -18,6 +18,11 @@ pub(crate) struct PlannedPublication<'a> {
     pub(crate) resource: &'a ResourceRecord,
     /// What its lane staged; `None` for an empty replacement (no lane ever started).
     pub(crate) staged: Option<&'a LaneReport>,
+    /// What the lane's receipts and schema say it staged (read once per commit), which the
+    /// fingerprint covers; `None` when nothing was staged.
+    pub(crate) staged_inputs: Option<&'a StagedInputs>,
+    /// The publication record an earlier delivery of the execution left for the resource.
+    pub(crate) earlier: Option<&'a PublicationRecord>,
     /// No committed execution of the run published this resource yet: its first segment
     /// (`full_replace` replaces).
     pub(crate) first_segment: bool,
@@ -36,11 +41,14 @@ pub(crate) struct DestinationPlan<'a> {
 /// Groups the publications by destination table. `declared` is in declaration order;
 /// `continuing` lists the resources a committed execution of the run already published (the
 /// others are in their first segment; empty replacements run only there); `completes_snapshot`
-/// whether the execution completes the run's snapshot. A report of an undeclared resource is
-/// an internal error.
+/// whether the execution completes the run's snapshot; `inputs` what each staged resource's
+/// receipts and schema say and the earlier deliveries' publication records
+/// ([`crate::store::Store::commit_inputs`]). A report of an undeclared resource is an internal
+/// error.
 pub(crate) fn plan<'a>(
     declared: &'a [ResourceRecord],
     reports: &'a [LaneReport],
+    inputs: &'a CommitInputs,
     continuing: &[ResourceName],
     completes_snapshot: bool,
 ) -> Result<Vec<DestinationPlan<'a>>, Problem> {
@@ -56,7 +64,10 @@ pub(crate) fn plan<'a>(
         if staged.is_none() && !empty_replacement && !empty_snapshot_end {
             continue;
         }
-        let publication = PlannedPublication { resource, staged, first_segment, completes_snapshot };
+        let staged_inputs = staged.and_then(|_| inputs.staged.get(&resource.resource));
+        let earlier = inputs.earlier_publications.get(&resource.resource);
+        let publication =
+            PlannedPublication { resource, staged, staged_inputs, earlier, first_segment, completes_snapshot };
         match destinations.iter_mut().find(|d| d.table == resource.table_name) {
             Some(destination) => destination.publications.push(publication),
             None => destinations.push(DestinationPlan { table: &resource.table_name, publications: vec![publication] }),
@@ -68,6 +79,11 @@ pub(crate) fn plan<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Nothing staged and no earlier publication (the plan only reads the reports here).
+    fn no_inputs() -> &'static CommitInputs {
+        Box::leak(Box::default())
+    }
     use crate::model::staging::WritePath;
 
     fn resource(name: &str, table: &str, write_mode: WriteMode) -> ResourceRecord {
@@ -108,7 +124,7 @@ mod tests {
             resource("orders", "orders", WriteMode::FullAppend),
         ];
         let reports = [report("a_deletes"), report("orders"), report("z_upserts")];
-        let plans = plan(&declared, &reports, &[], true).unwrap();
+        let plans = plan(&declared, &reports, no_inputs(), &[], true).unwrap();
         assert_eq!(
             names(&plans),
             [
@@ -122,10 +138,10 @@ mod tests {
     fn an_idle_full_replace_resource_replaces_only_in_the_first_segment() {
         let declared =
             [resource("snapshot", "snapshot", WriteMode::FullReplace), resource("log", "log", WriteMode::FullAppend)];
-        let first = plan(&declared, &[], &[], true).unwrap();
+        let first = plan(&declared, &[], no_inputs(), &[], true).unwrap();
         assert_eq!(names(&first), [("snapshot".to_string(), vec!["snapshot".to_string()])]);
         assert!(first[0].publications[0].staged.is_none() && first[0].publications[0].first_segment);
-        let later = plan(&declared, &[], &["snapshot".parse().unwrap()], true).unwrap();
+        let later = plan(&declared, &[], no_inputs(), &["snapshot".parse().unwrap()], true).unwrap();
         assert!(later.is_empty(), "a later segment leaves the table alone");
     }
 
@@ -134,14 +150,14 @@ mod tests {
         let mut snapshot = resource("snapshot", "snapshot", WriteMode::FullUpsert);
         snapshot.write_options.delete_missing = true;
         let declared = [snapshot, resource("upserts", "upserts", WriteMode::FullUpsert)];
-        let completing = plan(&declared, &[], &["snapshot".parse().unwrap()], true).unwrap();
+        let completing = plan(&declared, &[], no_inputs(), &["snapshot".parse().unwrap()], true).unwrap();
         assert_eq!(names(&completing), [("snapshot".to_string(), vec!["snapshot".to_string()])]);
         assert!(completing[0].publications[0].staged.is_none() && completing[0].publications[0].completes_snapshot);
-        assert!(plan(&declared, &[], &[], false).unwrap().is_empty(), "a paused segment deletes nothing");
+        assert!(plan(&declared, &[], no_inputs(), &[], false).unwrap().is_empty(), "a paused segment deletes nothing");
     }
 
     #[test]
     fn a_report_without_a_declaration_is_an_internal_error() {
-        assert!(plan(&[], &[report("ghost")], &[], true).is_err());
+        assert!(plan(&[], &[report("ghost")], no_inputs(), &[], true).is_err());
     }
 }

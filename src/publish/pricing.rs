@@ -73,10 +73,14 @@ impl Publisher {
         }
         let priced: Vec<PricedPublication> = priced.into_iter().map(|p| p.publication).collect();
         self.store.record_plan(delivery, self.price_per_tib_usd, &priced).await?;
-        for publication in &priced {
-            let planned = Event::Planned { priced: publication, price_per_tib_usd: self.price_per_tib_usd };
-            self.store.record_event(delivery, Some(&publication.resource), planned).await;
-        }
+        let planned_events: Vec<(Option<&str>, Event<'_>)> = priced
+            .iter()
+            .map(|publication| {
+                let planned = Event::Planned { priced: publication, price_per_tib_usd: self.price_per_tib_usd };
+                (Some(publication.resource.as_str()), planned)
+            })
+            .collect();
+        self.store.record_events(delivery, &planned_events).await;
         let (bytes, jobs) = crate::model::publication_plan::totals(&priced);
         telemetry::plan_priced(bytes, jobs, priced.iter().filter(|p| p.unpriced.is_some()).count());
         tracing::info!(run_id = %run.run_id, execution_id = %delivery.execution_id(), publications = priced.len(),
@@ -143,12 +147,11 @@ impl Publisher {
             query_jobs: 0,
             unpriced: None,
         };
-        let (fingerprint, key_ranges) = self.fingerprint(run, delivery, planned).await?;
-        let (previous, decision, begun_earlier) =
-            self.earlier(delivery, &resource.resource, &fingerprint, transaction).await?;
+        let (fingerprint, key_ranges) = Self::fingerprint(run, planned)?;
+        let (previous, decision, begun_earlier) = earlier(planned, &fingerprint, transaction);
         let written = planned.staged.map(|report| &report.write_path);
         let done = |publication| Ok(Priced { publication, begun_earlier, unasked: None });
-        match (&decision, publish_by(&decision, previous.as_ref(), written)) {
+        match (&decision, publish_by(&decision, previous, written)) {
             (_, PublishBy::CommittingStreams { .. }) => {
                 priced.path = PlannedPath::DirectAppend;
                 return done(priced);
@@ -195,26 +198,20 @@ impl Publisher {
     }
 }
 
-impl Publisher {
-    /// What the publication of `resource` does given the execution's earlier deliveries: its
-    /// record, the decision, and whether an earlier delivery began to publish it. An atomic
-    /// execution's `transaction` decision stands for every resource; a failed transaction
-    /// changed nothing, so its redelivery (submitted again) has not begun.
-    async fn earlier(
-        &self,
-        delivery: &DeliveryRef,
-        resource: &crate::model::ResourceName,
-        fingerprint: &str,
-        transaction: Option<&Reconciled>,
-    ) -> Result<(Option<crate::store::PublicationRecord>, Reconciled, bool), Problem> {
-        if let Some(decision) = transaction {
-            return Ok((None, decision.clone(), !matches!(decision, Reconciled::Submit)));
-        }
-        let previous = self.store.get_publication(&delivery.execution, resource).await?;
-        let decision = reconcile(previous.as_ref(), fingerprint);
-        let begun_earlier = previous.is_some();
-        Ok((previous, decision, begun_earlier))
+/// What the publication of `planned` does given the execution's earlier deliveries: its
+/// record, the decision, and whether an earlier delivery began to publish it. An atomic
+/// execution's `transaction` decision stands for every resource; a failed transaction changed
+/// nothing, so its redelivery (submitted again) has not begun.
+fn earlier<'a>(
+    planned: PlannedPublication<'a>,
+    fingerprint: &str,
+    transaction: Option<&Reconciled>,
+) -> (Option<&'a crate::store::PublicationRecord>, Reconciled, bool) {
+    if let Some(decision) = transaction {
+        return (None, decision.clone(), !matches!(decision, Reconciled::Submit));
     }
+    let decision = reconcile(planned.earlier, fingerprint);
+    (planned.earlier, decision, planned.earlier.is_some())
 }
 
 /// One planned publication priced, and whether an earlier delivery of the execution began to

@@ -1,11 +1,13 @@
 //! Batch receipts and the per-resource staging stream of a delivery.
 
+use std::collections::HashMap;
+
 use chrono::{DateTime, Utc};
 use sqlx::Row as _;
 use sqlx::postgres::PgRow;
 
-use super::ResourceRecord;
-use super::{BindKey as _, DELIVERY_KEY, RESOURCE_KEY, Store, StoreError, StoreResult};
+use super::{BindKey as _, DELIVERY_KEY, EXECUTION_KEY, RESOURCE_KEY, Store, StoreError, StoreResult};
+use super::{PublicationRecord, ResourceRecord};
 use crate::model::columns::Column;
 use crate::model::key_ranges::KeyRange;
 use crate::model::staging::WritePath;
@@ -71,6 +73,22 @@ pub(crate) struct StagingStreamRecord {
     pub(crate) write_path: WritePath,
 }
 
+/// What one resource staged in a delivery, as its publication's fingerprint reads it: the
+/// staging row's schema digest and the receipts in order.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StagedInputs {
+    pub(crate) arrow_schema_sha256: String,
+    pub(crate) receipts: Vec<ReceiptRecord>,
+}
+
+/// What a commit plans and publishes from ([`Store::commit_inputs`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CommitInputs {
+    pub(crate) staged: HashMap<ResourceName, StagedInputs>,
+    /// The publication records earlier deliveries of the execution left, by resource.
+    pub(crate) earlier_publications: HashMap<ResourceName, PublicationRecord>,
+}
+
 /// A stream whose lane ran on a replica that shut down cleanly: every accepted row of it was
 /// acknowledged at `rows_acknowledged`, where the adopting replica goes on appending, and what
 /// commit needs is recorded.
@@ -114,14 +132,6 @@ impl Store {
             .bind_resource(resource)
             .bind(seq)
             .fetch_optional(&self.pool)
-            .await?)
-    }
-
-    /// The ordered receipts of one resource in one delivery.
-    pub(crate) async fn list_receipts(&self, resource: &ResourceRef) -> StoreResult<Vec<ReceiptRecord>> {
-        Ok(sqlx::query_as(&format!("SELECT * FROM batches WHERE {RESOURCE_KEY} ORDER BY seq"))
-            .bind_resource(resource)
-            .fetch_all(&self.pool)
             .await?)
     }
 
@@ -243,6 +253,43 @@ impl Store {
             .bind_delivery(delivery)
             .fetch_all(&self.pool)
             .await?)
+    }
+
+    /// What a commit plans and publishes from, read in one transaction once per commit (the
+    /// plan's pricing and the publication both read it): every resource's [`StagedInputs`] in
+    /// the delivery, and the publication records of the execution's earlier deliveries (the
+    /// commit holds the execution's lease: nothing else writes them meanwhile).
+    pub(crate) async fn commit_inputs(&self, delivery: &DeliveryRef) -> StoreResult<CommitInputs> {
+        let mut tx = self.pool.begin().await?;
+        let schemas: Vec<(ResourceName, String)> =
+            sqlx::query_as(&format!("SELECT resource, arrow_schema_sha256 FROM staging_streams WHERE {DELIVERY_KEY}"))
+                .bind_delivery(delivery)
+                .fetch_all(&mut *tx)
+                .await?;
+        let receipts: Vec<ReceiptRecord> =
+            sqlx::query_as(&format!("SELECT * FROM batches WHERE {DELIVERY_KEY} ORDER BY resource, seq"))
+                .bind_delivery(delivery)
+                .fetch_all(&mut *tx)
+                .await?;
+        let publications: Vec<PublicationRecord> =
+            sqlx::query_as(&format!("SELECT * FROM publications WHERE {EXECUTION_KEY}"))
+                .bind_execution(&delivery.execution)
+                .fetch_all(&mut *tx)
+                .await?;
+        tx.commit().await?;
+        let mut staged: HashMap<ResourceName, StagedInputs> = schemas
+            .into_iter()
+            .map(|(resource, arrow_schema_sha256)| {
+                (resource, StagedInputs { arrow_schema_sha256, receipts: Vec::new() })
+            })
+            .collect();
+        for receipt in receipts {
+            if let Some(inputs) = staged.get_mut(&receipt.resource) {
+                inputs.receipts.push(receipt);
+            }
+        }
+        let earlier_publications = publications.into_iter().map(|record| (record.resource.clone(), record)).collect();
+        Ok(CommitInputs { staged, earlier_publications })
     }
 
     pub(crate) async fn add_rows_acknowledged(&self, resource: &ResourceRef, rows: i64) -> StoreResult<()> {

@@ -365,6 +365,24 @@ impl Store {
         }
     }
 
+    /// Records several events of `delivery` in one transaction (the plan's `planned` events, one
+    /// per resource); logs and goes on when it cannot.
+    pub(crate) async fn record_events(&self, delivery: &DeliveryRef, events: &[(Option<&str>, Event<'_>)]) {
+        let recorded: Result<(), sqlx::Error> = async {
+            let mut tx = self.pool.begin().await?;
+            for (resource, event) in events {
+                let detail = event.detail();
+                bind_event(RECORD_EVENT, delivery, event.kind(), *resource, &detail).execute(&mut *tx).await?;
+            }
+            tx.commit().await
+        }
+        .await;
+        if let Err(error) = recorded {
+            tracing::warn!(run_id = %delivery.run_id(), execution_id = %delivery.execution_id(), events = events.len(),
+                %error, "store.event_not_recorded");
+        }
+    }
+
     /// The execution's newest `limit` events (every delivery), oldest first.
     pub(crate) async fn latest_events(&self, key: &ExecutionKey, limit: i64) -> StoreResult<Vec<EventRecord>> {
         let mut events: Vec<EventRecord> = sqlx::query_as(concat!(

@@ -20,7 +20,7 @@ mod run_list;
 mod runs;
 mod staged;
 
-pub(crate) use batches::{HandedOverStream, InsertBatch, NewBatch, ReceiptRecord};
+pub(crate) use batches::{CommitInputs, HandedOverStream, InsertBatch, NewBatch, ReceiptRecord, StagedInputs};
 pub(crate) use events::{BACKPRESSURE_EVENT_MIN_MS, Event, EventKind, EventRecord, StreamChange};
 pub(crate) use executions::{ExecutionRecord, Lease, OpenExecution, ResourceProgress};
 pub(crate) use plans::PlanRow;

@@ -57,18 +57,6 @@ impl Store {
             .await?)
     }
 
-    pub(crate) async fn get_publication(
-        &self,
-        execution: &ExecutionKey,
-        resource: &ResourceName,
-    ) -> StoreResult<Option<PublicationRecord>> {
-        Ok(sqlx::query_as(&format!("SELECT * FROM publications WHERE {EXECUTION_KEY} AND resource = $3"))
-            .bind_execution(execution)
-            .bind(resource)
-            .fetch_optional(&self.pool)
-            .await?)
-    }
-
     /// Persists the job id, the fingerprint and the statement's digest before the job is
     /// submitted. Returns the digests of every statement recorded under this job id: this
     /// one, and those an earlier delivery recorded under it when it re-attaches (another job
