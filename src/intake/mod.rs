@@ -228,11 +228,8 @@ impl Intake<'_> {
         {
             return replayed(existing, &summary.arrow_ipc_sha256).map(Prepared::Replay);
         }
-        if let Some(staging) = self.store.get_staging_stream(&loaded.resource).await?
-            && staging.arrow_schema_sha256 != summary.canonical_schema_sha256
-        {
-            return Err(schema_mismatch(&loaded.resource.resource, &staging.arrow_schema, &summary.canonical_schema));
-        }
+        // A schema that differs from the resource's earlier batches is refused by the receipt's
+        // own transaction (`InsertBatch::SchemaMismatch`), which locks the staging row.
         Ok(Prepared::New(Box::new(prepared)))
     }
 
@@ -267,8 +264,8 @@ impl Intake<'_> {
                 declaration: declared,
             })
             .await?;
-        let receipt = match inserted {
-            InsertBatch::Inserted(receipt) => receipt,
+        let (receipt, handed_over) = match inserted {
+            InsertBatch::Inserted { receipt, handed_over } => (receipt, handed_over),
             InsertBatch::SeqTaken(existing) => {
                 return replayed(existing, &body.arrow_ipc_sha256).map(Accepted::Replayed);
             }
@@ -279,7 +276,7 @@ impl Intake<'_> {
         };
         let queued = reserved.accept(&receipt)?;
         let (rows, uncompressed_bytes) = (body.rows as u64, body.uncompressed_bytes as u64);
-        let lane_target = || LaneTarget::new(loaded.resource.clone(), &loaded.target.run, declared, body);
+        let lane_target = || LaneTarget::new(loaded.resource.clone(), &loaded.target.run, declared, body, handed_over);
         self.pipeline.enqueue(&accepting, &loaded.resource.resource, lane_target, queued, lane_place);
         telemetry::batch_queued(rows, uncompressed_bytes);
         Ok(Accepted::Queued(receipt))

@@ -274,8 +274,6 @@ impl Publisher {
                     recorded_statements.push(digest);
                 }
             }
-            let started = Event::PublicationStarted { job_id: &job_id };
-            self.store.record_event(delivery, Some(&resource.resource), started).await;
         }
         tracing::info!(run_id = %delivery.run_id(), execution_id = %delivery.execution_id(), %job_id,
             resources = transaction.resources.len(), "bigquery.write.publish.atomic_started");
@@ -320,9 +318,8 @@ impl Publisher {
                         if i == 0 { (outcome.rows_affected, &outcome.cost) } else { (None, &no_cost) };
                     let bytes_billed = cost.bytes_billed;
                     let finished = Event::PublicationFinished { job_id, duration_ms, rows_affected, bytes_billed };
-                    self.store.record_event(delivery, Some(&resource.resource), finished).await;
                     let done = PublicationEnd::Done { rows_affected, cost };
-                    self.store.finish_publication(&delivery.execution, &resource.resource, done).await?;
+                    self.store.finish_publication(delivery, &resource.resource, done, Some(finished)).await?;
                 }
                 telemetry::publication_ended("done");
                 Ok(PublishOutcome::Done)
@@ -338,9 +335,8 @@ impl Publisher {
                 let (code, hint) = (problem.code, problem.hint.as_deref());
                 for resource in &transaction.resources {
                     let failed = Event::PublicationFailed { job_id, duration_ms, code, hint };
-                    self.store.record_event(delivery, Some(&resource.resource), failed).await;
                     let end = PublicationEnd::Failed(&problem);
-                    self.store.finish_publication(&delivery.execution, &resource.resource, end).await?;
+                    self.store.finish_publication(delivery, &resource.resource, end, Some(failed)).await?;
                 }
                 telemetry::publication_ended("failed");
                 match e {

@@ -283,11 +283,10 @@ impl Publisher {
             ));
         }
         let resource = delivery.resource(report.resource.clone());
-        self.store.set_stream_finalized(&resource, row_count).await?;
         let staging_table = match &report.write_path {
             WritePath::Staging { staging_table } => staging_table,
             // Committed into the destination at publication, after the barrier.
-            WritePath::Direct => return Ok(()),
+            WritePath::Direct => return Ok(self.store.set_stream_finalized(&resource, row_count).await?),
         };
         let path = table_path(&run.destination.project, &run.destination.dataset, staging_table);
         let started = tokio::time::Instant::now();

@@ -85,8 +85,7 @@ impl Publisher {
                     ErrorCode::UploadFailed,
                     format!("resource {name}: BigQuery refused to commit the stream into the destination: {why}"),
                 );
-                let execution = &delivery.execution;
-                self.store.finish_publication(execution, name, PublicationEnd::Failed(&problem)).await?;
+                self.store.finish_publication(delivery, name, PublicationEnd::Failed(&problem), None).await?;
                 telemetry::publication_ended("failed");
                 Err(problem)
             }
@@ -117,8 +116,6 @@ impl Publisher {
         let name = &resource.resource;
         tracing::info!(run_id = %delivery.run_id(), execution_id = %delivery.execution_id(), resource = %name,
             streams = streams.len(), "bigquery.write.publish.started");
-        let started_event = Event::PublicationStarted { job_id: DIRECT_APPEND_JOB_ID };
-        self.store.record_event(delivery, Some(name), started_event).await;
         let started = Instant::now();
         let path = table_path(&run.destination.project, &run.destination.dataset, &resource.table_name);
         let outcome = self.commit_streams(&path, streams).await;
@@ -127,9 +124,8 @@ impl Publisher {
             let job_id = DIRECT_APPEND_JOB_ID;
             let finished =
                 Event::PublicationFinished { job_id, duration_ms, rows_affected: rows, bytes_billed: Some(0) };
-            self.store.record_event(delivery, Some(name), finished).await;
             let done = PublicationEnd::Done { rows_affected: rows, cost: &JobCost::default() };
-            self.store.finish_publication(&delivery.execution, name, done).await?;
+            self.store.finish_publication(delivery, name, done, Some(finished)).await?;
             telemetry::publication_ended("done");
         }
         Ok(outcome)

@@ -133,7 +133,6 @@ impl Publisher {
         let staged_rows = job.statement.staged.map_or(0, |report| report.rows_acknowledged);
         tracing::info!(run_id = %job.delivery().run_id(), execution_id = %job.delivery().execution_id(), resource = %name,
             %job_id, staged_rows, "bigquery.write.publish.started");
-        self.store.record_event(job.delivery(), Some(name), Event::PublicationStarted { job_id }).await;
         let span = tracing::trace_span!(target: crate::traces::TARGET, "publication.job", resource = %name,
             table = %job.destination(), bigquery.job_id = job_id);
         let mut labels = job_id::run_job_labels(JobKind::Publication, run, job.delivery(), name);
@@ -173,15 +172,14 @@ impl Publisher {
         outcome: Result<JobOutcome, BigQueryError>,
         duration: Duration,
     ) -> Result<PublishOutcome, Problem> {
-        let (execution, name) = (&job.delivery().execution, &job.resource.resource);
+        let name = &job.resource.resource;
         let duration_ms = duration.as_millis() as u64;
         match outcome {
             Ok(outcome) => {
                 let (rows_affected, bytes_billed) = (outcome.rows_affected, outcome.cost.bytes_billed);
                 let finished = Event::PublicationFinished { job_id, duration_ms, rows_affected, bytes_billed };
-                self.store.record_event(job.delivery(), Some(name), finished).await;
                 let done = PublicationEnd::Done { rows_affected: outcome.rows_affected, cost: &outcome.cost };
-                self.store.finish_publication(execution, name, done).await?;
+                self.store.finish_publication(job.delivery(), name, done, Some(finished)).await?;
                 telemetry::publication_ended("done");
                 Ok(PublishOutcome::Done)
             }
@@ -195,8 +193,9 @@ impl Publisher {
                 let problem = e.problem(Stage::Publication);
                 let (code, hint) = (problem.code, problem.hint.as_deref());
                 let failed = Event::PublicationFailed { job_id, duration_ms, code, hint };
-                self.store.record_event(job.delivery(), Some(name), failed).await;
-                self.store.finish_publication(execution, name, PublicationEnd::Failed(&problem)).await?;
+                self.store
+                    .finish_publication(job.delivery(), name, PublicationEnd::Failed(&problem), Some(failed))
+                    .await?;
                 telemetry::publication_ended("failed");
                 match e {
                     BigQueryError::ForeignJob { .. } => {

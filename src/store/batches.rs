@@ -49,24 +49,20 @@ pub(crate) struct NewBatch<'a> {
 /// Outcome of recording a batch.
 #[derive(Debug)]
 pub(crate) enum InsertBatch {
-    Inserted(ReceiptRecord),
+    /// Recorded; `handed_over`: the resource's stream a replica that shut down handed over,
+    /// which a lane this batch starts goes on appending to.
+    Inserted { receipt: ReceiptRecord, handed_over: Option<HandedOverStream> },
     /// The sequence number is taken (by a concurrent or earlier request).
     SeqTaken(ReceiptRecord),
     /// Another schema was recorded first for this resource and delivery.
-    SchemaMismatch {
-        recorded: serde_json::Value,
-    },
+    SchemaMismatch { recorded: serde_json::Value },
     /// The resource was declared otherwise (or no longer exists) since the batch was prepared.
-    DeclarationChanged {
-        current: Option<ResourceRecord>,
-    },
+    DeclarationChanged { current: Option<ResourceRecord> },
 }
 
 /// The staging side of one resource in one delivery.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub(crate) struct StagingStreamRecord {
-    pub(crate) arrow_schema: serde_json::Value,
-    pub(crate) arrow_schema_sha256: String,
     pub(crate) stream_created_at: Option<DateTime<Utc>>,
     /// Where its stream writes (the staging path until set-up chose the direct one).
     #[sqlx(flatten)]
@@ -120,7 +116,8 @@ impl<'r> sqlx::FromRow<'r, PgRow> for WritePath {
 const PRUNE_LOCK: i64 = 0x66696c_7072756e;
 
 /// Streams a replica handed over (their acknowledged rows and columns recorded) that are not
-/// finalized yet; callers add the delivery's or the resource's key.
+/// finalized yet; callers add the delivery's key. A batch's receipt answers the same of its
+/// resource's row (`insert_batch`).
 const HANDED_OVER_STREAMS: &str = "SELECT resource, staging_table, stream_name, rows_acknowledged, destination_columns,
             direct_append
      FROM staging_streams
@@ -154,12 +151,17 @@ impl Store {
         // The staging row, recorded by the resource's first batch and locked by every batch (a
         // conflict's DO UPDATE locks the row as FOR UPDATE would, and answers what it recorded):
         // batches of one resource are numbered one at a time.
-        let (recorded_sha, recorded_schema): (String, serde_json::Value) = sqlx::query_as(
+        // It also answers whether a replica that shut down handed the resource's stream over
+        // (what `HANDED_OVER_STREAMS` selects), for the lane this batch may start.
+        let staging: PgRow = sqlx::query(
             "INSERT INTO staging_streams (run_id, execution_id, delivery, resource, arrow_schema, arrow_schema_sha256, staging_table)
              VALUES ($1, $2, $3, $4, $5, $6, $7)
              ON CONFLICT (run_id, execution_id, delivery, resource)
                  DO UPDATE SET arrow_schema_sha256 = staging_streams.arrow_schema_sha256
-             RETURNING arrow_schema_sha256, arrow_schema",
+             RETURNING arrow_schema_sha256, arrow_schema, resource, staging_table, stream_name, rows_acknowledged,
+                       destination_columns, direct_append,
+                       (destination_columns IS NOT NULL AND stream_name IS NOT NULL
+                        AND finalized_row_count IS NULL) AS handed_over",
         )
         .bind_resource(batch.resource)
         .bind(batch.arrow_schema)
@@ -167,10 +169,14 @@ impl Store {
         .bind(batch.staging_table)
         .fetch_one(&mut *tx)
         .await?;
-        if recorded_sha != batch.arrow_schema_sha256 {
+        if staging.try_get::<String, _>("arrow_schema_sha256")? != batch.arrow_schema_sha256 {
             tx.rollback().await?;
-            return Ok(InsertBatch::SchemaMismatch { recorded: recorded_schema });
+            return Ok(InsertBatch::SchemaMismatch { recorded: staging.try_get("arrow_schema")? });
         }
+        let handed_over = match staging.try_get::<bool, _>("handed_over")? {
+            true => Some(<HandedOverStream as sqlx::FromRow<'_, PgRow>>::from_row(&staging)?),
+            false => None,
+        };
         if let Some(seq) = batch.seq {
             let existing: Option<ReceiptRecord> =
                 sqlx::query_as(&format!("SELECT * FROM batches WHERE {RESOURCE_KEY} AND seq = $5"))
@@ -201,7 +207,7 @@ impl Store {
         .fetch_one(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(InsertBatch::Inserted(inserted))
+        Ok(InsertBatch::Inserted { receipt: inserted, handed_over })
     }
 
     /// Deletes the batch receipts of deliveries that ended more than `retention_days` ago (a
@@ -239,13 +245,6 @@ impl Store {
         .await?;
         tx.commit().await?;
         Ok(Some(pruned.rows_affected()))
-    }
-
-    pub(crate) async fn get_staging_stream(&self, resource: &ResourceRef) -> StoreResult<Option<StagingStreamRecord>> {
-        Ok(sqlx::query_as(&format!("SELECT * FROM staging_streams WHERE {RESOURCE_KEY}"))
-            .bind_resource(resource)
-            .fetch_optional(&self.pool)
-            .await?)
     }
 
     pub(crate) async fn list_staging_streams(&self, delivery: &DeliveryRef) -> StoreResult<Vec<StagingStreamRecord>> {
@@ -337,14 +336,6 @@ impl Store {
         Ok(sqlx::query_as(&format!("{HANDED_OVER_STREAMS} AND {DELIVERY_KEY} ORDER BY resource"))
             .bind_delivery(delivery)
             .fetch_all(&self.pool)
-            .await?)
-    }
-
-    /// The resource's handed-over stream, to go on appending to.
-    pub(crate) async fn handed_over_stream(&self, resource: &ResourceRef) -> StoreResult<Option<HandedOverStream>> {
-        Ok(sqlx::query_as(&format!("{HANDED_OVER_STREAMS} AND {RESOURCE_KEY}"))
-            .bind_resource(resource)
-            .fetch_optional(&self.pool)
             .await?)
     }
 }

@@ -260,7 +260,7 @@ macro_rules! record_event_ctes {
 /// Coalesces into the resource's latest event when that is the same kind with the same
 /// `code`, as the kind's [`Coalescing`] says (`$7`: at all; `$9`: summing `total_ms` and
 /// `refused`); otherwise inserts, within the bound (the end state always).
-const RECORD_EVENT: &str = concat!("WITH ", record_event_ctes!());
+pub(super) const RECORD_EVENT: &str = concat!("WITH ", record_event_ctes!());
 
 /// A change to a resource's staging row that its timeline records, in one statement.
 #[derive(Debug, Clone, Copy)]
@@ -270,7 +270,8 @@ pub(crate) enum StreamChange<'a> {
     /// `path`: where the stream writes (the destination `table` itself, or a staging table);
     /// `declined`: why a resource declared `direct_append` loads through staging all the same.
     Created { stream_name: &'a str, duration_ms: u64, table: &'a str, path: &'a WritePath, declined: Option<&'a str> },
-    /// Its stream was finalized and committed into its staging table (`stream_committed`).
+    /// Its stream was finalized with `rows` and committed into its staging table
+    /// (`stream_committed`); both recorded by this one statement.
     Committed { stream_name: &'a str, rows: i64 },
 }
 
@@ -294,7 +295,7 @@ impl StreamChange<'_> {
     }
 
     /// The event, and the statement: the staging row's change (over the event's parameters,
-    /// `$10` the stream name) as a data-modifying `WITH`, which runs whether or not the event
+    /// `$10` the stream name, or the finalized row count) as a data-modifying `WITH`, which runs whether or not the event
     /// is inserted, then the event.
     fn parts(self) -> (EventKind, &'static str) {
         match self {
@@ -310,7 +311,7 @@ impl StreamChange<'_> {
             StreamChange::Committed { .. } => (
                 EventKind::StreamCommitted,
                 concat!(
-                    "WITH changed AS (UPDATE staging_streams SET committed_at = now()
+                    "WITH changed AS (UPDATE staging_streams SET committed_at = now(), finalized_row_count = $10
                          WHERE run_id = $1 AND execution_id = $2 AND delivery = $3 AND resource = $5), ",
                     record_event_ctes!()
                 ),
@@ -320,7 +321,7 @@ impl StreamChange<'_> {
 }
 
 /// `statement`'s first nine parameters, as [`RECORD_EVENT`] numbers them.
-fn bind_event<'q>(
+pub(super) fn bind_event<'q>(
     statement: &'q str,
     delivery: &'q DeliveryRef,
     kind: EventKind,
@@ -349,7 +350,8 @@ impl Store {
             StreamChange::Created { stream_name, path, .. } => {
                 query.bind(stream_name).bind(matches!(path, WritePath::Direct))
             }
-            StreamChange::Committed { .. } => query,
+            // Finalized with that count just before: recorded with the commit, one statement.
+            StreamChange::Committed { rows, .. } => query.bind(rows),
         };
         query.execute(&self.pool).await?;
         Ok(())

@@ -1,6 +1,7 @@
 //! Publication records: one query job per execution and destination table.
 
-use super::{BindKey as _, EXECUTION_KEY, Store, StoreError, StoreResult};
+use super::events::{RECORD_EVENT, bind_event};
+use super::{BindKey as _, EXECUTION_KEY, Event, Store, StoreError, StoreResult};
 use crate::error::Problem;
 use crate::model::{DeliveryRef, ExecutionKey, JobCost, PublicationState, ResourceName};
 
@@ -58,10 +59,11 @@ impl Store {
     }
 
     /// Persists the job id, the fingerprint and the statement's digest before the job is
-    /// submitted. Returns the digests of every statement recorded under this job id: this
-    /// one, and those an earlier delivery recorded under it when it re-attaches (another job
-    /// id starts the list again).
+    /// submitted, with the `publication_started` event: one transaction. Returns the digests of
+    /// every statement recorded under this job id: this one, and those an earlier delivery
+    /// recorded under it when it re-attaches (another job id starts the list again).
     pub(crate) async fn begin_publication(&self, publication: &NewPublication<'_>) -> StoreResult<Vec<String>> {
+        let mut tx = self.pool.begin().await?;
         let (recorded,): (Option<Vec<String>>,) = sqlx::query_as(
             "INSERT INTO publications (run_id, execution_id, resource, delivery, destination, job_id, fingerprint, state,
                                        committed_streams, statement_sha256)
@@ -85,19 +87,28 @@ impl Store {
         .bind(PublicationState::Running)
         .bind(publication.committed_streams)
         .bind(publication.statement_sha256.map(|digest| vec![digest.to_string()]))
-        .fetch_one(&self.pool)
+        .fetch_one(&mut *tx)
         .await?;
+        let started = Event::PublicationStarted { job_id: publication.job_id };
+        let (detail, resource): (_, &str) = (started.detail(), publication.resource);
+        bind_event(RECORD_EVENT, publication.delivery, started.kind(), Some(resource), &detail)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
         Ok(recorded.unwrap_or_default())
     }
 
-    /// Records how the publication's job ended and, when it ran, what it cost and did: one
-    /// statement.
+    /// Records how the publication's job ended and, when it ran, what it cost and did, with
+    /// its `ended` event on the delivery's timeline: one transaction.
     pub(crate) async fn finish_publication(
         &self,
-        execution: &ExecutionKey,
+        delivery: &DeliveryRef,
         resource: &ResourceName,
         end: PublicationEnd<'_>,
+        ended: Option<Event<'_>>,
     ) -> StoreResult<()> {
+        let execution = &delivery.execution;
+        let mut tx = self.pool.begin().await?;
         match end {
             PublicationEnd::Done { rows_affected, cost } => {
                 sqlx::query(&format!(
@@ -116,7 +127,7 @@ impl Store {
                 .bind(cost.rows_inserted)
                 .bind(cost.rows_updated)
                 .bind(cost.rows_deleted)
-                .execute(&self.pool)
+                .execute(&mut *tx)
                 .await?
             }
             PublicationEnd::Failed(problem) => {
@@ -129,10 +140,15 @@ impl Store {
                 .bind(resource)
                 .bind(PublicationState::Failed)
                 .bind(error)
-                .execute(&self.pool)
+                .execute(&mut *tx)
                 .await?
             }
         };
+        if let Some(event) = ended {
+            let (detail, resource_name): (_, &str) = (event.detail(), resource);
+            bind_event(RECORD_EVENT, delivery, event.kind(), Some(resource_name), &detail).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 }

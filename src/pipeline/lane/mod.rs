@@ -32,12 +32,12 @@ use crate::ingest::destination_rules::DestinationRules;
 use crate::ingest::prepare::BodySummary;
 use crate::model::columns::Column;
 use crate::model::staging::{WritePath, staging_table_name};
-use crate::model::table_layout::TableLayout;
+use crate::model::table_layout::{LayoutDifference, TableLayout};
 use crate::model::write_options::DeclaredPath;
 use crate::model::{Batching, WriteMode};
 use crate::model::{ResourceName, ResourceRef};
 use crate::store::Store;
-use crate::store::{ResourceRecord, RunRecord};
+use crate::store::{HandedOverStream, ResourceRecord, RunRecord};
 use accumulator::{LanePressure, UploadBatch, accumulate};
 use appender::{AppendSettings, Appender, LaneStream};
 pub(crate) use connections::AppendConnections;
@@ -75,6 +75,12 @@ pub(crate) struct LaneTarget {
     /// The write path the resource declared: set-up writes the stream into the destination
     /// where it asks to and its columns allow ([`write_path`]).
     pub(crate) write_path: DeclaredPath,
+    /// The stream a replica that shut down handed over, as the batch that started the lane
+    /// found it: the lane goes on appending to it at its recorded offset.
+    pub(crate) handed_over: Option<HandedOverStream>,
+    /// How the resource's record said the destination's layout differs from the declaration
+    /// when the lane started: set-up writes its own finding only when it differs.
+    pub(crate) recorded_layout_mismatch: Vec<LayoutDifference>,
     /// The run's principal: the lane's calls to BigQuery take their turns under it.
     pub(crate) tenant: Tenant,
     /// Which staged rows' values the publication writes ([`DestinationRules`]).
@@ -132,8 +138,14 @@ impl LaneTarget {
     }
 
     /// Where the lane of `resource` (declared as `declared`, in `run`) sends the rows of its
-    /// first accepted body, `summary`.
-    pub(crate) fn new(resource: ResourceRef, run: &RunRecord, declared: &ResourceRecord, summary: BodySummary) -> Self {
+    /// first accepted body, `summary`; `handed_over`, the stream it goes on with, if any.
+    pub(crate) fn new(
+        resource: ResourceRef,
+        run: &RunRecord,
+        declared: &ResourceRecord,
+        summary: BodySummary,
+        handed_over: Option<HandedOverStream>,
+    ) -> Self {
         let staging_table = staging_table_name(&resource, &declared.table_name);
         let BodySummary { mapped, serialized_schema, max_payload_bytes, destination_layout, .. } = summary;
         let publication_columns =
@@ -153,6 +165,8 @@ impl LaneTarget {
             batching: BatchingPolicy::new(&run.batching, max_payload_bytes),
             widen_columns: declared.write_options.widen_columns,
             write_path: declared.write_options.write_path,
+            handed_over,
+            recorded_layout_mismatch: declared.layout_mismatch.clone().unwrap_or_default(),
             tenant: Tenant::principal(&run.principal),
             write_mode: declared.write_mode,
             compared_columns: mapped
@@ -286,7 +300,7 @@ async fn upload(
     // Held until the lane drains, so the delivery's other lanes into this table find what it read.
     let (project, dataset) = (&target.project, &target.dataset);
     let destination = context.destination_tables.of(&target.resource, project, dataset, &target.destination_table);
-    let (set_up, start_offset) = match context.store.handed_over_stream(&target.resource).await? {
+    let (set_up, start_offset) = match target.handed_over.clone() {
         // Another replica drained this stream and shut down: go on at its recorded offset.
         Some(stream) => {
             let set_up = SetUp {

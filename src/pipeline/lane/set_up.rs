@@ -24,6 +24,7 @@ use crate::bigquery::{BigQuery, BigQueryError, table_path};
 use crate::error::{ErrorCode, Problem};
 use crate::model::columns::{BigQueryType, Column};
 use crate::model::staging::{STAGING_TABLE_TTL, WritePath};
+use crate::model::table_layout::LayoutDifference;
 use crate::store::StreamChange;
 use crate::telemetry::{LayoutMismatch, PhaseTiming};
 
@@ -229,7 +230,7 @@ async fn set_up_destination(
     };
     let Some(existing_table) = existing_table else {
         bigquery.create_destination_table(project, dataset, table, wanted, layout).await?;
-        context.store.set_layout_mismatch(&target.resource, &[]).await.map_err(Problem::from)?;
+        record_layout_mismatch(context, target, &[]).await.map_err(Problem::from)?;
         let destination_columns = target.destination_columns.clone();
         return Ok(DestinationSetUp { destination_columns, widened_at_publication: Vec::new() });
     };
@@ -265,6 +266,19 @@ fn with_types(mut existing: Vec<TableFieldSchema>, widened: &[(String, BigQueryT
     existing
 }
 
+/// Records how the destination's layout differs from the declaration, unless the resource's
+/// record already says so (the common case: no statement).
+async fn record_layout_mismatch(
+    context: &LaneContext,
+    target: &LaneTarget,
+    differences: &[LayoutDifference],
+) -> crate::store::StoreResult<()> {
+    if differences == target.recorded_layout_mismatch.as_slice() {
+        return Ok(());
+    }
+    context.store.set_layout_mismatch(&target.resource, differences).await
+}
+
 /// Compares the existing table's layout with the declared one and records (and logs) how it
 /// differs; the table is left as it is.
 async fn report_layout(context: &LaneContext, target: &LaneTarget, existing: &Table) -> Result<(), Problem> {
@@ -272,7 +286,7 @@ async fn report_layout(context: &LaneContext, target: &LaneTarget, existing: &Ta
         Some(declared) => layout_differences(existing, declared),
         None => Vec::new(),
     };
-    context.store.set_layout_mismatch(&target.resource, &differences).await?;
+    record_layout_mismatch(context, target, &differences).await?;
     if !differences.is_empty() {
         let delivery = &target.resource.delivery;
         LayoutMismatch {
