@@ -244,26 +244,31 @@ impl Intake<'_> {
         reserved: ReservedBatch,
     ) -> Result<Accepted, Problem> {
         let accepting = loaded.lanes.accepting().await;
-        self.recheck_under_gate(loaded).await?;
         let principal = &loaded.target.run.principal;
         let lane_place = self.pipeline.lane_place(&accepting, &loaded.resource.resource, principal)?;
         let declared = &loaded.target.declared;
         let staging_table = staging_table_name(&loaded.resource, &declared.table_name);
-        let inserted = self
-            .store
-            .insert_batch(&NewBatch {
-                resource: &loaded.resource,
-                seq,
-                rows: body.rows as i64,
-                uncompressed_bytes: body.uncompressed_bytes as i64,
-                arrow_ipc_sha256: &body.arrow_ipc_sha256,
-                arrow_schema: &body.canonical_schema,
-                arrow_schema_sha256: &body.canonical_schema_sha256,
-                staging_table: &staging_table,
-                key_ranges: key_ranges.as_ref().map(|ranges| serde_json::json!(ranges)),
-                declaration: declared,
-            })
-            .await?;
+        let new_batch = NewBatch {
+            resource: &loaded.resource,
+            seq,
+            rows: body.rows as i64,
+            uncompressed_bytes: body.uncompressed_bytes as i64,
+            arrow_ipc_sha256: &body.arrow_ipc_sha256,
+            arrow_schema: &body.canonical_schema,
+            arrow_schema_sha256: &body.canonical_schema_sha256,
+            staging_table: &staging_table,
+            key_ranges: key_ranges.as_ref().map(|ranges| serde_json::json!(ranges)),
+            declaration: declared,
+            serving_replica: &self.replica.lease.owner,
+        };
+        let inserted = match self.store.insert_batch(&new_batch).await? {
+            // Claimed again: adopted (then recorded), or the reason it takes no batch here.
+            InsertBatch::NotServing => {
+                self.recheck_under_gate(loaded).await?;
+                self.store.insert_batch(&new_batch).await?
+            }
+            inserted => inserted,
+        };
         let (receipt, handed_over) = match inserted {
             InsertBatch::Inserted { receipt, handed_over } => (receipt, handed_over),
             InsertBatch::SeqTaken(existing) => {
@@ -273,6 +278,7 @@ impl Intake<'_> {
                 return Err(schema_mismatch(&loaded.resource.resource, &recorded, &body.canonical_schema));
             }
             InsertBatch::DeclarationChanged { current } => return Err(redeclared(declared, current.as_ref())),
+            InsertBatch::NotServing => return Err(not_serving(&loaded.target.execution)),
         };
         let queued = reserved.accept(&receipt)?;
         let (rows, uncompressed_bytes) = (body.rows as u64, body.uncompressed_bytes as u64);
@@ -283,7 +289,9 @@ impl Intake<'_> {
     }
 
     /// A transition or redelivery may have happened while the body was read, and the owner
-    /// may have handed the execution over meanwhile (it is shutting down).
+    /// may have handed the execution over meanwhile (it is shutting down): asked when the
+    /// receipt's transaction found the execution not served here (`InsertBatch::NotServing`),
+    /// it adopts a handed-over execution or answers why no batch is taken.
     async fn recheck_under_gate(&self, loaded: &Loaded) -> Result<(), Problem> {
         let key = loaded.target.execution.key();
         let current = self.store.get_execution(&key).await?.ok_or_else(|| Problem::not_found(&key))?;
@@ -301,6 +309,18 @@ impl Intake<'_> {
         }
         Ok(())
     }
+}
+
+/// The receipt's transaction found the execution not served here although a claim just now
+/// said it was: it changed again meanwhile.
+fn not_serving(execution: &ExecutionRecord) -> Problem {
+    Problem::new(
+        ErrorCode::ExecutionNotExtracting,
+        format!(
+            "execution {} changed while the batch was recorded; it accepts no more batches here",
+            execution.execution_id
+        ),
+    )
 }
 
 enum Prepared {

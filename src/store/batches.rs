@@ -6,12 +6,12 @@ use chrono::{DateTime, Utc};
 use sqlx::Row as _;
 use sqlx::postgres::PgRow;
 
-use super::{BindKey as _, DELIVERY_KEY, EXECUTION_KEY, RESOURCE_KEY, Store, StoreError, StoreResult};
+use super::{BindKey as _, DELIVERY_KEY, EXECUTION_KEY, RESOURCE_KEY, Store, StoreError, StoreResult, state_names};
 use super::{PublicationRecord, ResourceRecord};
 use crate::model::columns::Column;
 use crate::model::key_ranges::KeyRange;
 use crate::model::staging::WritePath;
-use crate::model::{DeliveryRef, ResourceName, ResourceRef};
+use crate::model::{DeliveryRef, ExecutionState, ResourceName, ResourceRef};
 
 /// A receipt as stored (the 202/200 answer of a batch request).
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -44,6 +44,9 @@ pub(crate) struct NewBatch<'a> {
     /// The declaration the batch was prepared for: recorded only while the resource is still
     /// declared so (a re-declaration waits for this insert, or this insert for it).
     pub(crate) declaration: &'a ResourceRecord,
+    /// The replica that takes the batch: recorded only while it serves the execution's delivery
+    /// and the execution accepts batches.
+    pub(crate) serving_replica: &'a str,
 }
 
 /// Outcome of recording a batch.
@@ -54,6 +57,9 @@ pub(crate) enum InsertBatch {
     Inserted { receipt: ReceiptRecord, handed_over: Option<HandedOverStream> },
     /// The sequence number is taken (by a concurrent or earlier request).
     SeqTaken(ReceiptRecord),
+    /// The execution no longer takes batches here: another state or delivery, or another owner
+    /// (the caller claims it again to learn why, see `intake`).
+    NotServing,
     /// Another schema was recorded first for this resource and delivery.
     SchemaMismatch { recorded: serde_json::Value },
     /// The resource was declared otherwise (or no longer exists) since the batch was prepared.
@@ -112,6 +118,23 @@ impl<'r> sqlx::FromRow<'r, PgRow> for WritePath {
     }
 }
 
+/// Whether the batch's replica still serves its delivery and the execution accepts batches:
+/// it may have changed while the body was read (a transition, a redelivery, a hand-over),
+/// checked in the receipt's transaction rather than by a read of its own.
+async fn serves_delivery(tx: &mut sqlx::PgConnection, batch: &NewBatch<'_>) -> StoreResult<bool> {
+    let serving: Option<bool> = sqlx::query(&format!(
+        "SELECT state = ANY($4) AND owner IS NOT DISTINCT FROM $5 FROM executions WHERE {DELIVERY_KEY}"
+    ))
+    .bind_delivery(&batch.resource.delivery)
+    .bind(state_names(ExecutionState::ACCEPTING_BATCHES))
+    .bind(batch.serving_replica)
+    .fetch_optional(tx)
+    .await?
+    .map(|row| row.try_get(0))
+    .transpose()?;
+    Ok(serving == Some(true))
+}
+
 /// The advisory lock that lets one replica at a time prune.
 const PRUNE_LOCK: i64 = 0x66696c_7072756e;
 
@@ -136,6 +159,10 @@ impl Store {
     /// then the receipt with the next or the requested `seq` and the current checkpoint position.
     pub(crate) async fn insert_batch(&self, batch: &NewBatch<'_>) -> StoreResult<InsertBatch> {
         let mut tx = self.pool.begin().await?;
+        if !serves_delivery(&mut tx, batch).await? {
+            tx.rollback().await?;
+            return Ok(InsertBatch::NotServing);
+        }
         // Shared with other batches, exclusive of a re-declaration (`upsert_resource` locks the
         // row FOR UPDATE): the declaration cannot change between this check and the commit.
         let current: Option<ResourceRecord> =
