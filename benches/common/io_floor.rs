@@ -8,7 +8,8 @@
 //! `AppendRowsRequest` compressed with ISA-L's gzip at the gateway's level, over one HTTP/2
 //! connection per stream (tonic's transport), with explicit offsets. It answers the POST once
 //! the request is queued for sending, at most [`REQUESTS_IN_FLIGHT`] unacknowledged per stream;
-//! `POST /streams/{name}/finish` answers once every request of the stream is acknowledged.
+//! `POST /streams/{name}/finish` answers once every request of the stream is acknowledged and
+//! the stream finalized and committed (as a gateway's commit must).
 //!
 //! Nothing else: no Postgres, no decoding or validation of values, no budgets, no retries, no
 //! metrics. It shares no code with the gateway (its request encoding is its own), so none of the
@@ -24,8 +25,9 @@ use std::sync::Arc;
 
 use bytes::{BufMut as _, Bytes, BytesMut};
 use googleapis_tonic_google_cloud_bigquery_storage_v1::google::cloud::bigquery::storage::v1::{
-    AppendRowsRequest, AppendRowsResponse, CreateWriteStreamRequest, WriteStream, append_rows_response,
-    big_query_write_client::BigQueryWriteClient, write_stream,
+    AppendRowsRequest, AppendRowsResponse, BatchCommitWriteStreamsRequest, CreateWriteStreamRequest,
+    FinalizeWriteStreamRequest, WriteStream, append_rows_response, big_query_write_client::BigQueryWriteClient,
+    write_stream,
 };
 use http_body_util::BodyExt as _;
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
@@ -85,13 +87,33 @@ async fn serve(sink: String, gzip_level: u32) {
 struct Floor {
     sink: String,
     gzip_level: u32,
-    streams: Mutex<HashMap<String, Arc<Mutex<FloorStream>>>>,
+    streams: Mutex<HashMap<String, Arc<StreamCell>>>,
+}
+
+/// A resource's stream, opened once by its first POST.
+type StreamCell = tokio::sync::OnceCell<Mutex<FloorStream>>;
+
+/// Ends the stream's requests, waits for every acknowledgement, then finalizes it and commits it
+/// (what a gateway's commit must do with a PENDING stream): the requests acknowledged.
+async fn finish(stream: &mut FloorStream) -> i64 {
+    stream.frames = None;
+    let acknowledged = stream.reader.take().unwrap().await.unwrap();
+    let mut client = BigQueryWriteClient::new(stream.channel.clone());
+    let name = stream.name.clone();
+    let finalized = client.finalize_write_stream(FinalizeWriteStreamRequest { name: name.clone() }).await.unwrap();
+    assert_eq!(finalized.into_inner().row_count, stream.next_offset, "the sink holds every row sent");
+    let parent = name.split("/streams/").next().unwrap().to_string();
+    let commit = BatchCommitWriteStreamsRequest { parent, write_streams: vec![name] };
+    let committed = client.batch_commit_write_streams(commit).await.unwrap().into_inner();
+    assert!(committed.stream_errors.is_empty(), "the sink committed the stream");
+    acknowledged
 }
 
 /// One resource's write stream at the sink: the connection's request sender, the next offset,
 /// and the window of unacknowledged requests.
 struct FloorStream {
     name: String,
+    channel: tonic::transport::Channel,
     frames: Option<mpsc::UnboundedSender<Bytes>>,
     next_offset: i64,
     window: Arc<Semaphore>,
@@ -113,17 +135,16 @@ impl Floor {
         };
         if let Some(resource) = rest.strip_suffix("/finish") {
             let stream = self.streams.lock().await.remove(resource);
-            let Some(stream) = stream else { return answer(404, "no such stream".into()) };
-            let mut stream = stream.lock().await;
-            stream.frames = None;
-            let acknowledged = stream.reader.take().unwrap().await.unwrap();
-            return answer(200, acknowledged.to_string());
+            let Some(stream) = stream.as_deref().and_then(tokio::sync::OnceCell::get) else {
+                return answer(404, "no such stream".into());
+            };
+            return answer(200, finish(&mut *stream.lock().await).await.to_string());
         }
         let body = request.into_body().collect().await.unwrap().to_bytes();
         let digest = sha2::Sha256::digest(&body);
         std::hint::black_box(digest);
-        let stream = self.stream(rest).await;
-        let mut stream = stream.lock().await;
+        let cell = self.stream(rest).await;
+        let mut stream = cell.get().unwrap().lock().await;
         let mut rows = 0;
         for (schema, record_batch, batch_rows) in ipc_messages(&body) {
             let writer_schema = (stream.next_offset == 0).then_some(schema);
@@ -136,15 +157,12 @@ impl Floor {
         answer(202, rows.to_string())
     }
 
-    /// The resource's stream, created at the sink with its connection on the first POST.
-    async fn stream(&self, resource: &str) -> Arc<Mutex<FloorStream>> {
-        let mut streams = self.streams.lock().await;
-        if let Some(stream) = streams.get(resource) {
-            return Arc::clone(stream);
-        }
-        let stream = Arc::new(Mutex::new(self.open(resource).await));
-        streams.insert(resource.to_string(), Arc::clone(&stream));
-        stream
+    /// The resource's stream, created at the sink with its connection on the first POST (each
+    /// resource's on its own: the map is locked only to find its cell).
+    async fn stream(&self, resource: &str) -> Arc<StreamCell> {
+        let cell = Arc::clone(self.streams.lock().await.entry(resource.to_string()).or_default());
+        cell.get_or_init(|| async { Mutex::new(self.open(resource).await) }).await;
+        cell
     }
 
     async fn open(&self, resource: &str) -> FloorStream {
@@ -172,6 +190,7 @@ impl Floor {
             builder = builder.header("grpc-encoding", "gzip");
         }
         let request = builder.body(tonic::body::Body::new(http_body_util::StreamBody::new(body))).unwrap();
+        let created_on = channel.clone();
         let mut channel = channel;
         let ready = tower::ServiceExt::ready(&mut channel).await.unwrap();
         let response = tower::Service::call(ready, request).await.unwrap();
@@ -190,7 +209,8 @@ impl Floor {
             }
             acknowledged
         });
-        FloorStream { name: created.name, frames: Some(frames), next_offset: 0, window, reader: Some(reader) }
+        let channel = created_on;
+        FloorStream { name: created.name, channel, frames: Some(frames), next_offset: 0, window, reader: Some(reader) }
     }
 }
 

@@ -228,8 +228,14 @@ impl Intake<'_> {
         {
             return replayed(existing, &summary.arrow_ipc_sha256).map(Prepared::Replay);
         }
-        // A schema that differs from the resource's earlier batches is refused by the receipt's
-        // own transaction (`InsertBatch::SchemaMismatch`), which locks the staging row.
+        // Before anything else is done with the rows: the destination's rules were learned from
+        // the resource's first schema, and checking rows of another against them is not safe
+        // (the receipt's transaction refuses a schema that changed meanwhile).
+        if let Some(recorded) = self.store.staging_schema(&loaded.resource).await?
+            && recorded.arrow_schema_sha256 != summary.canonical_schema_sha256
+        {
+            return Err(schema_mismatch(&loaded.resource.resource, &recorded.arrow_schema, &summary.canonical_schema));
+        }
         Ok(Prepared::New(Box::new(prepared)))
     }
 

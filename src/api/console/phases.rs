@@ -11,7 +11,8 @@
 //!   finalize, commit);
 //! - plan: from the barrier (the delivery's last `stream_committed`, else `commit_started`) to
 //!   the resource's `planned`;
-//! - publication: from its first `publication_started` to its last `publication_finished` or
+//! - publication: from its first `publication_started` (its job id recorded, before it waits
+//!   for a turn under the adaptive publication limit) to its last `publication_finished` or
 //!   `publication_failed`.
 //!
 //! A phase whose events are not (yet) there draws no bar.
