@@ -81,6 +81,13 @@ async fn healthz(gw: &Gateway, patience: Duration) -> Option<StatusCode> {
 
 /// As many stalled readers of `kind` as the gateway takes connections: a normal client is
 /// locked out (its request waits in the listen backlog) until the write deadline closes them.
+///
+/// An HTTP/2 peer holding its window at zero keeps a stream open, so its connection is never
+/// idle: the lock-out is probed. An HTTP/1.1 pipeliner is answered one request after another,
+/// and between two answers, everything written, its connection is idle by the gateway's rule
+/// (`http/server.rs`): a newcomer at capacity may close it for its place at once. So for it
+/// only the bound is asserted: served within the write deadline, the readers closed for their
+/// sending or as idle (under the full suite the probe once got in that way).
 async fn stalled_readers_lock_a_client_out_only_until_the_write_deadline(kind: Kind) {
     const CONNECTIONS: usize = 4;
     // Long enough that the first reader is still held after the last one stalls on a loaded
@@ -93,15 +100,25 @@ async fn stalled_readers_lock_a_client_out_only_until_the_write_deadline(kind: K
         .await;
     let _stalled = stall_every_connection(&gw, CONNECTIONS, kind).await;
     let stalled_at = Instant::now();
-    assert_eq!(healthz(&gw, Duration::from_millis(500)).await, None, "{kind:?}: every connection is held");
+    if let Kind::ZeroWindow = kind {
+        assert_eq!(healthz(&gw, Duration::from_millis(500)).await, None, "{kind:?}: every connection is held");
+    }
     assert_eq!(healthz(&gw, Duration::from_secs(30)).await, Some(StatusCode::OK), "{kind:?}");
     let waited = stalled_at.elapsed();
     assert!(
         waited < Duration::from_secs(WRITE_TIMEOUT_SECS + 5),
         "{kind:?}: served {waited:?} after the stall, the write deadline is {WRITE_TIMEOUT_SECS} s"
     );
-    let closed = gw.metric(r#"filament_http_connections_closed_total{reason="send_rate"}"#).await;
-    assert!(closed.is_some_and(|closed| closed >= 1.0), "{kind:?}: closed for their sending, {closed:?}");
+    let metrics = gw.metrics().await;
+    let closed_for = |reason: &str| {
+        let series = format!(r#"filament_http_connections_closed_total{{reason="{reason}"}} "#);
+        metrics.lines().find_map(|line| line.strip_prefix(&series)?.trim().parse::<f64>().ok()).unwrap_or_default()
+    };
+    let closed = match kind {
+        Kind::ZeroWindow => closed_for("send_rate"),
+        Kind::Pipelining => closed_for("send_rate") + closed_for("idle_at_capacity"),
+    };
+    assert!(closed >= 1.0, "{kind:?}: closed for their sending (or as idle), {closed}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
