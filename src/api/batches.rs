@@ -17,14 +17,14 @@ use utoipa::IntoParams;
 use super::SharedState;
 use super::auth::{Caller, RunAccess};
 use super::error::{ApiPath, ApiQuery};
-use super::executions::load_execution;
 use super::problems;
+use super::runs::load_run;
 use super::views::Receipt;
 use crate::error::{ErrorCode, Problem};
 use crate::http::body_deadline::BodyTimedOut;
 use crate::ingest::prepare::BatchLimits;
 use crate::intake::{Accepted, BatchRequest, BatchTarget, Intake};
-use crate::model::ResourceName;
+use crate::model::{ExecutionId, ExecutionKey, ResourceName};
 use crate::principals::Action;
 
 pub(crate) const ARROW_STREAM_CONTENT_TYPE: &str = "application/vnd.apache.arrow.stream";
@@ -141,9 +141,12 @@ async fn load_target(
     execution_id: &str,
     resource: ResourceName,
 ) -> Result<BatchTarget, Problem> {
-    let (run, execution) = load_execution(state, caller, run_id, execution_id, RunAccess::Change).await?;
+    let run = load_run(state, caller, run_id, RunAccess::Change).await?;
+    let key = ExecutionKey { run_id: run.run_id.clone(), execution_id: ExecutionId::parse(execution_id)? };
+    let (execution, declared) =
+        state.store.get_execution_and_resource(&key, &resource).await?.ok_or_else(|| Problem::not_found(&key))?;
     let execution = state.replica.claim(execution).await?;
-    let declared = state.store.get_resource(&run.run_id, &resource).await?.ok_or_else(|| {
+    let declared = declared.ok_or_else(|| {
         Problem::not_found(format!("resource {resource} of run {} (declare it with PUT first)", run.run_id))
     })?;
     Ok(BatchTarget { run, declared, execution })

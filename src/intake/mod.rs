@@ -132,8 +132,11 @@ impl Intake<'_> {
         self.record_backpressure(&loaded.resource, converting.waited(), false);
         let (mut encoded, summary) = stage_span("batch.convert_and_encode").in_scope(|| prepared.encode())?;
         // Once the lane's set-up has learned what the destination asks of each value, a batch
-        // that breaks it is refused here, before anything is recorded.
-        if let Some(rules) = self.pipeline.destination_rules(&loaded.lanes, &loaded.resource.resource) {
+        // that breaks it is refused here, before anything is recorded. A batch of another schema
+        // than the lane's is not checked against them: its receipt's transaction refuses it.
+        let resource = &loaded.resource.resource;
+        if let Some(rules) = self.pipeline.destination_rules(&loaded.lanes, resource, &summary.canonical_schema_sha256)
+        {
             rules.check_payloads(&encoded.payloads)?;
         }
         let key_ranges = encoded.key_ranges.take();
@@ -208,8 +211,9 @@ impl Intake<'_> {
         Ok(decoder.finish()?)
     }
 
-    /// The body checked against the declaration and the resource's earlier batches in this
-    /// delivery, its staged size known; or the receipt of a `seq` accepted before.
+    /// The body checked against the declaration, its staged size known; or the receipt of a
+    /// `seq` accepted before. Its schema is checked against the resource's earlier batches in
+    /// this delivery by the receipt's transaction (`InsertBatch::SchemaMismatch`).
     async fn prepare_body(&self, loaded: &Loaded, seq: Option<i64>, body: DecodedBody) -> Result<Prepared, Problem> {
         let declared = &loaded.target.declared;
         let declaration = Declaration {
@@ -227,14 +231,6 @@ impl Intake<'_> {
             && let Some(existing) = self.store.find_receipt(&loaded.resource, seq).await?
         {
             return replayed(existing, &summary.arrow_ipc_sha256).map(Prepared::Replay);
-        }
-        // Before anything else is done with the rows: the destination's rules were learned from
-        // the resource's first schema, and checking rows of another against them is not safe
-        // (the receipt's transaction refuses a schema that changed meanwhile).
-        if let Some(recorded) = self.store.staging_schema(&loaded.resource).await?
-            && recorded.arrow_schema_sha256 != summary.canonical_schema_sha256
-        {
-            return Err(schema_mismatch(&loaded.resource.resource, &recorded.arrow_schema, &summary.canonical_schema));
         }
         Ok(Prepared::New(Box::new(prepared)))
     }

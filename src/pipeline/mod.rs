@@ -298,14 +298,16 @@ impl Pipeline {
             .clone()
     }
 
-    /// What the resource's lane in this delivery learned its destination asks of staged rows,
-    /// once its set-up has finished (`None` before, or with no lane yet).
+    /// What the resource's lane in this delivery learned its destination asks of staged rows
+    /// of the schema of `schema_sha256`, once its set-up has finished (`None` before, with no
+    /// lane yet, or for a batch of another schema than the lane's, which its receipt refuses).
     pub(crate) fn destination_rules(
         &self,
         lanes: &DeliveryLanes,
         resource: &ResourceName,
+        schema_sha256: &str,
     ) -> Option<Arc<crate::ingest::destination_rules::DestinationRules>> {
-        lock(&lanes.by_resource).get(resource).and_then(|lane| lane.learned.rules())
+        lock(&lanes.by_resource).get(resource).and_then(|lane| lane.learned.rules_for(schema_sha256))
     }
 
     /// Queues one batch request's rows on the resource's lane, starting the lane with
@@ -336,7 +338,7 @@ impl Pipeline {
             let target = target();
             // Another request's lane took the place it was admitted with.
             let place = place.unwrap_or_else(|| self.open_lanes.take_regardless(&target.tenant));
-            let learned = Arc::<LearnedDestination>::default();
+            let learned = Arc::new(LearnedDestination::of_schema(target.schema_sha256.clone()));
             let cancel = delivery_lanes.cancel.clone();
             let lane = lane::run_lane(self.context.clone(), target, receiver, pressure, cancel, Arc::clone(&learned));
             let lane = async move {

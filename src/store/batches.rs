@@ -75,13 +75,6 @@ pub(crate) struct StagingStreamRecord {
     pub(crate) write_path: WritePath,
 }
 
-/// The schema a resource's first batch in a delivery recorded.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub(crate) struct StagingSchema {
-    pub(crate) arrow_schema: serde_json::Value,
-    pub(crate) arrow_schema_sha256: String,
-}
-
 /// What one resource staged in a delivery, as its publication's fingerprint reads it: the
 /// staging row's schema digest and the receipts in order.
 #[derive(Debug, Clone, Default)]
@@ -279,16 +272,6 @@ impl Store {
         .await?;
         tx.commit().await?;
         Ok(Some(pruned.rows_affected()))
-    }
-
-    /// The schema the resource's first batch in the delivery recorded, if any came.
-    pub(crate) async fn staging_schema(&self, resource: &ResourceRef) -> StoreResult<Option<StagingSchema>> {
-        Ok(sqlx::query_as(&format!(
-            "SELECT arrow_schema, arrow_schema_sha256 FROM staging_streams WHERE {RESOURCE_KEY}"
-        ))
-        .bind_resource(resource)
-        .fetch_optional(&self.pool)
-        .await?)
     }
 
     pub(crate) async fn list_staging_streams(&self, delivery: &DeliveryRef) -> StoreResult<Vec<StagingStreamRecord>> {

@@ -1,12 +1,14 @@
 //! Runs and their declared resources.
 
 use chrono::{DateTime, Utc};
+use sqlx::{FromRow as _, Row as _};
 
-use super::{Store, StoreError, StoreResult, state_names};
+use super::executions::ExecutionRecord;
+use super::{BindKey as _, Store, StoreError, StoreResult, state_names};
 use crate::model::table_layout::LayoutDifference;
 use crate::model::table_options::TableOptions;
 use crate::model::write_options::WriteOptions;
-use crate::model::{Batching, Destination, ExecutionState, ResourceName, ResourceRef, RunId, WriteMode};
+use crate::model::{Batching, Destination, ExecutionKey, ExecutionState, ResourceName, ResourceRef, RunId, WriteMode};
 
 /// A run as stored.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -48,6 +50,11 @@ pub(crate) struct NewRun {
     pub(crate) definition_sha256: String,
     pub(crate) principal: String,
 }
+
+/// The `resources` columns a [`ResourceRecord`] reads, from the table as `d`: none shares a
+/// name with a column of `executions`, so both records read from one joined row.
+const DECLARED_RESOURCE_COLUMNS: &str =
+    "d.resource, d.table_name, d.write_mode, d.primary_key, d.table_options, d.write_options, d.layout_mismatch";
 
 /// A declared resource.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -151,16 +158,29 @@ impl Store {
             .await?)
     }
 
-    pub(crate) async fn get_resource(
+    /// The execution and, when its run declared it, `resource`, read in one statement (a batch
+    /// request needs both); `None` when there is no such execution.
+    pub(crate) async fn get_execution_and_resource(
         &self,
-        run_id: &RunId,
+        key: &ExecutionKey,
         resource: &ResourceName,
-    ) -> StoreResult<Option<ResourceRecord>> {
-        Ok(sqlx::query_as("SELECT * FROM resources WHERE run_id = $1 AND resource = $2")
-            .bind(run_id)
-            .bind(resource)
-            .fetch_optional(&self.pool)
-            .await?)
+    ) -> StoreResult<Option<(ExecutionRecord, Option<ResourceRecord>)>> {
+        let row = sqlx::query(&format!(
+            "SELECT e.*, {DECLARED_RESOURCE_COLUMNS} FROM executions e
+             LEFT JOIN resources d ON d.run_id = e.run_id AND d.resource = $3
+             WHERE e.run_id = $1 AND e.execution_id = $2"
+        ))
+        .bind_execution(key)
+        .bind(resource)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let execution = ExecutionRecord::from_row(&row)?;
+        let declared = match row.try_get::<Option<ResourceName>, _>("resource")? {
+            Some(_) => Some(ResourceRecord::from_row(&row)?),
+            None => None,
+        };
+        Ok(Some((execution, declared)))
     }
 
     /// Records how the existing destination table's layout differs from the declaration

@@ -65,6 +65,9 @@ pub(crate) struct LaneTarget {
     pub(crate) staging_columns: Vec<Column>,
     /// The staging schema as one encapsulated IPC message (the writer schema).
     pub(crate) serialized_schema: Bytes,
+    /// The canonical schema digest of the body that started the lane: every batch of the
+    /// lane has it (the receipt's transaction refuses another).
+    pub(crate) schema_sha256: String,
     pub(crate) batching: BatchingPolicy,
     /// Set-up widens an existing column narrower than the batches' type (the resource's
     /// `widen_columns`).
@@ -90,13 +93,27 @@ pub(crate) struct LaneTarget {
 /// What the lane learned of its destination that staged rows must satisfy: empty until its
 /// set-up finishes (or it takes over a handed-over stream), then the destination's rules for
 /// the rest of the delivery. Intake checks each later batch against them.
-#[derive(Debug, Default)]
-pub(crate) struct LearnedDestination(OnceLock<Arc<DestinationRules>>);
+///
+/// The rules were learned from the columns of the lane's first batch, so they hold only for
+/// batches of its schema: a batch of another schema is refused by its receipt's transaction
+/// (`schema_mismatch`), and checking its rows against rules of other columns is not safe.
+#[derive(Debug)]
+pub(crate) struct LearnedDestination {
+    /// The canonical schema digest of the batch that started the lane (the staging row's).
+    schema_sha256: String,
+    rules: OnceLock<Arc<DestinationRules>>,
+}
 
 impl LearnedDestination {
-    /// The rules, once set-up has learned them.
-    pub(crate) fn rules(&self) -> Option<Arc<DestinationRules>> {
-        self.0.get().cloned()
+    /// Nothing learned yet, for a lane whose first batch had the schema of `schema_sha256`.
+    pub(crate) fn of_schema(schema_sha256: String) -> Self {
+        Self { schema_sha256, rules: OnceLock::new() }
+    }
+
+    /// The rules for a batch of the schema of `schema_sha256`, once set-up has learned them:
+    /// `None` before, and for a batch of another schema than the lane's.
+    pub(crate) fn rules_for(&self, schema_sha256: &str) -> Option<Arc<DestinationRules>> {
+        (self.schema_sha256 == schema_sha256).then(|| self.rules.get().cloned()).flatten()
     }
 }
 
@@ -147,7 +164,14 @@ impl LaneTarget {
         handed_over: Option<HandedOverStream>,
     ) -> Self {
         let staging_table = staging_table_name(&resource, &declared.table_name);
-        let BodySummary { mapped, serialized_schema, max_payload_bytes, destination_layout, .. } = summary;
+        let BodySummary {
+            mapped,
+            serialized_schema,
+            max_payload_bytes,
+            destination_layout,
+            canonical_schema_sha256,
+            ..
+        } = summary;
         let publication_columns =
             declared.write_options.publication_columns(declared.write_mode, &mapped.destination_columns);
         Self {
@@ -162,6 +186,7 @@ impl LaneTarget {
             destination_layout,
             staging_columns: mapped.staging_columns,
             serialized_schema,
+            schema_sha256: canonical_schema_sha256,
             batching: BatchingPolicy::new(&run.batching, max_payload_bytes),
             widen_columns: declared.write_options.widen_columns,
             write_path: declared.write_options.write_path,
@@ -313,7 +338,8 @@ async fn upload(
         None => (set_up::set_up(context, target, &destination).await?, 0),
     };
     let SetUp { stream_name, destination_columns, write_path } = set_up;
-    let rules = Arc::clone(learned.0.get_or_init(|| DestinationRules::new(&destination_columns, target.write_mode)));
+    let rules =
+        Arc::clone(learned.rules.get_or_init(|| DestinationRules::new(&destination_columns, target.write_mode)));
     let stream = LaneStream { context, target, stream_name: &stream_name };
     let settings = AppendSettings::of_lane(context, target, &stream_name, start_offset);
     let (checked_tx, checked_rx) = mpsc::unbounded_channel();
@@ -355,4 +381,19 @@ async fn check_uploads(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_are_given_only_for_batches_of_the_schema_they_were_learned_from() {
+        let learned = LearnedDestination::of_schema("first".into());
+        assert!(learned.rules_for("first").is_none(), "nothing learned before set-up");
+        let rules = DestinationRules::new(&[], WriteMode::FullAppend);
+        learned.rules.set(Arc::clone(&rules)).unwrap();
+        assert!(learned.rules_for("first").is_some_and(|given| Arc::ptr_eq(&given, &rules)));
+        assert!(learned.rules_for("another").is_none(), "a batch of another schema is refused by its receipt");
+    }
 }
