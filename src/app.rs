@@ -196,8 +196,8 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let store =
         Store::connect(&store_settings(&config.infrastructure.database)).await.context("connecting to Postgres")?;
     store.migrate().await.context("applying migrations")?;
-    let listen = config.http.listen;
-    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+    let connection_limits = connection_limits(&config);
+    let listener = bind(config.http.listen, &connection_limits)?;
     let address = listener.local_addr()?;
     let tls = tls_certificate(&config)?;
     let scheme = tls.as_ref().map_or("http", |_| "https");
@@ -255,7 +255,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         tokio::spawn(Arc::clone(certificate).keep_current(stop_watching.clone()));
         tokio_rustls::TlsAcceptor::from(certificate.server_config())
     });
-    server::serve(listener, router(state), connection_limits(&config), acceptor, drained).await;
+    server::serve(listener, router(state), connection_limits, acceptor, drained).await;
     commits.close();
     if tokio::time::timeout(SHUTDOWN_GRACE, commits.wait()).await.is_err() {
         tracing::warn!("shutdown: commits still running after the grace period; they fail");
@@ -392,6 +392,11 @@ fn initial_principals(config: &ServeConfig) -> anyhow::Result<(PrincipalSources,
 /// Descriptors kept for everything but client connections: the Postgres pool, BigQuery's
 /// channels and REST connections, forwarding, files.
 const RESERVED_FILE_DESCRIPTORS: u64 = 256;
+
+/// The listening socket, its backlog as long as the connections served at once.
+fn bind(listen: std::net::SocketAddr, limits: &ConnectionLimits) -> anyhow::Result<tokio::net::TcpListener> {
+    server::listen(listen, limits.max_connections).with_context(|| format!("binding {listen}"))
+}
 
 /// What client connections may hold; `max_connections` within the open-files limit.
 fn connection_limits(config: &ServeConfig) -> ConnectionLimits {

@@ -4,9 +4,9 @@
 //!
 //! Unlike `axum::serve`, this bounds what connections can hold ([`ConnectionLimits`]):
 //! - at most `max_connections` at once: beyond them the gateway stops accepting, and new
-//!   connections wait in the kernel's listen backlog until one closes; one that arrives while
-//!   every place is taken makes the connection idle the longest close
-//!   (`server/connections.rs`), so idle connections (keep-alive clients, or clients whose
+//!   connections wait in the kernel's listen backlog ([`listen`]: as long as `max_connections`)
+//!   until one closes; one that arrives while every place is taken makes the connection idle
+//!   the longest close (`server/connections.rs`), so idle connections (keep-alive clients, or clients whose
 //!   answers all sit unread in their kernel's buffers) cannot lock others out;
 //! - at most `max_connections_per_peer` from one peer (an IPv4 address, an IPv6 /64), when set:
 //!   more are closed as they are accepted;
@@ -74,6 +74,24 @@ const MIN_HTTP1_READ_BUFFER_BYTES: usize = 64 * 1024;
 /// never below [`MIN_HTTP1_READ_BUFFER_BYTES`].
 pub(crate) fn http1_read_buffer_bytes(max_uri_bytes: usize, max_header_bytes: usize) -> usize {
     (max_uri_bytes + max_header_bytes).saturating_mul(2).max(MIN_HTTP1_READ_BUFFER_BYTES)
+}
+
+/// Connections the kernel may hold completed but not yet accepted, at least: tokio's (and
+/// std's) default. The kernel caps it at `net.core.somaxconn`.
+const MIN_LISTEN_BACKLOG: u32 = 1024;
+
+/// Listens on `address` with a backlog of `max_connections` (at least [`MIN_LISTEN_BACKLOG`]).
+/// The backlog is where connections wait while every place is taken, and where a burst of them
+/// waits to be accepted: with tokio's 1,024, a thousand extractors connecting at once to a
+/// loaded replica overflowed it, the kernel dropped their handshakes' last packets, and their
+/// requests timed out after two minutes (`ETIMEDOUT`, the benchmark's K=1024).
+pub(crate) fn listen(address: SocketAddr, max_connections: usize) -> std::io::Result<TcpListener> {
+    let socket = if address.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    // As std's and tokio's `bind` do on Unix: a restarted gateway rebinds at once.
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    let backlog = u32::try_from(max_connections).unwrap_or(u32::MAX).max(MIN_LISTEN_BACKLOG);
+    socket.listen(backlog)
 }
 
 /// The soft limit on open files of this process (`ulimit -n`), from `/proc/self/limits`.

@@ -57,3 +57,19 @@ async fn a_peer_past_its_connection_cap_is_refused_at_accept_and_others_are_serv
     })
     .await;
 }
+
+/// The listen backlog holds as many connections as the gateway serves at once (tokio's default
+/// of 1,024 overflowed when a thousand clients connected at once: their requests timed out).
+/// `ss` shows a listening socket's backlog as its send queue; the kernel caps it at somaxconn.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_listen_backlog_is_as_large_as_the_connections_served() {
+    const MAX_CONNECTIONS: u32 = 3000;
+    let gw = GatewayOptions::new().env("FILAMENT_MAX_CONNECTIONS", &MAX_CONNECTIONS.to_string()).spawn().await;
+    let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn").unwrap().trim().parse().unwrap();
+    let port = gw.base_url.rsplit(':').next().unwrap().trim_end_matches('/').to_string();
+    let listed = std::process::Command::new("ss").args(["-Hltn", &format!("sport = :{port}")]).output().unwrap();
+    let listed = String::from_utf8(listed.stdout).unwrap();
+    let backlog: u32 =
+        listed.split_whitespace().nth(2).unwrap_or_else(|| panic!("a listening socket: {listed:?}")).parse().unwrap();
+    assert_eq!(backlog, MAX_CONNECTIONS.min(somaxconn), "{listed}");
+}
