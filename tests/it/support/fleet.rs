@@ -74,7 +74,7 @@ impl Fleet {
     /// An extractor that talks to the load balancer.
     pub fn extractor(&self) -> Extractor {
         Extractor {
-            http: reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap(),
+            http: super::extractor_http_client().build().unwrap(),
             base_url: self.lb_url.clone(),
             token: self.token.clone(),
             dataset: self.dataset.clone(),

@@ -103,9 +103,19 @@ fn database_url_for(admin_url: &str, database: &str) -> String {
     }
 }
 
+/// An extractor's HTTP client: a request may take 120 s in all.
+///
+/// Without reqwest's `TCP_USER_TIMEOUT` of 30 s (its default since 0.13; Python's and Go's
+/// clients set none): a body the gateway holds unread under backpressure stalls its socket at
+/// a zero window, and at K=1024 one stalled longer than 30 s; the kernel then ended the
+/// connection with `ETIMEDOUT` though the gateway was answering its probes.
+pub fn extractor_http_client() -> reqwest::ClientBuilder {
+    reqwest::Client::builder().timeout(Duration::from_secs(120)).tcp_user_timeout(None)
+}
+
 /// The harness's HTTP client: plain, or trusting `ca_pem` for a gateway serving HTTPS.
 fn http_client(ca_pem: Option<&str>) -> reqwest::Client {
-    let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(120));
+    let mut builder = extractor_http_client();
     if let Some(pem) = ca_pem {
         builder = builder.add_root_certificate(reqwest::Certificate::from_pem(pem.as_bytes()).expect("CA PEM"));
     }
