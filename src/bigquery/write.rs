@@ -31,7 +31,7 @@ const APPEND_ROWS_PATH: &str = "/google.cloud.bigquery.storage.v1.BigQueryWrite/
 /// `setMaxInboundMessageSize(Integer.MAX_VALUE)`, `BigQueryWriteStubSettings.java`; Go's
 /// managedwriter: `grpc.MaxCallRecvMsgSize(10 * 1024 * 1024)` on AppendRows,
 /// `managed_stream.go`); requests stay below `FILAMENT_MAX_APPEND_REQUEST_BYTES`, under the
-/// 10 MB `storage.proto` documents for one AppendRowsRequest.
+/// 20 MB the Storage Write API's quotas allow one AppendRowsRequest (10 MB before).
 const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 
 /// HTTP/2 keepalive of the Storage Write channel: a ping every 60 s, answered within 60 s, as

@@ -6,8 +6,10 @@ use clap::Args;
 /// How the gateway writes through BigQuery's Storage Write API.
 #[derive(Debug, Clone, Args)]
 pub struct StorageWriteArgs {
-    /// Largest uncompressed Arrow payload of one AppendRows request, 64 KiB to 9 MiB (BigQuery's
-    /// hard limit is 10 MB per request; this leaves room for the request's own framing).
+    /// Largest uncompressed Arrow payload of one AppendRows request, 64 KiB to 19 MiB (BigQuery's
+    /// hard limit is 20 MB per request; this leaves room for the request's own framing). The
+    /// default is the product's documented 8 MiB; above it, fewer and larger requests, each
+    /// holding more of the upload budget while in flight (docs/performance.md).
     #[arg(long, env = "FILAMENT_MAX_APPEND_REQUEST_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_append_request_bytes: usize,
 

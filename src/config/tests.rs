@@ -141,3 +141,12 @@ fn forwarding_in_clear_from_a_gateway_serving_https_is_refused() {
     assert!(advertising("http://10.0.0.1:8080").validate().unwrap_err().0[0].contains("FILAMENT_ADVERTISE_URL"));
     assert_eq!(advertising("https://10.0.0.1:8080").validate(), Ok(()));
 }
+
+#[test]
+fn append_requests_may_reach_19_mib_under_googles_20_mb_limit() {
+    let accepted = serve(&["--max-append-request-bytes", &(19 * 1024 * 1024).to_string()]);
+    assert_eq!(accepted.validate(), Ok(()));
+    let refused = serve(&["--max-append-request-bytes", &(19 * 1024 * 1024 + 1).to_string()]);
+    let problems = refused.validate().unwrap_err().0;
+    assert!(problems.iter().any(|problem| problem.contains("FILAMENT_MAX_APPEND_REQUEST_BYTES")), "{problems:?}");
+}

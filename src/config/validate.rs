@@ -96,7 +96,7 @@ impl ServeConfig {
     fn check_storage_write(&self, problems: &mut Vec<String>) {
         let bytes = self.storage_write.max_append_request_bytes;
         if !(MIN_APPEND_REQUEST_BYTES..=MAX_APPEND_PAYLOAD_BYTES).contains(&bytes) {
-            problems.push("FILAMENT_MAX_APPEND_REQUEST_BYTES must be between 64 KiB and 9 MiB".into());
+            problems.push("FILAMENT_MAX_APPEND_REQUEST_BYTES must be between 64 KiB and 19 MiB".into());
         }
     }
 }

@@ -25,9 +25,11 @@ use utoipa::ToSchema;
 use crate::error::Problem;
 use ids::{validate_dataset_id, validate_location, validate_project_id};
 
-/// Ceiling of the uncompressed payload of one AppendRows request (and of a run's
-/// `batching.max_bytes`): BigQuery's 10 MB request limit less room for the request's framing.
-pub(crate) const MAX_APPEND_PAYLOAD_BYTES: usize = 9 * 1024 * 1024;
+/// Ceiling of the uncompressed payload of one AppendRows request as the operator may set it
+/// (`FILAMENT_MAX_APPEND_REQUEST_BYTES`, 8 MiB by default) and of a run's `batching.max_bytes`:
+/// BigQuery's 20 MB request limit ("Maximum size of an AppendRows request", the Storage Write
+/// API quotas; it was 10 MB) less room for the request's framing.
+pub(crate) const MAX_APPEND_PAYLOAD_BYTES: usize = 19 * 1024 * 1024;
 
 /// How a resource's rows reach its destination table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema, sqlx::Type)]

@@ -29,8 +29,13 @@ use geo_traits::{
 
 use super::IngestError;
 use super::scalars::{RowOf, cast_strict, invalid_value};
-use crate::model::MAX_APPEND_PAYLOAD_BYTES;
 use crate::model::columns::GeographyEncoding;
+
+/// The longest GEOGRAPHY value read: one append under the default request budget could not
+/// carry a longer one, and its checks (a WKB value rewritten as WKT: about three times its
+/// length) stay bounded per value whatever budget an operator sets
+/// (`FILAMENT_MAX_APPEND_REQUEST_BYTES` may reach 19 MiB).
+pub(crate) const MAX_GEOGRAPHY_VALUE_BYTES: usize = 9 * 1024 * 1024;
 
 /// Why a value is not a geography BigQuery takes.
 pub(crate) type GeographyProblem = String;
@@ -66,11 +71,12 @@ pub(crate) fn stage_geographies(
     Ok(staged)
 }
 
-/// A value longer than one append can carry could never be staged: it is refused before it is
-/// read, so no check spends time or memory on it.
+/// A value longer than [`MAX_GEOGRAPHY_VALUE_BYTES`] is refused before it is read, so no check
+/// spends time or memory on it.
 fn refuse_values_longer_than_an_append(array: &ArrayRef, row_of: RowOf<'_>) -> Result<(), IngestError> {
-    let longest =
-        |lengths: &mut dyn Iterator<Item = usize>| lengths.enumerate().find(|&(_, len)| len > MAX_APPEND_PAYLOAD_BYTES);
+    let longest = |lengths: &mut dyn Iterator<Item = usize>| {
+        lengths.enumerate().find(|&(_, len)| len > MAX_GEOGRAPHY_VALUE_BYTES)
+    };
     let found = match array.data_type() {
         DataType::Utf8 => longest(&mut array.as_string::<i32>().offsets().lengths()),
         DataType::LargeUtf8 => longest(&mut array.as_string::<i64>().offsets().lengths()),
@@ -82,7 +88,7 @@ fn refuse_values_longer_than_an_append(array: &ArrayRef, row_of: RowOf<'_>) -> R
     };
     match found {
         Some((index, row_bytes)) => {
-            Err(IngestError::RowTooLarge { row: row_of(index), row_bytes, limit_bytes: MAX_APPEND_PAYLOAD_BYTES })
+            Err(IngestError::RowTooLarge { row: row_of(index), row_bytes, limit_bytes: MAX_GEOGRAPHY_VALUE_BYTES })
         }
         None => Ok(()),
     }

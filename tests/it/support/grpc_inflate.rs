@@ -25,7 +25,7 @@ pub fn inflated(request: http::Request<tonic::body::Body>) -> http::Request<toni
     http::Request::from_parts(parts, tonic::body::Body::new(body))
 }
 
-/// The largest message the fake inflates (BigQuery takes AppendRows requests up to 10 MB).
+/// The largest message the fake inflates (BigQuery takes AppendRows requests up to 20 MB).
 const MAX_MESSAGE_BYTES: usize = 32 * 1024 * 1024;
 
 /// One gRPC message taken from the byte stream.

@@ -227,12 +227,13 @@ fn grpc<Req: prost::Message + Default + Send + 'static, Resp: prost::Message + S
     tonic::server::Grpc::new(tonic_prost::ProstCodec::default())
         .accept_compressed(CompressionEncoding::Gzip)
         .send_compressed(CompressionEncoding::Gzip)
-        // BigQuery takes AppendRows requests up to 10 MB (tonic's default is 4 MiB).
+        // BigQuery takes AppendRows requests up to 20 MB (tonic's default is 4 MiB).
         .max_decoding_message_size(BIGQUERY_MAX_REQUEST_BYTES)
 }
 
-/// The largest AppendRows request BigQuery accepts, with the fake's margin for the envelope.
-const BIGQUERY_MAX_REQUEST_BYTES: usize = 10 * 1024 * 1024 + 64 * 1024;
+/// The largest AppendRows request BigQuery accepts: 20 MB ("Maximum size of an AppendRows
+/// request", the Storage Write API quotas; 10 MB before).
+const BIGQUERY_MAX_REQUEST_BYTES: usize = 20_000_000;
 
 impl tower::Service<http::Request<tonic::body::Body>> for WriteService {
     type Response = http::Response<tonic::body::Body>;
