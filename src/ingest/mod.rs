@@ -168,7 +168,7 @@ impl From<IngestError> for Problem {
                 Some("every change of a resource with order_by needs its order value: the largest one wins")
             }
             IngestError::RowTooLarge { .. } => Some(
-                "one row must fit one append request (FILAMENT_MAX_APPEND_REQUEST_BYTES, at most BigQuery's 20 MB); shrink or split the row's large values, or raise the run's batching.max_bytes",
+                "one row must fit one append request (FILAMENT_MAX_APPEND_REQUEST_BYTES, at most BigQuery's 20 MB; a GEOGRAPHY value 9 MiB whatever the setting); shrink or split the row's large values, or raise the run's batching.max_bytes",
             ),
             IngestError::PrecisionLoss { reason, .. } if reason.contains("FLOAT64") => Some(
                 "the existing column is FLOAT64: send doubles (Float64) to have the values rounded, or load \

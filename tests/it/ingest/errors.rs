@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::support::arrow::{batch, ids, ipc_stream, ipc_stream_compressed};
 use crate::support::rows::post_ids;
-use crate::support::{Gateway, GatewayOptions, TestRun, assert_problem, send};
+use crate::support::{Gateway, GatewayOptions, TestRun, assert_problem, eventually, send};
 
 /// A gateway with run `run`, resource `t` (full_append) and execution `e` extracting.
 async fn ready_gateway(options: GatewayOptions) -> Gateway {
@@ -136,6 +136,15 @@ async fn malformed_or_truncated_ipc_is_invalid() {
 async fn a_schema_change_within_a_resource_is_refused() {
     let gw = ready_gateway(GatewayOptions::new()).await;
     post_ids(&gw, "t", 0..5).await;
+    // Once the lane has learned its destination's rules from the first schema: a batch of
+    // another is refused by its receipt's transaction, never checked against them.
+    eventually(Duration::from_secs(30), "the lane's set-up", || async {
+        let (status, page) = gw.json(Method::GET, "/v1/runs/run/executions/e/events", None).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        let events = page["events"].as_array()?.clone();
+        events.iter().any(|e| e["kind"] == "set_up_finished" && e["resource"] == "t").then_some(())
+    })
+    .await;
     let other = batch(
         vec![Field::new("id", DataType::Int64, false), Field::new("v", DataType::Utf8, true)],
         vec![Arc::new(Int64Array::from(vec![1])), Arc::new(StringArray::from(vec!["x"]))],
