@@ -6,8 +6,8 @@
 //! - at most `max_connections` at once: beyond them the gateway stops accepting, and new
 //!   connections wait in the kernel's listen backlog ([`listen`]: as long as `max_connections`)
 //!   until one closes; one that arrives while every place is taken makes the connection idle
-//!   the longest close (`server/connections.rs`), so idle connections (keep-alive clients, or clients whose
-//!   answers all sit unread in their kernel's buffers) cannot lock others out;
+//!   the longest close (`server/connections.rs`), so idle connections (keep-alive clients, or
+//!   clients whose answers all sit unread in their kernel's buffers) cannot lock others out;
 //! - at most `max_connections_per_peer` from one peer (an IPv4 address, an IPv6 /64), when set:
 //!   more are closed as they are accepted;
 //! - a connection that has started a request head must complete it within
@@ -82,9 +82,9 @@ const MIN_LISTEN_BACKLOG: u32 = 1024;
 
 /// Listens on `address` with a backlog of `max_connections` (at least [`MIN_LISTEN_BACKLOG`]).
 /// The backlog is where connections wait while every place is taken, and where a burst of them
-/// waits to be accepted: with tokio's 1,024, a thousand extractors connecting at once to a
-/// loaded replica overflowed it, the kernel dropped their handshakes' last packets, and their
-/// requests timed out after two minutes (`ETIMEDOUT`, the benchmark's K=1024).
+/// waits to be accepted. tokio's 1,024 was below the 2,048 connections served by default: a
+/// burst larger than the backlog overflows it, and the kernel drops the handshake's last packet
+/// (the client's connection stalls until retransmissions get it in).
 pub(crate) fn listen(address: SocketAddr, max_connections: usize) -> std::io::Result<TcpListener> {
     let socket = if address.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
     // As std's and tokio's `bind` do on Unix: a restarted gateway rebinds at once.

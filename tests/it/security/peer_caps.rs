@@ -59,7 +59,7 @@ async fn a_peer_past_its_connection_cap_is_refused_at_accept_and_others_are_serv
 }
 
 /// The listen backlog holds as many connections as the gateway serves at once (tokio's default
-/// of 1,024 overflowed when a thousand clients connected at once: their requests timed out).
+/// of 1,024 was below the 2,048 served by default: a larger burst overflows it).
 /// `ss` shows a listening socket's backlog as its send queue; the kernel caps it at somaxconn.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_listen_backlog_is_as_large_as_the_connections_served() {
